@@ -1,0 +1,88 @@
+"""Model aliases and per-model presets (the papers' settings).
+
+Presets are keyed by the Hugging Face hub id; :func:`match_preset_id` finds the id for an alias,
+a hub id, or a local folder named after the model (``.../Qwen3-4B`` or a hub-cache
+``models--Qwen--Qwen3-4B`` snapshot).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+DEMO_MODEL = "stories260k"
+
+ALIASES: Mapping[str, str] = {
+    "qwen3-4b": "Qwen/Qwen3-4B",
+    "qwen3-8b": "Qwen/Qwen3-8B",
+    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
+    "mistral-7b-instruct": "mistralai/Mistral-7B-Instruct-v0.1",
+    "llama-3.1-8b-instruct": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-2-7b": "meta-llama/Llama-2-7b-hf",
+    "qwen2-7b": "Qwen/Qwen2-7B",
+    DEMO_MODEL: DEMO_MODEL,
+}
+
+#: hub id -> method -> option -> value. Sources: METHODS.md and the papers in shared/seeds.
+PRESETS: Mapping[str, Mapping[str, Mapping[str, Any]]] = {
+    "Qwen/Qwen3-4B": {"kv-embedding": {"layers": "12-21"}},
+    "mistralai/Mistral-7B-Instruct-v0.1": {"kv-embedding": {"layers": "13-19"}},
+    "meta-llama/Llama-3.1-8B-Instruct": {"kv-embedding": {"layers": "10,11,20,26-31"}},
+    "meta-llama/Llama-2-7b-hf": {
+        "va": {"layers": "20-27"},
+        "aligned-wva": {"layers": "20-27"},
+        "token-prepending": {"tp_start": 1, "tp_stop": 7, "exit_layer": 27},
+    },
+    "Qwen/Qwen3-8B": {
+        "va": {"layers": "26,27,29,30,31"},
+        "aligned-wva": {"layers": "26,27,29,30,31"},
+    },
+    "Qwen/Qwen2-7B": {"token-prepending": {"tp_start": 1, "tp_stop": 6}},
+    DEMO_MODEL: {"kv-embedding": {"layers": "1-3"}},
+}
+
+
+def demo_model_path() -> Path:
+    """The built-in demo model folder shipped inside the package (stories260k, MIT)."""
+    return Path(str(resources.files("kvembed") / "data" / DEMO_MODEL))
+
+
+def resolve_model(model: str | Path) -> tuple[str, str | None]:
+    """Map what a user typed to ``(path or hub id to load, preset id or None)``.
+
+    An existing local folder wins over an alias of the same name.
+    """
+    text = str(model)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return str(path), match_preset_id(path)
+    key = text.strip().lower()
+    if key in ALIASES:
+        hub_id = ALIASES[key]
+        if hub_id == DEMO_MODEL:
+            return str(demo_model_path()), DEMO_MODEL
+        return hub_id, hub_id
+    return text, match_preset_id(text)
+
+
+def match_preset_id(model: str | Path) -> str | None:
+    """Find the preset id for a hub id or a local folder named after a known model."""
+    text = str(model)
+    for hub_id in PRESETS:
+        if text == hub_id or text.lower() == hub_id.lower():
+            return hub_id
+    path = Path(text)
+    names = [part.lower() for part in path.parts]
+    for hub_id in PRESETS:
+        short = hub_id.split("/")[-1].lower()
+        cache_name = "models--" + hub_id.replace("/", "--").lower()
+        if cache_name in names or (names and names[-1] == short):
+            return hub_id
+    return None
+
+
+def presets_for(preset_id: str | None, method: str) -> Mapping[str, Any]:
+    if preset_id is None:
+        return {}
+    return PRESETS.get(preset_id, {}).get(method, {})

@@ -1,0 +1,146 @@
+"""Declarative method specs: what a method is, independent of how it is computed.
+
+A :class:`MethodSpec` is data (prompts, readout, pooling, options with defaults and validation).
+:func:`kvembed.methods.resolve` turns a spec plus user options plus the model's depth into a
+:class:`ResolvedMethod`, the single fully-explicit description that the PyTorch patcher, the
+exporter and the runtime all read. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping
+
+Kind = Literal["query", "document"]
+KINDS: tuple[str, ...] = ("query", "document")
+
+#: What the embedding is read from.
+#: - ``hidden``: the final layer's normed hidden states, pooled by ``pooling``;
+#: - ``values``: value vectors (``v_proj`` output) averaged over real tokens and over ``layers``;
+#: - ``attention-output``: the last real token's attention sub-layer output, averaged over ``layers``;
+#: - ``residual``: the last real token's residual stream after decoder layer ``exit_layer - 1``.
+Readout = Literal["hidden", "values", "attention-output", "residual"]
+
+#: How hidden states are pooled over positions (``hidden`` readout only).
+#: ``span`` pools over the positions flagged in the ``pool_mask`` input (echo's second copy).
+Pooling = Literal["last-mean", "last", "mean", "span"]
+POOLINGS: tuple[str, ...] = ("last-mean", "last", "mean", "span")
+
+PLACEHOLDER = "<PST>"
+"""Token-prepending's placeholder, registered as an added token on the tokenizer."""
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One public option of a method: its default and how a user value is checked.
+
+    ``default`` may be a callable ``(context) -> value`` where the default depends on the model
+    (its depth, its preset); ``context`` is a :class:`ResolveContext`.
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple[Any, ...] | None = None
+    check: Callable[[Any, "ResolveContext"], str | None] | None = None
+
+
+@dataclass(frozen=True)
+class ResolveContext:
+    """Facts about the target model that option defaults and checks need."""
+
+    num_layers: int
+    model_id: str | None = None
+    presets: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One training-free embedding method, as METHODS.md defines it."""
+
+    name: str
+    summary: str
+    prompts: Mapping[str, Mapping[str, str]]
+    """Named prompt sets: prompt name -> {kind: template}; templates contain ``{text}``."""
+    default_prompt: str
+    readout: Readout
+    pooling: Pooling | None = None
+    preprocess: bool = False
+    """Apply the token-prepending / PromptEOL text clean-up before formatting."""
+    reroute: bool = False
+    """Prepend the last token's key/value in the ``layers`` set (kv-embedding)."""
+    placeholder: bool = False
+    """The prompt carries ``<PST>`` whose position is rewired per layer (token-prepending)."""
+    options: tuple[OptionSpec, ...] = ()
+    paper: str = ""
+
+    def option(self, name: str) -> OptionSpec:
+        for opt in self.options:
+            if opt.name == name:
+                return opt
+        raise KeyError(name)
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(opt.name for opt in self.options)
+
+
+@dataclass(frozen=True)
+class ResolvedMethod:
+    """A method with every option explicit and checked against one model.
+
+    This is what gets recorded in an artifact's manifest (:meth:`to_dict`), and what the runtime
+    reads back (:meth:`from_dict`) to format and tokenise text exactly like the reference.
+    """
+
+    name: str
+    options: Mapping[str, Any]
+    layers: tuple[int, ...]
+    num_layers: int
+    layers_needed: int
+    """How many decoder layers the computation runs (early exit keeps only these)."""
+    templates: Mapping[str, str]
+    """kind -> prompt template with ``{text}``."""
+    readout: Readout
+    pooling: Pooling | None
+    preprocess: bool
+    reroute: bool
+    placeholder: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "options": dict(self.options),
+            "layers": list(self.layers),
+            "num_layers": self.num_layers,
+            "layers_needed": self.layers_needed,
+            "templates": dict(self.templates),
+            "readout": self.readout,
+            "pooling": self.pooling,
+            "preprocess": self.preprocess,
+            "reroute": self.reroute,
+            "placeholder": self.placeholder,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ResolvedMethod":
+        return cls(
+            name=data["name"],
+            options=dict(data["options"]),
+            layers=tuple(int(i) for i in data["layers"]),
+            num_layers=int(data["num_layers"]),
+            layers_needed=int(data["layers_needed"]),
+            templates=dict(data["templates"]),
+            readout=data["readout"],
+            pooling=data["pooling"],
+            preprocess=bool(data["preprocess"]),
+            reroute=bool(data["reroute"]),
+            placeholder=bool(data["placeholder"]),
+        )
+
+    @property
+    def uses_pool_mask(self) -> bool:
+        """Whether the forward pass needs a ``pool_mask`` input besides the attention mask."""
+        return self.readout == "hidden" and self.pooling == "span"

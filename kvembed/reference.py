@@ -1,0 +1,139 @@
+"""``TorchEmbedder``: the PyTorch reference every export and runtime is measured against."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+from .methods import ResolvedMethod, resolve, resolve_model
+from .patch import EmbeddingModel, architecture_of
+from .runtime.encoding import EncodedText, TextEncoder, batches, check_texts
+
+#: tokenizers report "no limit" as a huge number; anything above this is not a real bound
+_UNBOUNDED = 10**8
+
+
+class TorchEmbedder:
+    """Embeds texts with a patched Hugging Face model, one method at a time.
+
+    Build it with :meth:`from_pretrained`. ``encode`` returns float32 rows in input order.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        method: ResolvedMethod,
+        max_length: int,
+        padding_side: str = "right",
+        source: str | None = None,
+    ) -> None:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise ValueError(
+                f"{type(tokenizer).__name__} is not a fast tokenizer; kvembed needs one (tokenizer.json)"
+            )
+        fallback = next(
+            (t for t in (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) if t is not None), 0
+        )
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else fallback
+        self.hf_tokenizer = tokenizer
+        self.tokenizer: Tokenizer = Tokenizer.from_str(backend.to_str())
+        self.encoder = TextEncoder(self.tokenizer, method, max_length, fallback_id=fallback, pad_id=pad)
+        self.model = EmbeddingModel(model, method, self.encoder.placeholder_id).eval()
+        self.method = method
+        self.max_length = max_length
+        self.padding_side = padding_side
+        self.source = source
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str | os.PathLike[str],
+        method: str = "kv-embedding",
+        *,
+        max_length: int | None = None,
+        padding_side: str = "right",
+        dtype: torch.dtype | str = torch.float32,
+        revision: str | None = None,
+        trust_remote_code: bool = False,
+        **options: Any,
+    ) -> "TorchEmbedder":
+        """Load ``model`` (local folder, alias such as ``qwen3-4b``/``stories260k``, or hub id).
+
+        ``options`` are the method's options (``layers``, ``bias``, ...); unknown ones raise
+        ValueError naming the valid ones. The architecture is checked before weights load.
+        """
+        location, preset_id = resolve_model(model)
+        text = str(model)
+        if (os.sep in text or text.startswith(".")) and not Path(location).is_dir():
+            raise FileNotFoundError(f"no model folder at {text!r} (expected config.json and weights there)")
+        try:
+            config = AutoConfig.from_pretrained(location, revision=revision, trust_remote_code=trust_remote_code)
+        except OSError as err:
+            raise FileNotFoundError(
+                f"cannot load a model config from {text!r}: not a local model folder, and the hub is "
+                f"unreachable or has no such model ({err.__class__.__name__})"
+            ) from err
+        architecture_of(config)
+        resolved = resolve(method, config.num_hidden_layers, preset_id, **options)
+        tokenizer = AutoTokenizer.from_pretrained(location, revision=revision, trust_remote_code=trust_remote_code)
+        hf_model = AutoModel.from_pretrained(
+            location, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
+        )
+        limit = model_max_length(config, tokenizer)
+        if max_length is not None:
+            if int(max_length) < 1:
+                raise ValueError(f"max_length must be >= 1, got {max_length}")
+            limit = min(limit, int(max_length))
+        return cls(hf_model, tokenizer, resolved, limit, padding_side=padding_side, source=text)
+
+    @property
+    def dim(self) -> int:
+        return self.model.output_dim
+
+    def encode(
+        self,
+        texts: Sequence[str] | str,
+        kind: str = "document",
+        batch_size: int = 32,
+        normalize: bool = True,
+    ) -> np.ndarray:
+        """Embed ``texts`` as ``kind`` (``"query"`` or ``"document"``): float32 (n, dim).
+
+        A single str gives a 1-D vector. Texts longer than ``max_length`` tokens are cut (the
+        prompt template stays whole) with a warning.
+        """
+        single = isinstance(texts, str)
+        items = check_texts([texts] if single else texts)
+        encoded = self.encoder.encode(items, kind)
+        out = np.zeros((len(items), self.dim), dtype=np.float32)
+        order = sorted(range(len(items)), key=lambda i: -len(encoded[i].ids))
+        with torch.inference_mode(), self.model.patched():
+            for chunk in batches(order, batch_size):
+                out[chunk] = self._run([encoded[i] for i in chunk], normalize)
+        return out[0] if single else out
+
+    def encode_query(self, texts: Sequence[str] | str, **kwargs: Any) -> np.ndarray:
+        return self.encode(texts, kind="query", **kwargs)
+
+    def encode_document(self, texts: Sequence[str] | str, **kwargs: Any) -> np.ndarray:
+        return self.encode(texts, kind="document", **kwargs)
+
+    def _run(self, items: list[EncodedText], normalize: bool) -> np.ndarray:
+        batch = {k: torch.from_numpy(v) for k, v in self.encoder.pad(items, self.padding_side).items()}
+        embedding, pooled = self.model(**batch)
+        return (embedding if normalize else pooled).float().numpy()
+
+
+def model_max_length(config: Any, tokenizer: Any) -> int:
+    """The longest input both the model's positions and the tokenizer's declared limit allow."""
+    limits = [getattr(config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    usable = [int(x) for x in limits if x is not None and 0 < int(x) < _UNBOUNDED]
+    return min(usable) if usable else 2048

@@ -1,0 +1,210 @@
+"""Text -> token ids, exactly as every kvembed backend needs them. Torch-free.
+
+One implementation of prompt formatting, text clean-up, placeholder handling, echo spans,
+truncation and padding, used by the PyTorch reference and the ONNX runtime alike, so both see
+identical token ids for identical text.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from tokenizers import AddedToken, Tokenizer
+
+from ..methods.spec import PLACEHOLDER, ResolvedMethod
+
+TEXT = "{text}"
+_EOL_ENDINGS = ('.', '?', '"', "'")
+
+
+def preprocess_text(text: str) -> str:
+    """The official token-prepending / PromptEOL clean-up (METHODS.md, token-prepending).
+
+    Collapse whitespace runs and strip; append '.' to non-empty text not ending in . ? " ';
+    replace " with '; replace a trailing ? with '.'.
+    """
+    text = " ".join(text.split())
+    if text and not text.endswith(_EOL_ENDINGS):
+        text += "."
+    text = text.replace('"', "'")
+    if text.endswith("?"):
+        text = text[:-1] + "."
+    return text
+
+
+def format_prompt(template: str, text: str) -> tuple[str, tuple[int, int]]:
+    """Fill every ``{text}`` of ``template``; return the string and the character span of the last copy."""
+    parts = template.split(TEXT)
+    if len(parts) < 2:
+        raise ValueError(f"prompt template {template!r} has no {TEXT} field")
+    head = text.join(parts[:-1])  # everything before the last copy, earlier copies filled in
+    return head + text + parts[-1], (len(head), len(head) + len(text))
+
+
+def check_texts(texts: Any) -> list[str]:
+    """Validate user input: a list (or tuple, or iterable) of str. ``None`` / non-str -> TypeError naming the index."""
+    if isinstance(texts, (str, bytes)) or texts is None:
+        raise TypeError(f"texts must be a list of str, got {type(texts).__name__}")
+    items = list(texts)
+    for index, item in enumerate(items):
+        if not isinstance(item, str):
+            raise TypeError(f"texts[{index}] is {type(item).__name__}, expected str")
+    return items
+
+
+@dataclass(frozen=True)
+class EncodedText:
+    """One text's token ids, plus the positions to pool over where the method needs them."""
+
+    ids: tuple[int, ...]
+    pool: tuple[int, ...] | None
+    truncated: bool
+
+
+class TextEncoder:
+    """Formats, cleans, tokenises and truncates texts for one resolved method.
+
+    ``tokenizer`` is a ``tokenizers.Tokenizer`` (transformers' fast tokenizers expose theirs as
+    ``backend_tokenizer``); its own special-token behaviour (BOS/EOS) is kept. For token-prepending
+    the placeholder ``<PST>`` is added as a token that absorbs the space before it, matching the
+    official code's ids with Llama 2's fast tokenizer.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        method: ResolvedMethod,
+        max_length: int,
+        fallback_id: int = 0,
+        pad_id: int | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.method = method
+        self.max_length = int(max_length)
+        self.fallback_id = int(fallback_id)
+        self.pad_id = int(pad_id if pad_id is not None else fallback_id)
+        self.placeholder_id: int | None = None
+        if method.placeholder:
+            self.placeholder_id = add_placeholder(tokenizer)
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
+
+    # -- one text ----------------------------------------------------------------------------
+
+    def encode_one(self, text: str, kind: str = "document") -> EncodedText:
+        template = self.method.templates[kind]
+        if self.method.preprocess:
+            text = preprocess_text(text)
+        encoding, span = self._encode(template, text)
+        truncated = len(encoding.ids) > self.max_length
+        if truncated:
+            keep = self._fit(template, text, encoding)
+            encoding, span = self._encode(template, text[:keep])
+        ids = list(encoding.ids)
+        pool: list[int] | None = None
+        if self.method.uses_pool_mask:
+            special = encoding.special_tokens_mask
+            pool = [
+                i
+                for i, (a, b) in enumerate(encoding.offsets)
+                if not special[i] and a < span[1] and b > span[0]
+            ]
+        if not ids:  # e.g. raw "" on a tokenizer that adds no BOS: one stand-in token
+            ids = [self.fallback_id]
+        if pool is not None and not pool:  # empty text span (echo of ""): pool the last token
+            pool = [len(ids) - 1]
+        if self.placeholder_id is not None and ids.count(self.placeholder_id) != 1:
+            raise ValueError(
+                f"the prompt must contain {PLACEHOLDER} exactly once after tokenisation, found "
+                f"{ids.count(self.placeholder_id)}; does the text itself contain {PLACEHOLDER!r}?"
+            )
+        return EncodedText(tuple(ids), None if pool is None else tuple(pool), truncated)
+
+    def encode(self, texts: Sequence[str], kind: str = "document") -> list[EncodedText]:
+        if kind not in self.method.templates:
+            raise ValueError(f"kind must be one of {', '.join(self.method.templates)}, got {kind!r}")
+        encoded = [self.encode_one(text, kind) for text in texts]
+        cut = sum(item.truncated for item in encoded)
+        if cut:
+            warnings.warn(
+                f"{cut} of {len(encoded)} text(s) were longer than max_length={self.max_length} tokens "
+                f"and were truncated (the prompt template is kept whole; the text is cut)",
+                stacklevel=3,
+            )
+        return encoded
+
+    def _encode(self, template: str, text: str) -> tuple[Any, tuple[int, int]]:
+        prompt, span = format_prompt(template, text)
+        return self.tokenizer.encode(prompt, add_special_tokens=True), span
+
+    def _fit(self, template: str, text: str, encoding: Any) -> int:
+        """The longest prefix of ``text`` (in characters) whose prompt fits in ``max_length`` tokens."""
+        prompt_prefix = template.split(TEXT)[0]
+        covered = max(end for _, end in encoding.offsets[: self.max_length + 1])
+        lo, hi = 0, max(0, min(len(text), covered - len(prompt_prefix)))
+        while lo < hi:  # tokens grow with characters: binary search the last fitting length
+            mid = (lo + hi + 1) // 2
+            if len(self._encode(template, text[:mid])[0].ids) <= self.max_length:
+                lo = mid
+            else:
+                hi = mid - 1
+        if len(self._encode(template, text[:lo])[0].ids) > self.max_length:
+            raise ValueError(
+                f"the prompt template alone needs more than max_length={self.max_length} tokens; "
+                "raise max_length or use a shorter prompt"
+            )
+        return lo
+
+    # -- batches -----------------------------------------------------------------------------
+
+    def pad(self, items: Sequence[EncodedText], padding_side: str = "right") -> dict[str, np.ndarray]:
+        """Stack encoded texts into int64 ``input_ids`` / ``attention_mask`` (and ``pool_mask``)."""
+        if padding_side not in ("right", "left"):
+            raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+        width = max((len(item.ids) for item in items), default=1)
+        n = len(items)
+        input_ids = np.full((n, width), self.pad_id, dtype=np.int64)
+        attention = np.zeros((n, width), dtype=np.int64)
+        pool = np.zeros((n, width), dtype=np.int64) if self.method.uses_pool_mask else None
+        for row, item in enumerate(items):
+            offset = 0 if padding_side == "right" else width - len(item.ids)
+            input_ids[row, offset : offset + len(item.ids)] = item.ids
+            attention[row, offset : offset + len(item.ids)] = 1
+            if pool is not None and item.pool is not None:
+                pool[row, [offset + i for i in item.pool]] = 1
+        batch = {"input_ids": input_ids, "attention_mask": attention}
+        if pool is not None:
+            batch["pool_mask"] = pool
+        return batch
+
+
+def add_placeholder(tokenizer: Tokenizer) -> int:
+    """Register ``<PST>`` on ``tokenizer`` (idempotent) and return its id.
+
+    ``lstrip=True`` makes the token absorb the space before it, which reproduces the official
+    token-prepending ids on Llama 2's fast tokenizer (``▁:``, ``<PST>``, ``▁"``).
+    """
+    existing = tokenizer.token_to_id(PLACEHOLDER)
+    if existing is not None:
+        return existing
+    tokenizer.add_tokens([AddedToken(PLACEHOLDER, lstrip=True, normalized=True)])
+    token_id = tokenizer.token_to_id(PLACEHOLDER)
+    assert token_id is not None
+    return token_id
+
+
+def batches(items: Iterable[Any], size: int) -> Iterable[list[Any]]:
+    """Chunk an iterable into lists of at most ``size`` items."""
+    if size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {size}")
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
