@@ -30,7 +30,7 @@ def run_guarded(job: Callable[[], Any]) -> Any:
     try:
         return job()
     except USER_ERRORS as err:
-        errors.print(f"[bold red]error:[/] {err}", highlight=False)
+        errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 

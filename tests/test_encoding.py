@@ -1,0 +1,85 @@
+"""The shared, torch-free text encoding: clean-up, prompts, truncation, padding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from kvembed.methods import demo_model_path, resolve
+from kvembed.runtime.encoding import TextEncoder, batches, check_texts, format_prompt, preprocess_text
+
+
+@pytest.fixture()
+def byte_tokenizer() -> Tokenizer:
+    return Tokenizer.from_file(str(demo_model_path() / "tokenizer.json"))
+
+
+@pytest.mark.parametrize(
+    "raw,clean",
+    [
+        ("  A man   is\tplaying a guitar ", "A man is playing a guitar."),
+        ("Why is the sky blue?", "Why is the sky blue."),
+        ('He said "no"', "He said 'no'"),
+        ("It's done'", "It's done'"),
+        ("", ""),
+        ("  \n ", ""),
+        ("Ends with ?  ", "Ends with ."),
+    ],
+)
+def test_official_preprocessing(raw, clean):
+    assert preprocess_text(raw) == clean
+
+
+def test_format_prompt_marks_the_last_copy():
+    prompt, span = format_prompt("Rewrite the sentence: {text}, rewritten sentence: {text}", "ab")
+    assert prompt == "Rewrite the sentence: ab, rewritten sentence: ab"
+    assert prompt[span[0] : span[1]] == "ab" and span[1] == len(prompt)
+    with pytest.raises(ValueError, match="no {text} field"):
+        format_prompt("no field", "x")
+
+
+def test_check_texts():
+    assert check_texts(("a", "b")) == ["a", "b"]
+    with pytest.raises(TypeError, match="list of str, got str"):
+        check_texts("abc")
+    with pytest.raises(TypeError, match=r"texts\[2\] is NoneType"):
+        check_texts(["a", "b", None])
+
+
+def test_truncation_keeps_the_template_and_fits(byte_tokenizer):
+    encoder = TextEncoder(byte_tokenizer, resolve("kv-embedding", 5), max_length=64)
+    item = encoder.encode_one("x" * 1000)
+    assert item.truncated and len(item.ids) == 64
+    text = bytes(i - 3 for i in item.ids[1:]).decode()  # byte-level ids: byte b -> id b + 3
+    assert text.startswith('"Context: xxx') and text.endswith('" Compress the Context in one word:')
+    with pytest.raises(ValueError, match="prompt template alone needs more"):
+        TextEncoder(byte_tokenizer, resolve("kv-embedding", 5), max_length=10).encode_one("hello")
+
+
+def test_truncation_of_echo_cuts_both_copies(byte_tokenizer):
+    encoder = TextEncoder(byte_tokenizer, resolve("echo", 5), max_length=80)
+    item = encoder.encode_one("abcdefghij" * 20)
+    assert item.truncated and len(item.ids) <= 80
+    assert item.pool[-1] == len(item.ids) - 1
+
+
+def test_padding_sides_and_masks(byte_tokenizer):
+    encoder = TextEncoder(byte_tokenizer, resolve("echo", 5), max_length=128, pad_id=0)
+    items = encoder.encode(["a", "hello world"])
+    right, left = encoder.pad(items, "right"), encoder.pad(items, "left")
+    assert set(right) == {"input_ids", "attention_mask", "pool_mask"}
+    for batch in (right, left):
+        assert batch["input_ids"].dtype == np.int64
+        assert (batch["attention_mask"].sum(1) == [len(i.ids) for i in items]).all()
+        assert (batch["pool_mask"] <= batch["attention_mask"]).all()
+    assert right["attention_mask"][0, 0] == 1 and left["attention_mask"][0, 0] == 0
+    assert (right["pool_mask"].sum(1) == [1, 11]).all()  # byte-level: one token per byte of "a" / "hello world"
+    with pytest.raises(ValueError, match="padding_side"):
+        encoder.pad(items, "middle")
+
+
+def test_batches():
+    assert list(batches(range(5), 2)) == [[0, 1], [2, 3], [4]]
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        list(batches([1], 0))
