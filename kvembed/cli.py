@@ -63,11 +63,7 @@ def embed(
     import numpy as np
 
     def job() -> np.ndarray:
-        from transformers.utils import logging as hf_logging
-
         from .reference import TorchEmbedder
-
-        hf_logging.disable_progress_bar()
 
         options = method_options(
             layers=layers, bias=bias, num_prefix=num_prefix, prefix_rope=prefix_rope, pooling=pooling,

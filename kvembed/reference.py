@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModel, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from .methods import ResolvedMethod, resolve, resolve_model
 from .patch import EmbeddingModel, architecture_of
@@ -84,9 +86,10 @@ class TorchEmbedder:
         architecture_of(config)
         resolved = resolve(method, config.num_hidden_layers, preset_id, **options)
         tokenizer = AutoTokenizer.from_pretrained(location, revision=revision, trust_remote_code=trust_remote_code)
-        hf_model = AutoModel.from_pretrained(
-            location, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
-        )
+        with quiet_transformers():  # a causal-LM checkpoint's unused lm_head is expected, not news
+            hf_model = AutoModel.from_pretrained(
+                location, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
+            )
         limit = model_max_length(config, tokenizer)
         if max_length is not None:
             if int(max_length) < 1:
@@ -130,6 +133,20 @@ class TorchEmbedder:
         batch = {k: torch.from_numpy(v) for k, v in self.encoder.pad(items, self.padding_side).items()}
         embedding, pooled = self.model(**batch)
         return (embedding if normalize else pooled).float().numpy()
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' load report, warnings and progress bars for the duration of the block."""
+    previous, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(previous)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def model_max_length(config: Any, tokenizer: Any) -> int:
