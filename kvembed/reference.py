@@ -15,7 +15,8 @@ from transformers.utils import logging as hf_logging
 
 from .methods import ResolvedMethod, resolve, resolve_model
 from .patch import EmbeddingModel, architecture_of
-from .runtime.encoding import EncodedText, TextEncoder, batches, check_texts
+from .runtime.batching import plan_batches
+from .runtime.encoding import EncodedText, TextEncoder, check_texts
 
 #: tokenizers report "no limit" as a huge number; anything above this is not a real bound
 _UNBOUNDED = 10**8
@@ -117,9 +118,9 @@ class TorchEmbedder:
         items = check_texts([texts] if single else texts)
         encoded = self.encoder.encode(items, kind)
         out = np.zeros((len(items), self.dim), dtype=np.float32)
-        order = sorted(range(len(items)), key=lambda i: -len(encoded[i].ids))
+        plan = plan_batches([len(item.ids) for item in encoded], batch_size)
         with torch.inference_mode(), self.model.patched():
-            for chunk in batches(order, batch_size):
+            for chunk in plan:
                 out[chunk] = self._run([encoded[i] for i in chunk], normalize)
         return out[0] if single else out
 

@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from kvembed.methods import demo_model_path, resolve
-from kvembed.runtime.encoding import TextEncoder, batches, check_texts, format_prompt, preprocess_text
+from kvembed.runtime.encoding import TextEncoder, check_texts, format_prompt, preprocess_text
 
 
 @pytest.fixture()
@@ -79,7 +79,19 @@ def test_padding_sides_and_masks(byte_tokenizer):
         encoder.pad(items, "middle")
 
 
-def test_batches():
-    assert list(batches(range(5), 2)) == [[0, 1], [2, 3], [4]]
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        list(batches([1], 0))
+def test_plan_batches_respects_rows_and_token_budget():
+    from kvembed.runtime.batching import plan_batches
+
+    lengths = [5, 100, 7, 30, 30, 2, 64]
+    plan = plan_batches(lengths, batch_size=3, max_tokens=128)
+    assert sorted(i for batch in plan for i in batch) == list(range(len(lengths)))
+    for batch in plan:
+        assert len(batch) <= 3
+        assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 128
+        widths = [lengths[i] for i in batch]
+        assert widths == sorted(widths, reverse=True)
+    assert plan[0] == [1]  # 100 tokens: two rows would exceed the budget
+    assert plan_batches([3, 1, 2], batch_size=8) == [[0, 2, 1]]
+    assert plan_batches([], batch_size=4) == []
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        plan_batches([1], 4, max_tokens=0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from tokenizers import AddedToken, Tokenizer
@@ -194,17 +194,3 @@ def add_placeholder(tokenizer: Tokenizer) -> int:
     token_id = tokenizer.token_to_id(PLACEHOLDER)
     assert token_id is not None
     return token_id
-
-
-def batches(items: Iterable[Any], size: int) -> Iterable[list[Any]]:
-    """Chunk an iterable into lists of at most ``size`` items."""
-    if size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {size}")
-    chunk: list[Any] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
