@@ -13,7 +13,8 @@ from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from .methods import ResolvedMethod, resolve, resolve_model
+from .methods import ResolvedMethod, get_method, resolve, resolve_model
+from .methods.layers import AUTO
 from .patch import EmbeddingModel, architecture_of
 from .runtime.batching import plan_batches
 from .runtime.encoding import EncodedText, TextEncoder, check_texts
@@ -54,6 +55,8 @@ class TorchEmbedder:
         self.max_length = max_length
         self.padding_side = padding_side
         self.source = source
+        #: the intrinsic-dimension curve and chosen set when built with layers="auto", else None
+        self.layer_selection: dict[str, Any] | None = None
 
     @classmethod
     def from_pretrained(
@@ -66,12 +69,20 @@ class TorchEmbedder:
         dtype: torch.dtype | str = torch.float32,
         revision: str | None = None,
         trust_remote_code: bool = False,
+        calibration: Sequence[str] | str | os.PathLike[str] | None = None,
+        num_calibration_texts: int = 1000,
         **options: Any,
     ) -> "TorchEmbedder":
         """Load ``model`` (local folder, alias such as ``qwen3-4b``/``stories260k``, or hub id).
 
         ``options`` are the method's options (``layers``, ``bias``, ...); unknown ones raise
         ValueError naming the valid ones. The architecture is checked before weights load.
+
+        ``layers="auto"`` (kv-embedding) picks the re-routing set by intrinsic dimension
+        (:mod:`kvembed.layers`): the first ``num_calibration_texts`` texts of ``calibration`` (a
+        list of texts, a file with one per line, or ``None`` for the built-in set) go through the
+        plain model once, at load time; nothing is cached. The curve and the set are kept in
+        ``embedder.layer_selection`` (a JSON-ready dict; ``None`` without ``auto``).
         """
         location, preset_id = resolve_model(model)
         text = str(model)
@@ -85,7 +96,15 @@ class TorchEmbedder:
                 f"unreachable or has no such model ({err.__class__.__name__})"
             ) from err
         architecture_of(config)
-        resolved = resolve(method, config.num_hidden_layers, preset_id, **options)
+        auto = _is_auto(options.get("layers")) and get_method(method).name == "kv-embedding"
+        if not auto and calibration is not None:
+            raise ValueError("calibration is only used with layers='auto' (kv-embedding)")
+        if auto:  # a missing or too short calibration set fails before the weights load
+            from .layers import load_calibration
+
+            calibration_texts = load_calibration(calibration, num_calibration_texts)
+        # with auto, check every other option now (cheaply); the layer set comes after loading
+        resolved = resolve(method, config.num_hidden_layers, preset_id, **{**options, **({"layers": "none"} if auto else {})})
         tokenizer = AutoTokenizer.from_pretrained(location, revision=revision, trust_remote_code=trust_remote_code)
         with quiet_transformers():  # a causal-LM checkpoint's unused lm_head is expected, not news
             hf_model = AutoModel.from_pretrained(
@@ -96,7 +115,24 @@ class TorchEmbedder:
             if int(max_length) < 1:
                 raise ValueError(f"max_length must be >= 1, got {max_length}")
             limit = min(limit, int(max_length))
-        return cls(hf_model, tokenizer, resolved, limit, padding_side=padding_side, source=text)
+        selection = None
+        if auto:
+            from .layers import select_layers_for_model
+            from .layers.selection import calibration_label
+
+            selection = select_layers_for_model(
+                hf_model,
+                tokenizer,
+                calibration_texts,
+                template=resolved.templates["document"],
+                max_length=limit,
+                model_name=text,
+                calibration=calibration_label(calibration),
+            )
+            resolved = resolve(method, config.num_hidden_layers, preset_id, **{**options, "layers": list(selection.layers)})
+        embedder = cls(hf_model, tokenizer, resolved, limit, padding_side=padding_side, source=text)
+        embedder.layer_selection = None if selection is None else selection.to_dict()
+        return embedder
 
     @property
     def dim(self) -> int:
@@ -134,6 +170,10 @@ class TorchEmbedder:
         batch = {k: torch.from_numpy(v) for k, v in self.encoder.pad(items, self.padding_side).items()}
         embedding, pooled = self.model(**batch)
         return (embedding if normalize else pooled).float().numpy()
+
+
+def _is_auto(layers: Any) -> bool:
+    return isinstance(layers, str) and layers.strip().lower() == AUTO
 
 
 @contextlib.contextmanager

@@ -42,12 +42,18 @@ def _default_aggregate_layers(ctx: ResolveContext) -> Any:
     return f"{ctx.num_layers // 2}-{ctx.num_layers - 1}"
 
 
-def _check_layers(value: Any, ctx: ResolveContext, allow_empty: bool) -> str | None:
+def _check_layers(value: Any, ctx: ResolveContext, allow_empty: bool, auto: bool = False) -> str | None:
     parsed = parse_layers(value, ctx.num_layers)  # raises ValueError with the reason
     if parsed == AUTO:
+        if auto:  # resolve() is torch-free and runs no model: the caller computes the set first
+            return (
+                "layers='auto' needs the model's intrinsic-dimension curve, which resolve() does not "
+                "compute: use TorchEmbedder.from_pretrained(..., layers='auto') or run kvembed-layers, "
+                "then pass the chosen set (e.g. '12-21')"
+            )
         return (
-            "layers='auto' (intrinsic-dimension selection) is not available yet; give an explicit "
-            "set such as '12-21' or use the model preset"
+            "layers='auto' (intrinsic-dimension selection) is defined for kv-embedding only; give an "
+            "explicit set such as '12-21' or use the model preset"
         )
     if not parsed and not allow_empty:
         return "this method aggregates over layers and needs at least one; 'none' is only valid for kv-embedding"
@@ -91,13 +97,13 @@ def _check_tp_start(value: Any, ctx: ResolveContext) -> str | None:
     return None if 0 <= value <= stop else f"must be in 0..tp_stop={stop}, got {value}"
 
 
-def _layers_option(default: Any, allow_empty: bool, help: str) -> OptionSpec:
+def _layers_option(default: Any, allow_empty: bool, help: str, auto: bool = False) -> OptionSpec:
     return OptionSpec(
         "layers",
         str,
         default,
         help,
-        check=lambda value, ctx: _check_layers(value, ctx, allow_empty),
+        check=lambda value, ctx: _check_layers(value, ctx, allow_empty, auto),
     )
 
 
@@ -140,7 +146,9 @@ register(
         reroute=True,
         paper="kv-embedding.txt",
         options=(
-            _layers_option(_default_reroute_layers, True, "re-routing layer set R ('12-21', '10,11,26-31', 'none')"),
+            _layers_option(
+                _default_reroute_layers, True, "re-routing layer set R ('12-21', '10,11,26-31', 'none', 'auto')", auto=True
+            ),
             OptionSpec("bias", float, 1.0, "logit bias added to the prefix column", check=_finite),
             OptionSpec("num_prefix", int, 1, "prepend the key/value of the last n real tokens", check=_positive_int),
             OptionSpec("prefix_rope", str, "keep", "prefix key rotation: its own position or position 0", ("keep", "zero")),
