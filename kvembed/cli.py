@@ -106,3 +106,14 @@ def main() -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+@app.command()
+def verify(
+    directory: Path = typer.Argument(..., help="Artifact directory written by kvembed-export."),
+) -> None:
+    """Re-run the parity check of an exported artifact against a freshly built PyTorch reference."""
+    from .export.cli import EXIT_FAILED, run_verify
+
+    if not run_verify(directory).passed:
+        raise typer.Exit(EXIT_FAILED)

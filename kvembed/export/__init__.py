@@ -1,0 +1,54 @@
+"""kvembed.export: patched Hugging Face decoders -> portable ONNX embedding artifacts.
+
+``export(model, method, out, precision="fp32", **options)`` traces the PyTorch reference
+(:class:`kvembed.reference.TorchEmbedder`) to ONNX, converts it to the requested precision,
+checks it against the reference (the parity gate) and writes ``out/`` with ``model.onnx``,
+``tokenizer.json`` and the ``kvembed.json`` manifest. ``verify(out)`` re-runs the gate later.
+
+Reading artifacts (:func:`load_artifact`, :func:`read_manifest`) needs neither torch nor
+transformers; exporting needs the ``export`` extra.
+"""
+
+from .artifact import MANIFEST, SCHEMA_VERSION, Artifact, check_files, load_artifact, read_manifest
+from .graph import ExportError
+from .ops import ALLOWED_OPS, TENSORRT_OPS, non_portable_ops, op_types
+from .parity import PARITY_TEXTS, TOLERANCES, ParityReport
+from .precision import PRECISIONS
+
+
+def __getattr__(name: str):  # the torch-dependent pipeline loads on first use
+    if name in {"export", "export_result", "verify", "Exporter", "ExportResult", "ParityError",
+                "OutputExistsError", "VerifyResult", "load_embedder", "STAGES"}:
+        from . import core
+
+        return getattr(core, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "ALLOWED_OPS",
+    "MANIFEST",
+    "PARITY_TEXTS",
+    "PRECISIONS",
+    "SCHEMA_VERSION",
+    "STAGES",
+    "TENSORRT_OPS",
+    "TOLERANCES",
+    "Artifact",
+    "ExportError",
+    "ExportResult",
+    "Exporter",
+    "OutputExistsError",
+    "ParityError",
+    "ParityReport",
+    "VerifyResult",
+    "check_files",
+    "export",
+    "export_result",
+    "load_artifact",
+    "load_embedder",
+    "non_portable_ops",
+    "op_types",
+    "read_manifest",
+    "verify",
+]

@@ -1,0 +1,192 @@
+"""The artifact directory: ``model.onnx`` (+ ``model.onnx.data``), ``tokenizer.json``, ``kvembed.json``.
+
+Reading an artifact back needs no torch and no transformers: :func:`load_artifact` rebuilds the
+:class:`~kvembed.runtime.encoding.TextEncoder` from the tokenizer file and the manifest and opens
+the graph in onnxruntime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..methods.spec import ResolvedMethod
+from ..runtime.encoding import TextEncoder, check_texts
+
+SCHEMA_VERSION = 1
+MANIFEST = "kvembed.json"
+TOKENIZER = "tokenizer.json"
+MODEL = "model.onnx"
+
+#: manifest keys every artifact has (tests and loaders rely on them)
+REQUIRED_KEYS = (
+    "schema_version",
+    "kvembed_version",
+    "source",
+    "method",
+    "dim",
+    "max_length",
+    "opset",
+    "precision",
+    "padding_side",
+    "placeholder_id",
+    "pad_id",
+    "fallback_id",
+    "inputs",
+    "outputs",
+    "graph",
+    "files",
+    "parity",
+)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while True:
+            block = handle.read(chunk)
+            if not block:
+                break
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_records(directory: Path) -> dict[str, dict[str, Any]]:
+    """sha256 and size of every file in ``directory`` except the manifest itself."""
+    records = {}
+    for path in sorted(directory.iterdir()):
+        if path.is_file() and path.name != MANIFEST:
+            records[path.name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    return records
+
+
+def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> Path:
+    path = directory / MANIFEST
+    text = json.dumps(manifest, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of an artifact directory; FileNotFoundError / ValueError say what is wrong."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no artifact directory at {str(directory)!r}")
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(directory)!r} is not a kvembed artifact: it has no {MANIFEST}")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"{path} has schema_version {version!r}; this kvembed reads version {SCHEMA_VERSION}")
+    missing = [key for key in REQUIRED_KEYS if key not in manifest]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}")
+    return manifest
+
+
+def check_files(directory: str | os.PathLike[str], manifest: Mapping[str, Any] | None = None) -> list[str]:
+    """Problems with the artifact's files (missing, wrong size or hash); empty when all is well."""
+    directory = Path(directory)
+    manifest = read_manifest(directory) if manifest is None else manifest
+    problems = []
+    for name, record in manifest["files"].items():
+        path = directory / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+            continue
+        if path.stat().st_size != record["bytes"]:
+            problems.append(f"{name} has {path.stat().st_size} bytes, manifest says {record['bytes']}")
+        elif sha256_file(path) != record["sha256"]:
+            problems.append(f"{name} does not match its sha256 in the manifest")
+    return problems
+
+
+def encoder_from_manifest(directory: str | os.PathLike[str], manifest: Mapping[str, Any]) -> TextEncoder:
+    """Rebuild the artifact's TextEncoder from ``tokenizer.json`` and the manifest (torch-free)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(directory) / TOKENIZER))
+    method = ResolvedMethod.from_dict(manifest["method"])
+    encoder = TextEncoder(
+        tokenizer,
+        method,
+        int(manifest["max_length"]),
+        fallback_id=int(manifest["fallback_id"]),
+        pad_id=int(manifest["pad_id"]),
+    )
+    if method.placeholder and encoder.placeholder_id != manifest["placeholder_id"]:
+        raise ValueError(
+            f"tokenizer.json gives the placeholder id {encoder.placeholder_id}, the manifest says "
+            f"{manifest['placeholder_id']}"
+        )
+    return encoder
+
+
+@dataclass
+class Artifact:
+    """An exported artifact opened for inference with onnxruntime (torch-free)."""
+
+    directory: Path
+    manifest: dict[str, Any]
+    encoder: TextEncoder
+    session: Any
+
+    @property
+    def dim(self) -> int:
+        return int(self.manifest["dim"])
+
+    @property
+    def method(self) -> ResolvedMethod:
+        return self.encoder.method
+
+    def run(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Run padded ``batch`` arrays; returns ``(embedding, pooled)``."""
+        feeds = {i.name: batch[i.name] for i in self.session.get_inputs()}
+        embedding, pooled = self.session.run(["embedding", "pooled"], feeds)
+        return embedding, pooled
+
+    def encode(self, texts: Sequence[str] | str, kind: str = "document", batch_size: int = 32, normalize: bool = True) -> np.ndarray:
+        single = isinstance(texts, str)
+        items = check_texts([texts] if single else texts)
+        encoded = self.encoder.encode(items, kind)
+        out = np.zeros((len(items), self.dim), dtype=np.float32)
+        order = sorted(range(len(items)), key=lambda i: -len(encoded[i].ids))
+        side = self.manifest.get("padding_side", "right")
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            embedding, pooled = self.run(self.encoder.pad([encoded[i] for i in chunk], side))
+            out[chunk] = embedding if normalize else pooled
+        return out[0] if single else out
+
+
+def load_artifact(
+    directory: str | os.PathLike[str],
+    providers: Sequence[str] = ("CPUExecutionProvider",),
+    check_hashes: bool = False,
+) -> Artifact:
+    """Open an artifact directory: manifest, tokenizer and graph (``check_hashes`` re-reads every file)."""
+    import onnxruntime as ort
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if check_hashes:
+        problems = check_files(directory, manifest)
+        if problems:
+            raise ValueError(f"artifact {str(directory)!r} is damaged: {'; '.join(problems)}")
+    encoder = encoder_from_manifest(directory, manifest)
+    session = ort.InferenceSession(str(directory / MODEL), providers=list(providers))
+    return Artifact(directory, manifest, encoder, session)

@@ -1,0 +1,262 @@
+"""``kvembed-export``: turn a model + method into a portable ONNX embedding artifact."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+try:
+    import typer
+    from rich.console import Console
+    from rich.table import Table
+except ImportError as err:  # pragma: no cover - only without the cli extra
+    raise SystemExit(f"kvembed-export needs typer and rich: pip install 'kvembed[export]' ({err})")
+
+console = Console()
+errors = Console(stderr=True)
+
+#: exceptions that carry a user-facing message: one line, no traceback, exit code 2
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    TypeError,
+    FileNotFoundError,
+    FileExistsError,
+    NotImplementedError,
+)
+EXIT_USER, EXIT_FAILED = 2, 1
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def run_guarded(job: Any) -> Any:
+    """Run ``job()``; user errors exit 2 with one line, export failures (parity, tracing) exit 1."""
+    from .graph import ExportError
+
+    try:
+        return job()
+    except ExportError as err:
+        raise _fail(str(err), EXIT_FAILED) from None
+    except USER_ERRORS as err:
+        raise _fail(str(err).splitlines()[0] if str(err) else type(err).__name__, EXIT_USER) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted; nothing was written", 130) from None
+
+
+class StageDisplay:
+    """Prints each pipeline stage with its elapsed time, and a spinner while it runs."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.start = time.monotonic()
+        self.stage_start = self.start
+        self.status: Any = None
+        self.current: str | None = None
+
+    def __enter__(self) -> "StageDisplay":
+        self.status = self.console.status("starting", spinner="dots")
+        self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._finish_stage(ok=exc[0] is None)
+        if self.status is not None:
+            self.status.__exit__(*exc)
+
+    def __call__(self, stage: str, detail: str) -> None:
+        self._finish_stage(ok=True)
+        self.current = f"{stage}: {detail}"
+        self.stage_start = time.monotonic()
+        if self.status is not None:
+            self.status.update(f"[bold]{stage}[/] {detail}")
+
+    def _finish_stage(self, ok: bool) -> None:
+        if self.current is None:
+            return
+        took = time.monotonic() - self.stage_start
+        mark = "[green]done[/]" if ok else "[red]stopped[/]"
+        self.console.print(f"  {mark} {self.current} [dim]({took:.1f}s)[/]", highlight=False)
+        self.current = None
+
+
+def parity_table(report: Any, title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("case")
+    table.add_column("worst cosine", justify="right")
+    table.add_column("max abs diff", justify="right")
+    for case, values in report.by_case.items():
+        table.add_row(case, f"{values['worst_cosine']:.7f}", f"{values['max_abs_diff']:.3g}")
+    need = f">= {report.min_cosine_required}"
+    limit = "" if report.max_abs_allowed is None else f"<= {report.max_abs_allowed:g}"
+    state = "[green]passed[/]" if report.passed else "[red]FAILED[/]"
+    table.add_row(f"all ({report.rows} rows) {state}", f"{report.worst_cosine:.7f} ({need})",
+                  f"{report.max_abs_diff:.3g} {limit}".strip(), end_section=True)
+    return table
+
+
+def files_table(directory: Path, manifest: dict[str, Any]) -> Table:
+    table = Table(title=f"artifact {directory}")
+    table.add_column("file")
+    table.add_column("size", justify="right")
+    table.add_column("sha256")
+    for name, record in manifest["files"].items():
+        table.add_row(name, _size(record["bytes"]), record["sha256"][:16] + "...")
+    manifest_path = directory / "kvembed.json"
+    if manifest_path.exists():
+        table.add_row("kvembed.json", _size(manifest_path.stat().st_size), "(manifest)")
+    return table
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def export_command(
+    model: str = typer.Option(..., "--model", "-m", help="Model folder, alias (stories260k, qwen3-4b) or hub id."),
+    method: str = typer.Option(..., "--method", help="Embedding method (kv-embedding, va, aligned-wva, token-prepending, last-token, mean, prompteol, echo)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Artifact directory to create (must be empty unless --force)."),
+    layers: Optional[str] = typer.Option(None, help="Layer set: '12-21', '10,11,26-31', 'none'."),
+    bias: Optional[float] = typer.Option(None, help="kv-embedding: prefix logit bias."),
+    num_prefix: Optional[int] = typer.Option(None, help="kv-embedding: prepend the last n tokens."),
+    prefix_rope: Optional[str] = typer.Option(None, help="kv-embedding: keep or zero."),
+    pooling: Optional[str] = typer.Option(None, help="kv-embedding: last-mean, last or mean."),
+    prompt: Optional[str] = typer.Option(None, help="Named prompt of the method, or a template with {text}."),
+    wva: Optional[bool] = typer.Option(None, "--wva/--no-wva", help="aligned-wva: read before o_proj."),
+    tp_start: Optional[int] = typer.Option(None, help="token-prepending: first rewired layer."),
+    tp_stop: Optional[int] = typer.Option(None, help="token-prepending: last rewired layer + 1."),
+    exit_layer: Optional[int] = typer.Option(None, help="token-prepending: early-exit layer."),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, fp16 or int8."),
+    max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (default: the model's limit)."),
+    opset: int = typer.Option(18, help="ONNX opset (>= 18)."),
+    padding_side: str = typer.Option("right", help="Padding side the artifact's runtime uses (right or left)."),
+    no_optimize: bool = typer.Option(False, "--no-optimize", help="Skip onnxruntime's offline basic graph optimisation."),
+    force: bool = typer.Option(False, "--force", help="Replace a non-empty --out."),
+) -> None:
+    """Export MODEL computing METHOD as an ONNX artifact in OUT, gated on parity with PyTorch."""
+    from .core import check_output
+    from .precision import check_precision
+
+    options = {
+        name: value
+        for name, value in dict(
+            layers=layers, bias=bias, num_prefix=num_prefix, prefix_rope=prefix_rope, pooling=pooling,
+            prompt=prompt, wva=wva, tp_start=tp_start, tp_stop=tp_stop, exit_layer=exit_layer,
+        ).items()
+        if value is not None
+    }
+
+    def preflight() -> None:  # cheap checks before importing torch
+        from ..methods import get_method
+
+        get_method(method)
+        check_precision(precision)
+        check_output(out, force)
+        if opset < 18:
+            raise ValueError(f"opset {opset} is too old: the exporter needs opset >= 18")
+
+    run_guarded(preflight)
+    console.print(f"[bold]kvembed-export[/] {method} on {model} -> {out} ({precision})", highlight=False)
+
+    def job() -> Any:
+        import logging
+        import warnings
+
+        from .core import export_result
+
+        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+        with warnings.catch_warnings(), StageDisplay(console) as display:
+            warnings.simplefilter("ignore")
+            return export_result(
+                model, method, out, precision, max_length=max_length, opset=opset, force=force,
+                padding_side=padding_side, optimize=not no_optimize, progress=display, **options,
+            )
+
+    start = time.monotonic()
+    result = run_guarded(job)
+    console.print(files_table(result.path, result.manifest))
+    console.print(parity_table(result.parity, f"parity vs PyTorch ({result.manifest['precision']})"))
+    graph = result.manifest["graph"]
+    console.print(
+        f"dim {result.manifest['dim']}, {graph['decoder_layers']} of {result.manifest['method']['num_layers']} "
+        f"decoder layers, {graph['nodes']} nodes, TensorRT-ready: {'yes' if graph['tensorrt_ready'] else 'no (' + ', '.join(graph['non_portable_ops']) + ')'}; "
+        f"exported in {time.monotonic() - start:.1f}s",
+        highlight=False,
+    )
+
+
+def verify_command(
+    directory: Path = typer.Argument(..., help="Artifact directory written by kvembed-export."),
+) -> None:
+    """Re-run the parity check of an existing artifact against a freshly built PyTorch reference."""
+    report_result = run_verify(directory)
+    if not report_result.passed:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def run_verify(directory: Path) -> Any:
+    """Shared by ``kvembed verify`` and ``kvembed-export verify``: prints tables, returns the result."""
+
+    def job() -> Any:
+        import logging
+        import warnings
+
+        from .core import verify
+
+        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+        with warnings.catch_warnings(), StageDisplay(console) as display:
+            warnings.simplefilter("ignore")
+            return verify(directory, progress=display)
+
+    result = run_guarded(job)
+    manifest = result.manifest
+    console.print(
+        f"{manifest['method']['name']} on {manifest['source'].get('model')} ({manifest['precision']}, "
+        f"exported with kvembed {manifest.get('kvembed_version')})",
+        highlight=False,
+    )
+    for problem in result.file_problems + result.source_problems:
+        errors.print(f"[bold red]problem:[/] {problem}", highlight=False)
+    if result.report is not None:
+        console.print(parity_table(result.report, f"parity vs PyTorch ({manifest['precision']})"))
+        recorded = manifest.get("parity", {})
+        if recorded:
+            console.print(
+                f"at export: worst cosine {recorded.get('worst_cosine', float('nan')):.7f}, max abs diff "
+                f"{recorded.get('max_abs_diff', float('nan')):.3g}",
+                highlight=False,
+            )
+        for problem in result.report.problems:
+            errors.print(f"[bold red]problem:[/] {problem}", highlight=False)
+    state = "[green]verified[/]" if result.passed else "[bold red]verification FAILED[/]"
+    console.print(f"{state} {directory}", highlight=False)
+    return result
+
+
+#: ``kvembed-export [OPTIONS]``: a single-command app (typer runs the command without a name)
+app = typer.Typer(add_completion=False, help=__doc__)
+app.command(help=export_command.__doc__)(export_command)
+
+#: ``kvembed-export verify DIR``
+verify_app = typer.Typer(add_completion=False)
+verify_app.command(help=verify_command.__doc__)(verify_command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``kvembed-export`` (``kvembed-export verify DIR`` re-checks an artifact)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] == "verify":
+        verify_app(args=args[1:], prog_name="kvembed-export verify")
+    else:
+        app(args=args, prog_name="kvembed-export")
+
+
+if __name__ == "__main__":
+    main()

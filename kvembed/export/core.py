@@ -1,0 +1,531 @@
+"""The export pipeline: load -> trace -> optimise -> convert -> check -> parity gate -> commit.
+
+Everything is written into a hidden staging directory beside ``out`` and renamed into place only
+after the parity gate passes, so an interrupted or failed export never leaves a directory that
+looks like a valid artifact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .. import __version__
+from .artifact import MANIFEST, MODEL, SCHEMA_VERSION, TOKENIZER, check_files, encoder_from_manifest, file_records
+from .artifact import read_manifest, write_manifest
+from .graph import DATA_FILE, MIN_OPSET, ExportError, decoder_layers_in_graph, input_names, optimize_with_onnxruntime
+from .graph import weight_matmuls
+from .graph import trace as trace_graph
+from .ops import ALLOWED_OPS, non_portable_ops, op_types
+from .parity import ParityReport, run_parity
+from .precision import check_precision, convert
+
+Progress = Callable[[str, str], None]
+
+#: pipeline stages, in order, as reported to ``progress(stage, detail)``
+STAGES = ("load", "trace", "optimize", "convert", "check", "parity", "write")
+DEFAULT_OPSET = MIN_OPSET
+
+
+class ParityError(ExportError):
+    """The exported graph does not match the PyTorch reference within METHODS.md's tolerances."""
+
+    def __init__(self, report: ParityReport) -> None:
+        super().__init__(report.summary())
+        self.report = report
+
+
+class OutputExistsError(FileExistsError):
+    """``out`` exists and is not an empty directory (and ``force`` was not given)."""
+
+
+def _silent(stage: str, detail: str) -> None:
+    return None
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
+def load_embedder(
+    model: Any,
+    method: str = "kv-embedding",
+    *,
+    max_length: int | None = None,
+    padding_side: str = "right",
+    **options: Any,
+) -> Any:
+    """A :class:`~kvembed.reference.TorchEmbedder` (fp32) for ``model`` and ``method``."""
+    from transformers.utils import logging as hf_logging
+
+    from ..reference import TorchEmbedder
+
+    if padding_side not in ("right", "left"):
+        raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+    hf_logging.disable_progress_bar()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return TorchEmbedder.from_pretrained(
+            model, method, max_length=max_length, padding_side=padding_side, **options
+        )
+
+
+def source_record(embedder: Any) -> dict[str, Any]:
+    """Where the model came from, and a hash of its config, for the manifest."""
+    from ..methods import resolve_model
+
+    given = embedder.source if embedder.source is not None else ""
+    location, preset_id = resolve_model(given) if given else (None, None)
+    config = embedder.model.decoder.config
+    record: dict[str, Any] = {"model": given, "location": None, "preset_id": preset_id}
+    if location is not None and Path(location).is_dir():
+        record["location"] = str(Path(location).resolve())
+    elif location is not None:
+        record["location"] = location  # a hub id
+    record["model_type"] = config.model_type
+    record["config_sha256"] = config_hash(location, config)
+    record["num_layers"] = int(config.num_hidden_layers)
+    record["hidden_size"] = int(config.hidden_size)
+    return record
+
+
+def config_hash(location: str | None, config: Any) -> str:
+    """sha256 of the model folder's ``config.json`` bytes, else of the config as canonical JSON."""
+    if location is not None:
+        path = Path(location) / "config.json"
+        if path.is_file():
+            return hashlib.sha256(path.read_bytes()).hexdigest()
+    data = config.to_dict()
+    data.pop("transformers_version", None)
+    data.pop("_attn_implementation_autoset", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# -- output directory ---------------------------------------------------------------------------
+
+
+def check_output(out: str | os.PathLike[str], force: bool = False) -> Path:
+    """Refuse an ``out`` that is a file, or a non-empty directory unless ``force``."""
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise OutputExistsError(f"output {str(path)!r} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not force:
+        raise OutputExistsError(f"output directory {str(path)!r} is not empty; use --force to replace it")
+    return path
+
+
+def _guard_source(out: Path, embedder: Any) -> None:
+    location = source_record(embedder).get("location")
+    if location and Path(location).is_dir():
+        src, dst = Path(location).resolve(), out.resolve()
+        if dst == src or dst in src.parents:
+            raise ValueError(f"output {str(out)!r} would replace the model folder {str(src)!r}")
+
+
+def _commit(staging: Path, out: Path) -> None:
+    """Move ``staging`` to ``out``, replacing what is there (the caller checked ``force``)."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(out, old)
+    try:
+        os.replace(staging, out)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# -- the exporter -------------------------------------------------------------------------------
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    manifest: dict[str, Any]
+    parity: ParityReport
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class Exporter:
+    """Exports one loaded :class:`~kvembed.reference.TorchEmbedder`, tracing it at most once.
+
+    ``write(out, precision)`` may be called several times (fp32, fp16, int8 from one trace).
+    Use as a context manager, or call :meth:`close`, to delete the cached trace.
+    """
+
+    def __init__(
+        self,
+        embedder: Any,
+        *,
+        opset: int = DEFAULT_OPSET,
+        optimize: bool = True,
+        progress: Progress | None = None,
+    ) -> None:
+        if not isinstance(opset, int) or isinstance(opset, bool):
+            raise TypeError(f"opset must be an int, got {opset!r}")
+        if opset < MIN_OPSET:
+            raise ValueError(f"opset {opset} is too old: the exporter needs opset >= {MIN_OPSET}")
+        self.embedder = embedder
+        self.opset = opset
+        self.optimize = optimize
+        self.progress = progress or _silent
+        self._workdir: Path | None = None
+        self._graph: dict[str, Any] | None = None
+
+    def __enter__(self) -> "Exporter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+            self._graph = None
+
+    @property
+    def traced_path(self) -> Path | None:
+        return None if self._graph is None or self._workdir is None else self._workdir / MODEL
+
+    def trace(self, workdir: Path | None = None) -> Path:
+        """Trace (once) to an fp32 graph in a private work directory; returns its path."""
+        if self._graph is not None and self._workdir is not None and (self._workdir / MODEL).exists():
+            return self._workdir / MODEL
+        self.close()
+        self._workdir = Path(tempfile.mkdtemp(prefix=".kvembed-trace-", dir=workdir))
+        path = self._workdir / MODEL
+        try:
+            self.progress("trace", f"tracing {self.embedder.method.name} with torch.onnx (dynamo)")
+            graph = trace_graph(self.embedder, path, self.opset)
+            optimizations = [{"name": name, "applied": True} for name in graph.pop("optimizations")]
+            if self.optimize:
+                self.progress("optimize", "onnxruntime basic graph optimisation (offline)")
+                optimizations.append(optimize_with_onnxruntime(path))
+            graph["optimizations"] = optimizations
+            self._graph = graph
+        except BaseException:
+            self.close()
+            raise
+        return path
+
+    def write(
+        self,
+        out: str | os.PathLike[str],
+        precision: str = "fp32",
+        *,
+        force: bool = False,
+        reference: Any | None = None,
+        reference_options: Mapping[str, Any] | None = None,
+        keep_trace: bool = True,
+    ) -> ExportResult:
+        """Write an artifact for ``precision`` to ``out`` after it passes the parity gate.
+
+        ``reference`` (a TorchEmbedder) or ``reference_options`` (method options for a second
+        reference built from the same model) replace the gate's reference; the default is the
+        embedder that was traced. They exist to prove the gate catches a wrong graph.
+        ``keep_trace=False`` moves the traced fp32 graph instead of copying it (last write).
+        """
+        precision = check_precision(precision)
+        out = check_output(out, force)
+        _guard_source(out, self.embedder)
+        embedder = self.embedder
+        if reference is None and reference_options:
+            options = {**dict(embedder.method.options), **dict(reference_options)}
+            reference = load_embedder(
+                embedder.source, embedder.method.name, max_length=embedder.max_length,
+                padding_side=embedder.padding_side, **options,
+            )
+        reference = reference or embedder
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = out.with_name(f".{out.name}.partial-{uuid.uuid4().hex[:8]}")
+        staging.mkdir()
+        committed = False
+        try:
+            traced = self.trace(workdir=out.parent)
+            assert self._graph is not None
+            model_path = staging / MODEL
+            if precision == "fp32":
+                self.progress("convert", "fp32: no conversion")
+                _copy_graph(traced, model_path, move=not keep_trace)
+                conversion: dict[str, Any] = {}
+            else:
+                self.progress("convert", f"converting to {precision}")
+                conversion = convert(traced, model_path, precision)
+            self.progress("check", "checking operators and layers")
+            graph_facts = self._check_graph(model_path, precision)
+            embedder.tokenizer.save(str(staging / TOKENIZER))
+            manifest = self._manifest(precision, graph_facts, conversion)
+            self.progress("parity", "running the graph in onnxruntime against PyTorch")
+            report = self._parity(staging, manifest, precision, reference)
+            manifest["parity"] = report.to_dict()
+            if reference is not embedder:
+                manifest["parity"]["reference"] = {
+                    "note": "a different reference than the exported method was used",
+                    "method": reference.method.to_dict(),
+                }
+            if not report.passed:
+                raise ParityError(report)
+            self.progress("write", f"writing {out}")
+            manifest["files"] = file_records(staging)
+            write_manifest(staging, manifest)
+            _commit(staging, out)
+            committed = True
+            return ExportResult(out, manifest, report, manifest["files"])
+        finally:
+            if not committed:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _check_graph(self, model_path: Path, precision: str) -> dict[str, Any]:
+        import onnx
+
+        model = onnx.load(str(model_path), load_external_data=False)
+        counts = op_types(model)
+        bad = non_portable_ops(model, ALLOWED_OPS)
+        if bad and precision != "int8":
+            raise ExportError(
+                f"the {precision} graph contains operators outside the portable allow-list: {', '.join(bad)}"
+            )
+        layers = decoder_layers_in_graph(model)
+        needed = self.embedder.method.layers_needed
+        if layers != needed:
+            raise ExportError(f"the graph holds the weights of {layers} decoder layers, the method needs {needed}")
+        onnx.checker.check_model(str(model_path), full_check=False)
+        return {
+            "op_types": dict(sorted(counts.items())),
+            "nodes": len(model.graph.node),
+            "decoder_layers": int(layers),
+            "weight_matmuls": weight_matmuls(model),
+            "tensorrt_ready": not bad,
+            "non_portable_ops": bad,
+            "external_data": (model_path.parent / DATA_FILE).exists(),
+        }
+
+    def _manifest(self, precision: str, graph_facts: Mapping[str, Any], conversion: Mapping[str, Any]) -> dict[str, Any]:
+        import onnx
+        import onnxruntime
+        import torch
+        import transformers
+
+        embedder = self.embedder
+        encoder = embedder.encoder
+        names = input_names(embedder)
+        assert self._graph is not None
+        graph = {
+            "exporter": self._graph["exporter"],
+            "optimizations": self._graph["optimizations"],
+            **graph_facts,
+            "precision_conversion": dict(conversion),
+            "versions": {
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "onnx": onnx.__version__,
+                "onnxruntime": onnxruntime.__version__,
+            },
+        }
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kvembed_version": __version__,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "source": source_record(embedder),
+            "method": embedder.method.to_dict(),
+            "dim": int(embedder.dim),
+            "max_length": int(embedder.max_length),
+            "opset": self.opset,
+            "precision": precision,
+            "padding_side": embedder.padding_side,
+            "placeholder_id": encoder.placeholder_id,
+            "pad_id": encoder.pad_id,
+            "fallback_id": encoder.fallback_id,
+            "inputs": [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in names],
+            "outputs": [
+                {"name": "embedding", "dtype": "float32", "shape": ["batch", int(embedder.dim)], "normalized": True},
+                {"name": "pooled", "dtype": "float32", "shape": ["batch", int(embedder.dim)], "normalized": False},
+            ],
+            "graph": graph,
+            "files": {},
+            "parity": {},
+        }
+
+    def _parity(self, directory: Path, manifest: Mapping[str, Any], precision: str, reference: Any) -> ParityReport:
+        encoder = encoder_from_manifest(directory, manifest)
+        session = parity_session(directory / MODEL)
+        try:
+            return run_parity(session, encoder, reference, precision)
+        finally:
+            del session
+
+
+def parity_session(path: Path) -> Any:
+    """An onnxruntime CPU session for the gate (no thread spinning: torch runs in between)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _copy_graph(source: Path, target: Path, move: bool = False) -> None:
+    transfer = os.replace if move else shutil.copyfile
+    data = source.with_name(source.name + ".data")
+    if data.exists():
+        transfer(data, target.with_name(target.name + ".data"))
+    transfer(source, target)
+
+
+# -- public API ---------------------------------------------------------------------------------
+
+
+def export(
+    model: Any,
+    method: str = "kv-embedding",
+    out: str | os.PathLike[str] = "kvembed-artifact",
+    precision: str = "fp32",
+    *,
+    max_length: int | None = None,
+    opset: int = DEFAULT_OPSET,
+    force: bool = False,
+    padding_side: str = "right",
+    optimize: bool = True,
+    progress: Progress | None = None,
+    reference_options: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> Path:
+    """Export ``model`` (folder, alias or hub id) computing ``method`` to the directory ``out``.
+
+    ``options`` are the method's options (``layers``, ``bias``, ``num_prefix``, ``prefix_rope``,
+    ``pooling``, ``prompt``, ``wva``, ``tp_start``, ``tp_stop``, ``exit_layer``). Raises
+    ValueError/TypeError/FileNotFoundError/OutputExistsError for bad input (before any heavy
+    work where possible), :class:`ParityError` if the graph misses the tolerances and
+    :class:`ExportError` if tracing fails; ``out`` is untouched in every failure.
+    """
+    return export_result(
+        model, method, out, precision, max_length=max_length, opset=opset, force=force,
+        padding_side=padding_side, optimize=optimize, progress=progress,
+        reference_options=reference_options, **options,
+    ).path
+
+
+def export_result(
+    model: Any,
+    method: str = "kv-embedding",
+    out: str | os.PathLike[str] = "kvembed-artifact",
+    precision: str = "fp32",
+    *,
+    max_length: int | None = None,
+    opset: int = DEFAULT_OPSET,
+    force: bool = False,
+    padding_side: str = "right",
+    optimize: bool = True,
+    progress: Progress | None = None,
+    reference_options: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> ExportResult:
+    """:func:`export`, returning the manifest and parity report too."""
+    precision = check_precision(precision)
+    check_output(out, force)
+    if not isinstance(opset, int) or isinstance(opset, bool):
+        raise TypeError(f"opset must be an int, got {opset!r}")
+    if opset < MIN_OPSET:
+        raise ValueError(f"opset {opset} is too old: the exporter needs opset >= {MIN_OPSET}")
+    progress = progress or _silent
+    progress("load", f"loading {model} ({method})")
+    embedder = load_embedder(model, method, max_length=max_length, padding_side=padding_side, **options)
+    with Exporter(embedder, opset=opset, optimize=optimize, progress=progress) as exporter:
+        return exporter.write(out, precision, force=force, reference_options=reference_options, keep_trace=False)
+
+
+# -- verify -------------------------------------------------------------------------------------
+
+
+@dataclass
+class VerifyResult:
+    directory: Path
+    manifest: dict[str, Any]
+    report: ParityReport | None
+    file_problems: list[str]
+    source_problems: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return self.report is not None and self.report.passed and not self.file_problems and not self.source_problems
+
+
+def reference_for(manifest: Mapping[str, Any]) -> Any:
+    """Rebuild the PyTorch reference an artifact was exported from (model, options, max_length)."""
+    source = manifest["source"]
+    location = source.get("location")
+    candidates = []
+    if location and Path(location).is_dir():
+        candidates.append(location)
+    if source.get("model"):
+        candidates.append(source["model"])
+    if location and location not in candidates:
+        candidates.append(location)
+    if not candidates:
+        raise ValueError("the manifest does not say which model the artifact came from")
+    method = manifest["method"]
+    last_error: Exception | None = None
+    for candidate in candidates:
+        try:
+            return load_embedder(
+                candidate, method["name"], max_length=int(manifest["max_length"]),
+                padding_side=manifest.get("padding_side", "right"), **dict(method["options"]),
+            )
+        except FileNotFoundError as err:
+            last_error = err
+    raise FileNotFoundError(f"cannot load the source model of this artifact ({', '.join(candidates)}): {last_error}")
+
+
+def verify(directory: str | os.PathLike[str], progress: Progress | None = None) -> VerifyResult:
+    """Re-run the parity gate of an existing artifact against a freshly built PyTorch reference."""
+    progress = progress or _silent
+    directory = Path(directory).expanduser()
+    manifest = read_manifest(directory)
+    progress("check", "checking file hashes")
+    file_problems = check_files(directory, manifest)
+    if any("missing" in p for p in file_problems if p.startswith(MODEL) or p.startswith(TOKENIZER)):
+        return VerifyResult(directory, manifest, None, file_problems, [])
+    progress("load", f"loading the reference {manifest['source'].get('model')}")
+    reference = reference_for(manifest)
+    source_problems = []
+    now = source_record(reference)
+    if now["config_sha256"] != manifest["source"].get("config_sha256"):
+        source_problems.append("the source model's config changed since export (config_sha256 differs)")
+    progress("parity", "running the graph in onnxruntime against PyTorch")
+    encoder = encoder_from_manifest(directory, manifest)
+    session = parity_session(directory / MODEL)
+    report = run_parity(session, encoder, reference, manifest["precision"])
+    return VerifyResult(directory, manifest, report, file_problems, source_problems)
+
+
+__all__ = [
+    "STAGES",
+    "ExportError",
+    "ExportResult",
+    "Exporter",
+    "OutputExistsError",
+    "ParityError",
+    "VerifyResult",
+    "check_output",
+    "export",
+    "export_result",
+    "load_embedder",
+    "reference_for",
+    "verify",
+]

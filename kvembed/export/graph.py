@@ -1,0 +1,286 @@
+"""Tracing the patched model into an ONNX graph (fp32), and offline graph optimisation.
+
+We trace with ``torch.onnx.export(..., dynamo=True)``: ``torch.export`` runs the module's Python
+(forward hooks, the ``kvembed_prefix`` kwarg, the attention function registered with
+transformers) and records only tensor operations, with symbolic batch and sequence sizes; a
+shape-dependent Python branch becomes a guard (an error at export time) instead of a silently
+baked-in constant. The legacy TorchScript exporter also traces every method to ~1e-6, but turns
+each ``squeeze`` of a dynamic dimension into an ``If`` node (not allowed in the portable graph),
+and is deprecated upstream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .ops import ALLOWED_OPS, STANDARD_DOMAINS, non_portable_ops
+
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+#: protobuf cannot serialise a message of 2 GiB or more: past this, weights go to DATA_FILE
+EXTERNAL_DATA_THRESHOLD = 2 * 1024**3 - 64 * 1024**2
+MIN_OPSET = 18
+INPUTS = ("input_ids", "attention_mask", "pool_mask")
+OUTPUTS = ("embedding", "pooled")
+BATCH, SEQUENCE = "batch", "sequence"
+
+#: Texts of the trace example: two rows of different lengths, so the example is padded.
+TRACE_TEXTS = ("A short example.", "A somewhat longer example sentence, traced with symbolic sizes.")
+
+
+class ExportError(RuntimeError):
+    """The model could not be turned into a valid graph (not a user error)."""
+
+
+def input_names(embedder: Any) -> list[str]:
+    names = ["input_ids", "attention_mask"]
+    if embedder.method.uses_pool_mask:
+        names.append("pool_mask")
+    return names
+
+
+def trace(embedder: Any, path: Path, opset: int = MIN_OPSET, quiet: bool = True) -> dict[str, Any]:
+    """Trace ``embedder.model`` to ``path`` (fp32); return facts about the graph for the manifest.
+
+    The saved graph has int64 inputs ``input_ids``, ``attention_mask`` (and ``pool_mask`` for
+    echo) with symbolic ``batch`` and ``sequence`` axes, and float32 outputs ``embedding`` and
+    ``pooled`` of shape ``[batch, dim]``.
+    """
+    import torch
+
+    if opset < MIN_OPSET:
+        raise ValueError(f"opset {opset} is too old: the exporter needs opset >= {MIN_OPSET}")
+    names = input_names(embedder)
+    example = embedder.encoder.pad(embedder.encoder.encode(list(TRACE_TEXTS), "document"), "right")
+    args = tuple(torch.from_numpy(example[name]) for name in names)
+    dynamic = {name: {0: BATCH, 1: SEQUENCE} for name in names}
+    model = embedder.model
+    out = io.StringIO()
+    redirect = (contextlib.redirect_stdout(out), contextlib.redirect_stderr(out)) if quiet else ()
+    try:
+        with contextlib.ExitStack() as stack:
+            for ctx in redirect:
+                stack.enter_context(ctx)
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore")
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(model.patched())
+            program = torch.onnx.export(
+                model,
+                args,
+                None,
+                input_names=names,
+                output_names=list(OUTPUTS),
+                dynamic_shapes=dynamic,
+                opset_version=opset,
+                dynamo=True,
+                optimize=True,
+                verbose=False,
+            )
+    except ValueError:
+        raise
+    except Exception as err:  # torch.export / translation failures: report what broke
+        detail = str(err).strip().splitlines()
+        raise ExportError(
+            f"torch.onnx.export (dynamo) could not trace method {embedder.method.name!r}: "
+            f"{type(err).__name__}: {detail[0] if detail else ''}"
+        ) from err
+    if program is None:
+        raise ExportError("torch.onnx.export returned no program")
+    _fix_names(program.model.graph)
+    _check_io(program.model.graph, names)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    weights = _initializer_bytes(program.model.graph)
+    external = weights >= EXTERNAL_DATA_THRESHOLD
+    _save_program(program, path, external)
+    return {
+        "exporter": "torch.onnx.export(dynamo=True)",
+        "opset": opset,
+        "external_data": external,
+        "weights_bytes": int(weights),
+        "optimizations": ["onnxscript.optimizer (torch.onnx.export optimize=True): constant folding, "
+                          "dead-code elimination, common-subexpression elimination"],
+    }
+
+
+def _fix_names(graph: Any) -> None:
+    """Make ``embedding``/``pooled`` name only the graph outputs.
+
+    The dynamo exporter names values after FX nodes, so the token-embedding lookup's output is
+    also called ``embedding``: a duplicate definition that makes the model invalid.
+    """
+    outputs = list(graph.outputs)
+    for node in graph:
+        for value in node.outputs:
+            if value.name in OUTPUTS and not any(value is out for out in outputs):
+                value.name = f"{value.name}__internal"
+    for value, name in zip(outputs, OUTPUTS):
+        value.name = name
+
+
+def _check_io(graph: Any, names: list[str]) -> None:
+    got_in = [v.name for v in graph.inputs]
+    got_out = [v.name for v in graph.outputs]
+    if got_in != names or got_out != list(OUTPUTS):
+        raise ExportError(f"unexpected graph signature: inputs {got_in}, outputs {got_out}")
+    for value in graph.inputs:
+        dims = list(value.shape) if value.shape is not None else []
+        if len(dims) != 2 or any(isinstance(d, int) for d in dims):
+            raise ExportError(
+                f"input {value.name} lost its dynamic axes during export (shape {dims}); a branch "
+                "in the model specialised the batch or sequence size"
+            )
+
+
+def _initializer_bytes(graph: Any) -> int:
+    total = 0
+    for value in graph.initializers.values():
+        if value.const_value is not None:
+            total += int(value.const_value.nbytes)
+    return total
+
+
+def _save_program(program: Any, path: Path, external: bool) -> None:
+    import onnx_ir as ir
+
+    if external:
+        ir.save(program.model, path, external_data=DATA_FILE if path.name == MODEL_FILE else path.name + ".data")
+    else:
+        ir.save(program.model, path)
+
+
+# -- onnxruntime offline optimisation ---------------------------------------------------------
+
+
+def optimize_with_onnxruntime(path: Path) -> dict[str, Any]:
+    """Run onnxruntime's basic (hardware-independent, standard-op) graph optimisations offline.
+
+    Replaces ``path`` only if the result is smaller and still uses standard ops from the allow-list
+    only. Extended and layout levels are never used: they fuse into ``com.microsoft`` contrib ops.
+    """
+    import onnx
+    import onnxruntime as ort
+
+    record: dict[str, Any] = {"name": "onnxruntime ORT_ENABLE_BASIC (offline)", "applied": False}
+    before = onnx.load(str(path), load_external_data=False)
+    record["nodes_before"] = len(before.graph.node)
+    external = any(_is_external(t) for t in before.graph.initializer)
+    target = path.with_name(path.stem + ".ortopt.onnx")
+    target_data = target.with_name(target.name + ".data")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(target)
+    if external:
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", target_data.name)
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    try:
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(str(target), load_external_data=False)
+    except Exception as err:  # keep the unoptimised graph
+        record["reason"] = f"onnxruntime failed: {type(err).__name__}"
+        _remove(target, target_data)
+        return record
+    _drop_unused_opsets(optimized)
+    record["nodes_after"] = len(optimized.graph.node)
+    bad = non_portable_ops(optimized, ALLOWED_OPS)
+    if bad:
+        record["reason"] = f"would introduce non-portable ops: {', '.join(bad)}"
+    elif record["nodes_after"] >= record["nodes_before"]:
+        record["reason"] = "no node removed"
+    else:
+        record["applied"] = True
+    if record["applied"]:
+        data = path.with_name(path.name + ".data")
+        if external:
+            for tensor in optimized.graph.initializer:
+                for entry in tensor.external_data:
+                    if entry.key == "location":
+                        entry.value = data.name
+            os.replace(target_data, data)
+        onnx.save(optimized, str(path))
+    _remove(target, target_data)
+    return record
+
+
+def _is_external(tensor: Any) -> bool:
+    import onnx
+
+    return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def _drop_unused_opsets(model: Any) -> None:
+    used = {node.domain for node in model.graph.node}
+    keep = [o for o in model.opset_import if o.domain in used or o.domain in STANDARD_DOMAINS]
+    del model.opset_import[:]
+    model.opset_import.extend(keep)
+
+
+def _remove(*paths: Path) -> None:
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+#: weight matrices per decoder layer in the Llama layout: q, k, v, o, gate, up, down projections
+MATRICES_PER_LAYER = 7
+
+
+def weight_matmuls(model: Any) -> int:
+    """How many (quantized) matrix multiplications in ``model`` take a weight initializer."""
+    matrices = {t.name for t in model.graph.initializer if len(t.dims) == 2}
+    count = 0
+    for node in model.graph.node:
+        if node.op_type in ("MatMul", "MatMulInteger", "Gemm") and len(node.input) > 1 and node.input[1] in matrices:
+            count += 1
+    return count
+
+
+def decoder_layers_in_graph(model: Any) -> int:
+    """Decoder layers whose weights the graph holds: ``ceil(weight matmuls / 7)``.
+
+    Every layer but the last contributes all 7 projections; the last may contribute fewer, as the
+    exporter drops what the readout does not use (``va`` keeps only the last layer's ``v_proj``).
+    Counting weights rather than reading initializer names: the exporter renames transposed
+    weights and de-duplicates identical tensors (e.g. the all-ones norm weights of a fresh model).
+    """
+    return -(-weight_matmuls(model) // MATRICES_PER_LAYER)
+
+
+def save_model(model: Any, path: Path) -> bool:
+    """Save an ``onnx.ModelProto`` as ``path``, weights in ``<name>.data`` when it would pass 2 GB."""
+    import onnx
+
+    size = sum(_tensor_bytes(t) for t in model.graph.initializer)
+    external = size >= EXTERNAL_DATA_THRESHOLD
+    if external:
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=path.name + ".data",
+            size_threshold=1024,
+        )
+    else:
+        onnx.save_model(model, str(path))
+    return external
+
+
+def _tensor_bytes(tensor: Any) -> int:
+    import onnx
+
+    if tensor.raw_data:
+        return len(tensor.raw_data)
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        for entry in tensor.external_data:
+            if entry.key == "length":
+                return int(entry.value)
+    dims = int(np.prod(tensor.dims)) if tensor.dims else 1
+    return dims * 4

@@ -1,0 +1,191 @@
+"""The parity gate: an exported graph against the PyTorch reference, on a fixed varied text set.
+
+Both sides get identical token ids (the artifact's own tokenizer and manifest build them; they
+are checked against the reference's encoder), in padded batches of mixed lengths, right- and
+left-padded, as queries and as documents. Tolerances are METHODS.md's ("What the same means").
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+#: METHODS.md: worst row cosine (and, for fp32, max abs difference on normalised vectors)
+TOLERANCES: dict[str, dict[str, float]] = {
+    "fp32": {"min_cosine": 0.99999, "max_abs": 1e-4},
+    "fp16": {"min_cosine": 0.999},
+    "int8": {"min_cosine": 0.99},
+}
+
+_LONG = (
+    "The committee met on Tuesday to review the budget for the coming year. After a long debate "
+    "about road repairs and school funding, the members agreed to postpone the decision on the "
+    "swimming pool until spring, when better cost estimates would be available."
+)
+
+#: name -> text. Short, long, unicode, empty, whitespace-only, quotes (the prompts' delimiter),
+#: question marks (token-prepending's clean-up), code and numbers.
+PARITY_TEXTS: dict[str, str] = {
+    "short": "Hi",
+    "sentence": "A man is playing a guitar.",
+    "question": "What is the capital of France?",
+    "long": _LONG,
+    "medium": "Stock markets fell sharply on Monday as investors worried about rising interest rates",
+    "unicode": "Ünïcödé façade — naïve café, 東京タワーの夜景, эмбеддинг текста, 🤖🚀✨",
+    "empty": "",
+    "whitespace": "   several   spaces\tand\ttabs\n new lines  ",
+    "quotes": 'She said "no way" and left the room',
+    "code": "x = [1, 2, 3]; print(sum(x) / len(x))  # mean",
+    "numbers": "3.14159 2.71828 1.41421 and 42",
+    "word": "cats",
+}
+
+KINDS = ("query", "document")
+PADDING_SIDES = ("right", "left")
+
+
+@dataclass
+class ParityReport:
+    precision: str
+    passed: bool
+    worst_cosine: float
+    max_abs_diff: float
+    min_cosine_required: float
+    max_abs_allowed: float | None
+    rows: int
+    batches: int
+    texts: int
+    worst_row: dict[str, Any] = field(default_factory=dict)
+    pooled_worst_cosine: float = 1.0
+    by_case: dict[str, dict[str, float]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    reference: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        limit = f"cosine >= {self.min_cosine_required}"
+        if self.max_abs_allowed is not None:
+            limit += f", max abs <= {self.max_abs_allowed:g}"
+        state = "passed" if self.passed else "FAILED"
+        text = (
+            f"parity {state} ({self.precision}): worst cosine {self.worst_cosine:.7f}, max abs diff "
+            f"{self.max_abs_diff:.3g} over {self.rows} rows (needs {limit})"
+        )
+        if self.problems:
+            text += "; " + "; ".join(self.problems)
+        return text
+
+
+def batch_plan(names: Sequence[str]) -> list[list[str]]:
+    """Batches of text names: all texts in one padded batch, a mixed trio, and a single row."""
+    names = list(names)
+    return [names, ["long", "empty", "unicode"], ["sentence"]]
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    num = (a64 * b64).sum(-1)
+    den = np.linalg.norm(a64, axis=-1) * np.linalg.norm(b64, axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cos = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.where(np.abs(a64 - b64).max(-1) == 0, 1.0, 0.0))
+    return cos
+
+
+def run_parity(
+    session: Any,
+    encoder: Any,
+    reference: Any,
+    precision: str,
+    texts: dict[str, str] | None = None,
+) -> ParityReport:
+    """Compare ``session`` (onnxruntime) against ``reference`` (a TorchEmbedder).
+
+    ``encoder`` is the artifact's TextEncoder (rebuilt from its tokenizer.json and manifest); its
+    token ids must equal the reference encoder's, else the artifact would tokenise differently.
+    """
+    import torch
+
+    texts = dict(PARITY_TEXTS if texts is None else texts)
+    tolerance = TOLERANCES[precision]
+    min_cos, max_abs = tolerance["min_cosine"], tolerance.get("max_abs")
+    feeds = {i.name for i in session.get_inputs()}
+    worst_cos, worst_abs, worst_pooled = 1.0, 0.0, 1.0
+    worst_row: dict[str, Any] = {}
+    by_case: dict[str, dict[str, float]] = {}
+    problems: list[str] = []
+    rows = batches = 0
+    plan = [[n for n in batch if n in texts] for batch in batch_plan(texts)]
+    plan = [batch for batch in plan if batch]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # truncation warnings: the long text may exceed max_length
+        for kind in KINDS:
+            for side in PADDING_SIDES:
+                case = f"{kind}/{side}"
+                case_cos, case_abs = 1.0, 0.0
+                for names in plan:
+                    items = [texts[n] for n in names]
+                    ours = encoder.encode(items, kind)
+                    theirs = reference.encoder.encode(items, kind)
+                    if [e.ids for e in ours] != [e.ids for e in theirs] or [e.pool for e in ours] != [e.pool for e in theirs]:
+                        problems.append(f"token ids differ from the reference's for {case} batch {names}")
+                        continue
+                    batch = encoder.pad(ours, side)
+                    got = session.run(["embedding", "pooled"], {k: v for k, v in batch.items() if k in feeds})
+                    with torch.inference_mode(), reference.model.patched():
+                        want = reference.model(**{k: torch.from_numpy(v) for k, v in batch.items()})
+                    want_e, want_p = (w.float().numpy() for w in want)
+                    got_e, got_p = (np.asarray(g, dtype=np.float32) for g in got)
+                    if got_e.shape != want_e.shape:
+                        problems.append(f"output shape {got_e.shape} != reference {want_e.shape}")
+                        continue
+                    cos = cosine_rows(got_e, want_e)
+                    if not np.isfinite(got_e).all():
+                        problems.append(f"non-finite values in the graph's output for {case} batch {names}")
+                        cos = np.where(np.isfinite(got_e).all(-1), cos, -1.0)
+                    diff = np.abs(got_e.astype(np.float64) - want_e)
+                    diff = np.where(np.isfinite(diff), diff, np.inf)
+                    pooled_cos = cosine_rows(got_p, want_p)
+                    rows += len(names)
+                    batches += 1
+                    worst_pooled = min(worst_pooled, float(np.nan_to_num(pooled_cos, nan=-1.0).min()))
+                    row = int(np.argmin(cos))
+                    if float(cos[row]) < worst_cos:
+                        worst_cos = float(cos[row])
+                        worst_row = {"text": names[row], "kind": kind, "padding_side": side, "batch_size": len(names)}
+                    worst_abs = max(worst_abs, float(diff.max()))
+                    case_cos = min(case_cos, float(cos.min()))
+                    case_abs = max(case_abs, float(diff.max()))
+                by_case[case] = {"worst_cosine": case_cos, "max_abs_diff": case_abs}
+    passed = not problems and rows > 0 and worst_cos >= min_cos and (max_abs is None or worst_abs <= max_abs)
+    if rows == 0 and not problems:
+        problems.append("no rows compared")
+    return ParityReport(
+        precision=precision,
+        passed=bool(passed),
+        worst_cosine=_finite(worst_cos),
+        max_abs_diff=_finite(worst_abs),
+        min_cosine_required=min_cos,
+        max_abs_allowed=max_abs,
+        rows=rows,
+        batches=batches,
+        texts=len(texts),
+        worst_row=worst_row,
+        pooled_worst_cosine=_finite(worst_pooled),
+        by_case=by_case,
+        problems=sorted(set(problems)),
+    )
+
+
+def _finite(x: float) -> float:
+    """JSON has no inf/nan: report them as large sentinels."""
+    if math.isnan(x):
+        return -1.0
+    if math.isinf(x):
+        return 1e30 if x > 0 else -1e30
+    return float(x)

@@ -1,0 +1,396 @@
+"""fp16 and int8 variants of a traced fp32 graph.
+
+fp16: weights and activations in fp16, inputs int64 and outputs float32 as in fp32, and fp32
+islands for what must stay fp32 (Casts only where the two meet):
+
+- the position / mask machinery (RoPE angles, the additive attention mask, pooling weights):
+  every float node that does not depend on a model weight. RoPE angles of late positions lose
+  whole radians in fp16, and the mask's large negative constants overflow;
+- the attention logits' mask ``Add`` and the ``Softmax`` after it;
+- RMSNorm statistics (``Pow -> ReduceMean -> Add(eps) -> Sqrt -> Reciprocal``): the square of a
+  massive activation overflows fp16;
+- sums over the sequence (``ReduceSum``) and the final L2 norm (``ReduceL2``).
+
+onnxruntime's float16 converter (the onnxconverter-common algorithm) is not used: it makes every
+blocked node an island, casting each output back to fp16 even when only fp32 nodes read it, so
+the mask's float32-min constant becomes -inf on the way and fully padded rows turn into NaN; it
+also emits duplicate Cast outputs and unsorted nodes when a node block list is given.
+
+int8: ``onnxruntime.quantization.quantize_dynamic`` on MatMul weights (symmetric int8,
+per output channel). It yields ``DynamicQuantizeLinear``/``MatMulInteger``: standard ONNX ops that
+onnxruntime runs fast on CPU, but TensorRT does not support (build TensorRT engines from the fp32
+or fp16 artifact and let TensorRT pick precisions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .graph import save_model
+
+PRECISIONS = ("fp32", "fp16", "int8")
+
+#: op types kept in fp32 wherever they occur
+FP32_OPS = (
+    "Softmax",
+    "ReduceL2",
+    "ReduceSum",
+    "ReduceMean",
+    "Pow",
+    "Sqrt",
+    "Reciprocal",
+    "Cos",
+    "Sin",
+    "CumSum",
+    "ArgMax",
+    "Range",
+)
+#: element-wise ops that stay fp32 when all their float inputs are fp32 already (eps adds, ...)
+_ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Neg", "Clip", "Max", "Min", "Where", "Expand", "Reshape",
+                "Unsqueeze", "Squeeze", "Concat", "Slice", "Transpose", "Cast", "Identity", "Sqrt",
+                "Reciprocal", "Gather", "GatherElements"}
+
+
+def check_precision(precision: str) -> str:
+    value = str(precision).strip().lower()
+    if value not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return value
+
+
+def convert(source: Path, target: Path, precision: str) -> dict[str, Any]:
+    """Write ``source`` (fp32) converted to ``precision`` as ``target``; return what was done."""
+    precision = check_precision(precision)
+    if precision == "fp16":
+        return to_fp16(source, target)
+    if precision == "int8":
+        return to_int8(source, target)
+    raise ValueError("fp32 needs no conversion")
+
+
+def fp32_nodes(model: Any, float_values: set[str] | None = None) -> list[str]:
+    """Names of the nodes of an fp32 ``onnx.ModelProto`` that must stay fp32 in the fp16 graph."""
+    import onnx
+
+    graph = model.graph
+    # matrices (token embeddings, projections): every activation descends from one of them;
+    # vectors (norm weights, RoPE inverse frequencies) do not start an activation path
+    weights = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) >= 2}
+    float_values = _float_values(model) if float_values is None else float_values
+    # values that carry the model's activations: downstream of any float weight
+    active: set[str] = set()
+    for node in graph.node:  # graph.node is topologically sorted
+        if any(i in weights or i in active for i in node.input):
+            active.update(node.output)
+    keep: set[str] = set()
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    for node in graph.node:
+        produces_float = any(o in float_values for o in node.output)
+        if node.op_type in FP32_OPS:
+            keep.add(node.name)
+        elif produces_float and not any(o in active for o in node.output):
+            keep.add(node.name)  # mask / position machinery
+        elif node.op_type == "Add" and any(c.op_type == "Softmax" for o in node.output for c in consumers.get(o, ())):
+            keep.add(node.name)  # logits + mask
+    # forward closure: cheap element-wise nodes fed only by fp32 nodes stay fp32
+    producer = {o: node for node in graph.node for o in node.output}
+    initializers = {t.name for t in graph.initializer}
+    changed = True
+    while changed:
+        changed = False
+        for node in graph.node:
+            if node.name in keep or node.op_type not in _ELEMENTWISE:
+                continue
+            fed = [producer[i] for i in node.input if i in producer and i in float_values]
+            from_weights = [i for i in node.input if i in weights]
+            if fed and not from_weights and all(p.name in keep for p in fed):
+                keep.add(node.name)
+                changed = True
+    return sorted(keep)
+
+
+def to_fp16(source: Path, target: Path) -> dict[str, Any]:
+    """Convert the fp32 graph at ``source`` to fp16 at ``target`` (see the module docstring).
+
+    Weights are converted one tensor at a time, so a graph with external data never needs more
+    than its fp16 size in memory.
+    """
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    model = onnx.load(str(source), load_external_data=False)
+    _name_nodes(model)
+    graph = model.graph
+    floats = _float_values(model)
+    keep = set(fp32_nodes(model, floats))
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in graph.output}
+    # Cast(to=FLOAT) is fp32 when everything it feeds is (e.g. RMSNorm's upcast), else fp16
+    for node in graph.node:
+        if node.op_type == "Cast" and _attr(node, "to") == TensorProto.FLOAT and node.name not in keep:
+            users = [u for o in node.output for u in consumers.get(o, ())]
+            if users and all(u.name in keep for u in users) and not any(o in graph_outputs for o in node.output):
+                keep.add(node.name)
+
+    def is_fp32(node: Any) -> bool:
+        return node.name in keep
+
+    # dtype each float value is produced in
+    home: dict[str, int] = {}
+    for value in graph.input:
+        home[value.name] = value.type.tensor_type.elem_type
+    initializers = {t.name: t for t in graph.initializer}
+    for name, tensor in initializers.items():
+        if tensor.data_type != TensorProto.FLOAT:
+            continue
+        users = consumers.get(name, [])
+        if users and not any(is_fp32(u) for u in users):
+            home[name] = TensorProto.FLOAT16  # converted below
+        else:
+            home[name] = TensorProto.FLOAT
+    for node in graph.node:
+        dtype = TensorProto.FLOAT if is_fp32(node) else TensorProto.FLOAT16
+        for out in node.output:
+            if out in floats:
+                home[out] = dtype
+        if dtype == TensorProto.FLOAT16:
+            _retype_node(node)
+
+    # insert casts on every edge whose dtypes disagree
+    cast_of: dict[tuple[str, int], str] = {}
+    new_nodes: list[Any] = []
+
+    def cast(name: str, to: int) -> str:
+        key = (name, to)
+        if key not in cast_of:
+            suffix = "fp16" if to == TensorProto.FLOAT16 else "fp32"
+            out = f"{name}__{suffix}"
+            new_nodes.append(helper.make_node("Cast", [name], [out], name=f"{out}__cast", to=to))
+            cast_of[key] = out
+        return cast_of[key]
+
+    for node in list(graph.node):
+        want = TensorProto.FLOAT if is_fp32(node) else TensorProto.FLOAT16
+        for index, name in enumerate(node.input):
+            if name in floats and name in home and home[name] != want:
+                node.input[index] = cast(name, want)
+    # outputs stay float32
+    for value in graph.output:
+        if home.get(value.name) == TensorProto.FLOAT16:
+            inner = f"{value.name}__fp16"
+            for node in graph.node:
+                for index, out in enumerate(node.output):
+                    if out == value.name:
+                        node.output[index] = inner
+                for index, name in enumerate(node.input):
+                    if name == value.name:
+                        node.input[index] = inner
+            new_nodes.append(helper.make_node("Cast", [inner], [value.name], name=f"{value.name}__cast", to=TensorProto.FLOAT))
+    graph.node.extend(new_nodes)
+
+    # weights
+    base = str(source.parent)
+    converted = 0
+    for tensor in graph.initializer:
+        if tensor.data_type != TensorProto.FLOAT:
+            if uses_external_data(tensor):
+                load_external_data_for_tensor(tensor, base)
+                tensor.data_location = TensorProto.DEFAULT
+                del tensor.external_data[:]
+            continue
+        if uses_external_data(tensor):
+            load_external_data_for_tensor(tensor, base)
+            tensor.data_location = TensorProto.DEFAULT
+            del tensor.external_data[:]
+        if home.get(tensor.name) == TensorProto.FLOAT16:
+            array = numpy_helper.to_array(tensor)
+            half = np.clip(array, -_FP16_MAX, _FP16_MAX).astype(np.float16)
+            tensor.CopyFrom(numpy_helper.from_array(half, tensor.name))
+            converted += 1
+    del graph.value_info[:]
+    toposort(graph)
+    _check_io_types(model)
+    external = save_model(model, target)
+    counts = Counter(n.op_type for n in graph.node if n.name in keep)
+    return {
+        "method": "kvembed fp16 conversion: fp16 weights and activations, fp32 islands, float32 outputs",
+        "fp32_nodes": len(keep),
+        "fp32_op_types": dict(sorted(counts.items())),
+        "fp16_weights": converted,
+        "casts_inserted": len(new_nodes),
+        "external_data": external,
+    }
+
+
+_FP16_MAX = 65504.0
+
+
+def _attr(node: Any, name: str) -> Any:
+    from onnx import helper
+
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return helper.get_attribute_value(attribute)
+    return None
+
+
+def _retype_node(node: Any) -> None:
+    """Make an fp16-region node produce fp16 where an attribute fixes a float32 output type."""
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+
+    for attribute in node.attribute:
+        if node.op_type == "Cast" and attribute.name == "to" and attribute.i == TensorProto.FLOAT:
+            attribute.i = TensorProto.FLOAT16
+        elif node.op_type in ("Constant", "ConstantOfShape") and attribute.name == "value" and attribute.t.data_type == TensorProto.FLOAT:
+            array = numpy_helper.to_array(attribute.t)
+            attribute.t.CopyFrom(numpy_helper.from_array(np.clip(array, -_FP16_MAX, _FP16_MAX).astype(np.float16), attribute.t.name))
+        elif node.op_type == "Constant" and attribute.name in ("value_float", "value_floats"):
+            raise NotImplementedError("Constant value_float(s) in the fp16 region")
+        elif attribute.name == "dtype" and attribute.i == TensorProto.FLOAT:
+            attribute.i = TensorProto.FLOAT16
+
+
+def to_int8(source: Path, target: Path) -> dict[str, Any]:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with _quiet_logging():
+        quantize_dynamic(
+            str(source),
+            str(target),
+            op_types_to_quantize=["MatMul"],
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            use_external_data_format=_needs_external(source),
+            extra_options={"MatMulConstBOnly": True},
+        )
+    _rename_external(target)
+    return {
+        "method": "onnxruntime.quantization.quantize_dynamic(MatMul, QInt8 weights, per_channel=True)",
+        "weight_type": "int8",
+        "per_channel": True,
+        "activations": "uint8, dynamic per-tensor (DynamicQuantizeLinear)",
+        "external_data": target.with_name(target.name + ".data").exists(),
+    }
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def toposort(graph: Any) -> None:
+    """Reorder ``graph.node`` topologically, keeping the existing order wherever it is valid."""
+    import heapq
+
+    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    nodes = list(graph.node)
+    producer_of: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        for out in node.output:
+            producer_of[out] = index
+    waiting_on: list[set[int]] = []
+    dependants: dict[int, list[int]] = {}
+    for index, node in enumerate(nodes):
+        needs = {producer_of[i] for i in _node_inputs(node) if i not in available and i in producer_of}
+        needs.discard(index)
+        waiting_on.append(needs)
+        for dep in needs:
+            dependants.setdefault(dep, []).append(index)
+    ready = [i for i, needs in enumerate(waiting_on) if not needs]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(index)
+        for child in dependants.get(index, ()):
+            waiting_on[child].discard(index)
+            if not waiting_on[child]:
+                heapq.heappush(ready, child)
+    if len(order) != len(nodes):
+        raise RuntimeError("the converted graph has a cycle")
+    del graph.node[:]
+    graph.node.extend(nodes[i] for i in order)
+
+
+def _node_inputs(node: Any) -> list[str]:
+    """A node's inputs, including the outer-scope names its subgraphs read."""
+    names = list(node.input)
+    for attribute in node.attribute:
+        for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+            inner = {o for n in sub.node for o in n.output} | {t.name for t in sub.initializer} | {i.name for i in sub.input}
+            names.extend(i for n in sub.node for i in _node_inputs(n) if i not in inner)
+    return names
+
+
+def _name_nodes(model: Any) -> None:
+    seen: set[str] = set()
+    for index, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{index}"
+        seen.add(node.name)
+
+
+def _float_values(model: Any) -> set[str]:
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)  # weights may be external: only types matter
+    floats = set()
+    for info in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input):
+        if info.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            floats.add(info.name)
+    for tensor in inferred.graph.initializer:
+        if tensor.data_type == onnx.TensorProto.FLOAT:
+            floats.add(tensor.name)
+    for node in inferred.graph.node:
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value" and attribute.t.data_type == onnx.TensorProto.FLOAT:
+                    floats.update(node.output)
+    return floats
+
+
+def _numel(tensor: Any) -> int:
+    n = 1
+    for d in tensor.dims:
+        n *= int(d)
+    return n
+
+
+def _needs_external(path: Path) -> bool:
+    return path.with_name(path.name + ".data").exists() or os.path.getsize(path) >= 2 * 1024**3 - 64 * 1024**2
+
+
+def _rename_external(target: Path) -> None:
+    """quantize_dynamic names its external data ``<name>.data`` already; nothing else to do."""
+    return None
+
+
+def _check_io_types(model: Any) -> None:
+    import onnx
+
+    for value in model.graph.output:
+        if value.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+            raise RuntimeError(f"fp16 conversion changed output {value.name} away from float32")
+
+
+@contextlib.contextmanager
+def _quiet_logging():
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)

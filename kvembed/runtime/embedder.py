@@ -1,0 +1,193 @@
+"""``Embedder``: load an exported artifact and embed text with onnxruntime. Torch-free."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ..methods.spec import ResolvedMethod
+from .artifact import MODEL, check_files, encoder_from_manifest, read_manifest
+from .batching import plan_batches
+from .encoding import TextEncoder, check_texts
+from .session import create_session, run_session
+
+OUTPUTS = ("embedding", "pooled")
+#: inputs with at least this many texts show a progress bar by default (when stderr is a terminal)
+PROGRESS_THRESHOLD = 1024
+
+
+class Embedder:
+    """Embeds texts with an exported kvembed artifact, exactly as the PyTorch reference does.
+
+    Build it with :meth:`load`. It is safe to call :meth:`encode` from several threads at once
+    (onnxruntime sessions and tokenizers are thread-safe; no state is shared between calls).
+    """
+
+    def __init__(self, directory: Path, manifest: Mapping[str, Any], encoder: TextEncoder, session: Any) -> None:
+        self.directory = directory
+        self.manifest = dict(manifest)
+        self.encoder = encoder
+        self.session = session
+        self.padding_side = str(manifest.get("padding_side", "right"))
+        self._inputs = [i.name for i in session.get_inputs()]
+
+    @classmethod
+    def load(
+        cls,
+        directory: str | os.PathLike[str],
+        provider: str = "auto",
+        threads: int | None = None,
+        *,
+        verify: bool = True,
+        device_id: int = 0,
+        trt_cache_dir: str | os.PathLike[str] | None = None,
+        trt_fp16: bool = False,
+    ) -> "Embedder":
+        """Open an artifact directory.
+
+        ``provider``: ``"auto"`` (CUDA when onnxruntime-gpu sees a GPU, else CPU), ``"cpu"``,
+        ``"cuda"`` or ``"tensorrt"`` (``trt_cache_dir`` keeps built engines between runs,
+        ``trt_fp16`` lets TensorRT use fp16 kernels). ``verify`` checks every file's sha256
+        against the manifest first (a corrupted or altered file is named in the error).
+        """
+        path = Path(directory)
+        manifest = read_manifest(path)
+        if verify:
+            problems = check_files(path, manifest)
+            if problems:
+                raise ValueError(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
+        encoder = encoder_from_manifest(path, manifest)
+        provider_options: dict[str, Any] = {"device_id": device_id}
+        if provider == "tensorrt":
+            provider_options.update(trt_cache_dir=trt_cache_dir, trt_fp16=trt_fp16)
+        session = create_session(path / MODEL, provider, threads, **provider_options)
+        return cls(path, manifest, encoder, session)
+
+    # -- facts ---------------------------------------------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        return int(self.manifest["dim"])
+
+    @property
+    def method(self) -> ResolvedMethod:
+        return self.encoder.method
+
+    @property
+    def max_length(self) -> int:
+        return self.encoder.max_length
+
+    @property
+    def providers(self) -> list[str]:
+        return list(self.session.get_providers())
+
+    # -- embedding -----------------------------------------------------------------------------
+
+    def run(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Run one padded batch (``TextEncoder.pad`` output); returns ``(embedding, pooled)``."""
+        feeds = {name: batch[name] for name in self._inputs}
+        embedding, pooled = run_session(self.session, feeds, OUTPUTS)
+        return embedding, pooled
+
+    def encode(
+        self,
+        texts: Sequence[str] | str,
+        kind: str = "document",
+        batch_size: int = 32,
+        max_tokens: int | None = None,
+        normalize: bool = True,
+        show_progress_bar: bool | None = None,
+    ) -> np.ndarray:
+        """Embed ``texts`` as ``kind`` (``"query"``/``"document"``): float32 ``(n, dim)`` in input order.
+
+        Texts are sorted by length and batched by at most ``batch_size`` rows and ``max_tokens``
+        padded tokens. A single str gives a 1-D vector. Over-long texts are cut (the prompt
+        template stays whole) and counted in a warning.
+        """
+        single = isinstance(texts, str)
+        items = check_texts([texts] if single else texts)
+        encoded = self.encoder.encode(items, kind)
+        out = np.zeros((len(items), self.dim), dtype=np.float32)
+        plan = plan_batches([len(item.ids) for item in encoded], batch_size, max_tokens)
+        with _progress(len(items), show_progress_bar) as advance:
+            for chunk in plan:
+                embedding, pooled = self.run(self.encoder.pad([encoded[i] for i in chunk], self.padding_side))
+                out[chunk] = embedding if normalize else pooled
+                advance(len(chunk))
+        return out[0] if single else out
+
+    def encode_query(self, texts: Sequence[str] | str, **kwargs: Any) -> np.ndarray:
+        return self.encode(texts, kind="query", **kwargs)
+
+    def encode_document(self, texts: Sequence[str] | str, **kwargs: Any) -> np.ndarray:
+        return self.encode(texts, kind="document", **kwargs)
+
+    def encode_stream(
+        self,
+        texts: Iterable[str],
+        kind: str = "document",
+        chunk_size: int = 4096,
+        show_progress_bar: bool | None = None,
+        **kwargs: Any,
+    ) -> Iterator[np.ndarray]:
+        """Embed an iterable of any length chunk by chunk, yielding ``(<= chunk_size, dim)`` arrays
+        in input order; memory stays bounded by the chunk, whatever the input size."""
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        chunk: list[Any] = []
+        offset = 0
+        with _progress(None, show_progress_bar) as advance:
+            for text in texts:
+                chunk.append(text)
+                if len(chunk) == chunk_size:
+                    yield self._encode_chunk(chunk, offset, kind, kwargs)
+                    offset += len(chunk)
+                    advance(len(chunk))
+                    chunk = []
+            if chunk:
+                yield self._encode_chunk(chunk, offset, kind, kwargs)
+                advance(len(chunk))
+
+    def _encode_chunk(self, chunk: list[Any], offset: int, kind: str, kwargs: dict[str, Any]) -> np.ndarray:
+        try:
+            return self.encode(chunk, kind=kind, show_progress_bar=False, **kwargs)
+        except TypeError as err:  # name the index in the whole stream, not in the chunk
+            message = str(err)
+            if message.startswith("texts["):
+                index = int(message[6 : message.index("]")])
+                raise TypeError(f"texts[{offset + index}]{message[message.index(']') + 1:]}") from None
+            raise
+
+
+class _progress:
+    """A rich progress bar when asked for (or for large inputs on a terminal); a no-op otherwise.
+
+    rich is optional for the runtime (it comes with the ``cli`` extra).
+    """
+
+    def __init__(self, total: int | None, show: bool | None) -> None:
+        if show is None:
+            show = sys.stderr.isatty() and (total is None or total >= PROGRESS_THRESHOLD)
+        self.total, self.show, self.bar = total, show, None
+
+    def __enter__(self):
+        if self.show:
+            try:
+                from rich.progress import Progress
+            except ImportError:
+                warnings.warn("progress bars need rich: pip install 'kvembed[cli]'", stacklevel=3)
+                return lambda n: None
+            self.bar = Progress(transient=False)
+            self.bar.start()
+            task = self.bar.add_task("embedding", total=self.total)
+            return lambda n: self.bar.advance(task, n)
+        return lambda n: None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.stop()

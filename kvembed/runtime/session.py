@@ -1,0 +1,95 @@
+"""onnxruntime sessions: provider choice (CPU, CUDA, TensorRT), tuned options, IO binding.
+
+GPU paths are written against onnxruntime-gpu's real provider options and guarded: asking for
+them where onnxruntime-gpu (or its CUDA/TensorRT libraries) is missing raises a RuntimeError that
+names the fix, and ``"auto"`` falls back to the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
+CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
+
+
+def provider_chain(
+    provider: str = "auto",
+    *,
+    device_id: int = 0,
+    trt_cache_dir: str | os.PathLike[str] | None = None,
+    trt_fp16: bool = False,
+) -> list[Any]:
+    """The onnxruntime ``providers`` list for a kvembed provider name."""
+    if provider not in PROVIDERS:
+        raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+    available = ort.get_available_providers()
+    cuda = (CUDA, {"device_id": device_id})
+    if provider == "cpu" or (provider == "auto" and CUDA not in available):
+        return [CPU]
+    if provider == "auto":
+        return [cuda, CPU]
+    needed = CUDA if provider == "cuda" else TENSORRT
+    if needed not in available:
+        raise RuntimeError(
+            f"provider {provider!r} needs onnxruntime's {needed}, which this onnxruntime does not have "
+            f"(available: {', '.join(available)}); install the GPU build: pip install 'kvembed[gpu]' "
+            f"(onnxruntime-gpu, with CUDA{' and TensorRT' if provider == 'tensorrt' else ''} libraries)"
+        )
+    if provider == "cuda":
+        return [cuda, CPU]
+    trt_options = {
+        "device_id": device_id,
+        "trt_fp16_enable": bool(trt_fp16),
+        "trt_engine_cache_enable": trt_cache_dir is not None,
+    }
+    if trt_cache_dir is not None:
+        Path(trt_cache_dir).mkdir(parents=True, exist_ok=True)
+        trt_options["trt_engine_cache_path"] = str(trt_cache_dir)
+        trt_options["trt_timing_cache_enable"] = True
+        trt_options["trt_timing_cache_path"] = str(trt_cache_dir)
+    return [(TENSORRT, trt_options), cuda, CPU]
+
+
+def session_options(threads: int | None = None) -> ort.SessionOptions:
+    """Options tuned for embedding batches: full graph optimisation, sequential execution,
+    ``threads`` intra-op threads (default: onnxruntime's choice, one per physical core)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if threads is not None:
+        if int(threads) < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        options.intra_op_num_threads = int(threads)
+        options.inter_op_num_threads = 1
+    return options
+
+
+def create_session(
+    model_path: str | os.PathLike[str],
+    provider: str = "auto",
+    threads: int | None = None,
+    **provider_options: Any,
+) -> ort.InferenceSession:
+    providers = provider_chain(provider, **provider_options)
+    return ort.InferenceSession(str(model_path), sess_options=session_options(threads), providers=providers)
+
+
+def run_session(
+    session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]
+) -> list[np.ndarray]:
+    """Run ``session``; on a GPU provider through IO binding (inputs copied once, outputs to host)."""
+    if session.get_providers()[0] == CPU:
+        return session.run(list(outputs), dict(feeds))
+    binding = session.io_binding()
+    for name, array in feeds.items():
+        binding.bind_cpu_input(name, np.ascontiguousarray(array))
+    for name in outputs:
+        binding.bind_output(name, "cpu")
+    session.run_with_iobinding(binding)
+    return binding.copy_outputs_to_cpu()

@@ -1,0 +1,497 @@
+"""The exporter (issue 3): every method to ONNX, the parity gate, precisions, artifacts, CLI.
+
+Real components only: the stories260k demo model and tiny random Llama/Qwen3/Qwen2/Mistral
+models built here, torch.onnx (dynamo), onnxruntime. Each (model, method) is traced once per
+session and written at several precisions from that one trace, to keep this file fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from kvembed.export import ALLOWED_OPS, TOLERANCES, load_artifact, non_portable_ops, op_types, read_manifest
+from kvembed.export.artifact import REQUIRED_KEYS, sha256_file
+from kvembed.export.core import Exporter, OutputExistsError, ParityError, export, export_result, load_embedder, verify
+from kvembed.export.graph import MATRICES_PER_LAYER, decoder_layers_in_graph, weight_matmuls
+from kvembed.methods import ResolvedMethod, demo_model_path
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+STORIES = "stories260k"
+TEXTS = ["A man is playing a guitar.", "", "Ünïcödé café — 東京 🤖", "What is the capital of France?"]
+METHODS = ("kv-embedding", "va", "aligned-wva", "token-prepending", "last-token", "mean", "prompteol", "echo")
+ARCHS = ("llama", "qwen3", "qwen2", "mistral")
+
+
+# -- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine spinning
+    OpenMP threads multiply tracing time; restored after this module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+
+def _tiny_config(arch: str):
+    common = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=512, max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    if arch == "qwen3":
+        return transformers.Qwen3Config(head_dim=16, **common)
+    if arch == "qwen2":
+        return transformers.Qwen2Config(**common)
+    if arch == "mistral":
+        return transformers.MistralConfig(head_dim=16, **common)
+    if arch == "llama":
+        return transformers.LlamaConfig(**common)
+    raise KeyError(arch)
+
+
+def _save_with_tokenizer(model_or_config, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    model_or_config.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo_model_path() / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """Random 2-layer GQA models (hidden 64, 4/2 heads) of every supported architecture."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    torch.manual_seed(0)
+    return {
+        arch: _save_with_tokenizer(transformers.AutoModel.from_config(_tiny_config(arch)), root / arch)
+        for arch in ARCHS
+    }
+
+
+class TraceCache:
+    """One loaded embedder and one traced Exporter per (model, method, options), shared by tests."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, Exporter] = {}
+
+    def get(self, model: str, method: str, **options) -> Exporter:
+        key = (str(model), method, tuple(sorted(options.items())))
+        if key not in self.entries:
+            self.entries[key] = Exporter(load_embedder(model, method, **options))
+        return self.entries[key]
+
+    def close(self) -> None:
+        for exporter in self.entries.values():
+            exporter.close()
+
+
+@pytest.fixture(scope="session")
+def traces():
+    cache = TraceCache()
+    yield cache
+    cache.close()
+
+
+@pytest.fixture(scope="session")
+def stories_kv(traces, tmp_path_factory):
+    """The stories260k kv-embedding fp32 artifact (reused by several tests)."""
+    exporter = traces.get(STORIES, "kv-embedding")
+    out = tmp_path_factory.mktemp("stories-kv") / "artifact"
+    exporter.write(out, "fp32")
+    return exporter, out
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _check_artifact(out: Path, embedder, precision: str) -> dict:
+    """Everything an artifact must satisfy, checked independently of the exporter's own gate."""
+    manifest = json.loads((out / "kvembed.json").read_text())
+    for key in REQUIRED_KEYS:
+        assert key in manifest, key
+    assert manifest["schema_version"] == 1
+    assert manifest["precision"] == precision
+    assert manifest["dim"] == embedder.dim
+    assert manifest["max_length"] == embedder.max_length
+    assert manifest["opset"] >= 18
+    assert manifest["method"] == embedder.method.to_dict()
+    assert ResolvedMethod.from_dict(manifest["method"]) == embedder.method
+    assert manifest["placeholder_id"] == embedder.encoder.placeholder_id
+    assert manifest["pad_id"] == embedder.encoder.pad_id and manifest["fallback_id"] == embedder.encoder.fallback_id
+    assert len(manifest["source"]["config_sha256"]) == 64
+    # hashes of every file
+    on_disk = sorted(p.name for p in out.iterdir() if p.name != "kvembed.json")
+    assert sorted(manifest["files"]) == on_disk
+    for name, record in manifest["files"].items():
+        assert sha256_file(out / name) == record["sha256"]
+        assert (out / name).stat().st_size == record["bytes"]
+    # the recorded parity passed METHODS.md's tolerances
+    parity = manifest["parity"]
+    tolerance = TOLERANCES[precision]
+    assert parity["passed"] and parity["worst_cosine"] >= tolerance["min_cosine"]
+    if "max_abs" in tolerance:
+        assert parity["max_abs_diff"] <= tolerance["max_abs"]
+    assert parity["rows"] >= 40
+    # the graph: signature, dynamic axes, layers, portable ops
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    inputs = ["input_ids", "attention_mask"] + (["pool_mask"] if embedder.method.uses_pool_mask else [])
+    assert [i.name for i in model.graph.input] == inputs
+    for value in model.graph.input:
+        assert value.type.tensor_type.elem_type == onnx.TensorProto.INT64
+        assert [d.dim_param for d in value.type.tensor_type.shape.dim] == ["batch", "sequence"]
+    assert [o.name for o in model.graph.output] == ["embedding", "pooled"]
+    for value in model.graph.output:
+        assert value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+        dims = value.type.tensor_type.shape.dim
+        assert dims[0].dim_param == "batch" and dims[1].dim_value == embedder.dim
+    assert decoder_layers_in_graph(model) == embedder.method.layers_needed
+    if precision in ("fp32", "fp16"):
+        assert non_portable_ops(model) == [], op_types(model)
+        assert manifest["graph"]["tensorrt_ready"]
+    # reload without the exporter and embed like the reference
+    artifact = load_artifact(out, check_hashes=True)
+    for kind in ("query", "document"):
+        got = artifact.encode(TEXTS, kind)
+        want = embedder.encode(TEXTS, kind)
+        cosine = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+        assert cosine.min() >= tolerance["min_cosine"], (kind, cosine)
+        if precision == "fp32":
+            assert np.abs(got - want).max() <= 1e-4
+    return manifest
+
+
+def _no_partial_dirs(parent: Path) -> bool:
+    return not [p for p in parent.iterdir() if ".partial-" in p.name or p.name.startswith(".kvembed-trace-")]
+
+
+# -- every method, every architecture, every precision --------------------------------------------
+
+#: va reads layers 1-2 of 5, so its graph must stop after layer 2 (see the layer-count test)
+STORIES_OPTIONS = {"va": {"layers": "1-2"}}
+STORIES_CASES = [(method, "fp32") for method in METHODS] + [
+    ("kv-embedding", "fp16"), ("va", "fp16"), ("token-prepending", "fp16"), ("echo", "fp16"),
+    ("kv-embedding", "int8"), ("aligned-wva", "int8"), ("prompteol", "int8"),
+]
+
+
+@pytest.mark.parametrize("method,precision", STORIES_CASES)
+def test_stories260k(traces, tmp_path, method, precision):
+    exporter = traces.get(STORIES, method, **STORIES_OPTIONS.get(method, {}))
+    result = exporter.write(tmp_path / "artifact", precision)
+    manifest = _check_artifact(result.path, exporter.embedder, precision)
+    if precision == "int8":
+        assert {"MatMulInteger", "DynamicQuantizeLinear"} <= set(manifest["graph"]["op_types"])
+        assert not manifest["graph"]["tensorrt_ready"]
+    if precision == "fp16":
+        weights = [t for t in onnx.load(str(result.path / "model.onnx")).graph.initializer if len(t.dims) == 2]
+        assert weights and all(t.data_type == onnx.TensorProto.FLOAT16 for t in weights)
+
+
+#: kv-embedding everywhere (its attention patch meets q/k norms, q/k/v biases, GQA); the readouts
+#: that hook into layers (residual rewiring, attention output) on the non-Llama architectures;
+#: qwen3 also runs the non-default prefix options. stories260k covers every method on Llama.
+RANDOM_CASES = [
+    ("llama", "kv-embedding", {}),
+    ("qwen2", "kv-embedding", {}),
+    ("mistral", "kv-embedding", {}),
+    ("qwen3", "kv-embedding", {"num_prefix": 2, "prefix_rope": "zero", "bias": 2.0}),
+    ("qwen3", "token-prepending", {"tp_start": 0}),
+    ("qwen2", "aligned-wva", {"wva": True, "layers": "0"}),
+]
+
+
+@pytest.mark.parametrize("arch,method,options", RANDOM_CASES, ids=[f"{a}-{m}" for a, m, _ in RANDOM_CASES])
+def test_tiny_random_models(traces, tiny_models, tmp_path, arch, method, options):
+    exporter = traces.get(tiny_models[arch], method, **options)
+    result = exporter.write(tmp_path / "fp32", "fp32")
+    manifest = _check_artifact(result.path, exporter.embedder, "fp32")
+    assert manifest["source"]["model_type"] == arch
+    if arch == "qwen3":  # one reduced precision per trace is cheap: the trace is cached
+        result = exporter.write(tmp_path / "fp16", "fp16")
+        _check_artifact(result.path, exporter.embedder, "fp16")
+
+
+# -- graph properties -----------------------------------------------------------------------------
+
+
+def test_only_needed_layers_are_in_the_graph(traces, tmp_path):
+    """Early exit: va on layers 1-2 keeps layers 0..2 (of 5), and only v_proj of layer 2."""
+    exporter = traces.get(STORIES, "va", **STORIES_OPTIONS["va"])
+    result = exporter.write(tmp_path / "va", "fp32")
+    model = onnx.load(str(result.path / "model.onnx"))
+    config = exporter.embedder.model.decoder.config
+    kv_shape = [config.hidden_size, config.num_key_value_heads * config.head_dim]  # k_proj/v_proj, transposed
+    shapes = {t.name: list(t.dims) for t in model.graph.initializer}
+    kv_matmuls = [n for n in model.graph.node if n.op_type == "MatMul" and shapes.get(n.input[1]) == kv_shape]
+    assert len(kv_matmuls) == 2 + 2 + 1  # k, v of layers 0 and 1; v of layer 2
+    assert weight_matmuls(model) == 2 * MATRICES_PER_LAYER + 1
+    assert decoder_layers_in_graph(model) == 3 == result.manifest["graph"]["decoder_layers"]
+    # token-prepending exits at its exit layer (default L - 1 = 4): layers 0..3, all complete
+    tp = traces.get(STORIES, "token-prepending")
+    tp_result = tp.write(tmp_path / "tp", "fp32")
+    tp_model = onnx.load(str(tp_result.path / "model.onnx"))
+    assert weight_matmuls(tp_model) == 4 * MATRICES_PER_LAYER
+
+
+def test_graph_ops_are_tensorrt_portable(stories_kv):
+    """The op types of the kv-embedding graph, against the allow-list from onnx-tensorrt's
+    operators.md (If/Loop/Scan/ScatterND excluded): standard domain only."""
+    _, out = stories_kv
+    model = onnx.load(str(out / "model.onnx"))
+    ops = op_types(model)
+    assert not {"If", "Loop", "Scan", "ScatterND"} & set(ops)
+    assert all(node.domain in ("", "ai.onnx") for node in model.graph.node)
+    assert set(ops) <= ALLOWED_OPS, sorted(set(ops) - ALLOWED_OPS)
+    assert {"MatMul", "Softmax", "GatherElements", "ReduceL2"} <= set(ops)  # attention, prefix gather, L2 norm
+    used = {o.domain for o in model.opset_import}
+    assert used <= {"", "ai.onnx"}, used
+
+
+def test_dynamic_axes_and_padding_sides(stories_kv):
+    """Batch and sequence sizes unlike the trace example's (2 rows); right and left padding give
+    the same embeddings as each text alone through PyTorch."""
+    exporter, out = stories_kv
+    artifact = load_artifact(out)
+    embedder = exporter.embedder
+    texts = ["x", "a somewhat longer sentence about cats " * 6, "mid length text", "", "🤖", "one two three four"]
+    alone = np.stack([embedder.encode([t], "query")[0] for t in texts])
+    for size in (1, 3, 6):
+        for side in ("right", "left"):
+            encoded = artifact.encoder.encode(texts[:size], "query")
+            batch = artifact.encoder.pad(encoded, side)
+            embedding, pooled = artifact.run(batch)
+            assert embedding.shape == (size, embedder.dim) and pooled.shape == (size, embedder.dim)
+            assert np.abs(embedding - alone[:size]).max() < 1e-4, (size, side)
+            assert np.allclose(np.linalg.norm(embedding, axis=-1), 1.0, atol=1e-5)
+
+
+def test_artifact_loads_without_torch(stories_kv):
+    """Manifest + tokenizer.json rebuild the TextEncoder with neither torch nor transformers."""
+    exporter, out = stories_kv
+    want = exporter.embedder.encode(TEXTS[:2], "document")
+    script = textwrap.dedent(
+        f"""
+        import sys, numpy as np
+        from kvembed.export import load_artifact
+        artifact = load_artifact({str(out)!r}, check_hashes=True)
+        vectors = artifact.encode({TEXTS[:2]!r}, "document")
+        assert "torch" not in sys.modules and "transformers" not in sys.modules, "heavy import"
+        np.save(sys.argv[1], vectors)
+        """
+    )
+    target = out.parent / "vectors.npy"
+    subprocess.run([sys.executable, "-c", script, str(target)], check=True, timeout=120)
+    assert np.abs(np.load(target) - want).max() < 1e-4
+
+
+def test_token_prepending_placeholder_is_derived_in_graph(traces, tmp_path):
+    exporter = traces.get(STORIES, "token-prepending")
+    result = exporter.write(tmp_path / "tp", "fp32")
+    manifest = result.manifest
+    assert [i["name"] for i in manifest["inputs"]] == ["input_ids", "attention_mask"]
+    tokenizer = json.loads((result.path / "tokenizer.json").read_text())
+    added = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
+    assert added["<PST>"] == manifest["placeholder_id"] is not None
+
+
+# -- the parity gate --------------------------------------------------------------------------------
+
+
+def test_parity_gate_rejects_a_wrong_graph(stories_kv, tmp_path):
+    """Graph exported with R = 1-3, reference built with R = {2}: the gate must fail, write nothing."""
+    exporter, _ = stories_kv
+    assert exporter.embedder.method.layers == (1, 2, 3)
+    out = tmp_path / "wrong"
+    with pytest.raises(ParityError) as info:
+        exporter.write(out, "fp32", reference_options={"layers": "2"})
+    report = info.value.report
+    assert not report.passed and report.worst_cosine < 0.99999
+    assert "parity FAILED" in str(info.value)
+    assert not out.exists()
+    assert _no_partial_dirs(tmp_path)
+
+
+def test_interrupted_write_leaves_no_artifact(stories_kv, tmp_path):
+    exporter, _ = stories_kv
+
+    def interrupt(stage: str, detail: str) -> None:
+        if stage == "parity":  # model.onnx and tokenizer.json are written by now
+            raise KeyboardInterrupt
+
+    exporter.progress = interrupt
+    try:
+        out = tmp_path / "fresh"
+        with pytest.raises(KeyboardInterrupt):
+            exporter.write(out, "fp32")
+        assert not out.exists()
+        # an existing artifact replaced with --force survives an interrupted replacement
+        old = tmp_path / "old"
+        old.mkdir()
+        (old / "keep.txt").write_text("previous content")
+        with pytest.raises(KeyboardInterrupt):
+            exporter.write(old, "fp16", force=True)
+        assert sorted(p.name for p in old.iterdir()) == ["keep.txt"]
+        assert _no_partial_dirs(tmp_path)
+    finally:
+        exporter.progress = lambda stage, detail: None
+
+
+def test_force_replaces_and_refuses_without(stories_kv, tmp_path):
+    exporter, _ = stories_kv
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "other.txt").write_text("x")
+    with pytest.raises(OutputExistsError, match="not empty"):
+        exporter.write(out, "fp32")
+    result = exporter.write(out, "fp32", force=True)
+    assert sorted(p.name for p in result.path.iterdir()) == ["kvembed.json", "model.onnx", "tokenizer.json"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    exporter.write(empty, "fp32")  # an empty directory is fine without --force
+    assert (empty / "kvembed.json").exists()
+    assert _no_partial_dirs(tmp_path)
+
+
+def test_verify_api_and_damage(stories_kv, tmp_path):
+    _, out = stories_kv
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    result = verify(copy)
+    assert result.passed and result.report.worst_cosine >= 0.99999
+    assert math.isclose(result.report.worst_cosine, read_manifest(copy)["parity"]["worst_cosine"], abs_tol=1e-6)
+    with open(copy / "tokenizer.json", "a") as handle:
+        handle.write(" ")
+    damaged = verify(copy)
+    assert not damaged.passed and any("sha256" in p or "bytes" in p for p in damaged.file_problems)
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def gpt2_folder(tmp_path_factory) -> Path:
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=512)
+    return _save_with_tokenizer(config, tmp_path_factory.mktemp("gpt2") / "gpt2")
+
+
+def test_bad_input_raises_user_errors(tmp_path, gpt2_folder, tiny_models):
+    out = tmp_path / "out"
+    with pytest.raises(FileNotFoundError):
+        export(str(tmp_path / "no" / "such" / "model"), "va", out)
+    not_a_model = tmp_path / "not-a-model"
+    not_a_model.mkdir()
+    (not_a_model / "readme.txt").write_text("hello")
+    with pytest.raises((FileNotFoundError, ValueError)):
+        export(str(not_a_model), "va", out)
+    with pytest.raises(ValueError, match="unsupported architecture 'gpt2'"):
+        export(str(gpt2_folder), "kv-embedding", out)
+    with pytest.raises(ValueError, match="out of range"):
+        export(STORIES, "kv-embedding", out, layers="2-9")
+    with pytest.raises(ValueError, match="precision"):
+        export(STORIES, "va", out, precision="int4")
+    with pytest.raises(ValueError, match="opset"):
+        export(STORIES, "va", out, opset=13)
+    with pytest.raises(ValueError, match="unknown option"):
+        export(STORIES, "va", out, bias=2.0)
+    with pytest.raises(ValueError, match="would replace the model folder"):
+        export(str(tiny_models["llama"]), "va", tiny_models["llama"], force=True)
+    (out / "x").mkdir(parents=True)
+    with pytest.raises(OutputExistsError):
+        export(STORIES, "va", out)
+    assert [p.name for p in out.iterdir()] == ["x"]
+    assert _no_partial_dirs(tmp_path)
+
+
+# -- command line -----------------------------------------------------------------------------------
+
+
+def _invoke(app, args):
+    from typer.testing import CliRunner
+
+    return CliRunner().invoke(app, args)
+
+
+def test_cli_export_and_verify(tiny_models, tmp_path):
+    """The one-call path (load, trace, gate, commit) through the CLI, then ``kvembed verify``."""
+    from kvembed.cli import app as kvembed_app
+    from kvembed.export.cli import app
+
+    out = tmp_path / "cli-artifact"
+    result = _invoke(app, ["--model", str(tiny_models["llama"]), "--method", "va", "--layers", "0",
+                           "--precision", "fp32", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    for word in ("model.onnx", "tokenizer.json", "kvembed.json", "passed", "trace"):
+        assert word in result.output
+    assert read_manifest(out)["method"]["layers"] == [0]
+    assert sorted(os.listdir(tmp_path)) == ["cli-artifact"]  # no trace or staging left behind
+    # verify through the main kvembed CLI
+    result = _invoke(kvembed_app, ["verify", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "verified" in result.output
+    (out / "model.onnx").write_bytes(b"broken")
+    result = _invoke(kvembed_app, ["verify", str(out)])
+    assert result.exit_code != 0
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model", "/no/such/model", "--method", "va"], "no model folder"),
+        (["--model", STORIES, "--method", "va", "--layers", "7"], "out of range"),
+        (["--model", STORIES, "--method", "nope"], "unknown method"),
+        (["--model", STORIES, "--method", "va", "--precision", "fp8"], "precision"),
+        (["--model", "GPT2", "--method", "va"], "unsupported architecture"),
+    ],
+)
+def test_cli_user_errors_exit_2_without_traceback(tmp_path, gpt2_folder, args, message):
+    from kvembed.export.cli import app
+
+    args = [str(gpt2_folder) if a == "GPT2" else a for a in args]
+    result = _invoke(app, args + ["--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_non_empty_out(tmp_path):
+    from kvembed.export.cli import app
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "file").write_text("x")
+    result = _invoke(app, ["--model", STORIES, "--method", "va", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "--force" in result.output
+    assert (tmp_path / "out" / "file").read_text() == "x"
+
+
+def test_cli_verify_parity_failure_exits_1(stories_kv, tmp_path):
+    """A failing gate is not a user error: exit code 1 and a clear message."""
+    from kvembed.export import cli
+
+    _, out = stories_kv
+    manifest = read_manifest(out)
+    copy = tmp_path / "artifact"
+    shutil.copytree(out, copy)
+    # rewrite the recorded method so the rebuilt reference differs from the graph (R = {2})
+    manifest["method"]["options"]["layers"] = [2]
+    (copy / "kvembed.json").write_text(json.dumps(manifest))
+    result = _invoke(cli.verify_app, [str(copy)])
+    assert result.exit_code == 1
+    assert "FAILED" in result.output

@@ -1,0 +1,182 @@
+"""The torch-free runtime: artifact loading, text -> tokens -> graph parity with the reference,
+batching, streaming, concurrency and bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import TEXTS
+from kvembed.export import export
+from kvembed.reference import TorchEmbedder
+from kvembed.runtime import Embedder
+
+ALL_METHODS = ("kv-embedding", "va", "aligned-wva", "token-prepending", "last-token", "mean", "prompteol", "echo")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> dict[str, Path]:
+    """One fp32 artifact per method, exported from the demo model."""
+    root = tmp_path_factory.mktemp("runtime-artifacts")
+    return {method: export("stories260k", method, root / method) for method in ALL_METHODS}
+
+
+def random_texts(count: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    words = "the a cat dog sat ran on in park mat blue sky why is was happy über 東京 🎉 , . ?".split()
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(0, 60))) for _ in range(count)]
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_runtime_equals_the_reference_through_text(artifacts, method):
+    runtime = Embedder.load(artifacts[method], provider="cpu")
+    reference = TorchEmbedder.from_pretrained("stories260k", method)
+    texts = TEXTS + ["", "   ", "x" * 3000]
+    for kind in ("document", "query"):
+        with pytest.warns(UserWarning, match="1 of 9 text"):
+            ours = runtime.encode(texts, kind=kind, batch_size=4)
+        expected = reference.encode(texts, kind=kind)
+        assert ours.shape == expected.shape == (len(texts), runtime.dim)
+        assert cosines(ours, expected).min() >= 0.99999
+        assert np.abs(ours - expected).max() <= 1e-4
+    raw = runtime.encode(TEXTS, normalize=False)
+    np.testing.assert_allclose(raw, reference.encode(TEXTS, normalize=False), rtol=1e-4, atol=1e-4)
+
+
+def test_token_ids_equal_the_reference(artifacts):
+    runtime = Embedder.load(artifacts["token-prepending"], provider="cpu")
+    reference = TorchEmbedder.from_pretrained("stories260k", "token-prepending")
+    for text in TEXTS + random_texts(50):
+        assert runtime.encoder.encode_one(text).ids == reference.encoder.encode_one(text).ids
+
+
+def test_batched_equals_one_by_one_for_300_texts(artifacts):
+    runtime = Embedder.load(artifacts["kv-embedding"], provider="cpu")
+    texts = random_texts(300, seed=1)
+    batched = runtime.encode(texts, batch_size=16, max_tokens=600)
+    single = np.stack([runtime.encode([t])[0] for t in texts])
+    assert batched.shape == (300, runtime.dim)
+    assert cosines(batched, single).min() >= 0.99999  # order kept, none lost
+
+
+def test_encode_from_eight_threads_matches_serial(artifacts):
+    runtime = Embedder.load(artifacts["va"], provider="cpu")
+    groups = [random_texts(20, seed=s) for s in range(8)]
+    serial = [runtime.encode(g, batch_size=8) for g in groups]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        parallel = list(pool.map(lambda g: runtime.encode(g, batch_size=8), groups))
+    for a, b in zip(serial, parallel):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_stream_of_100k_short_texts_is_bounded_and_complete(artifacts):
+    runtime = Embedder.load(artifacts["mean"], provider="cpu")
+    texts = (f"t{i}" for i in range(100_000))  # a generator: never materialised as a list
+    total, first = 0, None
+    for chunk in runtime.encode_stream(texts, chunk_size=8192, batch_size=256, show_progress_bar=True):
+        assert chunk.shape[0] <= 8192 and chunk.dtype == np.float32
+        first = chunk[:3] if first is None else first
+        total += chunk.shape[0]
+    assert total == 100_000
+    np.testing.assert_allclose(first, runtime.encode(["t0", "t1", "t2"]), atol=1e-6)
+
+
+def test_stream_names_the_global_index_of_a_bad_item(artifacts):
+    runtime = Embedder.load(artifacts["mean"], provider="cpu")
+    with pytest.raises(TypeError, match=r"texts\[5\]"):
+        list(runtime.encode_stream(["a", "b", "c", "d", "e", None], chunk_size=2))
+
+
+def test_bad_inputs(artifacts):
+    runtime = Embedder.load(artifacts["echo"], provider="cpu")
+    assert runtime.encode([]).shape == (0, runtime.dim)
+    assert runtime.encode("one text").shape == (runtime.dim,)
+    empties = runtime.encode(["", " ", "\n"])
+    np.testing.assert_allclose(np.linalg.norm(empties, axis=1), 1.0, atol=1e-5)
+    with pytest.raises(TypeError, match=r"texts\[1\] is NoneType"):
+        runtime.encode(["ok", None])
+    with pytest.raises(TypeError, match=r"texts\[0\] is int"):
+        runtime.encode([7])
+    with pytest.raises(ValueError, match="kind must be one of"):
+        runtime.encode(["x"], kind="passage")
+    with pytest.warns(UserWarning, match=r"2 of 3 text\(s\) were longer than max_length"):
+        out = runtime.encode(["a" * 100_000, "b", "c " * 50_000])
+    assert np.isfinite(out).all()
+
+
+def test_missing_corrupted_and_future_artifacts(artifacts, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no artifact directory"):
+        Embedder.load(tmp_path / "nothing")
+    with pytest.raises(FileNotFoundError, match="has no kvembed.json"):
+        Embedder.load(tmp_path)
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(artifacts["mean"], damaged)
+    with open(damaged / "tokenizer.json", "a", encoding="utf-8") as handle:
+        handle.write(" ")
+    with pytest.raises(ValueError, match="tokenizer.json .*(sha256|bytes)"):
+        Embedder.load(damaged)
+    (damaged / "model.onnx").unlink()
+    with pytest.raises(ValueError, match="model.onnx is missing"):
+        Embedder.load(damaged)
+
+    future = tmp_path / "future"
+    shutil.copytree(artifacts["mean"], future)
+    manifest = json.loads((future / "kvembed.json").read_text())
+    manifest["schema_version"] = 99
+    (future / "kvembed.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="newer than this kvembed reads .* upgrade kvembed"):
+        Embedder.load(future)
+
+    (future / "kvembed.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        Embedder.load(future)
+
+
+def test_gpu_providers_fail_clearly_without_onnxruntime_gpu(artifacts):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has onnxruntime-gpu")
+    for provider in ("cuda", "tensorrt"):
+        with pytest.raises(RuntimeError, match="onnxruntime-gpu"):
+            Embedder.load(artifacts["mean"], provider=provider)
+    assert Embedder.load(artifacts["mean"], provider="auto").providers == ["CPUExecutionProvider"]
+    with pytest.raises(ValueError, match="provider must be one of auto, cpu, cuda, tensorrt"):
+        Embedder.load(artifacts["mean"], provider="gpu")
+
+
+def test_runtime_imports_without_torch_or_transformers(artifacts):
+    script = textwrap.dedent(
+        f"""
+        import sys
+
+        class Block:
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] in ("torch", "transformers"):
+                    raise ImportError("blocked: " + name)
+
+        sys.meta_path.insert(0, Block())
+        from kvembed.runtime import Embedder
+        embedder = Embedder.load({str(artifacts["kv-embedding"])!r}, provider="cpu")
+        print(embedder.encode(["a cat"]).shape)
+        assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")]
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert "(1, 64)" in result.stdout
