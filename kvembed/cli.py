@@ -39,13 +39,17 @@ def method_options(**given: Any) -> dict[str, Any]:
     return {name: value for name, value in given.items() if value is not None}
 
 
+def is_artifact(path: str | None) -> bool:
+    return path is not None and (Path(path) / "kvembed.json").is_file()
+
+
 @app.command()
 def embed(
-    texts: list[str] = typer.Argument(..., help="Texts to embed."),
-    model: str = typer.Option("stories260k", "--model", "-m", help="Model folder, alias (qwen3-4b, stories260k) or hub id."),
-    method: str = typer.Option("kv-embedding", "--method", help="Embedding method."),
+    texts: Optional[list[str]] = typer.Argument(None, help="[ARTIFACT_DIR] TEXT...: texts, optionally after an artifact directory."),
+    model: str = typer.Option("stories260k", "--model", "-m", help="Artifact dir (runtime), or model folder / alias / hub id (PyTorch reference)."),
+    method: str = typer.Option("kv-embedding", "--method", help="Embedding method (reference only; an artifact fixes it)."),
     kind: str = typer.Option("document", "--kind", help="query or document (selects the prompt)."),
-    layers: Optional[str] = typer.Option(None, help="Layer set: '12-21', '10,11,26-31', 'none'."),
+    layers: Optional[str] = typer.Option(None, help="Layer set: '12-21', '10,11,26-31', 'none', 'auto'."),
     bias: Optional[float] = typer.Option(None, help="kv-embedding: prefix logit bias."),
     num_prefix: Optional[int] = typer.Option(None, help="kv-embedding: prepend the last n tokens."),
     prefix_rope: Optional[str] = typer.Option(None, help="kv-embedding: keep or zero."),
@@ -55,37 +59,68 @@ def embed(
     tp_start: Optional[int] = typer.Option(None, help="token-prepending: first rewired layer."),
     tp_stop: Optional[int] = typer.Option(None, help="token-prepending: last rewired layer + 1."),
     exit_layer: Optional[int] = typer.Option(None, help="token-prepending: early-exit layer."),
-    max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the embeddings to a .npy file."),
+    max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (reference only)."),
+    input: Optional[Path] = typer.Option(None, "--input", "-i", help="Read texts from a .txt (one per line) or .jsonl file."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write embeddings to a .npy or .jsonl file."),
+    batch_size: int = typer.Option(32, help="Rows per batch."),
+    provider: str = typer.Option("auto", help="Runtime provider: auto, cpu, cuda, tensorrt."),
+    threads: Optional[int] = typer.Option(None, help="Runtime intra-op threads."),
     similarity: bool = typer.Option(False, "--similarity", help="Print the cosine similarity matrix."),
 ) -> None:
-    """Embed TEXTS with the PyTorch reference and print norms and first values."""
+    """Embed texts with an exported artifact (torch-free runtime) or the PyTorch reference.
+
+    kvembed embed DIR "text" ... | kvembed embed --model stories260k --method va "text" ...
+    | kvembed embed DIR --input texts.txt --output vectors.npy
+    """
     import numpy as np
 
-    def job() -> np.ndarray:
+    from .runtime.textio import check_output_path, count_lines, read_texts, write_embeddings
+
+    items = list(texts or [])
+    source = items.pop(0) if items and is_artifact(items[0]) else model
+    options = method_options(
+        layers=layers, bias=bias, num_prefix=num_prefix, prefix_rope=prefix_rope, pooling=pooling,
+        prompt=prompt, wva=wva, tp_start=tp_start, tp_stop=tp_stop, exit_layer=exit_layer,
+    )
+
+    def load() -> Any:
+        if (input is None) == (not items):
+            raise ValueError("give texts as arguments or one --input file (not both, not neither)")
+        if output is not None:
+            check_output_path(output)
+        if is_artifact(source):
+            if options or max_length is not None:
+                raise ValueError(f"an artifact fixes its method options; drop {', '.join(options) or '--max-length'} or re-export")
+            from .runtime import Embedder
+
+            return Embedder.load(source, provider=provider, threads=threads)
         from .reference import TorchEmbedder
 
-        options = method_options(
-            layers=layers, bias=bias, num_prefix=num_prefix, prefix_rope=prefix_rope, pooling=pooling,
-            prompt=prompt, wva=wva, tp_start=tp_start, tp_stop=tp_stop, exit_layer=exit_layer,
-        )
-        embedder = TorchEmbedder.from_pretrained(model, method, max_length=max_length, **options)
-        return embedder.encode(texts, kind=kind)
+        return TorchEmbedder.from_pretrained(source, method, max_length=max_length, **options)
 
-    vectors = run_guarded(job)
+    embedder = run_guarded(load)
+    title = f"{embedder.method.name} on {source}"
+    if input is not None:
+        total = run_guarded(lambda: count_lines(input) if input.is_file() else 0)
+        stream = read_texts(input)
+        if hasattr(embedder, "encode_stream"):
+            chunks = embedder.encode_stream(stream, kind=kind, batch_size=batch_size, show_progress_bar=True)
+        else:
+            chunks = (embedder.encode(chunk, kind=kind, batch_size=batch_size) for chunk in _chunked(stream, 4096))
+        target = output or input.with_suffix(".npy")
+        rows, dim = run_guarded(lambda: write_embeddings(target, chunks))
+        console.print(f"{title}: wrote {rows} x {dim} float32 embeddings of {total} input lines to {target}")
+        return
+    vectors = run_guarded(lambda: embedder.encode(items, kind=kind, batch_size=batch_size))
     if output is not None:
-        if output.suffix != ".npy":
-            errors.print(f"[bold red]error:[/] --output must end in .npy, got {output}")
-            raise typer.Exit(2)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        np.save(output, vectors)
-        console.print(f"wrote {vectors.shape[0]} x {vectors.shape[1]} float32 to {output}")
-    table = Table(title=f"{method} on {model}: {vectors.shape[0]} x {vectors.shape[1]}")
+        rows, dim = write_embeddings(output, [vectors])
+        console.print(f"wrote {rows} x {dim} float32 to {output}")
+    table = Table(title=f"{title}: {vectors.shape[0]} x {vectors.shape[1]}")
     table.add_column("#", justify="right")
     table.add_column("text")
     table.add_column("norm", justify="right")
     table.add_column("first values")
-    for i, (text, vector) in enumerate(zip(texts, vectors)):
+    for i, (text, vector) in enumerate(zip(items, vectors)):
         short = text if len(text) <= 40 else text[:37] + "..."
         table.add_row(str(i), short, f"{np.linalg.norm(vector):.4f}", " ".join(f"{x:+.4f}" for x in vector[:6]))
     console.print(table)
@@ -93,19 +128,22 @@ def embed(
         sim = vectors @ vectors.T
         matrix = Table(title="cosine similarity")
         matrix.add_column("")
-        for i in range(len(texts)):
+        for i in range(len(items)):
             matrix.add_column(str(i), justify="right")
         for i, row in enumerate(sim):
             matrix.add_row(str(i), *(f"{x:.4f}" for x in row))
         console.print(matrix)
 
 
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def _chunked(items: Any, size: int) -> Any:
+    chunk: list[str] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 @app.command()
@@ -117,3 +155,11 @@ def verify(
 
     if not run_verify(directory).passed:
         raise typer.Exit(EXIT_FAILED)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

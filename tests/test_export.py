@@ -22,7 +22,7 @@ import pytest
 
 from kvembed.export import ALLOWED_OPS, TOLERANCES, load_artifact, non_portable_ops, op_types, read_manifest
 from kvembed.export.artifact import REQUIRED_KEYS, sha256_file
-from kvembed.export.core import Exporter, OutputExistsError, ParityError, export, export_result, load_embedder, verify
+from kvembed.export.core import Exporter, OutputExistsError, ParityError, export, load_embedder, verify
 from kvembed.export.graph import MATRICES_PER_LAYER, decoder_layers_in_graph, weight_matmuls
 from kvembed.methods import ResolvedMethod, demo_model_path
 

@@ -24,11 +24,21 @@ ALL_METHODS = ("kv-embedding", "va", "aligned-wva", "token-prepending", "last-to
 ROOT = Path(__file__).resolve().parents[1]
 
 
+class LazyArtifacts(dict):
+    """method -> fp32 artifact of the demo model, exported on first use."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, method: str) -> Path:
+        self[method] = export("stories260k", method, self.root / method)
+        return self[method]
+
+
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory) -> dict[str, Path]:
-    """One fp32 artifact per method, exported from the demo model."""
-    root = tmp_path_factory.mktemp("runtime-artifacts")
-    return {method: export("stories260k", method, root / method) for method in ALL_METHODS}
+def artifacts(tmp_path_factory) -> LazyArtifacts:
+    return LazyArtifacts(tmp_path_factory.mktemp("runtime-artifacts"))
 
 
 def random_texts(count: int, seed: int = 0) -> list[str]:
@@ -180,3 +190,55 @@ def test_runtime_imports_without_torch_or_transformers(artifacts):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert "(1, 64)" in result.stdout
+
+
+def test_mteb_adapter_follows_the_encoder_protocol(artifacts):
+    from kvembed.runtime.mteb import MTEBEncoder
+
+    runtime = Embedder.load(artifacts["kv-embedding"], provider="cpu")
+    adapter = MTEBEncoder(runtime, batch_size=4)
+    batches = [{"text": TEXTS[:3]}, {"text": TEXTS[3:]}]  # what iterating mteb's DataLoader yields
+    queries = adapter.encode(batches, task_metadata=None, hf_split="test", hf_subset="default", prompt_type="query")
+    documents = adapter.encode(batches, task_metadata=None, hf_split="test", hf_subset="default", prompt_type=None)
+    np.testing.assert_allclose(queries, runtime.encode_query(TEXTS), atol=1e-6)
+    np.testing.assert_allclose(documents, runtime.encode_document(TEXTS), atol=1e-6)
+    matrix = adapter.similarity(queries, documents)
+    assert matrix.shape == (len(TEXTS), len(TEXTS))
+    np.testing.assert_allclose(np.diag(matrix), adapter.similarity_pairwise(queries, documents), atol=1e-6)
+    expected = queries[0] @ documents[1] / (np.linalg.norm(queries[0]) * np.linalg.norm(documents[1]))
+    assert abs(matrix[0, 1] - expected) < 1e-6
+    with pytest.raises(ValueError, match="text only"):
+        adapter.encode([{"image": [1]}], prompt_type=None)
+    with pytest.raises(ValueError, match="unknown prompt_type"):
+        adapter.encode(batches, prompt_type="instruction")
+
+
+def test_cli_embeds_with_an_artifact_and_files(artifacts, tmp_path):
+    from typer.testing import CliRunner
+
+    from kvembed.cli import app
+
+    runner = CliRunner()
+    directory = str(artifacts["va"])
+    result = runner.invoke(app, ["embed", directory, "A cat.", "A dog."])
+    assert result.exit_code == 0, result.output
+    assert "va on" in result.output and "2 x 32" in result.output
+
+    source = tmp_path / "texts.txt"
+    lines = [f"line {i} " + "word " * (i % 17) for i in range(300)]
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    target = tmp_path / "out" / "vectors.jsonl"
+    result = runner.invoke(app, ["embed", "--model", directory, "--input", str(source), "--output", str(target)])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [row["index"] for row in rows] == list(range(300))
+    expected = Embedder.load(artifacts["va"]).encode(lines)
+    np.testing.assert_allclose(np.array([row["embedding"] for row in rows]), expected, atol=1e-6)
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"txt": 1}\n', encoding="utf-8")
+    result = runner.invoke(app, ["embed", directory, "--input", str(bad), "--output", str(tmp_path / "x.npy")])
+    assert result.exit_code == 2 and "bad.jsonl:2" in result.output
+    assert not (tmp_path / "x.npy").exists() and not (tmp_path / "x.npy.partial").exists()
+    result = runner.invoke(app, ["embed", directory, "--layers", "1", "x"])
+    assert result.exit_code == 2 and "artifact fixes its method options" in result.output

@@ -7,7 +7,6 @@ looks like a valid artifact.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import __version__
-from .artifact import MANIFEST, MODEL, SCHEMA_VERSION, TOKENIZER, check_files, encoder_from_manifest, file_records
+from .artifact import MODEL, SCHEMA_VERSION, TOKENIZER, check_files, encoder_from_manifest, file_records
 from .artifact import read_manifest, write_manifest
 from .graph import DATA_FILE, MIN_OPSET, ExportError, decoder_layers_in_graph, input_names, optimize_with_onnxruntime
 from .graph import weight_matmuls
@@ -183,6 +182,7 @@ class Exporter:
         self.progress = progress or _silent
         self._workdir: Path | None = None
         self._graph: dict[str, Any] | None = None
+        self._reference_outputs: dict[Any, Any] = {}  # the traced embedder's parity outputs
 
     def __enter__(self) -> "Exporter":
         return self
@@ -364,8 +364,9 @@ class Exporter:
     def _parity(self, directory: Path, manifest: Mapping[str, Any], precision: str, reference: Any) -> ParityReport:
         encoder = encoder_from_manifest(directory, manifest)
         session = parity_session(directory / MODEL)
+        cache = self._reference_outputs if reference is self.embedder else None
         try:
-            return run_parity(session, encoder, reference, precision)
+            return run_parity(session, encoder, reference, precision, cache=cache)
         finally:
             del session
 

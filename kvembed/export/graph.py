@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -70,6 +71,8 @@ def trace(embedder: Any, path: Path, opset: int = MIN_OPSET, quiet: bool = True)
                 stack.enter_context(ctx)
             stack.enter_context(warnings.catch_warnings())
             warnings.simplefilter("ignore")
+            if quiet:  # "torchvision is not installed" notices from the op registry
+                stack.enter_context(_logger_level("torch.onnx", logging.ERROR))
             stack.enter_context(torch.no_grad())
             stack.enter_context(model.patched())
             program = torch.onnx.export(
@@ -108,6 +111,17 @@ def trace(embedder: Any, path: Path, opset: int = MIN_OPSET, quiet: bool = True)
         "optimizations": ["onnxscript.optimizer (torch.onnx.export optimize=True): constant folding, "
                           "dead-code elimination, common-subexpression elimination"],
     }
+
+
+@contextlib.contextmanager
+def _logger_level(name: str, level: int):
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
 
 
 def _fix_names(graph: Any) -> None:

@@ -102,7 +102,6 @@ def fp32_nodes(model: Any, float_values: set[str] | None = None) -> list[str]:
             keep.add(node.name)  # logits + mask
     # forward closure: cheap element-wise nodes fed only by fp32 nodes stay fp32
     producer = {o: node for node in graph.node for o in node.output}
-    initializers = {t.name for t in graph.initializer}
     changed = True
     while changed:
         changed = False
@@ -277,7 +276,6 @@ def to_int8(source: Path, target: Path) -> dict[str, Any]:
             use_external_data_format=_needs_external(source),
             extra_options={"MatMulConstBOnly": True},
         )
-    _rename_external(target)
     return {
         "method": "onnxruntime.quantization.quantize_dynamic(MatMul, QInt8 weights, per_channel=True)",
         "weight_type": "int8",
@@ -361,20 +359,8 @@ def _float_values(model: Any) -> set[str]:
     return floats
 
 
-def _numel(tensor: Any) -> int:
-    n = 1
-    for d in tensor.dims:
-        n *= int(d)
-    return n
-
-
 def _needs_external(path: Path) -> bool:
     return path.with_name(path.name + ".data").exists() or os.path.getsize(path) >= 2 * 1024**3 - 64 * 1024**2
-
-
-def _rename_external(target: Path) -> None:
-    """quantize_dynamic names its external data ``<name>.data`` already; nothing else to do."""
-    return None
 
 
 def _check_io_types(model: Any) -> None:
