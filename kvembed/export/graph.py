@@ -59,7 +59,9 @@ def trace(embedder: Any, path: Path, opset: int = MIN_OPSET, quiet: bool = True)
     if opset < MIN_OPSET:
         raise ValueError(f"opset {opset} is too old: the exporter needs opset >= {MIN_OPSET}")
     names = input_names(embedder)
-    example = embedder.encoder.pad(embedder.encoder.encode(list(TRACE_TEXTS), "document"), "right")
+    with warnings.catch_warnings():  # a small max_length truncates the example: harmless here
+        warnings.simplefilter("ignore")
+        example = embedder.encoder.pad(embedder.encoder.encode(list(TRACE_TEXTS), "document"), "right")
     args = tuple(torch.from_numpy(example[name]) for name in names)
     dynamic = {name: {0: BATCH, 1: SEQUENCE} for name in names}
     model = embedder.model
