@@ -5,11 +5,11 @@
 checks it against the reference (the parity gate) and writes ``out/`` with ``model.onnx``,
 ``tokenizer.json`` and the ``kvembed.json`` manifest. ``verify(out)`` re-runs the gate later.
 
-Reading artifacts (:func:`load_artifact`, :func:`read_manifest`) needs neither torch nor
-transformers; exporting needs the ``export`` extra.
+Reading artifacts back is the torch-free runtime's job (:class:`kvembed.runtime.Embedder`, which
+owns the manifest schema); exporting needs the ``export`` extra.
 """
 
-from .artifact import MANIFEST, SCHEMA_VERSION, Artifact, check_files, load_artifact, read_manifest
+from ..runtime.artifact import MANIFEST, SCHEMA_VERSION, check_files, read_manifest
 from .graph import ExportError
 from .ops import ALLOWED_OPS, TENSORRT_OPS, non_portable_ops, op_types
 from .parity import PARITY_TEXTS, TOLERANCES, ParityReport
@@ -34,7 +34,6 @@ __all__ = [
     "STAGES",
     "TENSORRT_OPS",
     "TOLERANCES",
-    "Artifact",
     "ExportError",
     "ExportResult",
     "Exporter",
@@ -45,7 +44,6 @@ __all__ = [
     "check_files",
     "export",
     "export_result",
-    "load_artifact",
     "load_embedder",
     "non_portable_ops",
     "op_types",

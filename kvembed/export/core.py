@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import __version__
-from .artifact import MODEL, SCHEMA_VERSION, TOKENIZER, check_files, encoder_from_manifest, file_records
-from .artifact import read_manifest, write_manifest
+from ..runtime.artifact import MODEL, SCHEMA_VERSION, TOKENIZER, check_files, encoder_from_manifest, file_records
+from ..runtime.artifact import read_manifest, write_manifest
 from .graph import DATA_FILE, MIN_OPSET, ExportError, decoder_layers_in_graph, input_names, optimize_with_onnxruntime
 from .graph import weight_matmuls
 from .graph import trace as trace_graph

@@ -29,12 +29,15 @@ def last_index(mask: torch.Tensor) -> torch.Tensor:
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``x[b, index[b]]`` for (batch, seq, dim) ``x``, as a Gather (ONNX- and TensorRT-friendly)."""
-    return x.gather(1, index[:, None, None].expand(-1, 1, x.shape[-1])).squeeze(1)
+    return x.gather(1, index[:, None, None].expand(-1, 1, x.shape[-1]))[:, 0]
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    weights = mask.to(x.dtype)[..., None]
-    return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+    """Mean over positions where ``mask`` is set; padded positions are selected out (not multiplied
+    by zero), so a non-finite value there (fully masked rows in fp16) cannot leak in."""
+    keep = mask.bool()[..., None]
+    total = torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum(dim=1)
+    return total / keep.sum(dim=1).clamp(min=1).to(x.dtype)
 
 
 class EmbeddingModel(nn.Module):
