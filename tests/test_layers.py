@@ -285,3 +285,15 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, args, message):
     assert message in result.output and "Traceback" not in result.output
     assert len([line for line in result.output.splitlines() if line.strip()]) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_export_with_layers_auto_records_the_curve(tmp_path):
+    from kvembed.export import export, read_manifest
+    from kvembed.runtime import Embedder
+
+    out = export("stories260k", "kv-embedding", tmp_path / "auto", layers="auto", num_calibration_texts=200)
+    manifest = read_manifest(out)
+    selection = manifest["layer_selection"]
+    assert len(selection["intrinsic_dimension"]) == 5
+    assert manifest["method"]["layers"] == selection["layers"]
+    assert Embedder.load(out, provider="cpu").encode(["a cat"]).shape == (1, 64)

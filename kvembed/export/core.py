@@ -343,6 +343,8 @@ class Exporter:
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "source": source_record(embedder),
             "method": embedder.method.to_dict(),
+            # layers="auto": the intrinsic-dimension curve and the set it chose (else null)
+            "layer_selection": getattr(embedder, "layer_selection", None),
             "dim": int(embedder.dim),
             "max_length": int(embedder.max_length),
             "opset": self.opset,
