@@ -13,6 +13,9 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"the kvembed command line needs typer and rich: pip install 'kvembed[cli]' ({err})")
 
+from . import cli_options as opt
+from .cli_options import method_options
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console()
 errors = Console(stderr=True)
@@ -34,11 +37,6 @@ def run_guarded(job: Callable[[], Any]) -> Any:
         raise typer.Exit(2) from None
 
 
-def method_options(**given: Any) -> dict[str, Any]:
-    """Keep only the method options the user actually set."""
-    return {name: value for name, value in given.items() if value is not None}
-
-
 def is_artifact(path: str | None) -> bool:
     return path is not None and (Path(path) / "kvembed.json").is_file()
 
@@ -49,16 +47,16 @@ def embed(
     model: str = typer.Option("stories260k", "--model", "-m", help="Artifact dir (runtime), or model folder / alias / hub id (PyTorch reference)."),
     method: str = typer.Option("kv-embedding", "--method", help="Embedding method (reference only; an artifact fixes it)."),
     kind: str = typer.Option("document", "--kind", help="query or document (selects the prompt)."),
-    layers: Optional[str] = typer.Option(None, help="Layer set: '12-21', '10,11,26-31', 'none', 'auto'."),
-    bias: Optional[float] = typer.Option(None, help="kv-embedding: prefix logit bias."),
-    num_prefix: Optional[int] = typer.Option(None, help="kv-embedding: prepend the last n tokens."),
-    prefix_rope: Optional[str] = typer.Option(None, help="kv-embedding: keep or zero."),
-    pooling: Optional[str] = typer.Option(None, help="kv-embedding: last-mean, last or mean."),
-    prompt: Optional[str] = typer.Option(None, help="Named prompt of the method, or a template with {text}."),
-    wva: Optional[bool] = typer.Option(None, "--wva/--no-wva", help="aligned-wva: read before o_proj."),
-    tp_start: Optional[int] = typer.Option(None, help="token-prepending: first rewired layer."),
-    tp_stop: Optional[int] = typer.Option(None, help="token-prepending: last rewired layer + 1."),
-    exit_layer: Optional[int] = typer.Option(None, help="token-prepending: early-exit layer."),
+    layers: opt.Layers = None,
+    bias: opt.Bias = None,
+    num_prefix: opt.NumPrefix = None,
+    prefix_rope: opt.PrefixRope = None,
+    pooling: opt.Pooling = None,
+    prompt: opt.Prompt = None,
+    wva: opt.Wva = None,
+    tp_start: opt.TpStart = None,
+    tp_stop: opt.TpStop = None,
+    exit_layer: opt.ExitLayer = None,
     max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (reference only)."),
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="Read texts from a .txt (one per line) or .jsonl file."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write embeddings to a .npy or .jsonl file."),

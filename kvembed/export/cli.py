@@ -14,6 +14,9 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-export needs typer and rich: pip install 'kvembed[export]' ({err})")
 
+from .. import cli_options as opt
+from ..cli_options import method_options
+
 console = Console()
 errors = Console(stderr=True)
 
@@ -123,16 +126,16 @@ def export_command(
     model: str = typer.Option(..., "--model", "-m", help="Model folder, alias (stories260k, qwen3-4b) or hub id."),
     method: str = typer.Option(..., "--method", help="Embedding method (kv-embedding, va, aligned-wva, token-prepending, last-token, mean, prompteol, echo)."),
     out: Path = typer.Option(..., "--out", "-o", help="Artifact directory to create (must be empty unless --force)."),
-    layers: Optional[str] = typer.Option(None, help="Layer set: '12-21', '10,11,26-31', 'none'."),
-    bias: Optional[float] = typer.Option(None, help="kv-embedding: prefix logit bias."),
-    num_prefix: Optional[int] = typer.Option(None, help="kv-embedding: prepend the last n tokens."),
-    prefix_rope: Optional[str] = typer.Option(None, help="kv-embedding: keep or zero."),
-    pooling: Optional[str] = typer.Option(None, help="kv-embedding: last-mean, last or mean."),
-    prompt: Optional[str] = typer.Option(None, help="Named prompt of the method, or a template with {text}."),
-    wva: Optional[bool] = typer.Option(None, "--wva/--no-wva", help="aligned-wva: read before o_proj."),
-    tp_start: Optional[int] = typer.Option(None, help="token-prepending: first rewired layer."),
-    tp_stop: Optional[int] = typer.Option(None, help="token-prepending: last rewired layer + 1."),
-    exit_layer: Optional[int] = typer.Option(None, help="token-prepending: early-exit layer."),
+    layers: opt.Layers = None,
+    bias: opt.Bias = None,
+    num_prefix: opt.NumPrefix = None,
+    prefix_rope: opt.PrefixRope = None,
+    pooling: opt.Pooling = None,
+    prompt: opt.Prompt = None,
+    wva: opt.Wva = None,
+    tp_start: opt.TpStart = None,
+    tp_stop: opt.TpStop = None,
+    exit_layer: opt.ExitLayer = None,
     precision: str = typer.Option("fp32", "--precision", help="fp32, fp16 or int8."),
     max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (default: the model's limit)."),
     opset: int = typer.Option(18, help="ONNX opset (>= 18)."),
@@ -144,14 +147,10 @@ def export_command(
     from .core import check_output
     from .precision import check_precision
 
-    options = {
-        name: value
-        for name, value in dict(
-            layers=layers, bias=bias, num_prefix=num_prefix, prefix_rope=prefix_rope, pooling=pooling,
-            prompt=prompt, wva=wva, tp_start=tp_start, tp_stop=tp_stop, exit_layer=exit_layer,
-        ).items()
-        if value is not None
-    }
+    options = method_options(
+        layers=layers, bias=bias, num_prefix=num_prefix, prefix_rope=prefix_rope, pooling=pooling,
+        prompt=prompt, wva=wva, tp_start=tp_start, tp_stop=tp_stop, exit_layer=exit_layer,
+    )
 
     def preflight() -> None:  # cheap checks before importing torch
         from ..methods import get_method

@@ -1,0 +1,23 @@
+"""The method options as command-line flags, declared once for every kvembed command."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+Layers = Annotated[Optional[str], typer.Option(help="Layer set: '12-21', '10,11,26-31', 'none', 'auto'.")]
+Bias = Annotated[Optional[float], typer.Option(help="kv-embedding: prefix logit bias.")]
+NumPrefix = Annotated[Optional[int], typer.Option(help="kv-embedding: prepend the last n tokens.")]
+PrefixRope = Annotated[Optional[str], typer.Option(help="kv-embedding: keep or zero.")]
+Pooling = Annotated[Optional[str], typer.Option(help="kv-embedding: last-mean, last or mean.")]
+Prompt = Annotated[Optional[str], typer.Option(help="Named prompt of the method, or a template with {text}.")]
+Wva = Annotated[Optional[bool], typer.Option("--wva/--no-wva", help="aligned-wva: read before o_proj.")]
+TpStart = Annotated[Optional[int], typer.Option(help="token-prepending: first rewired layer.")]
+TpStop = Annotated[Optional[int], typer.Option(help="token-prepending: last rewired layer + 1.")]
+ExitLayer = Annotated[Optional[int], typer.Option(help="token-prepending: early-exit layer.")]
+
+
+def method_options(**given: Any) -> dict[str, Any]:
+    """Keep only the method options the user actually set."""
+    return {name: value for name, value in given.items() if value is not None}
