@@ -57,6 +57,10 @@ class TorchEmbedder:
         self.source = source
         #: the intrinsic-dimension curve and chosen set when built with layers="auto", else None
         self.layer_selection: dict[str, Any] | None = None
+        #: what from_pretrained resolved ``source`` to (folder or hub id), its preset and revision
+        self.location: str | None = None
+        self.preset_id: str | None = None
+        self.revision: str | None = None
 
     @classmethod
     def from_pretrained(
@@ -132,6 +136,7 @@ class TorchEmbedder:
             resolved = resolve(method, config.num_hidden_layers, preset_id, **{**options, "layers": list(selection.layers)})
         embedder = cls(hf_model, tokenizer, resolved, limit, padding_side=padding_side, source=text)
         embedder.layer_selection = None if selection is None else selection.to_dict()
+        embedder.location, embedder.preset_id, embedder.revision = location, preset_id, revision
         return embedder
 
     @property

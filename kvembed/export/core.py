@@ -83,9 +83,13 @@ def source_record(embedder: Any) -> dict[str, Any]:
     from ..methods import resolve_model
 
     given = embedder.source if embedder.source is not None else ""
-    location, preset_id = resolve_model(given) if given else (None, None)
+    location, preset_id = getattr(embedder, "location", None), getattr(embedder, "preset_id", None)
+    if location is None and given:  # built without from_pretrained
+        location, preset_id = resolve_model(given)
     config = embedder.model.decoder.config
-    record: dict[str, Any] = {"model": given, "location": None, "preset_id": preset_id}
+    record: dict[str, Any] = {
+        "model": given, "location": None, "preset_id": preset_id, "revision": getattr(embedder, "revision", None)
+    }
     if location is not None and Path(location).is_dir():
         record["location"] = str(Path(location).resolve())
     elif location is not None:
