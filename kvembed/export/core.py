@@ -399,33 +399,19 @@ def _copy_graph(source: Path, target: Path, move: bool = False) -> None:
 
 
 def export(
-    model: Any,
-    method: str = "kv-embedding",
-    out: str | os.PathLike[str] = "kvembed-artifact",
-    precision: str = "fp32",
-    *,
-    max_length: int | None = None,
-    opset: int = DEFAULT_OPSET,
-    force: bool = False,
-    padding_side: str = "right",
-    optimize: bool = True,
-    progress: Progress | None = None,
-    reference_options: Mapping[str, Any] | None = None,
-    **options: Any,
+    model: Any, method: str = "kv-embedding", out: str | os.PathLike[str] = "kvembed-artifact",
+    precision: str = "fp32", **kwargs: Any,
 ) -> Path:
     """Export ``model`` (folder, alias or hub id) computing ``method`` to the directory ``out``.
 
-    ``options`` are the method's options (``layers``, ``bias``, ``num_prefix``, ``prefix_rope``,
-    ``pooling``, ``prompt``, ``wva``, ``tp_start``, ``tp_stop``, ``exit_layer``). Raises
-    ValueError/TypeError/FileNotFoundError/OutputExistsError for bad input (before any heavy
-    work where possible), :class:`ParityError` if the graph misses the tolerances and
-    :class:`ExportError` if tracing fails; ``out`` is untouched in every failure.
+    Keyword arguments are those of :func:`export_result` (``max_length``, ``opset``, ``force``,
+    ``padding_side``, ``optimize``, ``progress``) plus the method's options (``layers``, ``bias``,
+    ``num_prefix``, ``prefix_rope``, ``pooling``, ``prompt``, ``wva``, ``tp_start``, ``tp_stop``,
+    ``exit_layer``). Raises ValueError/TypeError/FileNotFoundError/OutputExistsError for bad input
+    (before any heavy work where possible), :class:`ParityError` if the graph misses the
+    tolerances and :class:`ExportError` if tracing fails; ``out`` is untouched in every failure.
     """
-    return export_result(
-        model, method, out, precision, max_length=max_length, opset=opset, force=force,
-        padding_side=padding_side, optimize=optimize, progress=progress,
-        reference_options=reference_options, **options,
-    ).path
+    return export_result(model, method, out, precision, **kwargs).path
 
 
 def export_result(

@@ -52,25 +52,10 @@ def layers(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table."),
 ) -> None:
     """Compute the per-layer intrinsic dimension of MODEL and pick kv-embedding's re-routing set."""
-    from .calibration import load_calibration
     from .report import write_report
-    from .selection import calibration_label, prompt_template, select_layers_for_model
-
-    def prepare() -> tuple[Any, list[str], str]:
-        if batch_size < 1:
-            raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
-        template = prompt_template(prompt)
-        texts = load_calibration(calibration, num_texts)
-        from ..reference import TorchEmbedder
-
-        embedder = TorchEmbedder.from_pretrained(model, "kv-embedding", layers="none", max_length=max_length)
-        return embedder, texts, template
+    from .selection import compute_layer_selection
 
     started = time.perf_counter()
-    embedder, texts, template = _guarded(prepare)
-    if len(texts) < num_texts and not quiet:
-        source = calibration or "the built-in set"
-        errors.print(f"note: {source} has {len(texts)} distinct non-empty texts; using all of them", highlight=False)
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=errors, transient=True, disable=quiet,
@@ -84,21 +69,19 @@ def layers(
         progress.update(tasks[stage], completed=done)
 
     def run() -> Any:
+        if batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
         with progress:
-            selection = select_layers_for_model(
-                embedder.model.decoder,
-                embedder.hf_tokenizer,
-                texts,
-                template=template,
-                batch_size=batch_size,
-                max_length=embedder.max_length,
+            selection = compute_layer_selection(
+                model, calibration, num_texts, prompt=prompt, batch_size=batch_size, max_length=max_length,
                 progress=report,
-                model_name=model,
-                calibration=calibration_label(calibration),
             )
         return selection, write_report(selection, out)
 
     selection, (json_path, png_path) = _guarded(run)
+    if selection.num_texts < num_texts and not quiet:
+        source = calibration or "the built-in set"
+        errors.print(f"note: {source} has {selection.num_texts} distinct non-empty texts; used all of them", highlight=False)
     if not quiet:
         table = Table(title=f"{model}: TwoNN intrinsic dimension of the final token ({selection.num_texts} texts)")
         table.add_column("layer", justify="right")
