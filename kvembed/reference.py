@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -15,6 +15,7 @@ from transformers.utils import logging as hf_logging
 
 from .methods import ResolvedMethod, get_method, resolve, resolve_model
 from .methods.layers import AUTO
+from .methods.sharing import AlsoRequest, resolve_also
 from .patch import EmbeddingModel, architecture_of
 from .runtime.batching import plan_batches
 from .runtime.encoding import EncodedText, TextEncoder, check_texts
@@ -37,6 +38,7 @@ class TorchEmbedder:
         max_length: int,
         padding_side: str = "right",
         source: str | None = None,
+        also: Mapping[str, ResolvedMethod] | None = None,
     ) -> None:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
@@ -50,7 +52,8 @@ class TorchEmbedder:
         self.hf_tokenizer = tokenizer
         self.tokenizer: Tokenizer = Tokenizer.from_str(backend.to_str())
         self.encoder = TextEncoder(self.tokenizer, method, max_length, fallback_id=fallback, pad_id=pad)
-        self.model = EmbeddingModel(model, method, self.encoder.placeholder_id).eval()
+        self.model = EmbeddingModel(model, method, self.encoder.placeholder_id, also).eval()
+        self._tokenizer_source = tokenizer
         self.method = method
         self.max_length = max_length
         self.padding_side = padding_side
@@ -75,6 +78,7 @@ class TorchEmbedder:
         trust_remote_code: bool = False,
         calibration: Sequence[str] | str | os.PathLike[str] | None = None,
         num_calibration_texts: int = 1000,
+        also: Sequence[str | AlsoRequest] = (),
         **options: Any,
     ) -> "TorchEmbedder":
         """Load ``model`` (local folder, alias such as ``qwen3-4b``/``stories260k``, or hub id).
@@ -87,6 +91,10 @@ class TorchEmbedder:
         list of texts, a file with one per line, or ``None`` for the built-in set) go through the
         plain model once, at load time; nothing is cached. The curve and the set are kept in
         ``embedder.layer_selection`` (a JSON-ready dict; ``None`` without ``auto``).
+
+        ``also`` adds other methods read from the same forward pass (``"va"``,
+        ``"va:layers=8-12"``, ``"last=kv-embedding:pooling=last"``; see
+        :mod:`kvembed.methods.sharing`); ``encode(..., output=label)`` returns theirs.
         """
         location, preset_id = resolve_model(model)
         text = str(model)
@@ -109,6 +117,8 @@ class TorchEmbedder:
             calibration_texts = load_calibration(calibration, num_calibration_texts)
         # with auto, check every other option now (cheaply); the layer set comes after loading
         resolved = resolve(method, config.num_hidden_layers, preset_id, **{**options, **({"layers": "none"} if auto else {})})
+        if not auto:  # refuse an extra output that cannot share the pass before loading weights
+            resolve_also(resolved, list(also), preset_id)
         tokenizer = AutoTokenizer.from_pretrained(location, revision=revision, trust_remote_code=trust_remote_code)
         with quiet_transformers():  # a causal-LM checkpoint's unused lm_head is expected, not news
             hf_model = AutoModel.from_pretrained(
@@ -134,7 +144,8 @@ class TorchEmbedder:
                 calibration=calibration_label(calibration),
             )
             resolved = resolve(method, config.num_hidden_layers, preset_id, **{**options, "layers": list(selection.layers)})
-        embedder = cls(hf_model, tokenizer, resolved, limit, padding_side=padding_side, source=text)
+        extra = resolve_also(resolved, list(also), preset_id)
+        embedder = cls(hf_model, tokenizer, resolved, limit, padding_side=padding_side, source=text, also=extra)
         embedder.layer_selection = None if selection is None else selection.to_dict()
         embedder.location, embedder.preset_id, embedder.revision = location, preset_id, revision
         return embedder
@@ -143,26 +154,54 @@ class TorchEmbedder:
     def dim(self) -> int:
         return self.model.output_dim
 
+    @property
+    def also(self) -> dict[str, ResolvedMethod]:
+        """Extra methods read from the same forward pass: label -> method."""
+        return dict(self.model.also)
+
+    def dim_of(self, output: str | None = None) -> int:
+        return self.model.readout_dim(self._method_of(output))
+
+    def _method_of(self, output: str | None) -> ResolvedMethod:
+        if output is None or output == self.method.name and output not in self.model.also:
+            return self.method
+        if output not in self.model.also:
+            names = ", ".join([self.method.name, *self.model.also])
+            raise ValueError(f"no output {output!r}; this embedder computes: {names}")
+        return self.model.also[output]
+
+    def single(self, output: str | None = None) -> "TorchEmbedder":
+        """A reference computing only ``output``'s method, in a pass of its own (shares weights)."""
+        embedder = type(self)(
+            self.model.decoder, self._tokenizer_source, self._method_of(output), self.max_length,
+            padding_side=self.padding_side, source=self.source,
+        )
+        embedder.location, embedder.preset_id, embedder.revision = self.location, self.preset_id, self.revision
+        return embedder
+
     def encode(
         self,
         texts: Sequence[str] | str,
         kind: str = "document",
         batch_size: int = 32,
         normalize: bool = True,
+        output: str | None = None,
     ) -> np.ndarray:
         """Embed ``texts`` as ``kind`` (``"query"`` or ``"document"``): float32 (n, dim).
 
         A single str gives a 1-D vector. Texts longer than ``max_length`` tokens are cut (the
-        prompt template stays whole) with a warning.
+        prompt template stays whole) with a warning. ``output`` names an ``also`` method.
         """
+        method = self._method_of(output)
+        index = 0 if method is self.method else 1 + list(self.model.also.values()).index(method)
         single = isinstance(texts, str)
         items = check_texts([texts] if single else texts)
         encoded = self.encoder.encode(items, kind)
-        out = np.zeros((len(items), self.dim), dtype=np.float32)
+        out = np.zeros((len(items), self.model.readout_dim(method)), dtype=np.float32)
         plan = plan_batches([len(item.ids) for item in encoded], batch_size)
         with torch.inference_mode(), self.model.patched():
             for chunk in plan:
-                out[chunk] = self._run([encoded[i] for i in chunk], normalize)
+                out[chunk] = self._run([encoded[i] for i in chunk], normalize, index)
         return out[0] if single else out
 
     def encode_query(self, texts: Sequence[str] | str, **kwargs: Any) -> np.ndarray:
@@ -171,9 +210,9 @@ class TorchEmbedder:
     def encode_document(self, texts: Sequence[str] | str, **kwargs: Any) -> np.ndarray:
         return self.encode(texts, kind="document", **kwargs)
 
-    def _run(self, items: list[EncodedText], normalize: bool) -> np.ndarray:
+    def _run(self, items: list[EncodedText], normalize: bool, index: int = 0) -> np.ndarray:
         batch = {k: torch.from_numpy(v) for k, v in self.encoder.pad(items, self.padding_side).items()}
-        embedding, pooled = self.model(**batch)
+        embedding, pooled = self.model(**batch)[2 * index : 2 * index + 2]
         return (embedding if normalize else pooled).float().numpy()
 
 

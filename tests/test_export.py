@@ -439,6 +439,7 @@ def test_cli_export_and_verify(tiny_models, tmp_path):
         (["--model", STORIES, "--method", "va", "--layers", "7"], "out of range"),
         (["--model", STORIES, "--method", "nope"], "unknown method"),
         (["--model", STORIES, "--method", "va", "--precision", "fp8"], "precision"),
+        (["--model", STORIES, "--method", "va", "--precision", "bf16"], "no bf16 kernels"),
         (["--model", "GPT2", "--method", "va"], "unsupported architecture"),
     ],
 )
@@ -477,3 +478,19 @@ def test_cli_verify_parity_failure_exits_1(stories_kv, tmp_path):
     result = _invoke(cli.verify_app, [str(copy)])
     assert result.exit_code == 1
     assert "FAILED" in result.output
+
+
+def test_bf16_is_refused_because_onnxruntime_cpu_cannot_run_it():
+    """The reason given for refusing bf16 holds for the installed onnxruntime: if this starts
+    failing, onnxruntime gained bf16 CPU kernels and the exporter can offer bf16."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["y"])], "bf16",
+        [helper.make_tensor_value_info(n, TensorProto.BFLOAT16, [2, 2]) for n in ("a", "b")],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2, 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED|Could not find an implementation"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

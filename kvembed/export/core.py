@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 from .. import __version__
 from ..runtime.artifact import MODEL, SCHEMA_VERSION, TOKENIZER, check_files, encoder_from_manifest, file_records
 from ..runtime.artifact import read_manifest, write_manifest
+from ..methods.sharing import AlsoRequest, output_names
 from .graph import DATA_FILE, MIN_OPSET, ExportError, decoder_layers_in_graph, input_names, optimize_with_onnxruntime
 from .graph import weight_matmuls
 from .graph import trace as trace_graph
@@ -39,9 +40,11 @@ DEFAULT_OPSET = MIN_OPSET
 class ParityError(ExportError):
     """The exported graph does not match the PyTorch reference within METHODS.md's tolerances."""
 
-    def __init__(self, report: ParityReport) -> None:
-        super().__init__(report.summary())
+    def __init__(self, report: ParityReport, output: str | None = None) -> None:
+        prefix = "" if output is None else f"extra output {output!r}: "
+        super().__init__(prefix + report.summary())
         self.report = report
+        self.output = output
 
 
 class OutputExistsError(FileExistsError):
@@ -187,6 +190,7 @@ class Exporter:
         self._workdir: Path | None = None
         self._graph: dict[str, Any] | None = None
         self._reference_outputs: dict[Any, Any] = {}  # the traced embedder's parity outputs
+        self._singles: dict[str | None, Any] = {}  # label -> a reference computing only that method
 
     def __enter__(self) -> "Exporter":
         return self
@@ -273,15 +277,21 @@ class Exporter:
             embedder.tokenizer.save(str(staging / TOKENIZER))
             manifest = self._manifest(precision, graph_facts, conversion)
             self.progress("parity", "running the graph in onnxruntime against PyTorch")
-            report = self._parity(staging, manifest, precision, reference)
+            reports = self._parity(staging, manifest, precision, reference)
+            report = reports.pop(None)
             manifest["parity"] = report.to_dict()
             if reference is not embedder:
                 manifest["parity"]["reference"] = {
                     "note": "a different reference than the exported method was used",
                     "method": reference.method.to_dict(),
                 }
+            if reports:
+                manifest["parity"]["also"] = {label: r.to_dict() for label, r in reports.items()}
             if not report.passed:
                 raise ParityError(report)
+            for label, extra in reports.items():
+                if not extra.passed:
+                    raise ParityError(extra, label)
             self.progress("write", f"writing {out}")
             manifest["files"] = file_records(staging)
             write_manifest(staging, manifest)
@@ -305,7 +315,7 @@ class Exporter:
                 f"the {precision} graph contains operators outside the portable allow-list: {', '.join(bad)}"
             )
         layers = decoder_layers_in_graph(model)
-        needed = self.embedder.method.layers_needed
+        needed = self.embedder.model.layers_needed
         if layers != needed:
             raise ExportError(f"the graph holds the weights of {layers} decoder layers, the method needs {needed}")
         onnx.checker.check_model(str(model_path), full_check=False)
@@ -328,6 +338,7 @@ class Exporter:
         embedder = self.embedder
         encoder = embedder.encoder
         names = input_names(embedder)
+        model = embedder.model
         assert self._graph is not None
         graph = {
             "exporter": self._graph["exporter"],
@@ -358,23 +369,54 @@ class Exporter:
             "pad_id": encoder.pad_id,
             "fallback_id": encoder.fallback_id,
             "inputs": [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in names],
+            # extra methods read from the same forward pass (--also): label -> method
+            "also": {label: method.to_dict() for label, method in model.also.items()},
             "outputs": [
-                {"name": "embedding", "dtype": "float32", "shape": ["batch", int(embedder.dim)], "normalized": True},
-                {"name": "pooled", "dtype": "float32", "shape": ["batch", int(embedder.dim)], "normalized": False},
+                {
+                    "name": name, "dtype": "float32", "shape": ["batch", model.readout_dim(method)],
+                    "normalized": normalized, "method": method.name if label is None else label,
+                }
+                for label, method in model.readouts
+                for name, normalized in zip(output_names(label), (True, False))
             ],
             "graph": graph,
             "files": {},
             "parity": {},
         }
 
-    def _parity(self, directory: Path, manifest: Mapping[str, Any], precision: str, reference: Any) -> ParityReport:
+    def _parity(
+        self, directory: Path, manifest: Mapping[str, Any], precision: str, reference: Any
+    ) -> dict[str | None, ParityReport]:
+        """Reports for the main output (key None) and each extra one, each against a reference
+        that computes only that method in a forward pass of its own."""
         encoder = encoder_from_manifest(directory, manifest)
         session = parity_session(directory / MODEL)
         cache = self._reference_outputs if reference is self.embedder else None
+        for label in [None, *self.embedder.also]:
+            if label not in self._singles:
+                self._singles[label] = self.embedder.single(label)
+        main = self._singles[None] if reference is self.embedder else reference
+        extras = {label: self._singles[label] for label in self.embedder.also}
         try:
-            return run_parity(session, encoder, reference, precision, cache=cache)
+            return parity_reports(session, encoder, main, extras, precision, cache=cache)
         finally:
             del session
+
+
+def parity_reports(
+    session: Any,
+    encoder: Any,
+    main: Any,
+    extras: Mapping[str, Any],
+    precision: str,
+    cache: dict[Any, Any] | None = None,
+) -> dict[str | None, ParityReport]:
+    """Parity of the main outputs (key None) against ``main`` and of each extra method's outputs
+    against its own single-method reference in ``extras`` (label -> TorchEmbedder)."""
+    reports = {None: run_parity(session, encoder, main, precision, cache=cache)}
+    for label, reference in extras.items():
+        reports[label] = run_parity(session, encoder, reference, precision, cache=cache, outputs=output_names(label))
+    return reports
 
 
 def parity_session(path: Path) -> Any:
@@ -453,10 +495,15 @@ class VerifyResult:
     report: ParityReport | None
     file_problems: list[str]
     source_problems: list[str]
+    also: dict[str, ParityReport] = field(default_factory=dict)
+    """Parity of each extra method's outputs (``--also``), by label."""
 
     @property
     def passed(self) -> bool:
-        return self.report is not None and self.report.passed and not self.file_problems and not self.source_problems
+        return (
+            self.report is not None and self.report.passed and all(r.passed for r in self.also.values())
+            and not self.file_problems and not self.source_problems
+        )
 
 
 def reference_for(manifest: Mapping[str, Any]) -> Any:
@@ -473,12 +520,16 @@ def reference_for(manifest: Mapping[str, Any]) -> Any:
     if not candidates:
         raise ValueError("the manifest does not say which model the artifact came from")
     method = manifest["method"]
+    also = [
+        AlsoRequest(method=extra["name"], options=dict(extra["options"]), label=label)
+        for label, extra in (manifest.get("also") or {}).items()
+    ]
     last_error: Exception | None = None
     for candidate in candidates:
         try:
             return load_embedder(
                 candidate, method["name"], max_length=int(manifest["max_length"]),
-                padding_side=manifest.get("padding_side", "right"), **dict(method["options"]),
+                padding_side=manifest.get("padding_side", "right"), also=also, **dict(method["options"]),
             )
         except FileNotFoundError as err:
             last_error = err
@@ -503,8 +554,11 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     progress("parity", "running the graph in onnxruntime against PyTorch")
     encoder = encoder_from_manifest(directory, manifest)
     session = parity_session(directory / MODEL)
-    report = run_parity(session, encoder, reference, manifest["precision"])
-    return VerifyResult(directory, manifest, report, file_problems, source_problems)
+    main = reference.single() if reference.also else reference
+    extras = {label: reference.single(label) for label in reference.also}
+    reports = parity_reports(session, encoder, main, extras, manifest["precision"])
+    report = reports.pop(None)
+    return VerifyResult(directory, manifest, report, file_problems, source_problems, reports)
 
 
 __all__ = [

@@ -29,7 +29,6 @@ DATA_FILE = "model.onnx.data"
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3 - 64 * 1024**2
 MIN_OPSET = 18
 INPUTS = ("input_ids", "attention_mask", "pool_mask")
-OUTPUTS = ("embedding", "pooled")
 BATCH, SEQUENCE = "batch", "sequence"
 
 #: Texts of the trace example: two rows of different lengths, so the example is padded.
@@ -42,9 +41,16 @@ class ExportError(RuntimeError):
 
 def input_names(embedder: Any) -> list[str]:
     names = ["input_ids", "attention_mask"]
-    if embedder.method.uses_pool_mask:
+    if embedder.model.uses_pool_mask:
         names.append("pool_mask")
     return names
+
+
+def output_names(embedder: Any) -> list[str]:
+    """``embedding``, ``pooled``, then ``embedding.<label>``, ``pooled.<label>`` per extra method."""
+    from ..methods.sharing import output_names as names_of
+
+    return [name for label, _ in embedder.model.readouts for name in names_of(label)]
 
 
 def trace(embedder: Any, path: Path, opset: int = MIN_OPSET, quiet: bool = True) -> dict[str, Any]:
@@ -52,13 +58,13 @@ def trace(embedder: Any, path: Path, opset: int = MIN_OPSET, quiet: bool = True)
 
     The saved graph has int64 inputs ``input_ids``, ``attention_mask`` (and ``pool_mask`` for
     echo) with symbolic ``batch`` and ``sequence`` axes, and float32 outputs ``embedding`` and
-    ``pooled`` of shape ``[batch, dim]``.
+    ``pooled`` of shape ``[batch, dim]`` (and a pair per ``also`` method).
     """
     import torch
 
     if opset < MIN_OPSET:
         raise ValueError(f"opset {opset} is too old: the exporter needs opset >= {MIN_OPSET}")
-    names = input_names(embedder)
+    names, outputs = input_names(embedder), output_names(embedder)
     with warnings.catch_warnings():  # a small max_length truncates the example: harmless here
         warnings.simplefilter("ignore")
         example = embedder.encoder.pad(embedder.encoder.encode(list(TRACE_TEXTS), "document"), "right")
@@ -82,7 +88,7 @@ def trace(embedder: Any, path: Path, opset: int = MIN_OPSET, quiet: bool = True)
                 args,
                 None,
                 input_names=names,
-                output_names=list(OUTPUTS),
+                output_names=outputs,
                 dynamic_shapes=dynamic,
                 opset_version=opset,
                 dynamo=True,
@@ -99,8 +105,8 @@ def trace(embedder: Any, path: Path, opset: int = MIN_OPSET, quiet: bool = True)
         ) from err
     if program is None:
         raise ExportError("torch.onnx.export returned no program")
-    _fix_names(program.model.graph)
-    _check_io(program.model.graph, names)
+    _fix_names(program.model.graph, outputs)
+    _check_io(program.model.graph, names, outputs)
     path.parent.mkdir(parents=True, exist_ok=True)
     weights = _initializer_bytes(program.model.graph)
     external = weights >= EXTERNAL_DATA_THRESHOLD
@@ -126,8 +132,8 @@ def _logger_level(name: str, level: int):
         logger.setLevel(before)
 
 
-def _fix_names(graph: Any) -> None:
-    """Make ``embedding``/``pooled`` name only the graph outputs.
+def _fix_names(graph: Any, names: list[str]) -> None:
+    """Make the output names (``embedding``, ``pooled``, ...) name only the graph outputs.
 
     The dynamo exporter names values after FX nodes, so the token-embedding lookup's output is
     also called ``embedding``: a duplicate definition that makes the model invalid.
@@ -135,16 +141,16 @@ def _fix_names(graph: Any) -> None:
     outputs = list(graph.outputs)
     for node in graph:
         for value in node.outputs:
-            if value.name in OUTPUTS and not any(value is out for out in outputs):
+            if value.name in names and not any(value is out for out in outputs):
                 value.name = f"{value.name}__internal"
-    for value, name in zip(outputs, OUTPUTS):
+    for value, name in zip(outputs, names):
         value.name = name
 
 
-def _check_io(graph: Any, names: list[str]) -> None:
+def _check_io(graph: Any, names: list[str], outputs: list[str]) -> None:
     got_in = [v.name for v in graph.inputs]
     got_out = [v.name for v in graph.outputs]
-    if got_in != names or got_out != list(OUTPUTS):
+    if got_in != names or got_out != outputs:
         raise ExportError(f"unexpected graph signature: inputs {got_in}, outputs {got_out}")
     for value in graph.inputs:
         dims = list(value.shape) if value.shape is not None else []

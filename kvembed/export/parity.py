@@ -104,13 +104,15 @@ def run_parity(
     precision: str,
     texts: dict[str, str] | None = None,
     cache: dict[Any, Any] | None = None,
+    outputs: tuple[str, str] = ("embedding", "pooled"),
 ) -> ParityReport:
     """Compare ``session`` (onnxruntime) against ``reference`` (a TorchEmbedder).
 
     ``encoder`` is the artifact's TextEncoder (rebuilt from its tokenizer.json and manifest); its
     token ids must equal the reference encoder's, else the artifact would tokenise differently.
     ``cache`` (a dict owned by the caller, one per reference) keeps the reference's outputs for
-    the next precision exported from the same trace.
+    the next precision exported from the same trace. ``outputs`` names the graph's
+    (embedding, pooled) pair to check; the reference's first pair is what it is checked against.
     """
     import torch
 
@@ -139,14 +141,14 @@ def run_parity(
                         problems.append(f"token ids differ from the reference's for {case} batch {names}")
                         continue
                     batch = encoder.pad(ours, side)
-                    got = session.run(["embedding", "pooled"], {k: v for k, v in batch.items() if k in feeds})
-                    key = (kind, side, tuple(names), tuple(texts[n] for n in names))
+                    got = session.run(list(outputs), {k: v for k, v in batch.items() if k in feeds})
+                    key = (outputs, kind, side, tuple(names), tuple(texts[n] for n in names))
                     if cache is not None and key in cache:
                         want_e, want_p = cache[key]
                     else:
                         with torch.inference_mode(), reference.model.patched():
                             want = reference.model(**{k: torch.from_numpy(v) for k, v in batch.items()})
-                        want_e, want_p = (w.float().numpy() for w in want)
+                        want_e, want_p = (w.float().numpy() for w in want[:2])
                         if cache is not None:
                             cache[key] = (want_e, want_p)
                     got_e, got_p = (np.asarray(g, dtype=np.float32) for g in got)

@@ -58,6 +58,12 @@ _ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Neg", "Clip", "Max", "Min", "Where"
 
 def check_precision(precision: str) -> str:
     value = str(precision).strip().lower()
+    if value == "bf16":
+        raise ValueError(
+            "precision bf16 is not offered: onnxruntime's CPU provider has no bf16 kernels for MatMul, "
+            "Add, Mul or Softmax (checked with onnxruntime 1.31), so the parity gate cannot run it; "
+            "use fp16 (or int8 on CPU)"
+        )
     if value not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     return value

@@ -9,12 +9,13 @@ afterwards. The PyTorch reference runs it eagerly; the exporter traces the very 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..methods.sharing import sharing_problem
 from ..methods.spec import ResolvedMethod
 from . import attention
 from .architectures import architecture_of, base_model
@@ -41,39 +42,69 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class EmbeddingModel(nn.Module):
-    """A decoder-only LLM computing one :class:`ResolvedMethod`'s embedding."""
+    """A decoder-only LLM computing one :class:`ResolvedMethod`'s embedding.
 
-    def __init__(self, model: nn.Module, method: ResolvedMethod, placeholder_id: int | None = None) -> None:
+    ``also`` (label -> method) adds the embeddings of other methods read from the same forward
+    pass (:mod:`kvembed.methods.sharing` decides which can be); ``forward`` then returns their
+    ``(embedding, pooled)`` pairs after the main one's, in ``also``'s order.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        method: ResolvedMethod,
+        placeholder_id: int | None = None,
+        also: Mapping[str, ResolvedMethod] | None = None,
+    ) -> None:
         super().__init__()
         self.decoder = base_model(model)
         self.architecture = architecture_of(self.decoder.config)
-        if method.num_layers != len(self.decoder.layers):
-            raise ValueError(
-                f"method was resolved for {method.num_layers} layers but the model has {len(self.decoder.layers)}"
-            )
+        self.also = dict(also or {})
+        for other in (method, *self.also.values()):
+            if other.num_layers != len(self.decoder.layers):
+                raise ValueError(
+                    f"method was resolved for {other.num_layers} layers but the model has {len(self.decoder.layers)}"
+                )
+        for label, other in self.also.items():
+            problem = sharing_problem(method, other)
+            if problem:
+                raise ValueError(f"extra output {label!r}: {problem}")
         if method.placeholder and placeholder_id is None:
             raise ValueError(f"method {method.name!r} needs the placeholder token id")
         self.method = method
         self.placeholder_id = placeholder_id
-        self._captures: list[torch.Tensor] = []
+        #: readout label (None for the main method) -> tensors its hooks captured in this forward
+        self._captures: dict[str | None, list[torch.Tensor]] = {}
         self._rewire: dict[str, torch.Tensor] = {}
         self._active = False
 
     # -- shape facts -------------------------------------------------------------------------
 
     @property
+    def readouts(self) -> list[tuple[str | None, ResolvedMethod]]:
+        """``(label, method)`` of every output pair, the main method first (label None)."""
+        return [(None, self.method), *self.also.items()]
+
+    @property
     def output_dim(self) -> int:
+        return self.readout_dim(self.method)
+
+    def readout_dim(self, method: ResolvedMethod) -> int:
         config = self.decoder.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        if self.method.readout == "values":
+        if method.readout == "values":
             return config.num_key_value_heads * head_dim
-        if self.method.readout == "attention-output" and self.method.options.get("wva"):
+        if method.readout == "attention-output" and method.options.get("wva"):
             return config.num_attention_heads * head_dim
         return config.hidden_size
 
     @property
+    def layers_needed(self) -> int:
+        return max(method.layers_needed for _, method in self.readouts)
+
+    @property
     def uses_pool_mask(self) -> bool:
-        return self.method.uses_pool_mask
+        return any(method.uses_pool_mask for _, method in self.readouts)
 
     # -- patching ----------------------------------------------------------------------------
 
@@ -91,13 +122,16 @@ class EmbeddingModel(nn.Module):
         rerouted: list[nn.Module] = []
         try:
             config._attn_implementation = attention.register()
-            kept = list(full_layers)[: method.layers_needed]
+            kept = list(full_layers)[: self.layers_needed]
             decoder.layers = nn.ModuleList(kept)
             if method.reroute:
                 for index in method.layers:
                     kept[index].self_attn.kvembed_reroute = True
                     rerouted.append(kept[index].self_attn)
-            handles.extend(self._install_readout_hooks(kept))
+            for label, readout in self.readouts:
+                handles.extend(self._install_readout_hooks(kept, readout, self._captures.setdefault(label, [])))
+            for sink in self._captures.values():
+                sink.clear()
             if method.placeholder:
                 window = range(int(method.options["tp_start"]), int(method.options["tp_stop"]))
                 handles.extend(kept[i].register_forward_pre_hook(self._rewire_hook, with_kwargs=True) for i in window)
@@ -112,14 +146,15 @@ class EmbeddingModel(nn.Module):
             decoder.layers = full_layers
             config._attn_implementation = saved_attn
 
-    def _install_readout_hooks(self, kept: list[nn.Module]) -> list[Any]:
-        method = self.method
+    @staticmethod
+    def _install_readout_hooks(kept: list[nn.Module], method: ResolvedMethod, sink: list[torch.Tensor]) -> list[Any]:
+        """Hooks appending what ``method`` reads to ``sink`` (emptied before every forward)."""
 
         def capture_output(module: nn.Module, args: Any, output: Any) -> None:
-            self._captures.append(output[0] if isinstance(output, tuple) else output)
+            sink.append(output[0] if isinstance(output, tuple) else output)
 
         def capture_input(module: nn.Module, args: Any) -> None:
-            self._captures.append(args[0])
+            sink.append(args[0])
 
         if method.readout == "values":
             return [kept[i].self_attn.v_proj.register_forward_hook(capture_output) for i in method.layers]
@@ -128,7 +163,7 @@ class EmbeddingModel(nn.Module):
                 return [kept[i].self_attn.o_proj.register_forward_pre_hook(capture_input) for i in method.layers]
             return [kept[i].self_attn.o_proj.register_forward_hook(capture_output) for i in method.layers]
         if method.readout == "residual":
-            return [kept[-1].register_forward_hook(capture_output)]
+            return [kept[int(method.options["exit_layer"]) - 1].register_forward_hook(capture_output)]
         return []
 
     def _rewire_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -147,8 +182,9 @@ class EmbeddingModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         pool_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``(embedding, pooled)``: the L2-normalised vector and the raw one it came from."""
+    ) -> tuple[torch.Tensor, ...]:
+        """Return ``(embedding, pooled)``: the L2-normalised vector and the raw one it came from,
+        followed by the same pair for every ``also`` method."""
         if not self._active:
             raise RuntimeError("call EmbeddingModel inside `with model.patched():`")
         method = self.method
@@ -169,7 +205,8 @@ class EmbeddingModel(nn.Module):
         extra: dict[str, Any] = {}
         if method.reroute:
             extra["kvembed_prefix"] = self._prefix_inputs(mask, last, position_ids, embeds)
-        self._captures = []
+        for sink in self._captures.values():
+            sink.clear()
         try:
             output = self.decoder(
                 inputs_embeds=embeds,
@@ -178,11 +215,15 @@ class EmbeddingModel(nn.Module):
                 use_cache=False,
                 **extra,
             )
-            pooled = self._readout(output.last_hidden_state, mask, last, pool_mask)
+            results: list[torch.Tensor] = []
+            for label, readout in self.readouts:
+                pooled = self._readout(readout, self._captures[label], output.last_hidden_state, mask, last, pool_mask)
+                results.extend((F.normalize(pooled, dim=-1), pooled))
         finally:
-            self._captures = []
+            for sink in self._captures.values():
+                sink.clear()
             self._rewire = {}
-        return F.normalize(pooled, dim=-1), pooled
+        return tuple(results)
 
     def _prefix_inputs(
         self, mask: torch.Tensor, last: torch.Tensor, position_ids: torch.Tensor, embeds: torch.Tensor
@@ -205,20 +246,21 @@ class EmbeddingModel(nn.Module):
             cos, sin = cos / scale, sin / scale
         return PrefixInputs(index=index, mask=prefix_mask, cos=cos, sin=sin)
 
+    @staticmethod
     def _readout(
-        self,
+        method: ResolvedMethod,
+        captures: list[torch.Tensor],
         hidden: torch.Tensor,
         mask: torch.Tensor,
         last: torch.Tensor,
         pool_mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        method = self.method
         if method.readout == "values":
-            return torch.stack([masked_mean(v, mask) for v in self._captures]).mean(dim=0)
+            return torch.stack([masked_mean(v, mask) for v in captures]).mean(dim=0)
         if method.readout == "attention-output":
-            return torch.stack([gather_rows(a, last) for a in self._captures]).mean(dim=0)
+            return torch.stack([gather_rows(a, last) for a in captures]).mean(dim=0)
         if method.readout == "residual":
-            return gather_rows(self._captures[-1], last)
+            return gather_rows(captures[-1], last)
         pooling = method.pooling
         if pooling == "last":
             return gather_rows(hidden, last)

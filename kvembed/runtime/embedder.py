@@ -10,13 +10,13 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..methods.sharing import output_names
 from ..methods.spec import ResolvedMethod
 from .artifact import MODEL, check_files, encoder_from_manifest, read_manifest
 from .batching import plan_batches
 from .encoding import TextEncoder, check_texts
 from .session import create_session, run_session
 
-OUTPUTS = ("embedding", "pooled")
 #: inputs with at least this many texts show a progress bar by default (when stderr is a terminal)
 PROGRESS_THRESHOLD = 1024
 
@@ -79,6 +79,25 @@ class Embedder:
         return self.encoder.method
 
     @property
+    def outputs(self) -> list[str]:
+        """The methods this artifact computes: the main one's name, then ``--also`` labels."""
+        return [self.method.name, *(self.manifest.get("also") or {})]
+
+    def dim_of(self, output: str | None = None) -> int:
+        """Width of ``output``'s embedding (the main method's when None)."""
+        names = output_names(self._label(output))
+        shape = next((o["shape"] for o in self.manifest.get("outputs", []) if o.get("name") == names[0]), None)
+        return self.dim if shape is None else int(shape[-1])
+
+    def _label(self, output: str | None) -> str | None:
+        also = self.manifest.get("also") or {}
+        if output is None or (output == self.method.name and output not in also):
+            return None
+        if output not in also:
+            raise ValueError(f"no output {output!r} in this artifact; it computes: {', '.join(self.outputs)}")
+        return output
+
+    @property
     def max_length(self) -> int:
         return self.encoder.max_length
 
@@ -88,10 +107,11 @@ class Embedder:
 
     # -- embedding -----------------------------------------------------------------------------
 
-    def run(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Run one padded batch (``TextEncoder.pad`` output); returns ``(embedding, pooled)``."""
+    def run(self, batch: Mapping[str, np.ndarray], output: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Run one padded batch (``TextEncoder.pad`` output); returns ``(embedding, pooled)`` of
+        the main method, or of the extra method ``output``."""
         feeds = {name: batch[name] for name in self._inputs}
-        embedding, pooled = run_session(self.session, feeds, OUTPUTS)
+        embedding, pooled = run_session(self.session, feeds, output_names(self._label(output)))
         return embedding, pooled
 
     def encode(
@@ -102,21 +122,24 @@ class Embedder:
         max_tokens: int | None = None,
         normalize: bool = True,
         show_progress_bar: bool | None = None,
+        output: str | None = None,
     ) -> np.ndarray:
         """Embed ``texts`` as ``kind`` (``"query"``/``"document"``): float32 ``(n, dim)`` in input order.
 
         Texts are sorted by length and batched by at most ``batch_size`` rows and ``max_tokens``
         padded tokens. A single str gives a 1-D vector. Over-long texts are cut (the prompt
-        template stays whole) and counted in a warning.
+        template stays whole) and counted in a warning. ``output`` picks an extra method of an
+        artifact exported with ``--also`` (see :attr:`outputs`).
         """
+        label = self._label(output)
         single = isinstance(texts, str)
         items = check_texts([texts] if single else texts)
         encoded = self.encoder.encode(items, kind)
-        out = np.zeros((len(items), self.dim), dtype=np.float32)
+        out = np.zeros((len(items), self.dim_of(label)), dtype=np.float32)
         plan = plan_batches([len(item.ids) for item in encoded], batch_size, max_tokens)
         with _progress(len(items), show_progress_bar) as advance:
             for chunk in plan:
-                embedding, pooled = self.run(self.encoder.pad([encoded[i] for i in chunk], self.padding_side))
+                embedding, pooled = self.run(self.encoder.pad([encoded[i] for i in chunk], self.padding_side), label)
                 out[chunk] = embedding if normalize else pooled
                 advance(len(chunk))
         return out[0] if single else out
