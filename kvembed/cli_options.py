@@ -17,6 +17,14 @@ TpStart = Annotated[Optional[int], typer.Option(help="token-prepending: first re
 TpStop = Annotated[Optional[int], typer.Option(help="token-prepending: last rewired layer + 1.")]
 ExitLayer = Annotated[Optional[int], typer.Option(help="token-prepending: early-exit layer.")]
 
+# ``kvembed verify`` / ``kvembed-export verify``: the backend comparison
+Backends = Annotated[str, typer.Option(
+    "--backends", help="Backends to compare the graph on, comma-separated: auto (every backend present; "
+    "onnx-reference only for models under 50 MB) or names from onnxruntime-cpu, onnxruntime-cuda, "
+    "onnxruntime-tensorrt, tensorrt, onnx-reference (e.g. 'auto,onnx-reference').",
+)]
+NoCompare = Annotated[bool, typer.Option("--no-compare", help="Skip the backend comparison (parity against PyTorch only).")]
+
 
 def method_options(**given: Any) -> dict[str, Any]:
     """Keep only the method options the user actually set."""

@@ -10,6 +10,7 @@ from typing import Any, Optional
 try:
     import typer
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-export needs typer and rich: pip install 'kvembed[export]' ({err})")
@@ -32,7 +33,7 @@ EXIT_USER, EXIT_FAILED = 2, 1
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -136,6 +137,10 @@ def export_command(
     tp_start: opt.TpStart = None,
     tp_stop: opt.TpStop = None,
     exit_layer: opt.ExitLayer = None,
+    also: Optional[list[str]] = typer.Option(
+        None, "--also", help="Add the outputs of another method read from the same forward pass: "
+        "METHOD[:option=value...] or LABEL=METHOD[:...], e.g. 'mean', 'va:layers=8-12'; repeatable.",
+    ),
     precision: str = typer.Option("fp32", "--precision", help="fp32, fp16 or int8."),
     max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (default: the model's limit)."),
     opset: int = typer.Option(18, help="ONNX opset (>= 18)."),
@@ -154,8 +159,11 @@ def export_command(
 
     def preflight() -> None:  # cheap checks before importing torch
         from ..methods import get_method
+        from ..methods.sharing import parse_also
 
         get_method(method)
+        for item in also or []:
+            get_method(parse_also(item).method)
         check_precision(precision)
         check_output(out, force)
         if opset < 18:
@@ -175,13 +183,17 @@ def export_command(
             warnings.simplefilter("ignore")
             return export_result(
                 model, method, out, precision, max_length=max_length, opset=opset, force=force,
-                padding_side=padding_side, optimize=not no_optimize, progress=display, **options,
+                padding_side=padding_side, optimize=not no_optimize, progress=display, also=list(also or []), **options,
             )
 
     start = time.monotonic()
     result = run_guarded(job)
     console.print(files_table(result.path, result.manifest))
     console.print(parity_table(result.parity, f"parity vs PyTorch ({result.manifest['precision']})"))
+    from .parity import ParityReport
+
+    for label, extra in result.manifest["parity"].get("also", {}).items():
+        console.print(parity_table(ParityReport(**extra), f"parity of extra output {label!r} vs its own PyTorch pass"))
     graph = result.manifest["graph"]
     console.print(
         f"dim {result.manifest['dim']}, {graph['decoder_layers']} of {result.manifest['method']['num_layers']} "
@@ -193,15 +205,93 @@ def export_command(
 
 def verify_command(
     directory: Path = typer.Argument(..., help="Artifact directory written by kvembed-export."),
+    backends: opt.Backends = "auto",
+    no_compare: opt.NoCompare = False,
 ) -> None:
-    """Re-run the parity check of an existing artifact against a freshly built PyTorch reference."""
-    report_result = run_verify(directory)
+    """Re-run the parity check of an existing artifact against a freshly built PyTorch reference,
+    then compare the graph across the backends present (polygraphy)."""
+    report_result = run_verify(directory, backends=backends, compare=not no_compare)
     if not report_result.passed:
         raise typer.Exit(EXIT_FAILED)
 
 
-def run_verify(directory: Path) -> Any:
-    """Shared by ``kvembed verify`` and ``kvembed-export verify``: prints tables, returns the result."""
+class VerifyOutcome:
+    """``run_verify``'s result: the parity :class:`~kvembed.export.core.VerifyResult` (its attributes
+    are readable here too) and the backend comparison (None when not run); passed only if both pass."""
+
+    def __init__(self, result: Any, comparison: Any = None) -> None:
+        self.result = result
+        self.comparison = comparison
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.result.passed) and (self.comparison is None or self.comparison.passed)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.result, name)
+
+
+def comparison_table(comparison: Any) -> Table:
+    tol = comparison.tolerance
+    table = Table(
+        title=f"backends vs {comparison.backends[0]} ({comparison.precision}, polygraphy: atol {tol['atol']:g}, "
+        f"rtol {tol['rtol']:g}; cosine >= {tol['min_cosine']})"
+    )
+    table.add_column("pair", no_wrap=True)
+    table.add_column("worst cosine", justify="right")
+    table.add_column("max abs diff", justify="right")
+    table.add_column("polygraphy")
+    table.add_column("verdict")
+    for pair in comparison.pairs:
+        table.add_row(
+            pair.name, f"{pair.worst_cosine:.7f}", f"{pair.max_abs_diff:.3g}",
+            "[green]passed[/]" if pair.polygraphy_passed else "[red]FAILED[/]",
+            "[green]passed[/]" if pair.passed else "[red]FAILED[/]",
+        )
+    return table
+
+
+def _selected_backends(directory: Path, backends: str) -> list[str]:
+    """Validate ``--backends`` before the slow parity run: unknown or absent backends exit 2."""
+    from .backends import resolve_backends
+
+    return run_guarded(lambda: resolve_backends(directory, backends))[0]
+
+
+def run_compare(directory: Path, backends: str = "auto") -> Any:
+    """The backend comparison of ``kvembed verify``: prints its table (or why nothing was compared)."""
+    from .backends import compare_backends
+
+    names = _selected_backends(directory, backends)
+    if len(names) < 2:
+        which = names[0] if names else "no backend"
+        where = "is present" if "auto" in [b.strip() for b in backends.lower().split(",")] else "was selected"
+        console.print(f"only {which} {where}: nothing to compare", highlight=False)
+        return None
+    with console.status(f"[bold]compare[/] running the graph on {', '.join(names)}", spinner="dots"):
+        comparison = run_guarded(lambda: compare_backends(directory, backends))
+    if comparison.pairs:
+        console.print(comparison_table(comparison))
+    for pair in comparison.pairs:
+        if not pair.passed and pair.worst_row:
+            row = pair.worst_row
+            errors.print(
+                f"[bold red]problem:[/] {escape(pair.name)}: worst row is {row['text']!r} ({row['kind']}, "
+                f"{row['padding_side']}-padded, batch of {row['batch_size']}) on output {row['output']!r}",
+                highlight=False,
+            )
+    for name, reason in comparison.skipped.items():
+        console.print(f"[dim]skipped {name}: {escape(reason)}[/]", highlight=False)
+    for problem in comparison.problems + [p for pair in comparison.pairs for p in pair.problems]:
+        errors.print(f"[bold red]problem:[/] {escape(problem)}", highlight=False)
+    return comparison
+
+
+def run_verify(directory: Path, backends: str = "auto", compare: bool = True) -> Any:
+    """Shared by ``kvembed verify`` and ``kvembed-export verify``: prints tables, returns a
+    :class:`VerifyOutcome` (``.passed``: parity and, with ``compare``, the backend comparison)."""
+    if compare:
+        _selected_backends(directory, backends)  # bad --backends: one line, exit 2, before the slow part
 
     def job() -> Any:
         import logging
@@ -234,9 +324,15 @@ def run_verify(directory: Path) -> Any:
             )
         for problem in result.report.problems:
             errors.print(f"[bold red]problem:[/] {problem}", highlight=False)
-    state = "[green]verified[/]" if result.passed else "[bold red]verification FAILED[/]"
+    for label, extra in result.also.items():
+        console.print(parity_table(extra, f"parity of extra output {label!r} vs its own PyTorch pass"))
+        for problem in extra.problems:
+            errors.print(f"[bold red]problem:[/] {label}: {problem}", highlight=False)
+    comparison = run_compare(directory, backends) if compare and result.report is not None else None
+    outcome = VerifyOutcome(result, comparison)
+    state = "[green]verified[/]" if outcome.passed else "[bold red]verification FAILED[/]"
     console.print(f"{state} {directory}", highlight=False)
-    return result
+    return outcome
 
 
 #: ``kvembed-export [OPTIONS]``: a single-command app (typer runs the command without a name)

@@ -1,0 +1,180 @@
+"""``kvembed verify``'s backend comparison: the same graph on every backend present (polygraphy)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kvembed.export import backends as bk
+from kvembed.export import export
+
+runner = CliRunner()
+HAS_TENSORRT = bk.tensorrt_problem() is None
+HAS_CUDA = "CUDAExecutionProvider" in bk.ort_providers()
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    """The demo model's kv-embedding artifact (fp32)."""
+    return export("stories260k", "kv-embedding", tmp_path_factory.mktemp("backends") / "a")
+
+
+def perturbed_copy(model: Path, out: Path, scale: float) -> Path:
+    """A different graph: ``model`` with one decoder weight matrix (of 35) scaled by ``scale``.
+
+    (Cheaper than exporting a second artifact, and a harder case than a different method: the
+    embeddings move by little.)"""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(model))
+    matmul_inputs = {name for node in graph.graph.node if node.op_type == "MatMul" for name in node.input}
+    weights = [init for init in graph.graph.initializer if init.name in matmul_inputs and len(init.dims) == 2]
+    target = weights[len(weights) // 2]
+    array = numpy_helper.to_array(target) * np.float32(scale)
+    target.CopyFrom(numpy_helper.from_array(array.astype(np.float32), target.name))
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(graph, str(out / "model.onnx"))
+    return out / "model.onnx"
+
+
+def test_module_imports_without_tensorrt_or_gpu():
+    code = (
+        "import sys; sys.modules['tensorrt'] = None\n"  # `import tensorrt` raises ImportError
+        "import kvembed.export.backends as b\n"
+        "assert b.tensorrt_problem().startswith('not installed'), b.tensorrt_problem()\n"
+        "print(sorted(b.BACKENDS))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "onnx-reference" in done.stdout
+
+
+def test_resolve_backends(artifact):
+    names, skipped = bk.resolve_backends(artifact)
+    assert names[0] == "onnxruntime-cpu" and "onnx-reference" in names  # 1 MB model: reference is on
+    if not HAS_TENSORRT:
+        assert "tensorrt" in skipped and "not installed" in skipped["tensorrt"]
+    if not HAS_CUDA:
+        assert "kvembed[gpu]" in skipped["onnxruntime-cuda"]
+    with pytest.raises(ValueError, match="valid: auto, onnxruntime-cpu"):
+        bk.resolve_backends(artifact, "onnxruntime-cpu,vulkan")
+
+
+def test_cpu_vs_onnx_reference_agree(artifact):
+    result = bk.compare_backends(artifact, "onnxruntime-cpu,onnx-reference")
+    assert result.backends == ["onnxruntime-cpu", "onnx-reference"]
+    assert result.passed and result.polygraphy_passed and not result.problems, result.summary()
+    (pair,) = result.pairs
+    assert pair.worst_cosine >= 0.99999 and pair.max_abs_diff <= 1e-4
+    assert set(pair.outputs) == {"embedding", "pooled"}
+    assert result.batches == 4 and result.rows == 14  # two kinds, both padding sides, real token ids
+    assert result.tolerance == {"atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.99999}
+
+
+def test_a_different_graph_fails(artifact, tmp_path):
+    """The artifact's graph against a copy with one weight matrix scaled by 1.01: polygraphy (atol
+    1e-4) and the cosine bar (0.99999) both fail; even 1.001 fails polygraphy's element check."""
+    feeds = bk.comparison_feeds(artifact)
+    other = perturbed_copy(artifact / "model.onnx", tmp_path / "one-percent", 1.01)
+    result = bk.compare_graphs(artifact / "model.onnx", other, feeds)
+    assert not result.passed and not result.polygraphy_passed, result.summary()
+    (pair,) = result.pairs
+    assert pair.worst_cosine < 0.99999 and pair.max_abs_diff > 1e-4
+    assert pair.name == "onnxruntime-cpu:a vs onnxruntime-cpu:one-percent"
+    subtle = bk.compare_graphs(artifact / "model.onnx", perturbed_copy(artifact / "model.onnx", tmp_path / "p", 1.001), feeds)
+    assert not subtle.passed and not subtle.polygraphy_passed, subtle.summary()
+    assert pair.worst_row["text"] in {"sentence", "long", "unicode", "empty", "question", "short", "code"}
+    # and ``kvembed verify`` fails (exit 1) on a failed comparison even when parity passed
+    from kvembed.export.cli import VerifyOutcome
+
+    class Parity:
+        passed = True
+
+    assert VerifyOutcome(Parity(), None).passed and not VerifyOutcome(Parity(), result).passed
+
+
+def test_a_backend_that_cannot_run_is_a_failure_not_a_crash(artifact, tmp_path):
+    broken = tmp_path / "model.onnx"
+    broken.write_bytes(b"not a model")
+    result = bk.compare_graphs(artifact / "model.onnx", broken, bk.comparison_feeds(artifact))
+    assert not result.passed and not result.pairs
+    assert any("INVALID_PROTOBUF" in problem or "Protobuf" in problem for problem in result.problems)
+
+
+def test_cli_verify_prints_the_comparison(artifact):
+    from kvembed.cli import app
+
+    result = runner.invoke(app, ["verify", str(artifact)])
+    assert result.exit_code == 0, result.output
+    for text in ("parity vs PyTorch", "backends vs onnxruntime-cpu", "onnxruntime-cpu vs onnx-reference",
+                 "polygraphy", "verified"):
+        assert text in result.output, result.output
+    if not HAS_TENSORRT:
+        assert "skipped tensorrt: not installed" in result.output
+
+
+def test_cli_verify_exits_1_when_the_comparison_fails(artifact, monkeypatch):
+    """Parity passes (stubbed here: the test above runs the real one), the comparison misses a
+    too-strict bar (exact equality of onnxruntime and numpy): exit 1, the worst row named."""
+    from kvembed.cli import app
+    from kvembed.export import core
+    from kvembed.export.parity import ParityReport
+    from kvembed.runtime.artifact import read_manifest
+
+    report = ParityReport("fp32", True, 1.0, 0.0, 0.99999, 1e-4, rows=1, batches=1, texts=1)
+    monkeypatch.setattr(core, "verify", lambda d, progress=None: core.VerifyResult(d, read_manifest(d), report, [], []))
+    monkeypatch.setitem(bk.BACKEND_TOLERANCES, "fp32", bk.BackendTolerance(atol=0.0, rtol=0.0, min_cosine=1.0))
+    monkeypatch.setattr(bk, "COMPARE_PLAN", (("document", ("sentence", "code")),))  # short batches: fast
+    result = runner.invoke(app, ["verify", str(artifact), "--backends", "onnxruntime-cpu,onnx-reference"])
+    assert result.exit_code == 1, result.output
+    assert "FAILED" in result.output and "worst row is" in result.output
+    assert "verification FAILED" in result.output
+
+
+def test_cli_one_backend_says_so(artifact, capsys, monkeypatch):
+    from kvembed.export import cli
+
+    assert cli.run_compare(artifact, "onnxruntime-cpu") is None
+    assert "only onnxruntime-cpu was selected: nothing to compare" in capsys.readouterr().out
+    monkeypatch.setattr(bk, "REFERENCE_AUTO_LIMIT", 0)  # as for a large model: auto leaves the reference out
+    if not (HAS_TENSORRT or HAS_CUDA):
+        assert cli.run_compare(artifact, "auto") is None
+        assert "only onnxruntime-cpu is present: nothing to compare" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("entry", ["kvembed", "kvembed-export"])
+def test_cli_unknown_backend_exits_2(artifact, entry):
+    from kvembed.cli import app
+    from kvembed.export.cli import verify_app
+
+    args = ["verify", str(artifact)] if entry == "kvembed" else [str(artifact)]
+    result = runner.invoke(app if entry == "kvembed" else verify_app, args + ["--backends", "cpu,vulkan"])
+    assert result.exit_code == 2, result.output
+    assert "unknown backends 'cpu', 'vulkan'" in result.output
+    assert "onnxruntime-cpu, onnxruntime-cuda, onnxruntime-tensorrt, tensorrt, onnx-reference" in result.output
+    assert "Traceback" not in result.output and "parity" not in result.output  # refused before the slow part
+
+
+@pytest.mark.skipif(HAS_TENSORRT, reason="TensorRT is installed here")
+def test_cli_absent_tensorrt_exits_2_with_install_hint(artifact):
+    from kvembed.cli import app
+
+    result = runner.invoke(app, ["verify", str(artifact), "--backends", "tensorrt"])
+    assert result.exit_code == 2, result.output
+    assert "backend tensorrt is not available here" in result.output
+    assert "install TensorRT from NVIDIA" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="onnxruntime has CUDA here")
+def test_cli_absent_cuda_exits_2_with_install_hint(artifact):
+    from kvembed.cli import app
+
+    result = runner.invoke(app, ["verify", str(artifact), "--backends", "auto,onnxruntime-cuda"])
+    assert result.exit_code == 2, result.output
+    assert "pip install 'kvembed[gpu]'" in result.output
