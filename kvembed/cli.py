@@ -147,12 +147,20 @@ def _chunked(items: Any, size: int) -> Any:
 @app.command()
 def verify(
     directory: Path = typer.Argument(..., help="Artifact directory written by kvembed-export."),
+    backends: opt.Backends = "auto",
+    no_compare: opt.NoCompare = False,
 ) -> None:
-    """Re-run the parity check of an exported artifact against a freshly built PyTorch reference."""
+    """Re-run the parity check of an exported artifact against a freshly built PyTorch reference,
+    then compare the graph across the backends present (polygraphy)."""
     from .export.cli import EXIT_FAILED, run_verify
 
-    if not run_verify(directory).passed:
+    if not run_verify(directory, backends=backends, compare=not no_compare).passed:
         raise typer.Exit(EXIT_FAILED)
+
+
+from .bench.cli import bench_command  # noqa: E402  (typer and rich only)
+
+app.command("bench", help=bench_command.__doc__)(bench_command)
 
 
 def main() -> None:

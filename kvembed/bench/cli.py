@@ -1,0 +1,198 @@
+"""``kvembed bench``: measure an artifact (onnxruntime) against the PyTorch reference.
+
+Importing this module loads only typer and rich (it is imported by every ``kvembed`` call).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import typer
+from rich.console import Console
+
+from .. import cli_options as opt
+from ..cli_options import method_options
+
+console = Console()
+errors = Console(stderr=True)
+
+EXIT_FAILED, EXIT_USER = 1, 2
+#: exceptions that carry a user-facing message: one line, no traceback, exit code 2
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, TypeError, FileNotFoundError, FileExistsError, NotImplementedError,
+)
+
+
+def parse_ints(option: str, text: str | None) -> tuple[int, ...] | None:
+    """``"1,8,32"`` -> ``(1, 8, 32)``; anything but positive integers is a ValueError naming it."""
+    if text is None:
+        return None
+    items = [item.strip() for item in text.split(",")]
+    if not any(items):
+        raise ValueError(f"{option}: give a comma-separated list of positive integers")
+    values = []
+    for item in items:
+        if not item.isdigit() or int(item) < 1:
+            raise ValueError(f"{option}: {item!r} is not a positive integer")
+        values.append(int(item))
+    return tuple(dict.fromkeys(values))
+
+
+def parse_names(option: str, text: str | None, choices: Sequence[str]) -> tuple[str, ...] | None:
+    """``"fp32,int8"`` -> ``("fp32", "int8")``, each checked against ``choices``."""
+    if text is None:
+        return None
+    items = [item.strip().lower() for item in text.split(",") if item.strip()]
+    if not items:
+        raise ValueError(f"{option}: give a comma-separated list of {', '.join(choices)}")
+    for item in items:
+        if item not in choices:
+            raise ValueError(f"{option}: unknown value {item!r}; choose from {', '.join(choices)}")
+    return tuple(dict.fromkeys(items))
+
+
+def guarded(job: Callable[[], Any]) -> Any:
+    """Run ``job()``: user errors exit 2 with one line; failed exports or benchmark processes exit 1."""
+    from ..export.graph import ExportError
+    from .worker import BenchError
+
+    def fail(message: str, code: int) -> typer.Exit:
+        errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True, markup=True)
+        return typer.Exit(code)
+
+    try:
+        return job()
+    except (ExportError, BenchError) as err:
+        raise fail(str(err), EXIT_FAILED) from None
+    except USER_ERRORS as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise fail(message, EXIT_USER) from None
+    except KeyboardInterrupt:
+        raise fail("interrupted", 130) from None
+
+
+def _progress_class() -> type:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from .runner import BenchProgress
+
+    class RichProgress(BenchProgress):
+        """Stage lines with elapsed time, and a progress bar over the measured cells."""
+
+        def __init__(self) -> None:
+            self.start = time.monotonic()
+            self.bar = Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), console=console, transient=False,
+            )
+            self.task: Any = None
+            self.bar.start()
+
+        def stage(self, message: str) -> None:
+            self.bar.console.print(f"[dim]{time.monotonic() - self.start:6.1f}s[/] {message}", highlight=False)
+
+        def start_cells(self, total: int) -> None:
+            self.task = self.bar.add_task("measuring", total=total)
+
+        def cell_done(self, label: str) -> None:
+            if self.task is not None:
+                self.bar.update(self.task, advance=1, description=label)
+
+        def finish(self) -> None:
+            if self.task is not None:
+                self.bar.update(self.task, description="measured")
+            self.bar.stop()
+
+    return RichProgress
+
+
+def bench_command(
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for results.json, results.md, plots and exported artifacts."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model folder, alias or hub id to export (default: stories260k)."),
+    method: Optional[str] = typer.Option(None, "--method", help="Embedding method to export (default: kv-embedding)."),
+    layers: opt.Layers = None,
+    bias: opt.Bias = None,
+    num_prefix: opt.NumPrefix = None,
+    prefix_rope: opt.PrefixRope = None,
+    pooling: opt.Pooling = None,
+    prompt: opt.Prompt = None,
+    wva: opt.Wva = None,
+    tp_start: opt.TpStart = None,
+    tp_stop: opt.TpStop = None,
+    exit_layer: opt.ExitLayer = None,
+    artifact: Optional[Path] = typer.Option(None, "--artifact", help="Benchmark this exported artifact (no export; its precision only)."),
+    precision: Optional[str] = typer.Option(None, "--precision", help="Comma list of fp32, fp16, int8 (default: fp32,int8)."),
+    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="Comma list (default: 1,8,32; --quick: 1,4)."),
+    seq_lens: Optional[str] = typer.Option(None, "--seq-lens", help="Tokens per text, prompt included (default: 32,128,512; --quick: 64,128)."),
+    backends: Optional[str] = typer.Option(None, "--backends", help="Comma list of runtime, torch (default: both)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads of both backends (default: all usable cores)."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed calls per cell (default: 1)."),
+    min_repeats: Optional[int] = typer.Option(None, "--min-repeats", help="Timed calls per cell, at least (default: 5)."),
+    min_seconds: Optional[float] = typer.Option(None, "--min-seconds", help="Timed seconds per cell, at least (default: 1.0; --quick: 0.1)."),
+    max_repeats: Optional[int] = typer.Option(None, "--max-repeats", help="Timed calls per cell, at most (default: 1000; --quick: 50)."),
+    kind: str = typer.Option("document", "--kind", help="query or document: which prompt the inputs use."),
+    quick: bool = typer.Option(False, "--quick", help="Small grid and few calls: a smoke run in seconds on the demo model."),
+    force: bool = typer.Option(False, "--force", help="Write into a non-empty --out (replacing earlier results)."),
+) -> None:
+    """Benchmark an artifact (onnxruntime) against the PyTorch reference on identical inputs.
+
+    Per backend, precision, batch size and length: p50/p95/p99 ms, texts/s, tokens/s, peak RSS.
+    Writes results.json, results.md and PNG plots into --out.
+
+    kvembed bench --quick --out bench/ | kvembed bench --model DIR --method va --out bench/
+    | kvembed bench --artifact ARTIFACT_DIR --backends runtime --out bench/
+    """
+    options = method_options(
+        layers=layers, bias=bias, num_prefix=num_prefix, prefix_rope=prefix_rope, pooling=pooling,
+        prompt=prompt, wva=wva, tp_start=tp_start, tp_stop=tp_stop, exit_layer=exit_layer,
+    )
+
+    def configure() -> Any:
+        from .runner import PRECISIONS, BenchConfig
+        from .measure import BACKENDS
+
+        config = BenchConfig.create(
+            out, quick=quick, model=model, method=method, options=options, artifact=artifact,
+            precisions=parse_names("--precision", precision, PRECISIONS),
+            batch_sizes=parse_ints("--batch-sizes", batch_sizes), seq_lens=parse_ints("--seq-lens", seq_lens),
+            backends=parse_names("--backends", backends, BACKENDS), threads=threads, warmup=warmup,
+            min_repeats=min_repeats, min_seconds=min_seconds, max_repeats=max_repeats, kind=kind, force=force,
+        )
+        config.check()
+        from ..export.core import check_output
+
+        check_output(config.out, config.force)
+        return config
+
+    config = guarded(configure)
+    started = time.monotonic()
+
+    def job() -> Any:
+        import logging
+        import warnings
+
+        from .runner import run_bench
+
+        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+        progress = _progress_class()()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return run_bench(config, progress)
+        finally:
+            progress.bar.stop()
+
+    results = guarded(job)
+    from .report import COST_PLOT, LATENCY_PLOT, RESULTS_JSON, RESULTS_MD, markdown_table
+
+    console.print(markdown_table(results["cells"]), markup=False, highlight=False, soft_wrap=True)
+    for note in results["notes"]:
+        console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    written = [RESULTS_JSON, RESULTS_MD] + ([LATENCY_PLOT, COST_PLOT] if results["plots"]["files"] else [])
+    base = Path(config.out)
+    console.print("wrote " + ", ".join(str(base / name) for name in written), markup=False, highlight=False, soft_wrap=True)
+    if results["setup"]["exported"]:
+        console.print(f"artifacts in {base / 'artifacts'}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"benchmark took {time.monotonic() - started:.1f}s", highlight=False)

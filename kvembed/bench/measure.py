@@ -1,0 +1,245 @@
+"""Timing loop, latency statistics, memory probes and the two backends being compared.
+
+Both backends take the same padded numpy batch (``TextEncoder.pad`` output) and return the
+embeddings, so what is timed is the model call alone, never tokenisation, and their outputs can be
+compared row by row. Torch is imported only inside :class:`TorchBackend`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+BACKENDS = ("runtime", "torch")
+
+
+# -- timing -------------------------------------------------------------------------------------
+
+
+def time_calls(
+    fn: Callable[[], Any],
+    *,
+    warmup: int = 1,
+    min_repeats: int = 5,
+    min_seconds: float = 1.0,
+    max_repeats: int = 1000,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
+    """Seconds per call of ``fn``: ``warmup`` untimed calls, then timed calls until both
+    ``min_repeats`` calls and ``min_seconds`` of timed calls are done (at most ``max_repeats``).
+
+    A floor on both count and time keeps fast cells statistically meaningful (many samples) and
+    slow cells affordable (few samples, but at least ``min_repeats``).
+    """
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if min_repeats < 1:
+        raise ValueError(f"min_repeats must be >= 1, got {min_repeats}")
+    if max_repeats < min_repeats:
+        raise ValueError(f"max_repeats ({max_repeats}) must be >= min_repeats ({min_repeats})")
+    if min_seconds < 0:
+        raise ValueError(f"min_seconds must be >= 0, got {min_seconds}")
+    for _ in range(warmup):
+        fn()
+    samples: list[float] = []
+    spent = 0.0
+    while len(samples) < max_repeats:
+        start = clock()
+        fn()
+        took = clock() - start
+        samples.append(took)
+        spent += took
+        if len(samples) >= min_repeats and spent >= min_seconds:
+            break
+    return samples
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Latency samples of one cell (one backend, precision, batch size and sequence length).
+
+    Throughput is total work over total time: ``texts_per_s = batch_size / mean``, and
+    ``tokens_per_s = real_tokens / mean`` counts only non-padding tokens, so
+    ``tokens_per_s == texts_per_s * real_tokens / batch_size`` exactly.
+    """
+
+    samples: tuple[float, ...]
+    """Seconds per call, in the order they were measured."""
+    batch_size: int
+    real_tokens: int
+    """Non-padding tokens per call (whole batch)."""
+    warmup: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.samples:
+            raise ValueError("a Timing needs at least one sample")
+
+    @property
+    def repeats(self) -> int:
+        return len(self.samples)
+
+    def percentile_ms(self, q: float) -> float:
+        return float(np.percentile(np.asarray(self.samples), q)) * 1e3
+
+    @property
+    def p50_ms(self) -> float:
+        return self.percentile_ms(50)
+
+    @property
+    def p95_ms(self) -> float:
+        return self.percentile_ms(95)
+
+    @property
+    def p99_ms(self) -> float:
+        return self.percentile_ms(99)
+
+    @property
+    def mean_ms(self) -> float:
+        return float(np.mean(self.samples)) * 1e3
+
+    @property
+    def min_ms(self) -> float:
+        return float(np.min(self.samples)) * 1e3
+
+    @property
+    def texts_per_s(self) -> float:
+        return self.batch_size / (self.mean_ms / 1e3)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.real_tokens / (self.mean_ms / 1e3)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "repeats": self.repeats,
+            "warmup": self.warmup,
+            "p50_ms": self.p50_ms,
+            "p95_ms": self.p95_ms,
+            "p99_ms": self.p99_ms,
+            "mean_ms": self.mean_ms,
+            "min_ms": self.min_ms,
+            "texts_per_s": self.texts_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "samples_s": list(self.samples),
+        }
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+
+def _proc_status_mb(field: str) -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, in MB.
+
+    Linux: ``VmHWM`` of ``/proc/self/status``, the high-water mark of this program's own memory.
+    Not ``ru_maxrss``: Linux carries the parent's peak over fork+exec into it, so every child of
+    a big orchestrator would report at least the orchestrator's size (observed: 788 MB for a
+    70 MB runtime process). Elsewhere ``ru_maxrss`` (KB on Linux, bytes on macOS).
+    """
+    hwm = _proc_status_mb("VmHWM")
+    if hwm is not None:
+        return hwm
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0.0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def current_rss_mb() -> float:
+    """This process's resident set size now, in MB (``VmRSS``; the peak where /proc is missing)."""
+    rss = _proc_status_mb("VmRSS")
+    return peak_rss_mb() if rss is None else rss
+
+
+# -- backends -----------------------------------------------------------------------------------
+
+
+class RuntimeBackend:
+    """The torch-free runtime: the artifact's onnxruntime CPU session, created exactly as
+    :meth:`kvembed.runtime.Embedder.load` creates it for users, with ``threads`` intra-op threads."""
+
+    name = "runtime"
+
+    @staticmethod
+    def prepare() -> None:
+        """Import what the backend needs (before the RSS baseline, so it measures only loading)."""
+        import onnxruntime  # noqa: F401
+
+        from ..runtime import Embedder  # noqa: F401
+
+    def __init__(self, artifact: str | os.PathLike[str], threads: int) -> None:
+        from ..runtime import Embedder
+
+        # hashes were checked by the orchestrator (or the exporter just wrote the files)
+        self.embedder = Embedder.load(artifact, provider="cpu", threads=threads, verify=False)
+        self.precision = str(self.embedder.manifest["precision"])
+
+    def run(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        return self.embedder.run(batch)[0]
+
+    def close(self) -> None:
+        self.embedder = None  # type: ignore[assignment]
+
+
+class TorchBackend:
+    """The PyTorch reference of the artifact (always fp32): its ``EmbeddingModel`` called directly
+    under ``torch.inference_mode`` with the method's patches applied once, on ``threads`` threads."""
+
+    name = "torch"
+    precision = "fp32"
+
+    @staticmethod
+    def prepare() -> None:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
+        from ..export.core import reference_for  # noqa: F401
+
+    def __init__(self, manifest: Mapping[str, Any], threads: int) -> None:
+        import torch
+
+        from ..export.core import reference_for
+
+        torch.set_num_threads(int(threads))
+        with contextlib.suppress(RuntimeError):  # only allowed before any parallel work
+            torch.set_num_interop_threads(1)
+        self._torch = torch
+        self.embedder = reference_for(manifest)
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(torch.inference_mode())
+        self._stack.enter_context(self.embedder.model.patched())
+
+    def run(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        feeds = {name: self._torch.from_numpy(array) for name, array in batch.items()}
+        return self.embedder.model(**feeds)[0].float().numpy()
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each row of ``a`` with the same row of ``b``."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"outputs differ in shape: {a.shape} vs {b.shape}")
+    norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+    return (a * b).sum(axis=-1) / np.maximum(norms, 1e-30)

@@ -1,0 +1,154 @@
+"""How close to the machine's limit a cell runs: this CPU's fp32 GEMM peak and the model's FLOPs.
+
+The peak is *measured*, not looked up: one large fp32 MatMul in onnxruntime with the same thread
+count the benchmark uses (the best of a few runs). Dividing a cell's achieved FLOP/s by it says
+how much of what onnxruntime's GEMM kernels can do on this machine the embedding graph gets;
+int8 cells may exceed 100% (their kernels are not fp32).
+
+FLOPs of one batch (multiply-add = 2 FLOPs), counting only real (non-padding) tokens:
+
+- linear layers: ``2 x P x tokens``, where ``P`` is the number of weights the graph multiplies
+  by (2-D initializers feeding MatMul / MatMulInteger / Gemm nodes: every projection of every
+  decoder layer the method runs, not the token embedding table, which is a lookup);
+- attention: per row of ``L`` tokens and per layer run, ``QK^T`` and ``AV`` are
+  ``2 x 2 x heads x head_dim x L^2``. The **full** square is counted, not the causal half: the
+  graph computes every score and masks it, it does not skip the upper triangle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+MATMUL_OPS = ("MatMul", "MatMulInteger", "Gemm")
+
+
+# -- the machine --------------------------------------------------------------------------------
+
+
+def gemm_peak(threads: int, size: int = 2048, repeats: int = 5, warmup: int = 2) -> dict[str, Any]:
+    """fp32 GFLOP/s of a ``size x size @ size x size`` onnxruntime MatMul (best of ``repeats``).
+
+    The right matrix is an initializer, like model weights (onnxruntime pre-packs both); the
+    session is built with the runtime's own options and ``threads`` intra-op threads.
+    """
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ..runtime.session import session_options
+
+    if size < 1 or repeats < 1:
+        raise ValueError(f"size and repeats must be >= 1, got {size}, {repeats}")
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((size, size), dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "w"], ["y"])],
+        "gemm_peak",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = min(model.ir_version, 9)  # readable by older onnxruntime builds too
+    session = ort.InferenceSession(
+        model.SerializeToString(), sess_options=session_options(threads), providers=["CPUExecutionProvider"]
+    )
+    a = rng.standard_normal((size, size), dtype=np.float32)
+    for _ in range(warmup):
+        session.run(["y"], {"a": a})
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.run(["y"], {"a": a})
+        times.append(time.perf_counter() - start)
+    best = min(times)
+    return {
+        "gflops": 2.0 * size**3 / best / 1e9,
+        "size": size,
+        "threads": int(threads),
+        "repeats": repeats,
+        "best_ms": best * 1e3,
+        "how": f"onnxruntime fp32 MatMul {size}x{size} @ {size}x{size}, best of {repeats}",
+    }
+
+
+# -- the model ----------------------------------------------------------------------------------
+
+
+def matmul_params(model_path: str | os.PathLike[str]) -> int:
+    """Weights the graph multiplies by: elements of 2-D initializers feeding a MatMul-like node
+    (once per use). Reads only the graph structure (external weight data is not loaded)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer if len(t.dims) == 2}
+    total = 0
+    for node in model.graph.node:
+        if node.op_type in MATMUL_OPS:
+            total += sum(sizes.get(name, 0) for name in list(node.input)[:2])
+    return total
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the FLOP count needs, and where each number came from."""
+
+    matmul_params: int
+    layers_run: int
+    attention_width: int
+    """``num_heads x head_dim``: the width of queries and keys per token."""
+    hidden_size: int
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def flops(self, lengths: Sequence[int]) -> float:
+        """FLOPs of one batch whose rows have ``lengths`` real tokens (see the module docstring)."""
+        tokens = int(sum(lengths))
+        linear = 2 * self.matmul_params * tokens
+        attention = sum(4 * self.attention_width * int(n) * int(n) for n in lengths) * self.layers_run
+        return float(linear + attention)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def model_shape(
+    manifest: Mapping[str, Any], artifact: str | os.PathLike[str], config: Mapping[str, Any] | None = None
+) -> ModelShape:
+    """The shape of the model an artifact runs.
+
+    Weights come from the artifact's graph (exactly what runs, e.g. with early exit or a readout
+    that drops the last layer's unused projections); layers from the manifest; heads and head_dim
+    from ``config`` (the torch model's, when the benchmark just exported it), else the source
+    model's ``config.json``, else estimated as ``hidden_size`` (said so in ``sources``).
+    """
+    source = manifest.get("source", {})
+    sources: dict[str, str] = {"matmul_params": "onnx initializers"}
+    params = matmul_params(Path(artifact) / "model.onnx")
+    layers = manifest.get("graph", {}).get("decoder_layers")
+    sources["layers_run"] = "manifest graph.decoder_layers"
+    if layers is None:
+        layers = manifest["method"]["layers_needed"]
+        sources["layers_run"] = "manifest method.layers_needed"
+    if config is None:
+        location = source.get("location")
+        path = Path(location) / "config.json" if location else None
+        if path is not None and path.is_file():
+            config = json.loads(path.read_text(encoding="utf-8"))
+            sources["attention_width"] = f"{path}"
+    elif config is not None:
+        sources["attention_width"] = "torch model config"
+    hidden = int(source.get("hidden_size") or (config or {}).get("hidden_size") or 0)
+    if config and config.get("num_attention_heads"):
+        heads = int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or int(config.get("hidden_size", hidden)) // heads)
+        width = heads * head_dim
+    else:
+        width = hidden
+        sources["attention_width"] = "estimated as hidden_size (no model config found)"
+    return ModelShape(params, int(layers), int(width), hidden, sources)

@@ -1,0 +1,238 @@
+"""Writing a benchmark's results: ``results.json``, ``results.md`` and two PNG plots.
+
+Everything here works from the plain result dict that :func:`kvembed.bench.runner.run_bench`
+builds, so reports can be regenerated from a saved ``results.json``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+RESULTS_JSON = "results.json"
+RESULTS_MD = "results.md"
+LATENCY_PLOT = "latency_vs_batch.png"
+COST_PLOT = "cost_vs_seqlen.png"
+SCHEMA = "kvembed-bench/1"
+
+
+# -- machine ------------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what platform reports)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (the affinity mask, which containers and taskset narrow)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    """Facts that make numbers comparable across runs; versions are read without importing."""
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "usable_cores": usable_cores(),
+        "threads": int(threads),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {name: _version(name) for name in ("kvembed", "onnxruntime", "torch", "transformers", "numpy")},
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# -- JSON ---------------------------------------------------------------------------------------
+
+
+def write_json(results: Mapping[str, Any], out: Path) -> Path:
+    path = Path(out) / RESULTS_JSON
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+# -- Markdown -----------------------------------------------------------------------------------
+
+COLUMNS = (
+    "backend", "precision", "batch", "seq", "tokens/row", "p50 ms", "p95 ms", "p99 ms", "texts/s",
+    "tokens/s", "peak RSS MB", "GFLOP/s", "% of peak", "cos vs torch", "speedup vs torch",
+)
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def table_rows(cells: Iterable[Mapping[str, Any]]) -> list[list[str]]:
+    rows = []
+    for cell in cells:
+        cosine = cell.get("cosine_vs_torch")
+        speedup = cell.get("speedup_vs_torch")
+        rows.append([
+            cell["backend"], cell["precision"], str(cell["batch_size"]), str(cell["seq_len"]),
+            _num(cell["tokens_per_row"], 1), _num(cell["p50_ms"], 3), _num(cell["p95_ms"], 3),
+            _num(cell["p99_ms"], 3), _num(cell["texts_per_s"], 1), _num(cell["tokens_per_s"], 0),
+            _num(cell["peak_rss_mb"], 0), _num(cell.get("gflops"), 2), _num(cell.get("pct_of_peak"), 1),
+            "-" if cosine is None else f"{cosine:.6f}", "-" if speedup is None else f"{speedup:.2f}x",
+        ])
+    return rows
+
+
+def markdown_table(cells: Sequence[Mapping[str, Any]]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    lines.extend("| " + " | ".join(row) + " |" for row in table_rows(cells))
+    return "\n".join(lines)
+
+
+def markdown(results: Mapping[str, Any]) -> str:
+    """The human-readable report: what ran where, the table, and how to read it."""
+    machine, setup, model = results["machine"], results["setup"], results["model"]
+    peak = results.get("peak") or {}
+    lines = [
+        f"# kvembed bench: {setup['method']} on {setup['model']}",
+        "",
+        f"- machine: {machine['cpu']}, {machine['usable_cores']} usable cores, {machine['threads']} threads, "
+        f"onnxruntime {machine['versions'].get('onnxruntime')}, torch {machine['versions'].get('torch')}, "
+        f"{machine['date_utc']}",
+        f"- model: {model['matmul_params']:,} matmul weights, {model['layers_run']} decoder layers run, "
+        f"attention width {model['attention_width']}",
+        "- fp32 GEMM peak: " + (f"{peak['gflops']:.1f} GFLOP/s ({peak['how']})" if peak.get("gflops") else "not measured"),
+        f"- timing per cell: one untimed check call (its output is compared across backends), "
+        f"{setup['warmup']} warm-up call(s), then at least {setup['min_repeats']} timed calls and "
+        f"{setup['min_seconds']} s of them (at most {setup['max_repeats']} calls)",
+        "- artifacts: " + ", ".join(f"{p} `{path}`" for p, path in results["artifacts"].items()),
+        "",
+        markdown_table(results["cells"]),
+        "",
+        "Notes:",
+        "",
+        "- The torch backend is the PyTorch reference in fp32 (it has no int8/fp16 variant); every "
+        "runtime row's cosine and speedup compare with the torch row of the same batch and length.",
+        "- Latency is one graph (or module) call on a pre-padded batch; tokenisation is not timed. "
+        "texts/s = batch / mean latency, tokens/s = real tokens / mean latency; speedup = torch p50 / runtime p50.",
+        "- seq is the requested tokens per row, prompt and special tokens included; tokens/row is what "
+        "was achieved (shorter when the prompt alone is longer, or the tokenizer skips that count).",
+        "- GFLOP/s counts useful work (real tokens; attention as the full L x L square); % of peak is "
+        "relative to the fp32 GEMM peak above, so int8 rows can pass 100%.",
+        "- Peak RSS is that backend's own process (each backend/precision runs in a fresh process).",
+    ]
+    for note in results.get("notes", []):
+        lines.append(f"- {note}")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(results: Mapping[str, Any], out: Path) -> Path:
+    path = Path(out) / RESULTS_MD
+    path.write_text(markdown(results), encoding="utf-8")
+    return path
+
+
+# -- plots --------------------------------------------------------------------------------------
+
+
+def _series(cells: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    lines: dict[str, list[Mapping[str, Any]]] = {}
+    for cell in cells:
+        lines.setdefault(f"{cell['backend']} {cell['precision']}", []).append(cell)
+    return lines
+
+
+def _integer_ticks(axes: Any, values: Sequence[int]) -> None:
+    """Log-log axes with the measured x values as plain tick labels."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    axes.set_xticks(list(values))
+    axes.xaxis.set_major_formatter(ScalarFormatter())
+    axes.xaxis.set_minor_formatter(NullFormatter())
+
+
+def plot_latency_vs_batch(cells: Sequence[Mapping[str, Any]], seq_len: int, path: Path) -> Path:
+    """p50 latency against batch size at one sequence length, a line per backend/precision."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 4.5), dpi=110)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for label, series in _series(c for c in cells if c["seq_len"] == seq_len).items():
+        series = sorted(series, key=lambda c: c["batch_size"])
+        axes.plot([c["batch_size"] for c in series], [c["p50_ms"] for c in series], marker="o", label=label)
+    _integer_ticks(axes, sorted({c["batch_size"] for c in cells}))
+    axes.set_xlabel("batch size (texts)")
+    axes.set_ylabel("p50 latency per batch (ms)")
+    axes.set_title(f"latency vs batch size at {seq_len} tokens per text")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+    return path
+
+
+def plot_cost_vs_seqlen(cells: Sequence[Mapping[str, Any]], batch_size: int, path: Path) -> Path:
+    """Milliseconds per text against achieved tokens per text at one batch size (log-log)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 4.5), dpi=110)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for label, series in _series(c for c in cells if c["batch_size"] == batch_size).items():
+        series = sorted(series, key=lambda c: c["tokens_per_row"])
+        axes.plot(
+            [c["tokens_per_row"] for c in series], [c["p50_ms"] / c["batch_size"] for c in series],
+            marker="o", label=label,
+        )
+    _integer_ticks(axes, sorted({round(c["tokens_per_row"]) for c in cells if c["batch_size"] == batch_size}))
+    axes.set_xlabel("tokens per text (prompt included)")
+    axes.set_ylabel("p50 ms per text")
+    axes.set_title(f"cost vs sequence length at batch size {batch_size}")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+    return path
+
+
+def write_plots(results: Mapping[str, Any], out: Path) -> dict[str, str]:
+    """Both plots; ``{}`` with a note in ``results`` if matplotlib is not installed."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return {}
+    cells = results["cells"]
+    plots = results["plots"]
+    return {
+        "latency_vs_batch": str(plot_latency_vs_batch(cells, plots["seq_len"], Path(out) / LATENCY_PLOT)),
+        "cost_vs_seqlen": str(plot_cost_vs_seqlen(cells, plots["batch_size"], Path(out) / COST_PLOT)),
+    }

@@ -1,0 +1,401 @@
+"""``run_bench``: export (or take) artifacts, build the inputs, measure every cell, write reports.
+
+A *cell* is one backend x precision x batch size x sequence length. Each backend/precision runs
+in a fresh spawned process (:mod:`kvembed.bench.worker`) on the very same padded batches, built
+here once from the artifact's own tokenizer, so the runtime and PyTorch rows compare like for
+like and their outputs can be checked against each other.
+
+The orchestrator imports torch only to export; with ``artifact=`` and ``backends=("runtime",)``
+the whole benchmark is torch-free.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..runtime.artifact import MODEL, check_files, encoder_from_manifest, read_manifest
+from .measure import BACKENDS, Timing, cosine_rows
+from .peak import gemm_peak, model_shape
+from .report import SCHEMA, machine_info, usable_cores, write_json, write_markdown, write_plots
+from .worker import CellInput, WorkerSpec, run_isolated
+from .workload import Batch, exact_rows, make_batch
+
+DEFAULT_MODEL = "stories260k"
+DEFAULT_METHOD = "kv-embedding"
+PRECISIONS = ("fp32", "fp16", "int8")
+DEFAULT_PRECISIONS = ("fp32", "int8")
+
+#: ``--quick``: the demo model's grid, a few calls per cell; seconds on two cores. The lengths
+#: clear every method's prompt (kv-embedding's is 46 tokens on the byte-level demo tokenizer).
+QUICK: dict[str, Any] = {
+    "precisions": ("fp32", "int8"),
+    "batch_sizes": (1, 4),
+    "seq_lens": (64, 128),
+    "warmup": 1,
+    "min_repeats": 5,
+    "min_seconds": 0.1,
+    "max_repeats": 50,
+    "gemm_size": 1024,
+}
+
+
+@dataclass
+class BenchConfig:
+    """What to measure. ``None`` for model/method/precisions means the default (or, with
+    ``artifact``, whatever the artifact fixes)."""
+
+    out: Path
+    model: str | None = None
+    method: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    """Method options (``layers``, ``bias``, ...) for the export."""
+    artifact: Path | None = None
+    precisions: tuple[str, ...] | None = None
+    batch_sizes: tuple[int, ...] = (1, 8, 32)
+    seq_lens: tuple[int, ...] = (32, 128, 512)
+    backends: tuple[str, ...] = BACKENDS
+    threads: int | None = None
+    """Intra-op threads for both backends (default: every usable core)."""
+    warmup: int = 1
+    min_repeats: int = 5
+    min_seconds: float = 1.0
+    max_repeats: int = 1000
+    kind: str = "document"
+    force: bool = False
+    quick: bool = False
+    gemm_size: int = 2048
+    """Side of the square MatMul that measures the fp32 peak."""
+    seed: int = 0
+
+    @classmethod
+    def create(cls, out: Path | str, quick: bool = False, **given: Any) -> "BenchConfig":
+        """A config from user input: ``quick`` defaults first, then every value not None."""
+        values = dict(QUICK) if quick else {}
+        if given.get("artifact") is not None:
+            values.pop("precisions", None)  # an artifact has its own
+        values.update({name: value for name, value in given.items() if value is not None})
+        return cls(out=Path(out), quick=quick, **values)
+
+    def check(self) -> None:
+        """Cheap validation (no model loading): ValueError naming the bad option."""
+        from ..methods import get_method
+
+        for name, values in (("--batch-sizes", self.batch_sizes), ("--seq-lens", self.seq_lens)):
+            if not values:
+                raise ValueError(f"{name}: give at least one value")
+            for value in values:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ValueError(f"{name}: {value!r} is not a positive integer")
+        if not self.backends:
+            raise ValueError("--backends: give at least one of runtime, torch")
+        for backend in self.backends:
+            if backend not in BACKENDS:
+                raise ValueError(f"--backends: unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+        for precision in self.precisions or ():
+            if precision not in PRECISIONS:
+                raise ValueError(f"--precision: unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
+        if self.precisions is not None and not self.precisions:
+            raise ValueError("--precision: give at least one precision")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {self.threads}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.min_repeats < 1:
+            raise ValueError(f"--min-repeats must be >= 1, got {self.min_repeats}")
+        if self.max_repeats < self.min_repeats:
+            raise ValueError(f"max_repeats ({self.max_repeats}) must be >= --min-repeats ({self.min_repeats})")
+        if self.min_seconds < 0:
+            raise ValueError(f"--min-seconds must be >= 0, got {self.min_seconds}")
+        if self.kind not in ("query", "document"):
+            raise ValueError(f"--kind must be query or document, got {self.kind!r}")
+        if self.artifact is not None:
+            if self.model is not None or self.method is not None or self.options:
+                raise ValueError("an artifact fixes its model, method and options; drop --model/--method/method options")
+            if Path(self.out).expanduser().resolve() == Path(self.artifact).expanduser().resolve():
+                raise ValueError("--out must not be the --artifact directory")
+        else:
+            get_method(self.method or DEFAULT_METHOD)
+
+
+class BenchProgress:
+    """Progress sink of :func:`run_bench` (silent); the CLI's subclass draws a rich bar."""
+
+    def stage(self, message: str) -> None:
+        """A step before or between measurements (loading, exporting, ...)."""
+
+    def start_cells(self, total: int) -> None:
+        """Measurements start: ``total`` cells over all backends."""
+
+    def cell_done(self, label: str) -> None:
+        """One cell was measured."""
+
+    def finish(self) -> None:
+        """All measurements are done."""
+
+
+# -- steps --------------------------------------------------------------------------------------
+
+
+def check_lengths(seq_lens: Sequence[int], max_length: int, what: str) -> None:
+    too_long = [n for n in seq_lens if n > max_length]
+    if too_long:
+        raise ValueError(f"--seq-lens: {too_long[0]} is longer than {what}'s max_length ({max_length})")
+
+
+def export_artifacts(
+    config: BenchConfig, directory: Path, precisions: Sequence[str], progress: BenchProgress
+) -> tuple[dict[str, Path], dict[str, Any]]:
+    """Export every precision from one trace; returns the artifact dirs and the model's config
+    facts (heads, head_dim) for the FLOP count. Imports torch."""
+    from ..export.core import Exporter, load_embedder
+
+    model, method = config.model or DEFAULT_MODEL, config.method or DEFAULT_METHOD
+    progress.stage(f"loading {model} ({method})")
+    embedder = load_embedder(model, method, **config.options)
+    check_lengths(config.seq_lens, int(embedder.max_length), "the model")
+    hf_config = embedder.model.decoder.config
+    facts = {
+        "hidden_size": int(hf_config.hidden_size),
+        "num_attention_heads": int(hf_config.num_attention_heads),
+        "head_dim": int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads),
+    }
+    current = {"precision": precisions[0]}
+
+    def relay(stage: str, detail: str) -> None:
+        progress.stage(f"export {current['precision']}: {stage}: {detail}")
+
+    artifacts: dict[str, Path] = {}
+    with Exporter(embedder, progress=relay) as exporter:
+        for index, precision in enumerate(precisions):
+            current["precision"] = precision
+            last = index == len(precisions) - 1
+            artifacts[precision] = exporter.write(directory / precision, precision, force=True, keep_trace=not last).path
+    del embedder, exporter
+    gc.collect()
+    return artifacts, facts
+
+
+def build_batches(
+    encoder: Any, config: BenchConfig, padding_side: str
+) -> tuple[dict[tuple[int, int], Batch], dict[int, Any]]:
+    """(seq_len, batch_size) -> padded batch; all batch sizes of one length share their rows."""
+    batches: dict[tuple[int, int], Batch] = {}
+    rows_by_len = {}
+    for seq_len in config.seq_lens:
+        rows = exact_rows(encoder, seq_len, max(config.batch_sizes), config.kind, config.seed)
+        rows_by_len[seq_len] = rows
+        for batch_size in config.batch_sizes:
+            batches[(seq_len, batch_size)] = make_batch(encoder, rows, batch_size, padding_side)
+    return batches, rows_by_len
+
+
+def cell_key(seq_len: int, batch_size: int) -> str:
+    return f"b{batch_size}-s{seq_len}"
+
+
+def _smallest(artifacts: Mapping[str, Path]) -> Path:
+    return min(artifacts.values(), key=lambda path: (Path(path) / MODEL).stat().st_size)
+
+
+# -- the benchmark ------------------------------------------------------------------------------
+
+
+def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dict[str, Any]:
+    """Run the benchmark ``config`` describes, write its reports into ``config.out``, return the
+    results (the content of ``results.json``)."""
+    from ..export.core import check_output  # torch-free
+
+    progress = progress or BenchProgress()
+    started = time.perf_counter()
+    config.check()
+    out = check_output(config.out, config.force)
+    threads = int(config.threads or usable_cores())
+    notes: list[str] = []
+
+    # 1. the artifacts
+    torch_facts: dict[str, Any] | None = None
+    if config.artifact is not None:
+        artifact = Path(config.artifact).expanduser()
+        manifest = read_manifest(artifact)
+        given = str(manifest["precision"])
+        if config.precisions is not None and tuple(config.precisions) != (given,):
+            raise ValueError(f"the artifact is {given}; drop --precision (an artifact has one precision)")
+        check_lengths(config.seq_lens, int(manifest["max_length"]), "the artifact")
+        progress.stage(f"checking {artifact}")
+        problems = check_files(artifact, manifest)
+        if problems:
+            raise ValueError(f"artifact {str(artifact)!r} is damaged: {'; '.join(problems)}")
+        out.mkdir(parents=True, exist_ok=True)
+        artifacts = {given: artifact}
+    else:
+        precisions = tuple(dict.fromkeys(config.precisions or DEFAULT_PRECISIONS))
+        # no mkdir first: a bad model or option leaves no empty --out behind
+        artifacts, torch_facts = export_artifacts(config, out / "artifacts", precisions, progress)
+    manifests = {precision: read_manifest(path) for precision, path in artifacts.items()}
+    main_precision = next(iter(artifacts))
+    manifest = manifests[main_precision]
+
+    # 2. the inputs, from the artifact's own tokenizer (torch-free)
+    progress.stage("building inputs of exact token lengths")
+    encoder = encoder_from_manifest(artifacts[main_precision], manifest)
+    padding_side = str(manifest.get("padding_side", "right"))
+    batches, rows_by_len = build_batches(encoder, config, padding_side)
+    for seq_len, rows in rows_by_len.items():
+        if not rows.exact:
+            got = sorted(set(rows.lengths))
+            notes.append(
+                f"seq {seq_len}: rows have {', '.join(map(str, got))} tokens (the prompt alone is "
+                f"{len(encoder.encode_one('', config.kind).ids)} tokens; some counts cannot be hit)"
+            )
+
+    # 3. the machine's peak and the model's FLOPs
+    progress.stage(f"measuring the fp32 GEMM peak ({config.gemm_size}x{config.gemm_size}, {threads} threads)")
+    try:
+        peak: dict[str, Any] | None = gemm_peak(threads, size=config.gemm_size)
+    except ImportError as err:  # onnx is an export-extra dependency
+        peak = None
+        notes.append(f"fp32 GEMM peak not measured ({err})")
+    shape = model_shape(manifest, _smallest(artifacts), torch_facts)
+
+    # 4. the measurements, one process per backend/precision
+    cells_in = [CellInput(cell_key(s, b), batch.inputs) for (s, b), batch in batches.items()]
+    timing = dict(warmup=config.warmup, min_repeats=config.min_repeats, min_seconds=config.min_seconds,
+                  max_repeats=config.max_repeats)
+    specs = []
+    if "runtime" in config.backends:
+        for precision, path in artifacts.items():
+            specs.append(WorkerSpec("runtime", str(path), manifests[precision], threads, cells_in,
+                                    label=f"runtime {precision}", **timing))
+    if "torch" in config.backends:
+        specs.append(WorkerSpec("torch", str(artifacts[main_precision]), manifest, threads, cells_in,
+                                label="torch fp32", **timing))
+    progress.start_cells(len(specs) * len(cells_in))
+    processes = []
+    for spec in specs:
+        progress.stage(f"{spec.label}: loading")
+
+        def on_event(kind: str, payload: Any, label: str = spec.label) -> None:
+            if kind == "cell":
+                progress.cell_done(f"{label} {payload}")
+            elif kind == "loaded":
+                progress.stage(f"{label}: loaded in {payload['load_seconds']:.1f}s, measuring")
+
+        processes.append(run_isolated(spec, on_event))
+    progress.finish()
+
+    # 5. cells, comparisons, reports
+    cells = assemble_cells(processes, batches, shape, peak, config.warmup)
+    plot_seq = sorted(config.seq_lens)[len(config.seq_lens) // 2]
+    plot_batch = max(config.batch_sizes)
+    results: dict[str, Any] = {
+        "schema": SCHEMA,
+        "machine": machine_info(threads),
+        "setup": {
+            "model": config.model or manifest["source"].get("model") or DEFAULT_MODEL,
+            "method": manifest["method"]["name"],
+            "method_options": manifest["method"]["options"],
+            "kind": config.kind,
+            "precisions": list(artifacts),
+            "batch_sizes": list(config.batch_sizes),
+            "seq_lens": list(config.seq_lens),
+            "backends": list(config.backends),
+            "threads": threads,
+            "warmup": config.warmup,
+            "min_repeats": config.min_repeats,
+            "min_seconds": config.min_seconds,
+            "max_repeats": config.max_repeats,
+            "quick": config.quick,
+            "exported": config.artifact is None,
+            "torch_precision": "fp32",
+        },
+        "artifacts": {precision: str(path) for precision, path in artifacts.items()},
+        "model": {
+            **shape.to_dict(),
+            "dim": int(manifest["dim"]),
+            "max_length": int(manifest["max_length"]),
+            "source": manifest["source"],
+        },
+        "peak": peak,
+        "processes": [{k: v for k, v in p.items() if k != "cells"} for p in processes],
+        "workload": {
+            str(seq_len): {"lengths": list(rows.lengths), "exact": rows.exact}
+            for seq_len, rows in rows_by_len.items()
+        },
+        "plots": {"seq_len": plot_seq, "batch_size": plot_batch, "files": {}},
+        "notes": notes,
+        "cells": cells,
+    }
+    progress.stage("writing reports")
+    results["plots"]["files"] = write_plots(results, out)
+    if not results["plots"]["files"]:
+        notes.append("plots skipped: matplotlib is not installed")
+    results["seconds"] = time.perf_counter() - started
+    write_json(results, out)
+    write_markdown(results, out)
+    return results
+
+
+def assemble_cells(
+    processes: Sequence[Mapping[str, Any]],
+    batches: Mapping[tuple[int, int], Batch],
+    shape: Any,
+    peak: Mapping[str, Any] | None,
+    warmup: int,
+) -> list[dict[str, Any]]:
+    """One JSON-ready dict per cell, with throughput, FLOP efficiency and, for runtime cells,
+    cosine and speedup against the torch cell of the same batch."""
+    cells: list[dict[str, Any]] = []
+    labels: list[str] = []  # the process each cell came from, parallel to cells
+    outputs: dict[tuple[str, str], Any] = {}
+    for process in processes:
+        for (seq_len, batch_size), batch in batches.items():
+            key = cell_key(seq_len, batch_size)
+            measured = process["cells"][key]
+            timing = Timing(tuple(measured["samples"]), batch_size, batch.real_tokens, warmup)
+            flops = shape.flops(batch.lengths)
+            gflops = flops / (timing.mean_ms / 1e3) / 1e9
+            summary = timing.to_dict()
+            samples = summary.pop("samples_s")
+            cells.append({
+                "backend": process["backend"],
+                "precision": process["precision"],
+                "batch_size": batch_size,
+                "seq_len": seq_len,
+                "tokens_per_row": batch.real_tokens / batch_size,
+                "min_tokens_per_row": min(batch.lengths),
+                "max_tokens_per_row": max(batch.lengths),
+                "exact_length": all(n == seq_len for n in batch.lengths),
+                "padded_width": batch.width,
+                "real_tokens": batch.real_tokens,
+                **summary,
+                "peak_rss_mb": process["peak_rss_mb"],
+                "load_rss_mb": process["load_rss_mb"],
+                "flops_per_batch": flops,
+                "gflops": gflops,
+                "pct_of_peak": None if not peak else 100.0 * gflops / peak["gflops"],
+                "cosine_vs_torch": None,
+                "speedup_vs_torch": None,
+                "samples_s": samples,
+            })
+            labels.append(process["label"])
+            outputs[(process["label"], key)] = measured["output"]
+    torch_label = next((p["label"] for p in processes if p["backend"] == "torch"), None)
+    if torch_label is None:
+        return cells
+    torch_p50 = {
+        cell_key(c["seq_len"], c["batch_size"]): c["p50_ms"] for c, label in zip(cells, labels) if label == torch_label
+    }
+    for cell, label in zip(cells, labels):
+        if cell["backend"] != "runtime":
+            continue
+        key = cell_key(cell["seq_len"], cell["batch_size"])
+        cell["cosine_vs_torch"] = float(cosine_rows(outputs[(label, key)], outputs[(torch_label, key)]).min())
+        cell["speedup_vs_torch"] = torch_p50[key] / cell["p50_ms"]
+    return cells
+
+
+__all__ = ["QUICK", "BenchConfig", "BenchProgress", "assemble_cells", "run_bench"]

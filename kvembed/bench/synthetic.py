@@ -1,0 +1,99 @@
+"""Random-weight models of a real model's *shape*, for benchmarks without downloading weights.
+
+Latency and memory depend on the shape (layers, widths, heads), not on the weight values, so a
+randomly initialised Qwen3 with Qwen3-0.6B's widths measures what Qwen3-0.6B would cost. The
+tokenizer is the demo model's byte-level one (259 tokens), so the embedding table is small;
+the FLOP count (:mod:`kvembed.bench.peak`) excludes the embedding lookup anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+#: Qwen3-0.6B's decoder widths (its config.json); ``layers`` is chosen per benchmark (28 in the real model)
+QWEN3_06B = {"hidden": 1024, "heads": 16, "kv_heads": 8, "head_dim": 128, "ffn": 3072}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def build_random_model(
+    out_dir: str | os.PathLike[str],
+    *,
+    layers: int = 8,
+    hidden: int = 1024,
+    heads: int = 16,
+    kv_heads: int = 8,
+    head_dim: int = 128,
+    ffn: int = 3072,
+    vocab_size: int | None = None,
+    max_positions: int = 4096,
+    seed: int = 0,
+) -> Path:
+    """Save a randomly initialised Qwen3 (safetensors) with the demo tokenizer into ``out_dir``.
+
+    Weights use transformers' own initialisation (normal, std ``initializer_range=0.02``; norms at
+    one), which keeps activations finite through many layers. ``vocab_size`` defaults to the
+    tokenizer's size; positions and the tokenizer's ``model_max_length`` are ``max_positions``
+    (>= 2048), so long sequences can be benchmarked.
+    """
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from ..methods import demo_model_path
+
+    for name, value in (("layers", layers), ("hidden", hidden), ("heads", heads), ("kv_heads", kv_heads),
+                        ("head_dim", head_dim), ("ffn", ffn)):
+        if int(value) < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if heads % kv_heads:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    if max_positions < 2048:
+        raise ValueError(f"max_positions must be >= 2048, got {max_positions}")
+    demo = demo_model_path()
+    tokenizer_size = Tokenizer.from_file(str(demo / "tokenizer.json")).get_vocab_size()
+    vocab = int(vocab_size or tokenizer_size)
+    if vocab < tokenizer_size:
+        raise ValueError(f"vocab_size {vocab} is smaller than the tokenizer's {tokenizer_size} tokens")
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_positions,
+        initializer_range=0.02,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Writing model shards" bars
+    try:
+        model.save_pretrained(out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    for name in TOKENIZER_FILES:
+        shutil.copy(demo / name, out / name)
+    settings_path = out / "tokenizer_config.json"
+    settings = json.loads(settings_path.read_text(encoding="utf-8"))
+    settings["model_max_length"] = max_positions  # the demo's says 512
+    settings_path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    (out / "README.md").write_text(
+        f"Random-weight Qwen3 ({layers} layers, hidden {hidden}, {heads}/{kv_heads} heads x {head_dim}, "
+        f"ffn {ffn}, vocab {vocab}), built by kvembed.bench.synthetic.build_random_model(seed={seed}) "
+        "for benchmarks. Its embeddings mean nothing; its cost is that of the shape.\n",
+        encoding="utf-8",
+    )
+    return out

@@ -1,0 +1,261 @@
+"""``kvembed bench``: real exports, real onnxruntime and torch processes; timings are never asserted.
+
+What is checked is that the numbers are *consistent* (percentiles ordered, throughput derived
+from the samples, FLOPs from the model's shape), that both backends ran on identical inputs
+(runtime fp32 matches torch), that the inputs have the token lengths asked for, and that the
+reports exist and are valid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kvembed.bench.measure import Timing, cosine_rows, time_calls
+from kvembed.bench.peak import ModelShape, gemm_peak
+from kvembed.bench.workload import exact_rows, make_batch, mixed_corpus
+from kvembed.cli import app
+
+runner = CliRunner()
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+QUICK_CELLS = {("runtime", "fp32"), ("runtime", "int8"), ("torch", "fp32")}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """``kvembed bench --quick`` on the demo model: exports fp32 and int8, measures 12 cells.
+
+    One thread: torch's OpenMP barriers stall erratically on small shared VMs with two (hundreds
+    of ms per call), which would only make the test slow; the threads option is checked below.
+    """
+    out = tmp_path_factory.mktemp("bench") / "quick"
+    result = runner.invoke(app, ["bench", "--quick", "--threads", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out, result.output, json.loads((out / "results.json").read_text())
+
+
+def test_quick_run_reports_every_cell_consistently(quick_run):
+    out, output, results = quick_run
+    cells = results["cells"]
+    assert {(c["backend"], c["precision"]) for c in cells} == QUICK_CELLS
+    assert len(cells) == len(QUICK_CELLS) * 2 * 2  # batch 1,4 x seq 64,128
+    assert {(c["batch_size"], c["seq_len"]) for c in cells} == {(1, 64), (4, 64), (1, 128), (4, 128)}
+    shape = results["model"]
+    peak = results["peak"]["gflops"]
+    assert peak > 0 and shape["matmul_params"] > 0 and shape["layers_run"] == 5
+    for cell in cells:
+        samples = np.array(cell["samples_s"])
+        mean = samples.mean()
+        assert cell["repeats"] == len(samples) >= 5
+        assert 0 < cell["p50_ms"] <= cell["p95_ms"] <= cell["p99_ms"] <= samples.max() * 1e3 + 1e-9
+        assert cell["mean_ms"] == pytest.approx(mean * 1e3)
+        # throughput is total work over total time, and tokens/s counts real tokens only
+        assert cell["texts_per_s"] == pytest.approx(cell["batch_size"] / mean)
+        assert cell["tokens_per_s"] == pytest.approx(cell["texts_per_s"] * cell["tokens_per_row"])
+        # the quick lengths are reachable for kv-embedding: every row has exactly seq_len tokens
+        assert cell["exact_length"] and cell["real_tokens"] == cell["batch_size"] * cell["seq_len"]
+        assert cell["padded_width"] == cell["seq_len"]
+        n = cell["seq_len"]
+        flops = cell["batch_size"] * (2 * shape["matmul_params"] * n + 4 * shape["attention_width"] * n * n * shape["layers_run"])
+        assert cell["flops_per_batch"] == pytest.approx(flops)
+        assert cell["gflops"] == pytest.approx(flops / mean / 1e9)
+        assert cell["pct_of_peak"] == pytest.approx(100 * cell["gflops"] / peak)
+        assert cell["peak_rss_mb"] > 0
+    torch = {(c["batch_size"], c["seq_len"]): c for c in cells if c["backend"] == "torch"}
+    for cell in cells:
+        if cell["backend"] == "torch":
+            assert cell["cosine_vs_torch"] is None and cell["speedup_vs_torch"] is None
+            continue
+        reference = torch[(cell["batch_size"], cell["seq_len"])]
+        assert cell["speedup_vs_torch"] == pytest.approx(reference["p50_ms"] / cell["p50_ms"])
+        assert cell["cosine_vs_torch"] >= (0.99999 if cell["precision"] == "fp32" else 0.99)
+    # each backend/precision ran in its own process: torch's holds torch, the runtime's does not
+    processes = {p["label"]: p for p in results["processes"]}
+    assert set(processes) == {"runtime fp32", "runtime int8", "torch fp32"}
+    assert processes["torch fp32"]["peak_rss_mb"] > processes["runtime fp32"]["peak_rss_mb"]
+    assert processes["torch fp32"]["torch_loaded"]
+    assert not processes["runtime fp32"]["torch_loaded"] and not processes["runtime int8"]["torch_loaded"]
+    assert results["setup"]["exported"] and results["setup"]["torch_precision"] == "fp32"
+    assert set(results["artifacts"]) == {"fp32", "int8"}
+    assert results["machine"]["threads"] == results["setup"]["threads"] == results["peak"]["threads"] == 1
+    assert results["machine"]["cpu"]
+
+
+def test_quick_run_writes_markdown_and_png_plots(quick_run):
+    out, output, results = quick_run
+    for name in ("latency_vs_batch.png", "cost_vs_seqlen.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 1000
+    markdown = (out / "results.md").read_text()
+    header = "| backend | precision | batch | seq | tokens/row | p50 ms | p95 ms | p99 ms | texts/s | tokens/s |"
+    assert header in markdown
+    assert markdown.count("\n| runtime |") == 8 and markdown.count("\n| torch |") == 4
+    assert header in output and "results.json" in output and "latency_vs_batch.png" in output
+    for precision in ("fp32", "int8"):
+        assert (out / "artifacts" / precision / "kvembed.json").is_file()
+
+
+def test_workload_rows_have_exact_token_lengths(quick_run):
+    """Re-tokenised by the runtime (a separate Embedder of the artifact), rows have the lengths asked for."""
+    from kvembed.runtime import Embedder
+
+    artifact = quick_run[0] / "artifacts" / "fp32"
+    encoder = Embedder.load(artifact, provider="cpu", threads=1).encoder
+    check = Embedder.load(artifact, provider="cpu", threads=1).encoder
+    for seq_len in (47, 64, 100, 200, 512):
+        rows = exact_rows(encoder, seq_len, 5)
+        assert rows.exact and (seq_len < 64 or len(set(rows.texts)) == 5)  # different texts, same length
+        assert [len(item.ids) for item in check.encode(list(rows.texts))] == [seq_len] * 5
+        batch = make_batch(encoder, rows, 3)
+        assert batch.inputs["input_ids"].shape == (3, seq_len)
+        assert int(batch.inputs["attention_mask"].sum()) == batch.real_tokens == 3 * seq_len
+    assert exact_rows(encoder, 100, 2).texts == exact_rows(encoder, 100, 2).texts  # deterministic
+    short = exact_rows(encoder, 10, 2)  # shorter than the prompt alone: recorded, not hidden
+    assert not short.exact and short.lengths[0] > 10 and short.texts[0] == ""
+    corpus = mixed_corpus(encoder, 40, 50, 300, seed=3)
+    assert corpus.texts == mixed_corpus(encoder, 40, 50, 300, seed=3).texts
+    assert all(50 <= n <= 300 for n in corpus.targets) and len(set(corpus.targets)) > 10
+    assert [len(item.ids) for item in check.encode(list(corpus.texts))] == list(corpus.lengths)
+    assert sum(a == b for a, b in zip(corpus.lengths, corpus.targets)) >= 38
+
+
+def test_workload_pads_the_pool_mask_for_echo():
+    from tokenizers import Tokenizer
+
+    from kvembed.methods import demo_model_path, resolve
+    from kvembed.runtime.encoding import TextEncoder
+
+    tokenizer = Tokenizer.from_file(str(demo_model_path() / "tokenizer.json"))
+    encoder = TextEncoder(tokenizer, resolve("echo", 5, "stories260k"), 512, fallback_id=2, pad_id=0)
+    rows = exact_rows(encoder, 101, 2)  # echo repeats the text: lengths move in steps of 2
+    assert all(99 <= n <= 101 for n in rows.lengths)
+    batch = make_batch(encoder, rows, 2)
+    assert set(batch.inputs) == {"input_ids", "attention_mask", "pool_mask"}
+    assert batch.inputs["pool_mask"].sum() > 0
+
+
+def test_artifact_is_reused_not_reexported(quick_run, tmp_path):
+    artifact = quick_run[0] / "artifacts" / "int8"
+    before = {p.name: p.stat().st_mtime_ns for p in artifact.iterdir()}
+    out = tmp_path / "reuse"
+    args = ["bench", "--quick", "--threads", "1", "--artifact", str(artifact), "--batch-sizes", "2", "--seq-lens", "80",
+            "--warmup", "0", "--min-repeats", "2", "--min-seconds", "0", "--max-repeats", "3", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "trace" not in result.output and "export" not in result.output
+    results = json.loads((out / "results.json").read_text())
+    assert not results["setup"]["exported"] and not (out / "artifacts").exists()
+    assert results["artifacts"] == {"int8": str(artifact)}
+    assert {(c["backend"], c["precision"]) for c in results["cells"]} == {("runtime", "int8"), ("torch", "fp32")}
+    runtime = next(c for c in results["cells"] if c["backend"] == "runtime")
+    assert runtime["cosine_vs_torch"] >= 0.99 and 2 <= runtime["repeats"] <= 3
+    assert {p.name: p.stat().st_mtime_ns for p in artifact.iterdir()} == before
+
+
+def test_runtime_only_benchmark_never_imports_torch(quick_run, tmp_path):
+    artifact = quick_run[0] / "artifacts" / "fp32"
+    script = textwrap.dedent(f"""
+        import sys
+        from kvembed.bench import BenchConfig, run_bench
+        results = run_bench(BenchConfig(out={str(tmp_path / 'rt')!r}, artifact={str(artifact)!r},
+            backends=("runtime",), batch_sizes=(1,), seq_lens=(64,), warmup=0, min_repeats=1,
+            min_seconds=0.0, max_repeats=2, gemm_size=128))
+        assert [c["backend"] for c in results["cells"]] == ["runtime"]
+        assert results["cells"][0]["cosine_vs_torch"] is None
+        assert "torch" not in sys.modules and "transformers" not in sys.modules, "torch was imported"
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--batch-sizes", "0,x"], "--batch-sizes: '0' is not a positive integer"),
+        (["--batch-sizes", "4,x"], "--batch-sizes: 'x' is not a positive integer"),
+        (["--seq-lens", ""], "--seq-lens: give a comma-separated list"),
+        (["--precision", "fp8"], "--precision: unknown value 'fp8'"),
+        (["--backends", "tensorflow"], "--backends: unknown value 'tensorflow'"),
+        (["--method", "nope"], "unknown method 'nope'"),
+        (["--model", "./no/such/model"], "no model folder at './no/such/model'"),
+        (["--threads", "0"], "--threads must be >= 1"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args, message, tmp_path):
+    result = runner.invoke(app, ["bench", "--quick", "--out", str(tmp_path / "out"), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_out_and_artifact_misuse_exit_2(quick_run, tmp_path):
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "keep.txt").write_text("mine")
+    result = runner.invoke(app, ["bench", "--quick", "--out", str(busy)])
+    assert result.exit_code == 2 and "not empty; use --force" in result.output
+    assert (busy / "keep.txt").read_text() == "mine"
+    artifact = str(quick_run[0] / "artifacts" / "fp32")
+    result = runner.invoke(app, ["bench", "--artifact", artifact, "--seq-lens", "1024", "--out", str(tmp_path / "a")])
+    assert result.exit_code == 2 and "1024 is longer than the artifact's max_length (512)" in result.output
+    result = runner.invoke(app, ["bench", "--artifact", artifact, "--method", "va", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 2 and "an artifact fixes its model, method and options" in result.output
+    result = runner.invoke(app, ["bench", "--artifact", artifact, "--precision", "int8", "--out", str(tmp_path / "c")])
+    assert result.exit_code == 2 and "the artifact is fp32" in result.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_time_calls_honours_warmup_repeats_and_seconds():
+    calls = []
+    ticks = iter(range(10**6))
+    clock = lambda: float(next(ticks))  # every clock read advances one "second"  # noqa: E731
+    samples = time_calls(lambda: calls.append(1), warmup=3, min_repeats=4, min_seconds=0, clock=clock)
+    assert len(calls) == 3 + 4 and samples == [1.0] * 4
+    calls.clear()
+    samples = time_calls(lambda: calls.append(1), warmup=0, min_repeats=2, min_seconds=10, clock=clock)
+    assert len(samples) == 10  # the time floor, not the count, ended it
+    samples = time_calls(lambda: None, warmup=0, min_repeats=2, min_seconds=1e9, max_repeats=7, clock=clock)
+    assert len(samples) == 7  # capped
+    with pytest.raises(ValueError, match="max_repeats"):
+        time_calls(lambda: None, min_repeats=5, max_repeats=2)
+    timing = Timing((0.001, 0.002, 0.003, 0.010), batch_size=4, real_tokens=256)
+    assert timing.p50_ms <= timing.p95_ms <= timing.p99_ms <= 10.0 + 1e-9
+    assert timing.texts_per_s == pytest.approx(4 / 0.004) and timing.tokens_per_s == pytest.approx(256 / 0.004)
+
+
+def test_flop_count_and_gemm_peak():
+    shape = ModelShape(matmul_params=1000, layers_run=3, attention_width=8, hidden_size=8)
+    # linear 2*1000*(10+20); attention full square 4*8*(10^2 + 20^2) per layer, 3 layers
+    assert shape.flops([10, 20]) == 2 * 1000 * 30 + 4 * 8 * (100 + 400) * 3
+    peak = gemm_peak(1, size=128, repeats=2, warmup=1)
+    assert peak["gflops"] > 0 and peak["size"] == 128 and peak["threads"] == 1
+    a = np.array([[1.0, 0.0], [1.0, 1.0]])
+    assert cosine_rows(a, a * 3) == pytest.approx([1.0, 1.0])
+
+
+def test_build_random_model_is_a_loadable_qwen3(tmp_path):
+    from kvembed.bench.synthetic import build_random_model
+    from kvembed.export.core import load_embedder
+
+    folder = build_random_model(tmp_path / "q", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "qwen3" and config["num_hidden_layers"] == 2 and config["head_dim"] == 16
+    from tokenizers import Tokenizer
+
+    tokens = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab_size()
+    assert config["vocab_size"] == tokens and config["max_position_embeddings"] >= 2048
+    assert any(folder.glob("*.safetensors"))
+    embedder = load_embedder(str(folder), "kv-embedding")
+    assert embedder.max_length >= 2048  # the copied tokenizer's 512 limit was lifted
+    vectors = embedder.encode(["a short text", "another, somewhat longer, text " * 40])
+    assert vectors.shape == (2, 64) and np.isfinite(vectors).all()
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        build_random_model(tmp_path / "bad", layers=1, hidden=64, heads=3, kv_heads=2, head_dim=16, ffn=64)
