@@ -494,3 +494,23 @@ def test_bf16_is_refused_because_onnxruntime_cpu_cannot_run_it():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
     with pytest.raises(Exception, match="NOT_IMPLEMENTED|Could not find an implementation"):
         ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_onnxruntime_fuses_every_rms_norm_at_load(stories_kv, tmp_path):
+    """The portable file keeps standard ops; the runtime's session turns each RMSNorm (two per
+    layer and the final one) into one SimplifiedLayerNormalization kernel."""
+    import onnxruntime as ort
+
+    from kvembed.runtime.session import session_options
+
+    _, out = stories_kv
+    portable = onnx.load(str(out / "model.onnx"))
+    assert "SimplifiedLayerNormalization" not in op_types(portable)
+    options = session_options(1)
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(str(out / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    fused = op_types(onnx.load(str(tmp_path / "optimized.onnx")))
+    layers = read_manifest(out)["method"]["num_layers"]
+    assert fused.get("SimplifiedLayerNormalization", 0) == 2 * layers + 1
+    assert "Reciprocal" not in fused and "Pow" not in fused

@@ -24,7 +24,7 @@ from ..runtime.artifact import MODEL, SCHEMA_VERSION, TOKENIZER, check_files, en
 from ..runtime.artifact import read_manifest, write_manifest
 from ..methods.sharing import AlsoRequest, output_names
 from .graph import DATA_FILE, MIN_OPSET, ExportError, decoder_layers_in_graph, input_names, optimize_with_onnxruntime
-from .graph import weight_matmuls
+from .graph import rms_norm_as_div, weight_matmuls
 from .graph import trace as trace_graph
 from .ops import ALLOWED_OPS, non_portable_ops, op_types
 from .parity import ParityReport, run_parity
@@ -222,6 +222,7 @@ class Exporter:
             if self.optimize:
                 self.progress("optimize", "onnxruntime basic graph optimisation (offline)")
                 optimizations.append(optimize_with_onnxruntime(path))
+                optimizations.append(rms_norm_as_div(path))
             graph["optimizations"] = optimizations
             self._graph = graph
         except BaseException:

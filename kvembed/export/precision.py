@@ -7,7 +7,7 @@ islands for what must stay fp32 (Casts only where the two meet):
   every float node that does not depend on a model weight. RoPE angles of late positions lose
   whole radians in fp16, and the mask's large negative constants overflow;
 - the attention logits' mask ``Add`` and the ``Softmax`` after it;
-- RMSNorm statistics (``Pow -> ReduceMean -> Add(eps) -> Sqrt -> Reciprocal``): the square of a
+- RMSNorm statistics (``Pow -> ReduceMean -> Add(eps) -> Sqrt``, divided into ``x`` by a ``Div``): the square of a
   massive activation overflows fp16;
 - sums over the sequence (``ReduceSum``) and the final L2 norm (``ReduceL2``).
 
