@@ -22,7 +22,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -32,19 +32,20 @@ MATMUL_OPS = ("MatMul", "MatMulInteger", "Gemm")
 # -- the machine --------------------------------------------------------------------------------
 
 
-def gemm_peak(threads: int, size: int = 2048, repeats: int = 5, warmup: int = 2) -> dict[str, Any]:
-    """fp32 GFLOP/s of a ``size x size @ size x size`` onnxruntime MatMul (best of ``repeats``).
+def gemm_call(threads: int, size: int = 2048) -> tuple[Callable[[], Any], float]:
+    """A ``size x size @ size x size`` onnxruntime fp32 MatMul as a no-argument call, and its FLOPs.
 
     The right matrix is an initializer, like model weights (onnxruntime pre-packs both); the
-    session is built with the runtime's own options and ``threads`` intra-op threads.
+    session is built with the runtime's own options and ``threads`` intra-op threads. Benchmarks
+    that compare against the peak interleave this call with the model's (the machine is noisy).
     """
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     from ..runtime.session import session_options
 
-    if size < 1 or repeats < 1:
-        raise ValueError(f"size and repeats must be >= 1, got {size}, {repeats}")
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
     rng = np.random.default_rng(0)
     weight = rng.standard_normal((size, size), dtype=np.float32)
     graph = helper.make_graph(
@@ -60,16 +61,24 @@ def gemm_peak(threads: int, size: int = 2048, repeats: int = 5, warmup: int = 2)
         model.SerializeToString(), sess_options=session_options(threads), providers=["CPUExecutionProvider"]
     )
     a = rng.standard_normal((size, size), dtype=np.float32)
+    return (lambda: session.run(["y"], {"a": a})), 2.0 * size**3
+
+
+def gemm_peak(threads: int, size: int = 2048, repeats: int = 5, warmup: int = 2) -> dict[str, Any]:
+    """fp32 GFLOP/s of :func:`gemm_call` (best of ``repeats``)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    call, flops = gemm_call(threads, size)
     for _ in range(warmup):
-        session.run(["y"], {"a": a})
+        call()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        session.run(["y"], {"a": a})
+        call()
         times.append(time.perf_counter() - start)
     best = min(times)
     return {
-        "gflops": 2.0 * size**3 / best / 1e9,
+        "gflops": flops / best / 1e9,
         "size": size,
         "threads": int(threads),
         "repeats": repeats,
