@@ -64,6 +64,7 @@ def embed(
     provider: str = typer.Option("auto", help="Runtime provider: auto, cpu, cuda, tensorrt."),
     threads: Optional[int] = typer.Option(None, help="Runtime intra-op threads."),
     similarity: bool = typer.Option(False, "--similarity", help="Print the cosine similarity matrix."),
+    use: Optional[str] = typer.Option(None, "--use", help="Artifact output to embed with: an --also label (default: the main method)."),
 ) -> None:
     """Embed texts with an exported artifact (torch-free runtime) or the PyTorch reference.
 
@@ -91,25 +92,30 @@ def embed(
                 raise ValueError(f"an artifact fixes its method options; drop {', '.join(options) or '--max-length'} or re-export")
             from .runtime import Embedder
 
-            return Embedder.load(source, provider=provider, threads=threads)
+            loaded = Embedder.load(source, provider=provider, threads=threads)
+            loaded.dim_of(use)  # an unknown label fails here, naming the artifact's outputs
+            return loaded
+        if use is not None:
+            raise ValueError("--use picks an output of an artifact exported with --also; give the artifact directory")
         from .reference import TorchEmbedder
 
         return TorchEmbedder.from_pretrained(source, method, max_length=max_length, **options)
 
     embedder = run_guarded(load)
-    title = f"{embedder.method.name} on {source}"
+    title = f"{use or embedder.method.name} on {source}"
+    extra = {} if use is None else {"output": use}
     if input is not None:
         total = run_guarded(lambda: count_lines(input) if input.is_file() else 0)
         stream = read_texts(input)
         if hasattr(embedder, "encode_stream"):
-            chunks = embedder.encode_stream(stream, kind=kind, batch_size=batch_size, show_progress_bar=True)
+            chunks = embedder.encode_stream(stream, kind=kind, batch_size=batch_size, show_progress_bar=True, **extra)
         else:
             chunks = (embedder.encode(chunk, kind=kind, batch_size=batch_size) for chunk in _chunked(stream, 4096))
         target = output or input.with_suffix(".npy")
         rows, dim = run_guarded(lambda: write_embeddings(target, chunks))
         console.print(f"{title}: wrote {rows} x {dim} float32 embeddings of {total} input lines to {target}")
         return
-    vectors = run_guarded(lambda: embedder.encode(items, kind=kind, batch_size=batch_size))
+    vectors = run_guarded(lambda: embedder.encode(items, kind=kind, batch_size=batch_size, **extra))
     if output is not None:
         rows, dim = write_embeddings(output, [vectors])
         console.print(f"wrote {rows} x {dim} float32 to {output}")

@@ -167,3 +167,19 @@ def test_cli_refuses_methods_that_cannot_share(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "extra output 'mean'" in result.output
+
+
+def test_embed_cli_uses_an_extra_output(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvembed.cli import app
+
+    out = tmp_path / "a"
+    export_result(STORIES, "va", out, layers="1", also=["mean"])
+    target = tmp_path / "v.npy"
+    result = CliRunner().invoke(app, ["embed", str(out), "--use", "mean", "--output", str(target), "one", "two"])
+    assert result.exit_code == 0, result.output
+    want = Embedder.load(out, provider="cpu").encode(["one", "two"], output="mean")
+    assert np.allclose(np.load(target), want, atol=1e-6) and want.shape[1] == 64
+    result = CliRunner().invoke(app, ["embed", str(out), "--use", "nope", "one"])
+    assert result.exit_code == 2 and "va, mean" in result.output
