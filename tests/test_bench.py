@@ -36,7 +36,7 @@ def quick_run(tmp_path_factory):
     of ms per call), which would only make the test slow; the threads option is checked below.
     """
     out = tmp_path_factory.mktemp("bench") / "quick"
-    result = runner.invoke(app, ["bench", "--quick", "--threads", "1", "--out", str(out)])
+    result = runner.invoke(app, ["bench", "--quick", "--profile", "--threads", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output
     return out, result.output, json.loads((out / "results.json").read_text())
 
@@ -100,6 +100,20 @@ def test_quick_run_writes_markdown_and_png_plots(quick_run):
     assert header in output and "results.json" in output and "latency_vs_batch.png" in output
     for precision in ("fp32", "int8"):
         assert (out / "artifacts" / precision / "kvembed.json").is_file()
+
+
+def test_profile_breaks_the_largest_cell_down_by_operator(quick_run):
+    out, output, results = quick_run
+    assert set(results["profile"]) == {"fp32", "int8"}
+    for precision, profile in results["profile"].items():
+        assert profile["cell"] == "b4-s128"
+        ops = {op["op"]: op for op in profile["ops"]}
+        assert abs(sum(op["share"] for op in profile["ops"]) - 1) < 1e-6
+        assert abs(sum(op["ms_per_run"] for op in profile["ops"]) - profile["kernel_ms_per_run"]) < 1e-3
+        # the session's graph after load-time fusion: RMSNorm fused, int8 matmuls quantized
+        assert ops["SimplifiedLayerNormalization"]["nodes"] == 2 * results["model"]["layers_run"] + 1
+        assert ("MatMulIntegerToFloat" in ops or "DynamicQuantizeMatMul" in ops) == (precision == "int8")
+    assert "## Where the time goes: runtime fp32, b4-s128" in (out / "results.md").read_text()
 
 
 def test_workload_rows_have_exact_token_lengths(quick_run):

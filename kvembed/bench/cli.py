@@ -134,6 +134,7 @@ def bench_command(
     max_repeats: Optional[int] = typer.Option(None, "--max-repeats", help="Timed calls per cell, at most (default: 1000; --quick: 50)."),
     kind: str = typer.Option("document", "--kind", help="query or document: which prompt the inputs use."),
     quick: bool = typer.Option(False, "--quick", help="Small grid and few calls: a smoke run in seconds on the demo model."),
+    profile: bool = typer.Option(False, "--profile", help="Also profile the runtime's largest cell per precision (onnxruntime profiler, time by op type)."),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty --out (replacing earlier results)."),
 ) -> None:
     """Benchmark an artifact (onnxruntime) against the PyTorch reference on identical inputs.
@@ -159,6 +160,7 @@ def bench_command(
             batch_sizes=parse_ints("--batch-sizes", batch_sizes), seq_lens=parse_ints("--seq-lens", seq_lens),
             backends=parse_names("--backends", backends, BACKENDS), threads=threads, warmup=warmup,
             min_repeats=min_repeats, min_seconds=min_seconds, max_repeats=max_repeats, kind=kind, force=force,
+            profile=profile or None,
         )
         config.check()
         from ..export.core import check_output

@@ -107,6 +107,10 @@ def table_rows(cells: Iterable[Mapping[str, Any]]) -> list[list[str]]:
     return rows
 
 
+#: operator types listed per profile in results.md (all of them are in results.json)
+PROFILE_ROWS = 12
+
+
 def markdown_table(cells: Sequence[Mapping[str, Any]]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
     lines.extend("| " + " | ".join(row) + " |" for row in table_rows(cells))
@@ -147,6 +151,13 @@ def markdown(results: Mapping[str, Any]) -> str:
     ]
     for note in results.get("notes", []):
         lines.append(f"- {note}")
+    for precision, profile in (results.get("profile") or {}).items():
+        lines += ["", f"## Where the time goes: runtime {precision}, {profile['cell']} (onnxruntime profiler)", "",
+                  f"Kernel time {profile['kernel_ms_per_run']:.1f} ms per call, over {profile['runs']} calls, "
+                  "by operator type after onnxruntime's load-time fusions.", "",
+                  "| op | ms per call | share | nodes |", "|---|---|---|---|"]
+        lines += [f"| {op['op']} | {op['ms_per_run']:.2f} | {100 * op['share']:.1f}% | {op['nodes']} |"
+                  for op in profile["ops"][:PROFILE_ROWS]]
     return "\n".join(lines) + "\n"
 
 

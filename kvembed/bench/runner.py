@@ -69,6 +69,8 @@ class BenchConfig:
     quick: bool = False
     gemm_size: int = 2048
     """Side of the square MatMul that measures the fp32 peak."""
+    profile: bool = False
+    """Also profile the runtime's largest cell per precision (onnxruntime profiler, by op type)."""
     seed: int = 0
 
     @classmethod
@@ -286,6 +288,15 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dic
 
         processes.append(run_isolated(spec, on_event))
     progress.finish()
+    profiles: dict[str, Any] = {}
+    if config.profile and "runtime" in config.backends:
+        from .profile import op_breakdown
+
+        largest = max(batches, key=lambda key: (key[0] * key[1], key))
+        for precision, path in artifacts.items():
+            progress.stage(f"profiling runtime {precision} at {cell_key(*largest)}")
+            profiles[precision] = {"cell": cell_key(*largest),
+                                   **op_breakdown(Path(path) / "model.onnx", batches[largest].inputs, threads)}
 
     # 5. cells, comparisons, reports
     cells = assemble_cells(processes, batches, shape, peak, config.warmup)
@@ -328,6 +339,7 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dic
         "plots": {"seq_len": plot_seq, "batch_size": plot_batch, "files": {}},
         "notes": notes,
         "cells": cells,
+        "profile": profiles,
     }
     progress.stage("writing reports")
     results["plots"]["files"] = write_plots(results, out)
