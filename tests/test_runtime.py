@@ -93,6 +93,15 @@ def test_encode_from_eight_threads_matches_serial(artifacts):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_memory_arena_off_gives_memory_back_with_the_same_vectors(artifacts):
+    texts = random_texts(40, seed=3)
+    default = Embedder.load(artifacts["va"], provider="cpu")
+    lean = Embedder.load(artifacts["va"], provider="cpu", memory_arena=False)
+    assert default.session.get_session_options().enable_cpu_mem_arena
+    assert not lean.session.get_session_options().enable_cpu_mem_arena
+    np.testing.assert_allclose(lean.encode(texts), default.encode(texts), atol=1e-6)
+
+
 def test_stream_of_100k_short_texts_is_bounded_and_complete(artifacts):
     runtime = Embedder.load(artifacts["mean"], provider="cpu")
     texts = (f"t{i}" for i in range(100_000))  # a generator: never materialised as a list

@@ -47,6 +47,7 @@ class Embedder:
         device_id: int = 0,
         trt_cache_dir: str | os.PathLike[str] | None = None,
         trt_fp16: bool = False,
+        memory_arena: bool = True,
     ) -> "Embedder":
         """Open an artifact directory.
 
@@ -54,6 +55,8 @@ class Embedder:
         ``"cuda"`` or ``"tensorrt"`` (``trt_cache_dir`` keeps built engines between runs,
         ``trt_fp16`` lets TensorRT use fp16 kernels). ``verify`` checks every file's sha256
         against the manifest first (a corrupted or altered file is named in the error).
+        ``memory_arena=False`` returns activation memory after each call (see
+        :func:`kvembed.runtime.session.session_options`).
         """
         path = Path(directory)
         manifest = read_manifest(path)
@@ -65,7 +68,7 @@ class Embedder:
         provider_options: dict[str, Any] = {"device_id": device_id}
         if provider == "tensorrt":
             provider_options.update(trt_cache_dir=trt_cache_dir, trt_fp16=trt_fp16)
-        session = create_session(path / MODEL, provider, threads, **provider_options)
+        session = create_session(path / MODEL, provider, threads, memory_arena, **provider_options)
         return cls(path, manifest, encoder, session)
 
     # -- facts ---------------------------------------------------------------------------------

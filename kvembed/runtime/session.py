@@ -56,10 +56,16 @@ def provider_chain(
     return [(TENSORRT, trt_options), cuda, CPU]
 
 
-def session_options(threads: int | None = None) -> ort.SessionOptions:
+def session_options(threads: int | None = None, memory_arena: bool = True) -> ort.SessionOptions:
     """Options tuned for embedding batches: full graph optimisation, sequential execution,
-    ``threads`` intra-op threads (default: onnxruntime's choice, one per physical core)."""
+    ``threads`` intra-op threads (default: onnxruntime's choice, one per physical core).
+
+    ``memory_arena=False`` gives activation memory back after every call instead of keeping the
+    arena at its high-water mark (a 16 x 512 batch of a 0.6B-shaped model: 2.7 GB kept vs 0.7 GB
+    resident after the call), for servers that see rare large batches; costs a few percent.
+    """
     options = ort.SessionOptions()
+    options.enable_cpu_mem_arena = bool(memory_arena)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     if threads is not None:
@@ -74,10 +80,12 @@ def create_session(
     model_path: str | os.PathLike[str],
     provider: str = "auto",
     threads: int | None = None,
+    memory_arena: bool = True,
     **provider_options: Any,
 ) -> ort.InferenceSession:
     providers = provider_chain(provider, **provider_options)
-    return ort.InferenceSession(str(model_path), sess_options=session_options(threads), providers=providers)
+    options = session_options(threads, memory_arena)
+    return ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
 
 
 def run_session(
