@@ -60,7 +60,9 @@ def main() -> None:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     root = Path(tempfile.mkdtemp(prefix="kvembed-parity-"))
-    models = {arch: str(tiny_model(arch, root / arch)) for arch in ("llama", "qwen3", "qwen2", "mistral")}
+    # a seed per architecture: Llama and Mistral share a layout, the same seed would give equal weights
+    archs = ("llama", "qwen3", "qwen2", "mistral")
+    models = {arch: str(tiny_model(arch, root / arch, seed=i)) for i, arch in enumerate(archs)}
     models["stories260k"] = "stories260k"
     table: dict[str, dict[str, str]] = {}
     start = time.monotonic()
