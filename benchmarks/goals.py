@@ -22,17 +22,16 @@ import datetime as dt
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from kvembed.bench.measure import TorchBackend, cosine_rows, peak_rss_mb
+from kvembed.bench.measure import TorchBackend, cosine_rows, interleaved, peak_rss_mb, ratio
 from kvembed.bench.peak import gemm_call, model_shape
 from kvembed.bench.report import machine_info
 from kvembed.bench.synthetic import build_random_model
-from kvembed.bench.workload import mixed_corpus
+from kvembed.bench.workload import mixed_corpus, raw_token_batch
 from kvembed.runtime import Embedder
 from kvembed.runtime.artifact import read_manifest
 
@@ -61,39 +60,6 @@ def artifacts_for(model: Path, root: Path, layers: int) -> dict[str, Path]:
         for precision in precisions:
             paths[f"{name}-{precision}"] = root / f"{name}-{precision}"
     return paths
-
-
-def token_rows(embedder: Embedder, batch: int, seq: int) -> dict[str, np.ndarray]:
-    """``batch`` rows of exactly ``seq`` real token ids (different text per row), no padding."""
-    from kvembed.bench.workload import source_lines
-
-    lines = source_lines()
-    ids = []
-    for row in range(batch):
-        text = " ".join(lines[(row * 17 + i) % len(lines)] for i in range(1 + seq // 20))
-        ids.append(embedder.encoder.tokenizer.encode(text).ids[:seq])
-    assert all(len(r) == seq for r in ids), "source text too short for the requested length"
-    return {"input_ids": np.array(ids, dtype=np.int64), "attention_mask": np.ones((batch, seq), dtype=np.int64)}
-
-
-def interleaved(calls: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Seconds per call of each entry, the calls taking turns for ``rounds`` rounds."""
-    for call in calls.values():
-        for _ in range(warmup):
-            call()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            time.sleep(0.02)  # let the other pool's spinning threads go to sleep
-            start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
-def ratio(times: dict[str, list[float]], a: str, b: str) -> float:
-    """Median over rounds of time(a) / time(b)."""
-    return statistics.median(x / y for x, y in zip(times[a], times[b]))
 
 
 def runner(embedder: Embedder, feeds: dict[str, np.ndarray]) -> Callable[[], Any]:
@@ -130,13 +96,13 @@ def main() -> None:
         print(f"{key}: {measured:.3f} (target {target}) {'met' if met else 'NOT met'} {detail}", flush=True)
 
     # P1: batch 1 x 32
-    small = token_rows(kv, 1, 32)
+    small = raw_token_batch(kv.encoder, 1, 32)
     t = interleaved({"runtime": runner(kv, small), "torch": lambda: torch_kv.run(small)}, rounds=30, warmup=3)
     r = ratio(t, "runtime", "torch")
     report("P1", r, "<= 0.667 (runtime / torch latency, 1 x 32)", r <= 1 / 1.5,
            runtime_p50_ms=1e3 * statistics.median(t["runtime"]), torch_p50_ms=1e3 * statistics.median(t["torch"]))
 
-    big = token_rows(kv, 16, 128)
+    big = raw_token_batch(kv.encoder, 16, 128)
     tokens = 16 * 128
     # P2 + P3 + P5 in one interleaved set
     gemm, gemm_flops = gemm_call(args.threads, 2048)

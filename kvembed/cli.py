@@ -77,10 +77,7 @@ def embed(
 
     items = list(texts or [])
     source = items.pop(0) if items and is_artifact(items[0]) else model
-    options = method_options(
-        layers=layers, bias=bias, num_prefix=num_prefix, prefix_rope=prefix_rope, pooling=pooling,
-        prompt=prompt, wva=wva, tp_start=tp_start, tp_stop=tp_stop, exit_layer=exit_layer,
-    )
+    options = method_options(locals())
 
     def load() -> Any:
         if (input is None) == (not items):

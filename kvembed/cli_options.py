@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Mapping, Optional
 
 import typer
 
@@ -26,6 +26,10 @@ Backends = Annotated[str, typer.Option(
 NoCompare = Annotated[bool, typer.Option("--no-compare", help="Skip the backend comparison (parity against PyTorch only).")]
 
 
-def method_options(**given: Any) -> dict[str, Any]:
-    """Keep only the method options the user actually set."""
-    return {name: value for name, value in given.items() if value is not None}
+#: the parameter names of the flags above, as every command declares them
+METHOD_FLAGS = ("layers", "bias", "num_prefix", "prefix_rope", "pooling", "prompt", "wva", "tp_start", "tp_stop", "exit_layer")
+
+
+def method_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The method options the user set, from a command's arguments (``method_options(locals())``)."""
+    return {name: values[name] for name in METHOD_FLAGS if values.get(name) is not None}

@@ -15,7 +15,7 @@ from transformers.utils import logging as hf_logging
 
 from .methods import ResolvedMethod, get_method, resolve, resolve_model
 from .methods.layers import AUTO
-from .methods.sharing import AlsoRequest, resolve_also
+from .methods.sharing import AlsoRequest, output_label, resolve_also
 from .patch import EmbeddingModel, architecture_of
 from .runtime.batching import plan_batches
 from .runtime.encoding import EncodedText, TextEncoder, check_texts
@@ -53,7 +53,6 @@ class TorchEmbedder:
         self.tokenizer: Tokenizer = Tokenizer.from_str(backend.to_str())
         self.encoder = TextEncoder(self.tokenizer, method, max_length, fallback_id=fallback, pad_id=pad)
         self.model = EmbeddingModel(model, method, self.encoder.placeholder_id, also).eval()
-        self._tokenizer_source = tokenizer
         self.method = method
         self.max_length = max_length
         self.padding_side = padding_side
@@ -159,25 +158,30 @@ class TorchEmbedder:
         """Extra methods read from the same forward pass: label -> method."""
         return dict(self.model.also)
 
-    def dim_of(self, output: str | None = None) -> int:
-        return self.model.readout_dim(self._method_of(output))
+    def _label(self, output: str | None) -> str | None:
+        return output_label(output, self.method.name, list(self.model.also))
 
-    def _method_of(self, output: str | None) -> ResolvedMethod:
-        if output is None or output == self.method.name and output not in self.model.also:
-            return self.method
-        if output not in self.model.also:
-            names = ", ".join([self.method.name, *self.model.also])
-            raise ValueError(f"no output {output!r}; this embedder computes: {names}")
-        return self.model.also[output]
+    def _method_of(self, label: str | None) -> ResolvedMethod:
+        return self.method if label is None else self.model.also[label]
+
+    def dim_of(self, output: str | None = None) -> int:
+        return self.model.readout_dim(self._method_of(self._label(output)))
 
     def single(self, output: str | None = None) -> "TorchEmbedder":
         """A reference computing only ``output``'s method, in a pass of its own (shares weights)."""
         embedder = type(self)(
-            self.model.decoder, self._tokenizer_source, self._method_of(output), self.max_length,
+            self.model.decoder, self.hf_tokenizer, self._method_of(self._label(output)), self.max_length,
             padding_side=self.padding_side, source=self.source,
         )
         embedder.location, embedder.preset_id, embedder.revision = self.location, self.preset_id, self.revision
         return embedder
+
+    def references(self) -> dict[str | None, "TorchEmbedder"]:
+        """A single-method reference per output (None: the main one), each in a pass of its own:
+        what the parity gate checks every output of an ``also`` graph against."""
+        if not self.model.also:
+            return {None: self}
+        return {label: self.single(label) for label in [None, *self.model.also]}
 
     def encode(
         self,
@@ -192,8 +196,9 @@ class TorchEmbedder:
         A single str gives a 1-D vector. Texts longer than ``max_length`` tokens are cut (the
         prompt template stays whole) with a warning. ``output`` names an ``also`` method.
         """
-        method = self._method_of(output)
-        index = 0 if method is self.method else 1 + list(self.model.also.values()).index(method)
+        label = self._label(output)
+        method = self._method_of(label)
+        index = 0 if label is None else 1 + list(self.model.also).index(label)
         single = isinstance(texts, str)
         items = check_texts([texts] if single else texts)
         encoded = self.encoder.encode(items, kind)

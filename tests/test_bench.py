@@ -273,3 +273,25 @@ def test_build_random_model_is_a_loadable_qwen3(tmp_path):
     assert vectors.shape == (2, 64) and np.isfinite(vectors).all()
     with pytest.raises(ValueError, match="multiple of kv_heads"):
         build_random_model(tmp_path / "bad", layers=1, hidden=64, heads=3, kv_heads=2, head_dim=16, ffn=64)
+
+
+def test_interleaved_calls_take_turns_and_ratio_is_the_median_per_round():
+    from kvembed.bench.measure import interleaved, ratio
+
+    order: list[str] = []
+    times = interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=3, warmup=1)
+    assert order == ["a", "b"] + ["a", "b"] * 3  # warm-up of each, then strict turns
+    assert len(times["a"]) == len(times["b"]) == 3
+    assert ratio({"a": [2.0, 9.0, 3.0], "b": [1.0, 3.0, 1.0]}, "a", "b") == 3.0  # per round: 2, 3, 3
+
+
+def test_raw_token_batch_has_exact_lengths_of_real_tokens(quick_run):
+    from kvembed.bench.workload import raw_token_batch, word_stream
+    from kvembed.runtime import Embedder
+
+    embedder = Embedder.load(quick_run[0] / "artifacts" / "fp32", provider="cpu", threads=1)
+    batch = raw_token_batch(embedder.encoder, 3, 32)
+    assert batch["input_ids"].shape == batch["attention_mask"].shape == (3, 32)
+    assert batch["attention_mask"].all() and len({tuple(r) for r in batch["input_ids"]}) == 3
+    text = embedder.encoder.tokenizer.decode(batch["input_ids"][0].tolist())
+    assert len(text) > 16 and word_stream(0, 256).startswith(text)  # the English word stream, cut at 32 tokens

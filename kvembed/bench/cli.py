@@ -145,10 +145,7 @@ def bench_command(
     kvembed bench --quick --out bench/ | kvembed bench --model DIR --method va --out bench/
     | kvembed bench --artifact ARTIFACT_DIR --backends runtime --out bench/
     """
-    options = method_options(
-        layers=layers, bias=bias, num_prefix=num_prefix, prefix_rope=prefix_rope, pooling=pooling,
-        prompt=prompt, wva=wva, tp_start=tp_start, tp_stop=tp_stop, exit_layer=exit_layer,
-    )
+    options = method_options(locals())
 
     def configure() -> Any:
         from .runner import PRECISIONS, BenchConfig

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
+
+from ..export.parity import cosine_rows  # noqa: F401  (torch-free; re-exported for the bench)
 
 BACKENDS = ("runtime", "torch")
 
@@ -59,6 +62,27 @@ def time_calls(
         if len(samples) >= min_repeats and spent >= min_seconds:
             break
     return samples
+
+
+def interleaved(calls: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds per call of each entry, the calls taking turns for ``rounds`` rounds: on a machine
+    whose speed drifts, the calls of one round see the same conditions, so per-round ratios hold."""
+    for call in calls.values():
+        for _ in range(warmup):
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            time.sleep(0.02)  # let the other pool's spinning threads go to sleep
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def ratio(times: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over rounds of time(a) / time(b)."""
+    return statistics.median(x / y for x, y in zip(times[a], times[b]))
 
 
 @dataclass(frozen=True)
@@ -233,13 +257,3 @@ class TorchBackend:
 
     def close(self) -> None:
         self._stack.close()
-
-
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine similarity of each row of ``a`` with the same row of ``b``."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"outputs differ in shape: {a.shape} vs {b.shape}")
-    norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
-    return (a * b).sum(axis=-1) / np.maximum(norms, 1e-30)

@@ -12,7 +12,7 @@ import os
 import platform
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -188,51 +188,54 @@ def _integer_ticks(axes: Any, values: Sequence[int]) -> None:
     axes.xaxis.set_minor_formatter(NullFormatter())
 
 
-def plot_latency_vs_batch(cells: Sequence[Mapping[str, Any]], seq_len: int, path: Path) -> Path:
-    """p50 latency against batch size at one sequence length, a line per backend/precision."""
+def _line_plot(
+    cells: Iterable[Mapping[str, Any]],
+    x: Callable[[Mapping[str, Any]], float],
+    y: Callable[[Mapping[str, Any]], float],
+    ticks: Sequence[int],
+    labels: tuple[str, str, str],
+    path: Path,
+) -> Path:
+    """A line per backend/precision of ``y(cell)`` against ``x(cell)`` on log-log axes; ``labels`` are
+    (x label, y label, title)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(7, 4.5), dpi=110)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    for label, series in _series(c for c in cells if c["seq_len"] == seq_len).items():
-        series = sorted(series, key=lambda c: c["batch_size"])
-        axes.plot([c["batch_size"] for c in series], [c["p50_ms"] for c in series], marker="o", label=label)
-    _integer_ticks(axes, sorted({c["batch_size"] for c in cells}))
-    axes.set_xlabel("batch size (texts)")
-    axes.set_ylabel("p50 latency per batch (ms)")
-    axes.set_title(f"latency vs batch size at {seq_len} tokens per text")
+    for label, series in _series(cells).items():
+        series = sorted(series, key=x)
+        axes.plot([x(c) for c in series], [y(c) for c in series], marker="o", label=label)
+    _integer_ticks(axes, ticks)
+    xlabel, ylabel, title = labels
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
     axes.grid(True, which="both", alpha=0.3)
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, format="png")
     return path
+
+
+def plot_latency_vs_batch(cells: Sequence[Mapping[str, Any]], seq_len: int, path: Path) -> Path:
+    """p50 latency against batch size at one sequence length, a line per backend/precision."""
+    return _line_plot(
+        [c for c in cells if c["seq_len"] == seq_len], lambda c: c["batch_size"], lambda c: c["p50_ms"],
+        sorted({c["batch_size"] for c in cells}),
+        ("batch size (texts)", "p50 latency per batch (ms)", f"latency vs batch size at {seq_len} tokens per text"), path,
+    )
 
 
 def plot_cost_vs_seqlen(cells: Sequence[Mapping[str, Any]], batch_size: int, path: Path) -> Path:
     """Milliseconds per text against achieved tokens per text at one batch size (log-log)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(7, 4.5), dpi=110)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    for label, series in _series(c for c in cells if c["batch_size"] == batch_size).items():
-        series = sorted(series, key=lambda c: c["tokens_per_row"])
-        axes.plot(
-            [c["tokens_per_row"] for c in series], [c["p50_ms"] / c["batch_size"] for c in series],
-            marker="o", label=label,
-        )
-    _integer_ticks(axes, sorted({round(c["tokens_per_row"]) for c in cells if c["batch_size"] == batch_size}))
-    axes.set_xlabel("tokens per text (prompt included)")
-    axes.set_ylabel("p50 ms per text")
-    axes.set_title(f"cost vs sequence length at batch size {batch_size}")
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, format="png")
-    return path
+    chosen = [c for c in cells if c["batch_size"] == batch_size]
+    return _line_plot(
+        chosen, lambda c: c["tokens_per_row"], lambda c: c["p50_ms"] / c["batch_size"],
+        sorted({round(c["tokens_per_row"]) for c in chosen}),
+        ("tokens per text (prompt included)", "p50 ms per text", f"cost vs sequence length at batch size {batch_size}"), path,
+    )
 
 
 def write_plots(results: Mapping[str, Any], out: Path) -> dict[str, str]:

@@ -205,3 +205,15 @@ def make_batch(encoder: TextEncoder, rows: Rows, batch_size: int, padding_side: 
     items: Sequence[EncodedText] = rows.encoded[:batch_size]
     inputs = encoder.pad(items, padding_side)
     return Batch(inputs, int(max(rows.targets[:batch_size])), tuple(len(i.ids) for i in items))
+
+
+def raw_token_batch(encoder: TextEncoder, batch: int, seq: int) -> dict[str, np.ndarray]:
+    """``batch`` rows of exactly ``seq`` real token ids (English text, no prompt, no padding):
+    graph inputs of any length, below the prompt's own length too (e.g. 1 x 32)."""
+    rows = []
+    for row in range(batch):
+        ids = encoder.tokenizer.encode(word_stream(row * 17, 8 * seq)).ids[:seq]
+        if len(ids) < seq:
+            raise ValueError(f"the word stream gives only {len(ids)} tokens, {seq} asked")
+        rows.append(ids)
+    return {"input_ids": np.array(rows, dtype=np.int64), "attention_mask": np.ones((batch, seq), dtype=np.int64)}

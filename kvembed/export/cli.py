@@ -102,6 +102,14 @@ def parity_table(report: Any, title: str) -> Table:
     return table
 
 
+def print_extra_parity(reports: Any) -> None:
+    """The parity table of every ``--also`` output (label -> ParityReport), and its problems."""
+    for label, report in reports.items():
+        console.print(parity_table(report, f"parity of extra output {label!r} vs its own PyTorch pass"))
+        for problem in report.problems:
+            errors.print(f"[bold red]problem:[/] {label}: {problem}", highlight=False)
+
+
 def files_table(directory: Path, manifest: dict[str, Any]) -> Table:
     table = Table(title=f"artifact {directory}")
     table.add_column("file")
@@ -152,10 +160,7 @@ def export_command(
     from .core import check_output
     from .precision import check_precision
 
-    options = method_options(
-        layers=layers, bias=bias, num_prefix=num_prefix, prefix_rope=prefix_rope, pooling=pooling,
-        prompt=prompt, wva=wva, tp_start=tp_start, tp_stop=tp_stop, exit_layer=exit_layer,
-    )
+    options = method_options(locals())
 
     def preflight() -> None:  # cheap checks before importing torch
         from ..methods import get_method
@@ -192,8 +197,7 @@ def export_command(
     console.print(parity_table(result.parity, f"parity vs PyTorch ({result.manifest['precision']})"))
     from .parity import ParityReport
 
-    for label, extra in result.manifest["parity"].get("also", {}).items():
-        console.print(parity_table(ParityReport(**extra), f"parity of extra output {label!r} vs its own PyTorch pass"))
+    print_extra_parity({label: ParityReport(**extra) for label, extra in result.manifest["parity"].get("also", {}).items()})
     graph = result.manifest["graph"]
     console.print(
         f"dim {result.manifest['dim']}, {graph['decoder_layers']} of {result.manifest['method']['num_layers']} "
@@ -324,10 +328,7 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True) ->
             )
         for problem in result.report.problems:
             errors.print(f"[bold red]problem:[/] {problem}", highlight=False)
-    for label, extra in result.also.items():
-        console.print(parity_table(extra, f"parity of extra output {label!r} vs its own PyTorch pass"))
-        for problem in extra.problems:
-            errors.print(f"[bold red]problem:[/] {label}: {problem}", highlight=False)
+    print_extra_parity(result.also)
     comparison = run_compare(directory, backends) if compare and result.report is not None else None
     outcome = VerifyOutcome(result, comparison)
     state = "[green]verified[/]" if outcome.passed else "[bold red]verification FAILED[/]"

@@ -190,7 +190,7 @@ class Exporter:
         self._workdir: Path | None = None
         self._graph: dict[str, Any] | None = None
         self._reference_outputs: dict[Any, Any] = {}  # the traced embedder's parity outputs
-        self._singles: dict[str | None, Any] = {}  # label -> a reference computing only that method
+        self._references: dict[str | None, Any] | None = None  # output label -> its single-method reference
 
     def __enter__(self) -> "Exporter":
         return self
@@ -392,14 +392,12 @@ class Exporter:
         that computes only that method in a forward pass of its own."""
         encoder = encoder_from_manifest(directory, manifest)
         session = parity_session(directory / MODEL)
+        if self._references is None:
+            self._references = self.embedder.references()
+        references = self._references if reference is self.embedder else {**self._references, None: reference}
         cache = self._reference_outputs if reference is self.embedder else None
-        for label in [None, *self.embedder.also]:
-            if label not in self._singles:
-                self._singles[label] = self.embedder.single(label)
-        main = self._singles[None] if reference is self.embedder else reference
-        extras = {label: self._singles[label] for label in self.embedder.also}
         try:
-            return parity_reports(session, encoder, main, extras, precision, cache=cache)
+            return parity_reports(session, encoder, references, precision, cache=cache)
         finally:
             del session
 
@@ -407,17 +405,16 @@ class Exporter:
 def parity_reports(
     session: Any,
     encoder: Any,
-    main: Any,
-    extras: Mapping[str, Any],
+    references: Mapping[str | None, Any],
     precision: str,
     cache: dict[Any, Any] | None = None,
 ) -> dict[str | None, ParityReport]:
-    """Parity of the main outputs (key None) against ``main`` and of each extra method's outputs
-    against its own single-method reference in ``extras`` (label -> TorchEmbedder)."""
-    reports = {None: run_parity(session, encoder, main, precision, cache=cache)}
-    for label, reference in extras.items():
-        reports[label] = run_parity(session, encoder, reference, precision, cache=cache, outputs=output_names(label))
-    return reports
+    """Parity of every output pair of the graph (label None: the main one) against its
+    single-method reference (:meth:`TorchEmbedder.references`)."""
+    return {
+        label: run_parity(session, encoder, reference, precision, cache=cache, outputs=output_names(label))
+        for label, reference in references.items()
+    }
 
 
 def parity_session(path: Path) -> Any:
@@ -555,9 +552,7 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     progress("parity", "running the graph in onnxruntime against PyTorch")
     encoder = encoder_from_manifest(directory, manifest)
     session = parity_session(directory / MODEL)
-    main = reference.single() if reference.also else reference
-    extras = {label: reference.single(label) for label in reference.also}
-    reports = parity_reports(session, encoder, main, extras, manifest["precision"])
+    reports = parity_reports(session, encoder, reference.references(), manifest["precision"])
     report = reports.pop(None)
     return VerifyResult(directory, manifest, report, file_problems, source_problems, reports)
 

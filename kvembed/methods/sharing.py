@@ -192,3 +192,13 @@ def resolve_also(
             raise ValueError(f"--also label {label!r} is used twice; give each extra output its own label")
         resolved[label] = method
     return resolved
+
+
+def output_label(output: str | None, main: str, labels: "list[str] | tuple[str, ...] | Mapping[str, Any]") -> str | None:
+    """The extra-output label ``output`` names, or None for the main method (``None`` or its name);
+    ValueError listing what there is otherwise."""
+    if output is None or (output == main and output not in labels):
+        return None
+    if output not in labels:
+        raise ValueError(f"no output {output!r}; this embedder computes: {', '.join([main, *labels])}")
+    return output

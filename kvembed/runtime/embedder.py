@@ -10,7 +10,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..methods.sharing import output_names
+from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
 from .artifact import MODEL, check_files, encoder_from_manifest, read_manifest
 from .batching import plan_batches
@@ -93,12 +93,7 @@ class Embedder:
         return self.dim if shape is None else int(shape[-1])
 
     def _label(self, output: str | None) -> str | None:
-        also = self.manifest.get("also") or {}
-        if output is None or (output == self.method.name and output not in also):
-            return None
-        if output not in also:
-            raise ValueError(f"no output {output!r} in this artifact; it computes: {', '.join(self.outputs)}")
-        return output
+        return output_label(output, self.method.name, list(self.manifest.get("also") or {}))
 
     @property
     def max_length(self) -> int:

@@ -61,8 +61,9 @@ def session_options(threads: int | None = None, memory_arena: bool = True) -> or
     ``threads`` intra-op threads (default: onnxruntime's choice, one per physical core).
 
     ``memory_arena=False`` gives activation memory back after every call instead of keeping the
-    arena at its high-water mark (a 16 x 512 batch of a 0.6B-shaped model: 2.7 GB kept vs 0.7 GB
-    resident after the call), for servers that see rare large batches; costs a few percent.
+    arena at its high-water mark (a 16 x 512 batch of the 8-layer 0.6B-shaped model: 2.6 GB kept vs
+    0.6 GB resident after the call; benchmarks/compare_graphs.py --memory), for servers that see
+    rare large batches.
     """
     options = ort.SessionOptions()
     options.enable_cpu_mem_arena = bool(memory_arena)
