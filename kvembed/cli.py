@@ -161,9 +161,26 @@ def verify(
         raise typer.Exit(EXIT_FAILED)
 
 
-from .bench.cli import bench_command  # noqa: E402  (typer and rich only)
+#: commands that live in their own modules: (command name, module, attribute). Each module imports
+#: only typer/rich at the top (heavy imports happen inside the command), so ``kvembed --help`` stays fast.
+#: An attribute that is a ``typer.Typer`` becomes a command group (``kvembed NAME SUBCOMMAND``).
+SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("bench", "kvembed.bench.cli", "bench_command"),
+)
 
-app.command("bench", help=bench_command.__doc__)(bench_command)
+
+def _register_subcommands() -> None:
+    import importlib
+
+    for name, module_name, attribute in SUBCOMMANDS:
+        target = getattr(importlib.import_module(module_name), attribute)
+        if isinstance(target, typer.Typer):
+            app.add_typer(target, name=name)
+        else:
+            app.command(name, help=target.__doc__)(target)
+
+
+_register_subcommands()
 
 
 def main() -> None:
