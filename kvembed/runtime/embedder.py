@@ -14,7 +14,7 @@ from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
 from .artifact import MODEL, check_files, encoder_from_manifest, read_manifest
 from .batching import plan_batches
-from .encoding import TextEncoder, check_texts
+from .encoding import EncodedText, TextEncoder, check_texts
 from .session import create_session, run_session
 
 #: inputs with at least this many texts show a progress bar by default (when stderr is a terminal)
@@ -132,15 +132,64 @@ class Embedder:
         label = self._label(output)
         single = isinstance(texts, str)
         items = check_texts([texts] if single else texts)
-        encoded = self.encoder.encode(items, kind)
-        out = np.zeros((len(items), self.dim_of(label)), dtype=np.float32)
+        out = self._embed(self.encoder.encode(items, kind), label, batch_size, max_tokens, normalize, show_progress_bar)
+        return out[0] if single else out
+
+    def token_inputs(self, ids: Sequence[Sequence[int]], kind: str = "document") -> list[EncodedText]:
+        """Pre-tokenised inputs as the graph takes them: each row is the whole model input, fed verbatim
+        (cut to :attr:`max_length` and flagged ``truncated`` when longer).
+
+        Only methods that embed raw text (template ``{text}``, no clean-up, no placeholder, no pool
+        span: ``va``, ``last-token``, ``mean``) accept ids: for them ``tokenizer.encode(text).ids`` gives
+        exactly :meth:`encode`'s input. Prompt methods raise ValueError: wrapping ids in a prompt at the
+        token level would not reproduce the ids of the prompted text (merges across the boundary).
+        """
+        method = self.method
+        if kind not in method.templates:
+            raise ValueError(f"kind must be one of {', '.join(method.templates)}, got {kind!r}")
+        raw = method.templates[kind] == "{text}" and not (method.preprocess or method.placeholder or method.uses_pool_mask)
+        if not raw:
+            raise ValueError(
+                f"method {method.name!r} wraps text in a prompt ({method.templates[kind]!r}); token ids are "
+                "accepted only by raw-text methods (va, last-token, mean): send text instead"
+            )
+        vocab = self.encoder.tokenizer.get_vocab_size(with_added_tokens=True)
+        rows: list[EncodedText] = []
+        for index, row in enumerate(ids):
+            if isinstance(row, (str, bytes)) or not row or not all(_is_id(i, vocab) for i in row):
+                raise ValueError(f"ids[{index}] must be a non-empty list of token ids in [0, {vocab}), got {str(row)[:60]}")
+            rows.append(EncodedText(tuple(row[: self.max_length]), None, len(row) > self.max_length))
+        return rows
+
+    def encode_ids(
+        self,
+        ids: Sequence[Sequence[int]],
+        kind: str = "document",
+        batch_size: int = 32,
+        max_tokens: int | None = None,
+        normalize: bool = True,
+        output: str | None = None,
+    ) -> np.ndarray:
+        """Embed pre-tokenised rows (see :meth:`token_inputs`): float32 ``(n, dim)`` in input order."""
+        return self._embed(self.token_inputs(ids, kind), self._label(output), batch_size, max_tokens, normalize, False)
+
+    def _embed(
+        self,
+        encoded: Sequence[EncodedText],
+        label: str | None,
+        batch_size: int,
+        max_tokens: int | None,
+        normalize: bool,
+        show_progress_bar: bool | None,
+    ) -> np.ndarray:
+        out = np.zeros((len(encoded), self.dim_of(label)), dtype=np.float32)
         plan = plan_batches([len(item.ids) for item in encoded], batch_size, max_tokens)
-        with _progress(len(items), show_progress_bar) as advance:
+        with _progress(len(encoded), show_progress_bar) as advance:
             for chunk in plan:
                 embedding, pooled = self.run(self.encoder.pad([encoded[i] for i in chunk], self.padding_side), label)
                 out[chunk] = embedding if normalize else pooled
                 advance(len(chunk))
-        return out[0] if single else out
+        return out
 
     def encode_query(self, texts: Sequence[str] | str, **kwargs: Any) -> np.ndarray:
         return self.encode(texts, kind="query", **kwargs)
@@ -183,6 +232,10 @@ class Embedder:
                 index = int(message[6 : message.index("]")])
                 raise TypeError(f"texts[{offset + index}]{message[message.index(']') + 1:]}") from None
             raise
+
+
+def _is_id(value: Any, vocab: int) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < vocab
 
 
 class _progress:
