@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 try:
     import typer
@@ -15,37 +16,70 @@ except ImportError as err:  # pragma: no cover - only without the cli extra
 
 from . import cli_options as opt
 from .cli_options import method_options
+from .cli_support import DEBUG_ENV, DEBUG_FLAG, guard_app, run_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console()
 errors = Console(stderr=True)
 
-#: exceptions that carry a user-facing message: printed without a traceback, exit code 2
-USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotImplementedError)
-
-
 @app.callback()
-def _group() -> None:
+def _group(
+    debug: bool = typer.Option(False, DEBUG_FLAG, help=f"Show tracebacks (also: {DEBUG_ENV}=1).", is_eager=True),
+) -> None:
     """kvembed: training-free LLM text embeddings."""
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
 
 
-def run_guarded(job: Callable[[], Any]) -> Any:
-    try:
-        return job()
-    except USER_ERRORS as err:
-        errors.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+ARTIFACT_FILES = "kvembed.json, model.onnx and tokenizer.json, written by kvembed-export"
 
 
-def is_artifact(path: str | None) -> bool:
+def is_artifact(path: str | os.PathLike[str] | None) -> bool:
     return path is not None and (Path(path) / "kvembed.json").is_file()
+
+
+def check_artifact_argument(first: str | None) -> str:
+    """The artifact directory named by the first positional argument, or a ValueError saying what
+    an artifact is and how to embed with a PyTorch model instead."""
+    if first is None:
+        raise ValueError("give an artifact directory and texts (kvembed embed ARTIFACT TEXT...) or a model "
+                         "with --model (kvembed embed --model stories260k TEXT...)")
+    if is_artifact(first):
+        return first
+    where = Path(first).expanduser()
+    if where.is_dir():
+        raise ValueError(f"{first!r} is a directory but not a kvembed artifact (no kvembed.json); an artifact "
+                         f"directory holds {ARTIFACT_FILES}; to embed with the PyTorch model in a model "
+                         f"folder, use --model {first}")
+    if where.exists() or os.sep in first or "/" in first or first.startswith((".", "~")):
+        raise ValueError(f"no kvembed artifact at {first!r}; an artifact directory holds {ARTIFACT_FILES}")
+    raise ValueError(f"{first!r} is not an artifact directory: kvembed embed ARTIFACT TEXT... embeds with an "
+                     f"exported artifact; to embed texts with a PyTorch model, name it with --model "
+                     f"(e.g. kvembed embed --model stories260k {first!r})")
+
+
+def check_artifact_options(directory: str, method: str | None, options: dict[str, Any], max_length: int | None) -> None:
+    """Refuse method options that would contradict what the artifact computes (it fixes them all)."""
+    from .methods import get_method
+    from .runtime.artifact import read_manifest
+
+    manifest = read_manifest(directory)
+    held = manifest["method"]
+    holds = f"{held['name']} ({', '.join(f'{k}={v}' for k, v in held.get('options', {}).items()) or 'no options'})"
+    if method is not None and get_method(method).name != held["name"]:
+        raise ValueError(f"artifact {directory!r} computes {holds}, not {method!r}; drop --method, or export "
+                         f"another artifact with kvembed-export --method {method}")
+    if options or max_length is not None:
+        given = ", ".join("--" + name.replace("_", "-") for name in [*options, *(["max_length"] if max_length is not None else [])])
+        raise ValueError(f"artifact {directory!r} fixes its method options: it computes {holds} with max_length="
+                         f"{manifest['max_length']}; drop {given}, or re-export with kvembed-export")
 
 
 @app.command()
 def embed(
-    texts: Optional[list[str]] = typer.Argument(None, help="[ARTIFACT_DIR] TEXT...: texts, optionally after an artifact directory."),
-    model: str = typer.Option("stories260k", "--model", "-m", help="Artifact dir (runtime), or model folder / alias / hub id (PyTorch reference)."),
-    method: str = typer.Option("kv-embedding", "--method", help="Embedding method (reference only; an artifact fixes it)."),
+    texts: Optional[list[str]] = typer.Argument(None, help="ARTIFACT TEXT... (torch-free runtime), or TEXT... with --model."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Embed with the PyTorch reference of this model folder, alias (stories260k) or hub id; all arguments are then texts."),
+    method: Optional[str] = typer.Option(None, "--method", help="Embedding method with --model (default kv-embedding); an artifact fixes it."),
     kind: str = typer.Option("document", "--kind", help="query or document (selects the prompt)."),
     layers: opt.Layers = None,
     bias: opt.Bias = None,
@@ -57,8 +91,8 @@ def embed(
     tp_start: opt.TpStart = None,
     tp_stop: opt.TpStop = None,
     exit_layer: opt.ExitLayer = None,
-    max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (reference only)."),
-    input: Optional[Path] = typer.Option(None, "--input", "-i", help="Read texts from a .txt (one per line) or .jsonl file."),
+    max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (with --model)."),
+    input: Optional[Path] = typer.Option(None, "--input", "-i", help="Read texts from a .txt (one per line) or .jsonl file, or - for standard input."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write embeddings to a .npy or .jsonl file."),
     batch_size: int = typer.Option(32, help="Rows per batch."),
     provider: str = typer.Option("auto", help="Runtime provider: auto, cpu, cuda, tensorrt."),
@@ -66,55 +100,64 @@ def embed(
     similarity: bool = typer.Option(False, "--similarity", help="Print the cosine similarity matrix."),
     use: Optional[str] = typer.Option(None, "--use", help="Artifact output to embed with: an --also label (default: the main method)."),
 ) -> None:
-    """Embed texts with an exported artifact (torch-free runtime) or the PyTorch reference.
+    """Embed texts with an exported artifact (torch-free runtime) or a model's PyTorch reference.
 
-    kvembed embed DIR "text" ... | kvembed embed --model stories260k --method va "text" ...
-    | kvembed embed DIR --input texts.txt --output vectors.npy
+    kvembed embed ARTIFACT "text" ... | kvembed embed --model stories260k --method va "text" ...
+    | kvembed embed ARTIFACT --input texts.txt --output vectors.npy
     """
     import numpy as np
 
-    from .runtime.textio import check_output_path, count_lines, read_texts, write_embeddings
+    from .runtime.textio import TextRecords, check_input_path, check_output_path, count_lines, is_stdin, write_embeddings
 
     items = list(texts or [])
-    source = items.pop(0) if items and is_artifact(items[0]) else model
     options = method_options(locals())
+    if model is not None:
+        source = model
+    else:
+        source = check_artifact_argument(items.pop(0) if items else None)
+    artifact = is_artifact(source)
+    if (input is None) == (not items):
+        raise ValueError("give texts as arguments or one --input file (not both, not neither)")
+    if input is not None:
+        check_input_path(input)
+        if output is None and is_stdin(input):
+            raise ValueError("--input - (standard input) needs --output FILE (.npy or .jsonl)")
+    if output is not None:
+        check_output_path(output)
+    if artifact:
+        check_artifact_options(source, method, options, max_length)
+        from .runtime import Embedder
 
-    def load() -> Any:
-        if (input is None) == (not items):
-            raise ValueError("give texts as arguments or one --input file (not both, not neither)")
-        if output is not None:
-            check_output_path(output)
-        if is_artifact(source):
-            if options or max_length is not None:
-                raise ValueError(f"an artifact fixes its method options; drop {', '.join(options) or '--max-length'} or re-export")
-            from .runtime import Embedder
-
-            loaded = Embedder.load(source, provider=provider, threads=threads)
-            loaded.dim_of(use)  # an unknown label fails here, naming the artifact's outputs
-            return loaded
+        embedder: Any = Embedder.load(source, provider=provider, threads=threads)
+        embedder.dim_of(use)  # an unknown label fails here, naming the artifact's outputs
+    else:
         if use is not None:
             raise ValueError("--use picks an output of an artifact exported with --also; give the artifact directory")
+        from .sources import preflight
+
+        preflight(source, method or "kv-embedding", options)  # a bad option fails now, not after loading
         from .reference import TorchEmbedder
 
-        return TorchEmbedder.from_pretrained(source, method, max_length=max_length, **options)
-
-    embedder = run_guarded(load)
+        embedder = TorchEmbedder.from_pretrained(source, method or "kv-embedding", max_length=max_length, **options)
     title = f"{use or embedder.method.name} on {source}"
     extra = {} if use is None else {"output": use}
     if input is not None:
-        total = run_guarded(lambda: count_lines(input) if input.is_file() else 0)
-        stream = read_texts(input)
+        target = output if output is not None else input.with_suffix(".npy")
+        if output is None:
+            errors.print(f"no --output given: writing {target}", highlight=False)
+        total = count_lines(input)
+        records = TextRecords(input, track_ids=target.suffix == ".jsonl")
         if hasattr(embedder, "encode_stream"):
-            chunks = embedder.encode_stream(stream, kind=kind, batch_size=batch_size, show_progress_bar=True, **extra)
+            chunks = embedder.encode_stream(records, kind=kind, batch_size=batch_size, show_progress_bar=sys.stderr.isatty(), **extra)
         else:
-            chunks = (embedder.encode(chunk, kind=kind, batch_size=batch_size) for chunk in _chunked(stream, 4096))
-        target = output or input.with_suffix(".npy")
-        rows, dim = run_guarded(lambda: write_embeddings(target, chunks))
-        console.print(f"{title}: wrote {rows} x {dim} float32 embeddings of {total} input lines to {target}")
+            chunks = (embedder.encode(chunk, kind=kind, batch_size=batch_size) for chunk in _chunked(records, 4096))
+        rows, dim = write_embeddings(target, chunks, embedder.dim_of(use), ids=records)
+        read = "standard input" if total is None else f"{total} input lines"
+        console.print(f"{title}: wrote {rows} x {dim} float32 embeddings of {read} to {target}", highlight=False)
         return
-    vectors = run_guarded(lambda: embedder.encode(items, kind=kind, batch_size=batch_size, **extra))
+    vectors = embedder.encode(items, kind=kind, batch_size=batch_size, **extra)
     if output is not None:
-        rows, dim = write_embeddings(output, [vectors])
+        rows, dim = write_embeddings(output, [vectors], vectors.shape[1])
         console.print(f"wrote {rows} x {dim} float32 to {output}")
     table = Table(title=f"{title}: {vectors.shape[0]} x {vectors.shape[1]}")
     table.add_column("#", justify="right")
@@ -166,6 +209,7 @@ def verify(
 #: An attribute that is a ``typer.Typer`` becomes a command group (``kvembed NAME SUBCOMMAND``).
 SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("bench", "kvembed.bench.cli", "bench_command"),
+    ("serve", "kvembed.serve.cli", "serve_command"),
 )
 
 
@@ -181,10 +225,11 @@ def _register_subcommands() -> None:
 
 
 _register_subcommands()
+guard_app(app)  # every command: one-line errors, exit 2 (1 for a failed check), --debug for tracebacks
 
 
 def main() -> None:
-    app()
+    run_app(app, prog_name="kvembed")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -13,12 +12,13 @@ from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from .methods import ResolvedMethod, get_method, resolve, resolve_model
+from .methods import ResolvedMethod, get_method, resolve
 from .methods.layers import AUTO
 from .methods.sharing import AlsoRequest, output_label, resolve_also
 from .patch import EmbeddingModel, architecture_of
 from .runtime.batching import plan_batches
 from .runtime.encoding import EncodedText, TextEncoder, check_texts
+from .sources import locate_model
 
 #: tokenizers report "no limit" as a huge number; anything above this is not a real bound
 _UNBOUNDED = 10**8
@@ -95,10 +95,8 @@ class TorchEmbedder:
         ``"va:layers=8-12"``, ``"last=kv-embedding:pooling=last"``; see
         :mod:`kvembed.methods.sharing`); ``encode(..., output=label)`` returns theirs.
         """
-        location, preset_id = resolve_model(model)
-        text = str(model)
-        if (os.sep in text or text.startswith(".")) and not Path(location).is_dir():
-            raise FileNotFoundError(f"no model folder at {text!r} (expected config.json and weights there)")
+        source = locate_model(model, revision)  # fails within seconds when nothing is there
+        location, preset_id, text = source.location, source.preset_id, str(model)
         try:
             config = AutoConfig.from_pretrained(location, revision=revision, trust_remote_code=trust_remote_code)
         except OSError as err:

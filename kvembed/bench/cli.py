@@ -7,23 +7,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import typer
 from rich.console import Console
 
 from .. import cli_options as opt
 from ..cli_options import method_options
+from ..cli_support import run_guarded
 
 console = Console()
 errors = Console(stderr=True)
-
-EXIT_FAILED, EXIT_USER = 1, 2
-#: exceptions that carry a user-facing message: one line, no traceback, exit code 2
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    ValueError, TypeError, FileNotFoundError, FileExistsError, NotImplementedError,
-)
-
 
 def parse_ints(option: str, text: str | None) -> tuple[int, ...] | None:
     """``"1,8,32"`` -> ``(1, 8, 32)``; anything but positive integers is a ValueError naming it."""
@@ -51,26 +45,6 @@ def parse_names(option: str, text: str | None, choices: Sequence[str]) -> tuple[
         if item not in choices:
             raise ValueError(f"{option}: unknown value {item!r}; choose from {', '.join(choices)}")
     return tuple(dict.fromkeys(items))
-
-
-def guarded(job: Callable[[], Any]) -> Any:
-    """Run ``job()``: user errors exit 2 with one line; failed exports or benchmark processes exit 1."""
-    from ..export.graph import ExportError
-    from .worker import BenchError
-
-    def fail(message: str, code: int) -> typer.Exit:
-        errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True, markup=True)
-        return typer.Exit(code)
-
-    try:
-        return job()
-    except (ExportError, BenchError) as err:
-        raise fail(str(err), EXIT_FAILED) from None
-    except USER_ERRORS as err:
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise fail(message, EXIT_USER) from None
-    except KeyboardInterrupt:
-        raise fail("interrupted", 130) from None
 
 
 def _progress_class() -> type:
@@ -133,7 +107,7 @@ def bench_command(
     min_seconds: Optional[float] = typer.Option(None, "--min-seconds", help="Timed seconds per cell, at least (default: 1.0; --quick: 0.1)."),
     max_repeats: Optional[int] = typer.Option(None, "--max-repeats", help="Timed calls per cell, at most (default: 1000; --quick: 50)."),
     kind: str = typer.Option("document", "--kind", help="query or document: which prompt the inputs use."),
-    quick: bool = typer.Option(False, "--quick", help="Small grid and few calls: a smoke run in seconds on the demo model."),
+    quick: bool = typer.Option(False, "--quick", help="Small grid and few calls on the demo model: a smoke run (about 30-60 s on 2 cores: export + parity gate, then a fresh process per backend)."),
     profile: bool = typer.Option(False, "--profile", help="Also profile the runtime's largest cell per precision (onnxruntime profiler, time by op type)."),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty --out (replacing earlier results)."),
 ) -> None:
@@ -165,7 +139,7 @@ def bench_command(
         check_output(config.out, config.force)
         return config
 
-    config = guarded(configure)
+    config = run_guarded(configure)
     started = time.monotonic()
 
     def job() -> Any:
@@ -183,7 +157,7 @@ def bench_command(
         finally:
             progress.bar.stop()
 
-    results = guarded(job)
+    results = run_guarded(job)
     from .report import COST_PLOT, LATENCY_PLOT, RESULTS_JSON, RESULTS_MD, markdown_table
 
     console.print(markdown_table(results["cells"]), markup=False, highlight=False, soft_wrap=True)

@@ -22,6 +22,9 @@ from ..export.parity import cosine_rows  # noqa: F401  (torch-free; re-exported 
 
 BACKENDS = ("runtime", "torch")
 
+#: a cell whose repeats have a coefficient of variation above this is flagged noisy
+NOISY_CV = 0.25
+
 
 # -- timing -------------------------------------------------------------------------------------
 
@@ -133,6 +136,16 @@ class Timing:
         return float(np.min(self.samples)) * 1e3
 
     @property
+    def cv(self) -> float:
+        """Coefficient of variation of the samples (std / mean): how much the repeats disagree."""
+        return float(np.std(self.samples) / np.mean(self.samples)) if len(self.samples) > 1 else 0.0
+
+    @property
+    def noisy(self) -> bool:
+        """Repeats that vary more than :data:`NOISY_CV`: the machine was busy; ratios are unreliable."""
+        return self.cv > NOISY_CV
+
+    @property
     def texts_per_s(self) -> float:
         return self.batch_size / (self.mean_ms / 1e3)
 
@@ -149,6 +162,8 @@ class Timing:
             "p99_ms": self.p99_ms,
             "mean_ms": self.mean_ms,
             "min_ms": self.min_ms,
+            "cv": self.cv,
+            "noisy": self.noisy,
             "texts_per_s": self.texts_per_s,
             "tokens_per_s": self.tokens_per_s,
             "samples_s": list(self.samples),

@@ -78,7 +78,7 @@ def write_json(results: Mapping[str, Any], out: Path) -> Path:
 
 COLUMNS = (
     "backend", "precision", "batch", "seq", "tokens/row", "p50 ms", "p95 ms", "p99 ms", "texts/s",
-    "tokens/s", "peak RSS MB", "GFLOP/s", "% of peak", "cos vs torch", "speedup vs torch",
+    "tokens/s", "peak RSS MB", "GFLOP/s", "% of peak", "cv", "cos vs torch", "speedup vs torch",
 )
 
 
@@ -92,6 +92,27 @@ def _num(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def _cv(cell: Mapping[str, Any]) -> str:
+    cv = cell.get("cv")
+    if cv is None:
+        return "-"
+    return f"{100 * cv:.0f}%" + (" noisy" if cell.get("noisy") else "")
+
+
+def noisy_note(cells: Sequence[Mapping[str, Any]]) -> str | None:
+    """A warning line when some cells' repeats varied more than NOISY_CV, else None."""
+    from .measure import NOISY_CV
+
+    noisy = [c for c in cells if c.get("noisy")]
+    if not noisy:
+        return None
+    return (
+        f"{len(noisy)} of {len(cells)} cells are noisy (their repeats vary by more than {100 * NOISY_CV:.0f}%, "
+        "coefficient of variation): the machine was busy, so their latencies and any speedup marked (noisy) "
+        "are unreliable; rerun on a quiet machine or raise --min-seconds"
+    )
+
+
 def table_rows(cells: Iterable[Mapping[str, Any]]) -> list[list[str]]:
     rows = []
     for cell in cells:
@@ -102,7 +123,8 @@ def table_rows(cells: Iterable[Mapping[str, Any]]) -> list[list[str]]:
             _num(cell["tokens_per_row"], 1), _num(cell["p50_ms"], 3), _num(cell["p95_ms"], 3),
             _num(cell["p99_ms"], 3), _num(cell["texts_per_s"], 1), _num(cell["tokens_per_s"], 0),
             _num(cell["peak_rss_mb"], 0), _num(cell.get("gflops"), 2), _num(cell.get("pct_of_peak"), 1),
-            "-" if cosine is None else f"{cosine:.6f}", "-" if speedup is None else f"{speedup:.2f}x",
+            _cv(cell), "-" if cosine is None else f"{cosine:.6f}",
+            "-" if speedup is None else f"{speedup:.2f}x" + (" (noisy)" if cell.get("speedup_noisy") else ""),
         ])
     return rows
 

@@ -300,6 +300,11 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dic
 
     # 5. cells, comparisons, reports
     cells = assemble_cells(processes, batches, shape, peak, config.warmup)
+    from .report import noisy_note
+
+    noisy = noisy_note(cells)
+    if noisy:
+        notes.append(noisy)
     plot_seq = sorted(config.seq_lens)[len(config.seq_lens) // 2]
     plot_batch = max(config.batch_sizes)
     results: dict[str, Any] = {
@@ -401,12 +406,16 @@ def assemble_cells(
     torch_p50 = {
         cell_key(c["seq_len"], c["batch_size"]): c["p50_ms"] for c, label in zip(cells, labels) if label == torch_label
     }
+    torch_noisy = {
+        cell_key(c["seq_len"], c["batch_size"]): c["noisy"] for c, label in zip(cells, labels) if label == torch_label
+    }
     for cell, label in zip(cells, labels):
         if cell["backend"] != "runtime":
             continue
         key = cell_key(cell["seq_len"], cell["batch_size"])
         cell["cosine_vs_torch"] = float(cosine_rows(outputs[(label, key)], outputs[(torch_label, key)]).min())
         cell["speedup_vs_torch"] = torch_p50[key] / cell["p50_ms"]
+        cell["speedup_noisy"] = bool(cell["noisy"] or torch_noisy[key])
     return cells
 
 

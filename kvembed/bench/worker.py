@@ -22,13 +22,14 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ..errors import CheckFailed
 from .measure import RuntimeBackend, TorchBackend, current_rss_mb, peak_rss_mb, time_calls
 
 #: child exceptions re-raised as themselves in the parent (they carry a user-facing message)
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, FileNotFoundError, NotImplementedError)
 
 
-class BenchError(RuntimeError):
+class BenchError(CheckFailed, RuntimeError):
     """A benchmark process failed (not a user error): crashed, killed, or raised unexpectedly."""
 
 

@@ -17,38 +17,13 @@ except ImportError as err:  # pragma: no cover - only without the cli extra
 
 from .. import cli_options as opt
 from ..cli_options import method_options
+from ..cli_support import EXIT_FAILED, fail, guard_app, run_app, run_guarded
 
 console = Console()
 errors = Console(stderr=True)
 
-#: exceptions that carry a user-facing message: one line, no traceback, exit code 2
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    ValueError,
-    TypeError,
-    FileNotFoundError,
-    FileExistsError,
-    NotImplementedError,
-)
-EXIT_USER, EXIT_FAILED = 2, 1
-
-
 def _fail(message: str, code: int) -> typer.Exit:
-    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
-
-
-def run_guarded(job: Any) -> Any:
-    """Run ``job()``; user errors exit 2 with one line, export failures (parity, tracing) exit 1."""
-    from .graph import ExportError
-
-    try:
-        return job()
-    except ExportError as err:
-        raise _fail(str(err), EXIT_FAILED) from None
-    except USER_ERRORS as err:
-        raise _fail(str(err).splitlines()[0] if str(err) else type(err).__name__, EXIT_USER) from None
-    except KeyboardInterrupt:
-        raise _fail("interrupted; nothing was written", 130) from None
+    return fail(message, code)
 
 
 class StageDisplay:
@@ -162,9 +137,10 @@ def export_command(
 
     options = method_options(locals())
 
-    def preflight() -> None:  # cheap checks before importing torch
+    def preflight() -> None:  # cheap checks before importing torch or loading weights
         from ..methods import get_method
         from ..methods.sharing import parse_also
+        from ..sources import preflight as check_model
 
         get_method(method)
         for item in also or []:
@@ -173,6 +149,7 @@ def export_command(
         check_output(out, force)
         if opset < 18:
             raise ValueError(f"opset {opset} is too old: the exporter needs opset >= 18")
+        check_model(model, method, options, list(also or []))
 
     run_guarded(preflight)
     console.print(f"[bold]kvembed-export[/] {method} on {model} -> {out} ({precision})", highlight=False)
@@ -339,19 +316,21 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True) ->
 #: ``kvembed-export [OPTIONS]``: a single-command app (typer runs the command without a name)
 app = typer.Typer(add_completion=False, help=__doc__)
 app.command(help=export_command.__doc__)(export_command)
+guard_app(app)
 
 #: ``kvembed-export verify DIR``
 verify_app = typer.Typer(add_completion=False)
 verify_app.command(help=verify_command.__doc__)(verify_command)
+guard_app(verify_app)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``kvembed-export`` (``kvembed-export verify DIR`` re-checks an artifact)."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args and args[0] == "verify":
-        verify_app(args=args[1:], prog_name="kvembed-export verify")
+        run_app(verify_app, args[1:], prog_name="kvembed-export verify")
     else:
-        app(args=args, prog_name="kvembed-export")
+        run_app(app, args, prog_name="kvembed-export")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import CheckFailed
 from .ops import ALLOWED_OPS, STANDARD_DOMAINS, non_portable_ops
 
 MODEL_FILE = "model.onnx"
@@ -35,7 +36,7 @@ BATCH, SEQUENCE = "batch", "sequence"
 TRACE_TEXTS = ("A short example.", "A somewhat longer example sentence, traced with symbolic sizes.")
 
 
-class ExportError(RuntimeError):
+class ExportError(CheckFailed, RuntimeError):
     """The model could not be turned into a valid graph (not a user error)."""
 
 

@@ -56,12 +56,19 @@ _ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Neg", "Clip", "Max", "Min", "Where"
                 "Reciprocal", "Gather", "GatherElements"}
 
 
+def _ort_version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
 def check_precision(precision: str) -> str:
     value = str(precision).strip().lower()
     if value == "bf16":
         raise ValueError(
             "precision bf16 is not offered: onnxruntime's CPU provider has no bf16 kernels for MatMul, "
-            "Add, Mul or Softmax (checked with onnxruntime 1.31), so the parity gate cannot run it; "
+            f"Add, Mul or Softmax (onnxruntime {_ort_version()} installed here; tests/test_export.py checks "
+            "that this still holds), so the parity gate cannot run it; "
             "use fp16 (or int8 on CPU)"
         )
     if value not in PRECISIONS:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 try:
     import typer
@@ -19,22 +19,11 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-layers needs typer and rich: pip install 'kvembed[cli]' ({err})")
 
+from ..cli_support import guard_app, run_app, run_guarded
+
 app = typer.Typer(add_completion=False, help=__doc__)
 console = Console()
 errors = Console(stderr=True)
-
-#: exceptions that carry a user-facing message: one line, no traceback, exit code 2
-USER_ERRORS = (ValueError, TypeError, OSError, NotImplementedError)
-
-
-def _guarded(job: Callable[[], Any]) -> Any:
-    try:
-        return job()
-    except USER_ERRORS as err:
-        message = " ".join(str(err).split()) or type(err).__name__
-        errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-
 
 @app.command()
 def layers(
@@ -78,7 +67,7 @@ def layers(
             )
         return selection, write_report(selection, out)
 
-    selection, (json_path, png_path) = _guarded(run)
+    selection, (json_path, png_path) = run_guarded(run)
     if selection.num_texts < num_texts and not quiet:
         source = calibration or "the built-in set"
         errors.print(f"note: {source} has {selection.num_texts} distinct non-empty texts; used all of them", highlight=False)
@@ -99,8 +88,11 @@ def layers(
     console.print(f"wrote {json_path} and {png_path} in {time.perf_counter() - started:.1f} s", highlight=False)
 
 
+guard_app(app)
+
+
 def main() -> None:
-    app()
+    run_app(app, prog_name="kvembed-layers")
 
 
 if __name__ == "__main__":

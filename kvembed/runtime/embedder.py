@@ -121,18 +121,22 @@ class Embedder:
         normalize: bool = True,
         show_progress_bar: bool | None = None,
         output: str | None = None,
+        *,
+        first_index: int = 0,
     ) -> np.ndarray:
         """Embed ``texts`` as ``kind`` (``"query"``/``"document"``): float32 ``(n, dim)`` in input order.
 
         Texts are sorted by length and batched by at most ``batch_size`` rows and ``max_tokens``
         padded tokens. A single str gives a 1-D vector. Over-long texts are cut (the prompt
-        template stays whole) and counted in a warning. ``output`` picks an extra method of an
-        artifact exported with ``--also`` (see :attr:`outputs`).
+        template stays whole) and named in one warning. ``output`` picks an extra method of an
+        artifact exported with ``--also`` (see :attr:`outputs`). ``first_index`` is the position of
+        ``texts[0]`` in a longer stream: errors and warnings name items by that index.
         """
         label = self._label(output)
         single = isinstance(texts, str)
-        items = check_texts([texts] if single else texts)
-        out = self._embed(self.encoder.encode(items, kind), label, batch_size, max_tokens, normalize, show_progress_bar)
+        items = check_texts([texts] if single else texts, first_index)
+        encoded = self.encoder.encode(items, kind, first_index)
+        out = self._embed(encoded, label, batch_size, max_tokens, normalize, show_progress_bar)
         return out[0] if single else out
 
     def token_inputs(self, ids: Sequence[Sequence[int]], kind: str = "document") -> list[EncodedText]:
@@ -224,14 +228,7 @@ class Embedder:
                 advance(len(chunk))
 
     def _encode_chunk(self, chunk: list[Any], offset: int, kind: str, kwargs: dict[str, Any]) -> np.ndarray:
-        try:
-            return self.encode(chunk, kind=kind, show_progress_bar=False, **kwargs)
-        except TypeError as err:  # name the index in the whole stream, not in the chunk
-            message = str(err)
-            if message.startswith("texts["):
-                index = int(message[6 : message.index("]")])
-                raise TypeError(f"texts[{offset + index}]{message[message.index(']') + 1:]}") from None
-            raise
+        return self.encode(chunk, kind=kind, show_progress_bar=False, first_index=offset, **kwargs)
 
 
 def _is_id(value: Any, vocab: int) -> bool:
@@ -256,7 +253,9 @@ class _progress:
             except ImportError:
                 warnings.warn("progress bars need rich: pip install 'kvembed[cli]'", stacklevel=3)
                 return lambda n: None
-            self.bar = Progress(transient=False)
+            from rich.console import Console
+
+            self.bar = Progress(transient=False, console=Console(stderr=True))
             self.bar.start()
             task = self.bar.add_task("embedding", total=self.total)
             return lambda n: self.bar.advance(task, n)

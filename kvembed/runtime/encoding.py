@@ -44,15 +44,30 @@ def format_prompt(template: str, text: str) -> tuple[str, tuple[int, int]]:
     return head + text + parts[-1], (len(head), len(head) + len(text))
 
 
-def check_texts(texts: Any) -> list[str]:
-    """Validate user input: a list (or tuple, or iterable) of str. ``None`` / non-str -> TypeError naming the index."""
+def check_texts(texts: Any, first_index: int = 0) -> list[str]:
+    """Validate user input: a list (or tuple, or iterable) of str. ``None`` / non-str -> TypeError naming
+    the index (counted from ``first_index``: the position of ``texts[0]`` in a longer stream)."""
     if isinstance(texts, (str, bytes)) or texts is None:
         raise TypeError(f"texts must be a list of str, got {type(texts).__name__}")
     items = list(texts)
     for index, item in enumerate(items):
         if not isinstance(item, str):
-            raise TypeError(f"texts[{index}] is {type(item).__name__}, expected str")
+            raise TypeError(f"texts[{first_index + index}] is {type(item).__name__}, expected str")
     return items
+
+
+#: a truncation warning names the cut texts by index when there are at most this many
+NAMED_TRUNCATIONS = 10
+
+
+def truncation_message(indices: Sequence[int], total: int, max_length: int) -> str:
+    """One readable line: how many texts were cut, the limit, and which (by index) when few."""
+    named = ", ".join(f"texts[{i}]" for i in indices[:NAMED_TRUNCATIONS])
+    more = f" and {len(indices) - NAMED_TRUNCATIONS} more" if len(indices) > NAMED_TRUNCATIONS else ""
+    return (
+        f"{len(indices)} of {total} text(s) exceed max_length={max_length} tokens and were cut to fit "
+        f"({named}{more}); the prompt template is kept whole"
+    )
 
 
 @dataclass(frozen=True)
@@ -69,8 +84,8 @@ class TextEncoder:
 
     ``tokenizer`` is a ``tokenizers.Tokenizer`` (transformers' fast tokenizers expose theirs as
     ``backend_tokenizer``); its own special-token behaviour (BOS/EOS) is kept. For token-prepending
-    the placeholder ``<PST>`` is added as a token that absorbs the space before it, matching the
-    official code's ids with Llama 2's fast tokenizer.
+    the placeholder ``<PST>`` is added as a token the way the official code adds it, matching its
+    ids with Llama 2's fast tokenizer.
     """
 
     def __init__(
@@ -123,17 +138,15 @@ class TextEncoder:
             )
         return EncodedText(tuple(ids), None if pool is None else tuple(pool), truncated)
 
-    def encode(self, texts: Sequence[str], kind: str = "document") -> list[EncodedText]:
+    def encode(self, texts: Sequence[str], kind: str = "document", first_index: int = 0) -> list[EncodedText]:
+        """Encode ``texts``; over-long ones are cut and named in one warning (indices counted from
+        ``first_index``, the position of ``texts[0]`` in a longer stream)."""
         if kind not in self.method.templates:
             raise ValueError(f"kind must be one of {', '.join(self.method.templates)}, got {kind!r}")
         encoded = [self.encode_one(text, kind) for text in texts]
-        cut = sum(item.truncated for item in encoded)
+        cut = [first_index + i for i, item in enumerate(encoded) if item.truncated]
         if cut:
-            warnings.warn(
-                f"{cut} of {len(encoded)} text(s) were longer than max_length={self.max_length} tokens "
-                f"and were truncated (the prompt template is kept whole; the text is cut)",
-                stacklevel=3,
-            )
+            warnings.warn(truncation_message(cut, len(encoded), self.max_length), stacklevel=3)
         return encoded
 
     def _encode(self, template: str, text: str) -> tuple[Any, tuple[int, int]]:
@@ -184,13 +197,15 @@ class TextEncoder:
 def add_placeholder(tokenizer: Tokenizer) -> int:
     """Register ``<PST>`` on ``tokenizer`` (idempotent) and return its id.
 
-    ``lstrip=True`` makes the token absorb the space before it, which reproduces the official
-    token-prepending ids on Llama 2's fast tokenizer (``▁:``, ``<PST>``, ``▁"``).
+    Registered as the official code does (``add_tokens(["<PST>"])``, the library's defaults): that
+    reproduces its ids on Llama 2's fast tokenizer (``▁:``, ``<PST>``, ``▁"``) and keeps the space
+    before the placeholder as a token of its own on byte-level BPE tokenizers (Qwen, Llama 3), as
+    the official code gets there; an ``lstrip`` token would swallow it (METHODS.md, token-prepending).
     """
     existing = tokenizer.token_to_id(PLACEHOLDER)
     if existing is not None:
         return existing
-    tokenizer.add_tokens([AddedToken(PLACEHOLDER, lstrip=True, normalized=True)])
+    tokenizer.add_tokens([AddedToken(PLACEHOLDER, normalized=True)])
     token_id = tokenizer.token_to_id(PLACEHOLDER)
     assert token_id is not None
     return token_id

@@ -3,7 +3,7 @@
 mteb itself (torch, datasets, sentence-transformers, ...) is not a kvembed dependency: the adapter
 only needs it for :attr:`MTEBEncoder.mteb_model_meta`. Everything else follows the protocol's
 shapes: ``encode`` takes an iterable of batches (mteb passes a ``DataLoader[BatchedInput]``, i.e.
-dicts with a ``"text"`` list), maps ``prompt_type`` to kvembed's query/document prompts and
+dicts with a ``"text"`` list) or a plain list of str, maps ``prompt_type`` to kvembed's query/document prompts and
 returns a float32 numpy array.
 """
 
@@ -39,11 +39,7 @@ class MTEBEncoder:
         kind = PROMPT_KINDS.get(getattr(prompt_type, "value", prompt_type))
         if kind is None:
             raise ValueError(f"unknown prompt_type {prompt_type!r}; expected query, document or None")
-        texts: list[str] = []
-        for batch in inputs:
-            if "text" not in batch:
-                raise ValueError(f"kvembed embeds text only; got a batch with keys {sorted(batch)}")
-            texts.extend(batch["text"])
+        texts = _texts_of(inputs)
         batch_size = int(kwargs.get("batch_size", self.batch_size))
         return self.embedder.encode(texts, kind=kind, batch_size=batch_size)
 
@@ -85,6 +81,24 @@ class MTEBEncoder:
             use_instructions=False,
             training_datasets=None,
         )
+
+
+def _texts_of(inputs: Any) -> list[str]:
+    """The texts of mteb's batches (dicts with a ``"text"`` list), or of a plain list of str / a
+    single str, as mteb's own wrappers accept."""
+    if isinstance(inputs, str):
+        return [inputs]
+    texts: list[str] = []
+    for batch in inputs:
+        if isinstance(batch, str):
+            texts.append(batch)
+        elif isinstance(batch, Mapping) and "text" in batch:
+            texts.extend(batch["text"])
+        elif isinstance(batch, Mapping):
+            raise ValueError(f"kvembed embeds text only; got a batch with keys {sorted(batch)}")
+        else:
+            raise TypeError(f"expected batches with a 'text' list or plain str items, got {type(batch).__name__}")
+    return texts
 
 
 def _unit(embeddings: Any) -> np.ndarray:

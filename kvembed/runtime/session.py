@@ -14,6 +14,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnxruntime as ort
 
+from ..errors import MissingDependency
+
 PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
 CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
 
@@ -36,7 +38,7 @@ def provider_chain(
         return [cuda, CPU]
     needed = CUDA if provider == "cuda" else TENSORRT
     if needed not in available:
-        raise RuntimeError(
+        raise MissingDependency(
             f"provider {provider!r} needs onnxruntime's {needed}, which this onnxruntime does not have "
             f"(available: {', '.join(available)}); install the GPU build: pip install 'kvembed[gpu]' "
             f"(onnxruntime-gpu, with CUDA{' and TensorRT' if provider == 'tensorrt' else ''} libraries)"
@@ -86,7 +88,22 @@ def create_session(
 ) -> ort.InferenceSession:
     providers = provider_chain(provider, **provider_options)
     options = session_options(threads, memory_arena)
-    return ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
+    return open_session(model_path, options, providers)
+
+
+def open_session(model_path: str | os.PathLike[str], options: ort.SessionOptions, providers: Sequence[Any]) -> ort.InferenceSession:
+    """``ort.InferenceSession``, with onnxruntime's load failures (a damaged or foreign file) turned
+    into a ValueError naming the file: its pybind errors (InvalidProtobuf, Fail, ...) say neither."""
+    try:
+        return ort.InferenceSession(str(model_path), sess_options=options, providers=list(providers))
+    except Exception as err:
+        if not type(err).__module__.startswith("onnxruntime"):
+            raise
+        detail = " ".join(str(err).split())[:300]
+        raise ValueError(
+            f"onnxruntime cannot load {model_path} ({type(err).__name__}: {detail}); the file is damaged or "
+            "not a kvembed graph: re-export the artifact"
+        ) from err
 
 
 def run_session(

@@ -1,42 +1,105 @@
-"""Reading texts from and writing embeddings to files (.txt, .jsonl, .npy), streaming."""
+"""Reading texts from and writing embeddings to files (.txt, .jsonl, .npy), streaming.
+
+Input: ``.txt`` (one text per line), ``.jsonl`` (a JSON string, or an object with ``"text"`` and
+an optional ``"id"``, per line), or ``-`` for standard input (one text per line). Output:
+``.npy`` (one ``(n, dim)`` float32 array) or ``.jsonl`` (``{"index", "id"?, "embedding"}`` per
+line; ``id`` is carried through from a JSONL input that has one).
+"""
 
 from __future__ import annotations
 
 import json
+import sys
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 import numpy as np
 
 INPUT_SUFFIXES = (".txt", ".jsonl")
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
+STDIN = "-"
+
+
+def is_stdin(path: Path | str) -> bool:
+    return str(path) == STDIN
+
+
+def check_input_path(path: Path) -> None:
+    """Fail before any work starts when ``path`` cannot be read as an input."""
+    if is_stdin(path):
+        return
+    if path.suffix not in INPUT_SUFFIXES:
+        raise ValueError(f"--input must be a .txt or .jsonl file (or - for standard input), got {path}")
+    if path.is_dir():
+        raise IsADirectoryError(f"--input {str(path)!r} is a directory; give a .txt or .jsonl file")
+    if not path.is_file():
+        raise FileNotFoundError(f"no input file at {str(path)!r}")
+
+
+@dataclass
+class TextRecords:
+    """Texts read lazily from ``path``; the ``id`` of each JSONL object read so far waits in ``ids``
+    until the writer takes it (so ids stay aligned with streamed embeddings)."""
+
+    path: Path
+    track_ids: bool = True
+    ids: deque = field(default_factory=deque)
+    has_ids: bool = False
+
+    def __iter__(self) -> Iterator[str]:
+        check_input_path(self.path)
+        name = "<stdin>" if is_stdin(self.path) else str(self.path)
+        jsonl = not is_stdin(self.path) and self.path.suffix == ".jsonl"
+        handle: IO[bytes] = sys.stdin.buffer if is_stdin(self.path) else open(self.path, "rb")
+        try:
+            for number, raw in enumerate(handle, start=1):
+                try:
+                    line = raw.decode("utf-8").rstrip("\n").rstrip("\r")
+                except UnicodeDecodeError as err:
+                    raise ValueError(
+                        f"{name}:{number} is not valid UTF-8 (byte {err.start}: {raw[err.start:err.start + 1]!r}); "
+                        "re-encode the file as UTF-8"
+                    ) from None
+                if not jsonl:
+                    if self.track_ids:
+                        self.ids.append(None)
+                    yield line
+                    continue
+                if not line.strip():
+                    continue
+                text, ident = _parse_jsonl(line, name, number)
+                self.has_ids = self.has_ids or ident is not None
+                if self.track_ids:
+                    self.ids.append(ident)
+                yield text
+        finally:
+            if handle is not sys.stdin.buffer:
+                handle.close()
+
+
+def _parse_jsonl(line: str, name: str, number: int) -> tuple[str, Any]:
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{name}:{number} is not valid JSON ({err.msg})") from None
+    text = item.get("text") if isinstance(item, dict) else item
+    if not isinstance(text, str):
+        raise ValueError(f'{name}:{number}: expected a JSON string or an object with a "text" string')
+    ident = item.get("id") if isinstance(item, dict) else None
+    return text, ident
 
 
 def read_texts(path: Path) -> Iterator[str]:
-    """Texts from ``path``: one per line (.txt), or one JSON string / object with ``"text"`` per line (.jsonl)."""
-    if path.suffix not in INPUT_SUFFIXES:
-        raise ValueError(f"--input must be a .txt or .jsonl file, got {path}")
-    if not path.is_file():
-        raise FileNotFoundError(f"no input file at {str(path)!r}")
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            line = line.rstrip("\n").rstrip("\r")
-            if path.suffix == ".txt":
-                yield line
-                continue
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number} is not valid JSON ({err.msg})") from None
-            text = item.get("text") if isinstance(item, dict) else item
-            if not isinstance(text, str):
-                raise ValueError(f'{path}:{number}: expected a JSON string or an object with a "text" string')
-            yield text
+    """Texts from ``path`` (see the module docstring), lazily."""
+    return iter(TextRecords(Path(path), track_ids=False))
 
 
-def count_lines(path: Path) -> int:
+def count_lines(path: Path) -> int | None:
+    """Lines in ``path`` (for a progress total); None for standard input."""
+    if is_stdin(path):
+        return None
     with open(path, "rb") as handle:
         return sum(1 for _ in handle)
 
@@ -44,32 +107,42 @@ def count_lines(path: Path) -> int:
 def check_output_path(path: Path) -> None:
     if path.suffix not in OUTPUT_SUFFIXES:
         raise ValueError(f"--output must end in .npy or .jsonl, got {path}")
+    if path.is_dir():
+        raise IsADirectoryError(f"--output {str(path)!r} is a directory; give a .npy or .jsonl file name")
 
 
-def write_embeddings(path: Path, chunks: Iterable[np.ndarray]) -> tuple[int, int]:
+def write_embeddings(
+    path: Path, chunks: Iterable[np.ndarray], dim: int, ids: TextRecords | None = None
+) -> tuple[int, int]:
     """Write streamed chunks to ``path`` (.npy: one (n, dim) array; .jsonl: one row per line).
 
-    Writes to a temporary file renamed at the end, so an interrupted run leaves no partial output.
-    Returns ``(rows, dim)``.
+    ``dim`` is the embedding width (an empty input still gives an ``(0, dim)`` array). With
+    ``ids`` (the :class:`TextRecords` the chunks were computed from), JSONL rows carry each
+    input's ``id``. Writes to a temporary file renamed at the end, so an interrupted run leaves
+    no partial output. Returns ``(rows, dim)``.
     """
     check_output_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    rows, dim = 0, 0
+    rows = 0
     try:
         if path.suffix == ".jsonl":
             with open(partial, "w", encoding="utf-8") as handle:
                 for chunk in chunks:
                     for vector in chunk:
-                        handle.write(json.dumps({"index": rows, "embedding": [round(float(x), 7) for x in vector]}) + "\n")
+                        row: dict[str, Any] = {"index": rows}
+                        ident = ids.ids.popleft() if ids is not None and ids.ids else None
+                        if ident is not None:
+                            row["id"] = ident
+                        row["embedding"] = [round(float(x), 7) for x in vector]
+                        handle.write(json.dumps(row, ensure_ascii=False) + "\n")
                         rows += 1
-                    dim = chunk.shape[1]
         else:
             parts = [chunk for chunk in chunks]
-            array = np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
+            array = np.concatenate(parts) if parts else np.zeros((0, dim), np.float32)
             with open(partial, "wb") as handle:
                 np.save(handle, array)
-            rows, dim = array.shape[0], array.shape[1] if array.ndim == 2 else 0
+            rows = array.shape[0]
         partial.replace(path)
     finally:
         partial.unlink(missing_ok=True)

@@ -1,0 +1,114 @@
+"""What every kvembed command shares: one-line errors, exit codes, ``--debug``, readable warnings.
+
+Expected failures (bad input, missing files or packages, refused options) print one line on
+stderr and exit 2; a check that ran and failed exits 1; Ctrl-C exits 130. Anything else is a bug:
+one line naming it and how to see the traceback (``--debug`` anywhere on the command line, or
+``KVEMBED_DEBUG=1``), exit 1. With debugging on, every error shows its traceback.
+
+Imports only typer, click and rich: it is loaded by every command.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import warnings
+from typing import Any, Callable, Sequence, TypeVar
+
+import click
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from .errors import CheckFailed, KvembedError
+
+EXIT_FAILED, EXIT_USER, EXIT_INTERRUPTED = 1, 2, 130
+DEBUG_FLAG, DEBUG_ENV = "--debug", "KVEMBED_DEBUG"
+
+#: exceptions whose message is meant for the user: one line, exit 2
+USER_ERRORS: tuple[type[BaseException], ...] = (KvembedError, ValueError, TypeError, OSError, NotImplementedError)
+
+#: exits and usage errors that typer/click report themselves
+_PASS_THROUGH: tuple[type[BaseException], ...] = (
+    typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.Abort, click.ClickException,
+)
+errors = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def debug_enabled() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def one_line(err: BaseException) -> str:
+    """The first non-empty line of an exception's message (its type name if it has none)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def fail(message: str, code: int = EXIT_USER) -> typer.Exit:
+    """Print ``error: message`` on stderr and return the ``typer.Exit`` to raise."""
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _warning_line(message: Any, category: type[Warning], *_: Any, **__: Any) -> None:
+    errors.print(f"[yellow]warning:[/] {escape(' '.join(str(message).split()))}", highlight=False, soft_wrap=True)
+
+
+def run_guarded(job: Callable[[], Any]) -> Any:
+    """Run ``job()`` with kvembed's error policy (see the module docstring); returns its result."""
+    if debug_enabled():
+        return job()
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_line  # one readable line, no source line
+        try:
+            return job()
+        except _PASS_THROUGH:
+            raise
+        except CheckFailed as err:
+            raise fail(one_line(err), EXIT_FAILED) from None
+        except USER_ERRORS as err:
+            raise fail(one_line(err), EXIT_USER) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted", EXIT_INTERRUPTED) from None
+        except Exception as err:  # a bug: say so in one line, and how to see more
+            raise fail(
+                f"unexpected {type(err).__name__}: {one_line(err)} (a kvembed bug; rerun with {DEBUG_FLAG} "
+                f"or {DEBUG_ENV}=1 for the traceback)",
+                EXIT_FAILED,
+            ) from None
+
+
+def guarded(command: F) -> F:
+    """Decorate a typer command with :func:`run_guarded` (typer still sees its signature)."""
+    if getattr(command, "__kvembed_guarded__", False):
+        return command
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return run_guarded(lambda: command(*args, **kwargs))
+
+    wrapper.__kvembed_guarded__ = True  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
+
+
+def guard_app(app: typer.Typer) -> typer.Typer:
+    """Apply :func:`guarded` to every command registered on ``app`` (and its sub-groups)."""
+    for info in app.registered_commands:
+        if info.callback is not None:
+            info.callback = guarded(info.callback)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            guard_app(group.typer_instance)
+    return app
+
+
+def run_app(app: typer.Typer, argv: Sequence[str] | None = None, prog_name: str | None = None) -> Any:
+    """Entry point: take ``--debug`` from anywhere in ``argv`` (sets KVEMBED_DEBUG=1), then run ``app``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if DEBUG_FLAG in args:
+        args = [a for a in args if a != DEBUG_FLAG]
+        os.environ[DEBUG_ENV] = "1"
+    return app(args=args, prog_name=prog_name)

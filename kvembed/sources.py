@@ -1,0 +1,190 @@
+"""Where a model comes from, decided fast and before torch loads.
+
+A ``--model`` value is a local folder, an alias (``qwen3-4b``, ``stories260k``) or a hub id. The
+hub is only tried when the name is neither a folder nor in the local hub cache, and only after a
+~3 s reachability probe: huggingface_hub's own retries take half a minute to give up on a
+machine without network. :func:`preflight` then checks the method, its options and ``--also``
+against the model's ``config.json`` so that a mistyped option fails in a second, not after the
+weights load. Torch-free (huggingface_hub comes with tokenizers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+from urllib.parse import urlparse
+
+from .errors import ModelNotFound
+from .methods import get_method, resolve, resolve_model
+from .methods.architectures import architecture_of
+from .methods.layers import AUTO
+
+#: seconds the hub reachability probe waits for a TCP connection
+PROBE_TIMEOUT = 3.0
+#: ``org/name`` or ``name``: what the hub accepts as a repository id
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+_HOW_TO = (
+    "download the model on a machine with network and pass its folder (config.json, *.safetensors, "
+    "tokenizer.json) with --model /path/to/folder"
+)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A located model: ``location`` is a local folder, or a hub id when ``local`` is False."""
+
+    requested: str
+    location: str
+    preset_id: str | None
+    local: bool
+
+    def config(self) -> dict[str, Any] | None:
+        """The model's ``config.json`` as a dict (local models), else None."""
+        if not self.local:
+            return None
+        path = Path(self.location) / "config.json"
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as err:
+            raise ModelNotFound(f"cannot read {path}: {err}") from None
+
+
+def looks_like_path(text: str) -> bool:
+    """True when ``text`` is written as a file-system path rather than a hub id."""
+    return (
+        text.startswith((".", "/", "~"))
+        or "\\" in text
+        or text.count("/") > 1
+        or text.endswith(".gguf")
+        or not _HUB_ID.match(text)
+    )
+
+
+def hub_offline() -> bool:
+    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on") for name in _OFFLINE_VARIABLES)
+
+
+def hub_unreachable(timeout: float = PROBE_TIMEOUT) -> str | None:
+    """Why the hub endpoint (``HF_ENDPOINT``) cannot be reached, or None when a TCP connection opens."""
+    from huggingface_hub import constants
+
+    endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+    parsed = urlparse(endpoint)
+    host = parsed.hostname
+    if not host:
+        return f"HF_ENDPOINT={endpoint!r} is not a URL"
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as err:
+        return f"{endpoint} is unreachable ({' '.join(str(err).split()) or type(err).__name__})"
+
+
+def cached_snapshot(hub_id: str, revision: str | None = None) -> str | None:
+    """The local hub-cache folder of ``hub_id`` when its config.json is cached, else None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(hub_id, "config.json", revision=revision)
+    except Exception:  # a malformed id or cache: not cached
+        return None
+    return str(Path(found).parent) if isinstance(found, str) else None
+
+
+def locate_model(model: str | os.PathLike[str], revision: str | None = None) -> ModelSource:
+    """Resolve what a user typed to a :class:`ModelSource`, failing within seconds when nothing is there."""
+    text = str(model)
+    location, preset_id = resolve_model(text)
+    path = Path(location).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            hint = (
+                " (it is a kvembed artifact: embed with `kvembed embed ARTIFACT TEXT...`)"
+                if (path / "kvembed.json").is_file()
+                else ""
+            )
+            raise ModelNotFound(
+                f"{text!r} is a folder without config.json, so not a model folder{hint}; a model folder "
+                f"holds config.json, weights (*.safetensors) and tokenizer.json"
+            )
+        return ModelSource(text, str(path), preset_id, local=True)
+    if path.exists():
+        raise ModelNotFound(f"{text!r} is a file, not a model folder; pass the folder holding config.json and the weights")
+    if looks_like_path(text) and location == text:
+        raise ModelNotFound(f"no model folder at {text!r}; {_HOW_TO}")
+    cached = cached_snapshot(location, revision)
+    if cached is not None:
+        return ModelSource(text, cached, preset_id, local=True)
+    named = text if location == text else f"{text!r} ({location})"
+    if hub_offline():
+        raise ModelNotFound(
+            f"{named} is not a local folder and not in the hub cache, and HF_HUB_OFFLINE is set; {_HOW_TO}"
+        )
+    reason = hub_unreachable()
+    if reason is not None:
+        raise ModelNotFound(
+            f"{named} is not a local folder or a cached model, and the Hugging Face hub cannot be reached "
+            f"({reason}); {_HOW_TO}, or set HF_HUB_OFFLINE=1 to use only the local cache"
+        )
+    return ModelSource(text, location, preset_id, local=False)
+
+
+def model_config(source: ModelSource, revision: str | None = None) -> Mapping[str, Any]:
+    """``config.json`` of a located model (from the hub for a remote one)."""
+    local = source.config()
+    if local is not None:
+        return local
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = hf_hub_download(source.location, "config.json", revision=revision)
+    except Exception as err:
+        raise ModelNotFound(f"cannot get config.json of {source.location!r} from the hub ({type(err).__name__}: {err})") from None
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class _Config:
+    """The attributes of a config dict that :func:`architecture_of` reads."""
+
+    model_type: Any
+    hidden_act: Any
+
+
+def preflight(
+    model: str | os.PathLike[str],
+    method: str,
+    options: Mapping[str, Any] | None = None,
+    also: Sequence[Any] = (),
+    revision: str | None = None,
+) -> ModelSource:
+    """Check the model location, architecture, method, options and ``also`` before weights load.
+
+    Raises :class:`~kvembed.errors.ModelNotFound` or ValueError with the same messages the full load
+    would give; returns the located model.
+    """
+    from .methods.sharing import resolve_also
+
+    spec = get_method(method)
+    source = locate_model(model, revision)
+    config = model_config(source, revision)
+    architecture_of(_Config(config.get("model_type"), config.get("hidden_act", "silu")))
+    num_layers = config.get("num_hidden_layers")
+    if not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"{source.requested!r}: config.json has no valid num_hidden_layers")
+    options = dict(options or {})
+    auto = isinstance(options.get("layers"), str) and options["layers"].strip().lower() == AUTO
+    auto = auto and spec.name == "kv-embedding"  # elsewhere resolve() refuses 'auto' with its own message
+    if auto:
+        options["layers"] = "none"  # the set is chosen after loading; check the rest now
+    resolved = resolve(spec, num_layers, source.preset_id, **options)
+    if not auto:
+        resolve_also(resolved, list(also), source.preset_id)
+    return source
