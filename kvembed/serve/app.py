@@ -1,0 +1,251 @@
+"""The FastAPI app: OpenAI's ``/v1/embeddings``, ``/v1/models``, ``/health``, ``/metrics``.
+
+Artifacts load in a thread after the socket is bound, so ``/health`` and the embeddings routes
+answer 503 until they are ready. Each served artifact has its own :class:`Batcher`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any, AsyncIterator, Callable, Mapping
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response
+
+from ..runtime import Embedder
+from ..runtime.encoding import EncodedText
+from .batcher import Batcher
+from .config import ServeConfig
+from .errors import ApiError
+from .metrics import NO_MODEL, Metrics
+from .schema import EmbeddingRequest, Inputs, embedding_response, parse_input, parse_request, truncate_dimensions
+
+log = logging.getLogger("uvicorn.error")  # shown with uvicorn's own messages
+
+Loader = Callable[[ServeConfig], Mapping[str, Embedder]]
+
+
+def load_embedders(config: ServeConfig) -> dict[str, Embedder]:
+    """Open every artifact (sha256-checked) with the configured provider and threads."""
+    return {name: Embedder.load(path, provider=config.provider, threads=config.threads) for name, path in config.artifacts}
+
+
+@dataclass
+class ServerState:
+    """What the routes share: settings, metrics, the loaded artifacts, and the lifecycle flags."""
+
+    config: ServeConfig
+    metrics: Metrics = field(default_factory=Metrics)
+    batchers: dict[str, Batcher] = field(default_factory=dict)
+    ready: bool = False
+    draining: bool = False
+    load_error: str | None = None
+    in_flight: int = 0
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def create_app(config: ServeConfig, loader: Loader = load_embedders, on_load_error: Callable[[str], None] | None = None) -> FastAPI:
+    """The app for ``config``. ``loader`` opens the artifacts (in a thread, after startup);
+    ``on_load_error`` is told when that fails (the CLI stops the server)."""
+    state = ServerState(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.get_running_loop().create_task(_load(state, loader, on_load_error))
+        yield
+        task.cancel()
+        for batcher in state.batchers.values():
+            await batcher.stop()
+
+    app = FastAPI(title="kvembed", summary="OpenAI-compatible embeddings", lifespan=lifespan)
+    app.state.kvembed = state
+    if config.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    _install_error_handlers(app)
+    request_schema = {"requestBody": {"required": True, "content": {"application/json": {"schema": EmbeddingRequest.model_json_schema()}}}}
+
+    async def embeddings(request: Request) -> Response:
+        return await _serve_embeddings(state, request)
+
+    for path in ("/v1/embeddings", "/embeddings"):
+        app.add_api_route(path, embeddings, methods=["POST"], openapi_extra=request_schema, summary="Create embeddings")
+
+    @app.get("/v1/models", summary="Served models")
+    async def models(request: Request) -> Response:
+        try:
+            _check_auth(state, request)
+            _check_ready(state)
+        except ApiError as err:
+            return err.response()
+        data = [_model_card(name, batcher.embedder, state.created) for name, batcher in state.batchers.items()]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.get("/health", summary="200 once every artifact is loaded")
+    async def health() -> Response:
+        if state.load_error is not None:
+            return ApiError(503, f"loading failed: {state.load_error}", code="load_failed").response()
+        if not state.ready:
+            return ApiError(503, "loading artifacts; retry shortly", code="loading").response()
+        return JSONResponse({"status": "ok", "models": list(state.batchers)})
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=state.metrics.content_type)
+
+    return app
+
+
+async def _load(state: ServerState, loader: Loader, on_load_error: Callable[[str], None] | None) -> None:
+    try:
+        embedders = await asyncio.to_thread(loader, state.config)
+    except Exception as err:  # reported on /health and to the CLI, which exits 2
+        state.load_error = f"{type(err).__name__}: {err}"
+        log.error("kvembed serve: %s", state.load_error)
+        if on_load_error is not None:
+            on_load_error(state.load_error)
+        return
+    c = state.config
+    for name, embedder in embedders.items():
+        batcher = Batcher(embedder, name, state.metrics, c.max_batch_tokens, c.max_batch_size, c.max_wait_ms)
+        batcher.start()
+        state.batchers[name] = batcher
+    state.ready = True
+    log.info("kvembed serve: ready (%s)", ", ".join(state.batchers))
+
+
+async def _serve_embeddings(state: ServerState, request: Request) -> Response:
+    start = perf_counter()
+    model, status = NO_MODEL, 200
+    admitted = False
+    try:
+        _check_auth(state, request)
+        _check_ready(state)
+        if state.in_flight >= state.config.max_concurrent_requests:
+            raise ApiError(429, f"the server is at its limit of {state.config.max_concurrent_requests} concurrent requests; retry later")
+        state.in_flight += 1
+        admitted = True
+        state.metrics.in_flight.set(state.in_flight)
+        body = await _read_body(request, state.config.payload_limit)
+        spec = parse_request(body)
+        batcher = state.batchers.get(spec.model)
+        if batcher is None:
+            raise ApiError(404, f"model {spec.model!r} is not served here; served: {', '.join(state.batchers)}", param="model")
+        model = spec.model
+        inputs = parse_input(spec.input)
+        if len(inputs) > state.config.max_client_batch_size:
+            raise ApiError(413, f"{len(inputs)} inputs in one request, over the limit of {state.config.max_client_batch_size}; split the request", param="input")
+        _check_output(batcher.embedder, spec)
+        with batcher.arriving():
+            items = await asyncio.to_thread(_tokenize, batcher.embedder, inputs, spec)
+        vectors = truncate_dimensions(await batcher.embed(items, spec.output), spec.dimensions)
+        tokens = sum(len(item.ids) for item in items)
+        payload = await asyncio.to_thread(embedding_response, vectors, spec.model, tokens, spec.encoding_format)
+        state.metrics.texts.labels(model).inc(len(items))
+        state.metrics.tokens.labels(model).inc(tokens)
+        return Response(payload, media_type="application/json")
+    except ApiError as err:
+        status = err.status
+        return err.response()
+    except Exception as err:  # a bug or a failed graph call: answer in OpenAI's shape, keep serving
+        log.exception("embeddings request failed")
+        status = 500
+        return ApiError(500, f"internal error: {type(err).__name__}: {err}").response()
+    finally:
+        if admitted:
+            state.in_flight -= 1
+            state.metrics.in_flight.set(state.in_flight)
+        state.metrics.requests.labels(model, str(status)).inc()
+        state.metrics.latency.labels(model).observe(perf_counter() - start)
+
+
+def _check_auth(state: ServerState, request: Request) -> None:
+    key = state.config.api_key
+    if key is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        raise ApiError(401, "missing API key: send the header 'Authorization: Bearer KEY'")
+    if not hmac.compare_digest(given.strip().encode(), key.encode()):  # constant time
+        raise ApiError(401, "incorrect API key provided")
+
+
+def _check_ready(state: ServerState) -> None:
+    if state.draining:
+        raise ApiError(503, "the server is shutting down; retry on another instance", code="shutting_down")
+    if not state.ready:
+        raise ApiError(503, "the server is still loading its artifacts; retry shortly", code="loading")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it passes ``limit`` bytes (Content-Length or streamed)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body of {int(declared)} bytes is over the payload limit of {limit} bytes (--payload-limit)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"request body is over the payload limit of {limit} bytes (--payload-limit)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _check_output(embedder: Embedder, spec: EmbeddingRequest) -> None:
+    try:
+        dim = embedder.dim_of(spec.output)
+    except ValueError as err:
+        raise ApiError(400, str(err), param="output") from None
+    if spec.dimensions is not None and spec.dimensions > dim:
+        raise ApiError(400, f"dimensions={spec.dimensions} is over this model's {dim}; ask for at most {dim}", param="dimensions")
+
+
+def _tokenize(embedder: Embedder, inputs: Inputs, spec: EmbeddingRequest) -> list[EncodedText]:
+    """Inputs -> the runtime's encoded rows (its own tokenizer and prompts); over-long -> 413 unless truncating."""
+    try:
+        if inputs.texts is not None:
+            items = [embedder.encoder.encode_one(text, spec.input_type) for text in inputs.texts]
+        else:
+            items = embedder.token_inputs(inputs.ids or [], spec.input_type)
+    except ValueError as err:
+        raise ApiError(400, str(err).replace("ids[", "input["), param="input") from None
+    if not spec.truncate:
+        cut = [index for index, item in enumerate(items) if item.truncated]
+        if cut:
+            raise ApiError(
+                413, f"input[{cut[0]}] ({len(cut)} input(s) in all) is longer than the model's {embedder.max_length} tokens; "
+                "shorten it or send truncate=true", param="input",
+            )
+    return items
+
+
+def _model_card(name: str, embedder: Embedder, created: int) -> dict[str, Any]:
+    return {
+        "id": name, "object": "model", "created": created, "owned_by": "kvembed",
+        "method": embedder.method.name, "dim": embedder.dim, "max_length": embedder.max_length, "outputs": embedder.outputs,
+    }
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Routing errors (404 path, 405 method) and FastAPI validation in OpenAI's error shape too."""
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return ApiError(422, str(exc.errors()[0].get("msg", exc))).response()

@@ -1,0 +1,209 @@
+"""Cross-request dynamic batching: one queue and one inference thread per artifact.
+
+Requests arrive as token-encoded inputs (``EncodedText``). The worker fills a *window* of at most
+``max_batch_size`` inputs and ``max_batch_tokens`` real tokens, visiting the waiting requests in
+turn and taking at most a quarter of a batch (``quantum`` inputs) from each per turn, so a huge
+request shares every window with the small ones queued behind it instead of starving them. The
+window is packed into graph calls by the runtime's planner (:func:`plan_batches`: length-sorted,
+padded-token budget), each call runs on the artifact's own thread (off the event loop), and each
+request's rows are written back at their input positions.
+
+The worker waits up to ``max_wait_ms`` for more inputs only while requests that were already
+accepted for this model are still being tokenised: a lone client never pays the wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ..runtime import Embedder
+from ..runtime.batching import plan_batches
+from ..runtime.encoding import EncodedText
+from .metrics import Metrics
+
+log = logging.getLogger("uvicorn.error")  # shown with uvicorn's own messages
+
+
+@dataclass(eq=False)
+class _Job:
+    """One request's inputs and where their rows go."""
+
+    items: Sequence[EncodedText]
+    label: str | None
+    out: np.ndarray
+    future: asyncio.Future
+    next: int = 0
+    """First input not yet taken into a window."""
+    left: int = 0
+    """Inputs not yet embedded."""
+
+
+class Batcher:
+    """The queue and worker of one served artifact."""
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        name: str,
+        metrics: Metrics,
+        max_batch_tokens: int = 16384,
+        max_batch_size: int = 64,
+        max_wait_ms: float = 5.0,
+    ) -> None:
+        self.embedder, self.name, self.metrics = embedder, name, metrics
+        self.max_batch_tokens, self.max_batch_size = max_batch_tokens, max_batch_size
+        self.max_wait = max_wait_ms / 1000
+        self.quantum = max(1, math.ceil(max_batch_size / 4))
+        self._jobs: deque[_Job] = deque()
+        self._queued_items = self._queued_tokens = self._arriving = 0
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"kvembed-{name}")
+        self._task: asyncio.Task | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._work(), name=f"kvembed-batcher-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._executor.shutdown(wait=True)
+
+    # -- requests --------------------------------------------------------------------------------
+
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Announce a request being tokenised for this model, so a filling window waits for it.
+
+        Call :meth:`embed` right after the block, with no ``await`` in between."""
+        self._arriving += 1
+        try:
+            yield
+        finally:
+            self._arriving -= 1
+            self._wake.set()
+
+    async def embed(self, items: Sequence[EncodedText], label: str | None) -> np.ndarray:
+        """The normalised embeddings of ``items`` (output ``label``), in order."""
+        loop = asyncio.get_running_loop()
+        out = np.empty((len(items), self.embedder.dim_of(label)), dtype=np.float32)
+        job = _Job(items, label, out, loop.create_future(), left=len(items))
+        if not items:
+            return out
+        self._jobs.append(job)
+        self._count(len(items), sum(len(item.ids) for item in items))
+        self._wake.set()
+        try:
+            return await job.future
+        finally:
+            if job.future.cancelled() and job in self._jobs:  # the client went away: drop what is left
+                self._jobs.remove(job)
+                rest = job.items[job.next :]
+                self._count(-len(rest), -sum(len(item.ids) for item in rest))
+
+    def _count(self, items: int, tokens: int) -> None:
+        self._queued_items += items
+        self._queued_tokens += tokens
+        self.metrics.queue_depth.labels(self.name).set(self._queued_items)
+
+    # -- worker ----------------------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._jobs:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self._fill(loop)
+            label, window = self._take_window()
+            if window:
+                await self._run_window(loop, label, window)
+
+    async def _fill(self, loop: asyncio.AbstractEventLoop) -> None:
+        deadline = loop.time() + self.max_wait
+        while self._arriving and not self._full():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
+
+    def _full(self) -> bool:
+        return self._queued_items >= self.max_batch_size or self._queued_tokens >= self.max_batch_tokens
+
+    def _take_window(self) -> tuple[str | None, list[tuple[_Job, int]]]:
+        """Up to a batch of inputs, ``quantum`` per request per turn, from requests of the head's output."""
+        label = self._jobs[0].label
+        window: list[tuple[_Job, int]] = []
+        tokens = 0
+        progress = True
+        while progress:
+            progress = False
+            for job in self._jobs:
+                if job.label != label:
+                    continue
+                for _ in range(self.quantum):
+                    if job.next >= len(job.items):
+                        break
+                    size = len(job.items[job.next].ids)
+                    if window and (len(window) >= self.max_batch_size or tokens + size > self.max_batch_tokens):
+                        return self._taken(label, window, tokens)
+                    window.append((job, job.next))
+                    job.next += 1
+                    tokens += size
+                    progress = True
+        return self._taken(label, window, tokens)
+
+    def _taken(self, label: str | None, window: list[tuple[_Job, int]], tokens: int) -> tuple[str | None, list[tuple[_Job, int]]]:
+        self._count(-len(window), -tokens)
+        head = self._jobs[0]
+        self._jobs = deque(job for job in self._jobs if job.next < len(job.items))
+        if self._jobs and self._jobs[0] is head:  # the next window starts with the next request
+            self._jobs.rotate(-1)
+        return label, window
+
+    async def _run_window(self, loop: asyncio.AbstractEventLoop, label: str | None, window: list[tuple[_Job, int]]) -> None:
+        lengths = [len(job.items[index].ids) for job, index in window]
+        for batch in plan_batches(lengths, self.max_batch_size, self.max_batch_tokens):
+            rows = [window[k] for k in batch if not window[k][0].future.done()]
+            if not rows:
+                continue
+            try:
+                feeds = self.embedder.encoder.pad([job.items[index] for job, index in rows], self.embedder.padding_side)
+                self.metrics.batch_size.labels(self.name).observe(len(rows))
+                self.metrics.batch_tokens.labels(self.name).observe(feeds["input_ids"].size)
+                start = perf_counter()
+                embedding, _ = await loop.run_in_executor(self._executor, self.embedder.run, feeds, label)
+                self.metrics.inference.labels(self.name).observe(perf_counter() - start)
+            except Exception as err:  # a failed graph call fails its requests, never the worker
+                log.exception("graph call of %s failed", self.name)
+                for job, _ in rows:
+                    if not job.future.done():
+                        job.future.set_exception(err)
+                continue
+            for (job, index), vector in zip(rows, embedding):
+                if job.future.done():
+                    continue
+                job.out[index] = vector
+                job.left -= 1
+                if job.left == 0:
+                    job.future.set_result(job.out)

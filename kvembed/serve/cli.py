@@ -1,0 +1,94 @@
+"""``kvembed serve``: the command. Heavy imports (FastAPI, uvicorn, onnxruntime) happen inside it."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from typing import Optional
+
+import typer
+
+EXIT_USAGE = 2
+
+
+def serve_command(
+    artifacts: list[str] = typer.Argument(..., help="Artifact directories (DIR served as its folder name, or NAME=DIR)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (default: this machine only)."),
+    port: int = typer.Option(8080, help="TCP port."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="KVEMBED_API_KEY", help="Require 'Authorization: Bearer KEY' (env KVEMBED_API_KEY)."),
+    max_batch_tokens: int = typer.Option(16384, help="Padded tokens per graph call."),
+    max_batch_size: int = typer.Option(64, help="Rows per graph call."),
+    max_wait_ms: float = typer.Option(5.0, help="Longest wait for requests being tokenised to join a batch."),
+    max_concurrent_requests: int = typer.Option(512, help="Requests served at once; more get 429."),
+    max_client_batch_size: int = typer.Option(2048, help="Inputs per request; more get 413."),
+    payload_limit: str = typer.Option("2MB", help="Largest request body (e.g. 2MB, 512KiB); larger get 413."),
+    threads: Optional[int] = typer.Option(None, help="onnxruntime intra-op threads per artifact (default: one per core)."),
+    provider: str = typer.Option("auto", help="auto, cpu, cuda or tensorrt."),
+    cors_origin: Optional[list[str]] = typer.Option(None, "--cors-origin", help="Allow browser calls from this origin (repeatable; default: no CORS)."),
+    graceful_timeout: Optional[float] = typer.Option(None, help="On SIGTERM, cancel requests still running after this many seconds (default: wait)."),
+    access_log: bool = typer.Option(False, "--access-log/--no-access-log", help="Log every request."),
+    log_level: str = typer.Option("info", help="uvicorn log level."),
+) -> None:
+    """Serve artifacts over OpenAI's embeddings API (POST /v1/embeddings), with /health, /v1/models, /metrics."""
+    def prepare():
+        from .config import ServeConfig, parse_artifact, parse_size
+        from .server import DrainingServer  # noqa: F401  (fail here, not later, without the serve extra)
+
+        if provider not in ("auto", "cpu", "cuda", "tensorrt"):
+            raise ValueError(f"--provider must be one of auto, cpu, cuda, tensorrt, got {provider!r}")
+        return ServeConfig(
+            artifacts=tuple(parse_artifact(a) for a in artifacts), api_key=api_key or None,
+            max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
+            max_concurrent_requests=max_concurrent_requests, max_client_batch_size=max_client_batch_size,
+            payload_limit=parse_size(payload_limit), threads=threads, provider=provider, cors_origins=tuple(cors_origin or ()),
+        )
+
+    try:
+        config = prepare()
+    except ImportError as err:
+        raise _fail(f"kvembed serve needs the serve extra: pip install 'kvembed[serve]' ({err})") from None
+    except (ValueError, OSError) as err:
+        raise _fail(str(err)) from None
+    run(config, host, port, graceful_timeout, access_log, log_level)
+
+
+def run(config, host: str, port: int, graceful_timeout: float | None, access_log: bool, log_level: str) -> None:
+    """Bind, load the artifacts in the background, serve until SIGTERM/SIGINT; exit 2 if loading fails."""
+    import uvicorn
+
+    from .app import create_app
+    from .server import DrainingServer
+
+    failure: list[str] = []
+    server: DrainingServer
+
+    def on_load_error(message: str) -> None:
+        failure.append(message)
+        server.should_exit = True
+
+    app = create_app(config, on_load_error=on_load_error)
+    state = app.state.kvembed
+    uvicorn_config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, access_log=access_log,
+        timeout_graceful_shutdown=graceful_timeout, lifespan="on",
+    )
+
+    def on_signal() -> None:
+        state.draining = True
+
+    server = DrainingServer(uvicorn_config, on_signal)
+    try:  # bind here, so a taken port is one line and exit 2 (uvicorn would log and exit 1)
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as err:
+        raise _fail(f"cannot serve on {host}:{port}: {err.strerror or err}") from None
+    server.run(sockets=[sock])
+    if failure:
+        raise _fail(failure[0])
+
+
+def _fail(message: str) -> typer.Exit:
+    """An expected failure: one line on stderr, exit 2."""
+    print(f"error: {message}", file=sys.stderr)
+    return typer.Exit(EXIT_USAGE)
