@@ -1,0 +1,64 @@
+"""Triton python-backend model ``<name>_tokenize``: TEXT (+ KIND) -> the graph's padded token inputs.
+
+Tokenisation is kvembed's own ``TextEncoder`` (prompt template, clean-up, truncation, query vs
+document, ``<PST>``), loaded from the artifact files in ``artifact/`` beside this file, with the
+kvembed runtime copied beside it too (``kvembed/``), so the repository needs no kvembed install.
+Bad input fails only the request that sent it, with a message naming the row.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the copied kvembed runtime wins over any installed kvembed
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from kvembed.runtime.artifact import encoder_from_manifest, read_manifest  # noqa: E402
+from kvembed.triton.rows import decode_strings, encode_rows, parse_kinds  # noqa: E402
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        artifact = HERE / "artifact"
+        manifest = read_manifest(artifact)
+        self.encoder = encoder_from_manifest(artifact, manifest)
+        self.padding_side = str(manifest.get("padding_side", "right"))
+        kind = parameters.get("kind", "both")
+        self.fixed_kind = None if kind == "both" else kind
+        self.outputs = [output["name"] for output in config["output"]]
+
+    def execute(self, requests):
+        encoded = [self._encode(request) for request in requests]
+        rows = [item for result in encoded if isinstance(result, list) for item in result]
+        batch = self.encoder.pad(rows, self.padding_side) if rows else None
+        responses, start = [], 0
+        for result in encoded:
+            if not isinstance(result, list):
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(result)))
+                continue
+            stop = start + len(result)
+            tensors = [pb_utils.Tensor(name, self._rows(batch, name, start, stop)) for name in self.outputs]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+            start = stop
+        return responses
+
+    def _encode(self, request):
+        """This request's encoded rows, or the error message to answer it with."""
+        try:
+            texts = decode_strings(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy(), "TEXT")
+            kind_tensor = pb_utils.get_input_tensor_by_name(request, "KIND")
+            kinds = None if kind_tensor is None else decode_strings(kind_tensor.as_numpy(), "KIND")
+            return encode_rows(self.encoder, texts, parse_kinds(kinds, len(texts), self.fixed_kind))
+        except Exception as err:  # any failure answers this request only; the others go on
+            return f"{type(err).__name__}: {err}"
+
+    @staticmethod
+    def _rows(batch, name, start, stop):
+        if batch is None:  # only empty requests in this execution
+            return np.zeros((0, 1), dtype=np.int64)
+        return batch[name][start:stop]

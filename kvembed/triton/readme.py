@@ -1,0 +1,111 @@
+"""The README.md written into every generated repository: what is in it, how to serve and query it."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .. import __version__
+from .configs import ArtifactFacts, ServingOptions, plan_build_command
+
+TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release kvembed tests against
+
+
+def repository_readme(models: Sequence[ArtifactFacts], options: ServingOptions) -> str:
+    first = models[0]
+    kind_input = options.kind == "both"
+    rows = "\n".join(
+        f"| `{m.name}` | `{m.tokenize}` | `{m.model}` | {', '.join(f'`{name}` [{width}]' for name, width in m.outputs.values())} |"
+        for m in models
+    )
+    backend = {
+        "python": "python backend running the artifact's `model.onnx` with onnxruntime (CPU, or CUDA with onnxruntime-gpu)",
+        "onnxruntime": "Triton's onnxruntime backend (`platform: onnxruntime_onnx`)"
+        + (f", TensorRT accelerator ({'FP16' if options.fp16 else 'FP32'})" if options.tensorrt_accelerator else ""),
+        "tensorrt": "Triton's TensorRT backend (`platform: tensorrt_plan`); build the plan first (below)",
+    }[options.backend]
+    kind_text = (
+        "`KIND` (optional BYTES, `[batch, 1]`: `query` or `document`, default `document`) selects the prompt."
+        if kind_input
+        else f"Every text is embedded as a {options.kind} (built with `--kind {options.kind}`; there is no `KIND` input)."
+    )
+    kind_json = ', {"name": "KIND", "shape": [1, 1], "datatype": "BYTES", "data": ["query"]}' if kind_input else ""
+    kind_py = (
+        '\nkind = httpclient.InferInput("KIND", [2, 1], "BYTES")\n'
+        'kind.set_data_from_numpy(np.array([[b"query"], [b"query"]], dtype=object))\ninputs.append(kind)'
+        if kind_input
+        else ""
+    )
+    gpu = ""
+    if options.backend != "python":
+        gpu = (
+            "\n## GPU variant\n\n"
+            f"`*_model` uses {backend}. It needs Triton's NGC container ({TRITON_IMAGE} or newer) on a GPU host: "
+            "the onnxruntime and TensorRT backends are not in pip-installed Triton builds, and kvembed's own tests "
+            "do not exercise these variants (they only check that the configs parse and that Triton accepts them).\n"
+        )
+        if options.backend == "tensorrt":
+            gpu += (
+                "\nTensorRT engines are specific to a GPU and TensorRT version: build `1/model.plan` on the serving "
+                "host before starting Triton (the shapes match the config's `max_batch_size` and the artifact's "
+                "max_length):\n\n```bash\n"
+                + "\n".join(f"sh {m.model}/build_plan.sh   # {plan_build_command(m, options, 'onnx/model.onnx', '1/model.plan')}" for m in models)
+                + "\n```\n"
+            )
+    return f"""# Triton model repository (kvembed {__version__})
+
+Written by `kvembed triton build`. Query the ensemble; the other two models are its steps.
+
+| ensemble (query this) | tokenizer (python backend) | graph | outputs (FP32) |
+|---|---|---|---|
+{rows}
+
+- `*_tokenize`: kvembed's `TextEncoder` (prompt template, clean-up, truncation, query vs document
+  prompt), exactly as `kvembed.runtime.Embedder` tokenises; dynamic batching (max batch
+  {options.max_batch_size}, queue delay {options.max_queue_delay_us} us) merges concurrent requests here.
+- `*_model`: {backend}.
+- Input `TEXT`: BYTES (UTF-8), shape `[batch, 1]`. {kind_text}
+  Invalid UTF-8 (or a bad `KIND`) fails that request with a message; other requests are unaffected.
+- Outputs: `embedding` (L2-normalised) and one tensor per `--also` method of the artifact, named by its label.
+
+## Python environment
+
+The python-backend models import the kvembed runtime copied into their version directory
+(`1/kvembed/`, with the artifact files in `1/artifact/`), so kvembed need not be installed where
+Triton runs. Triton's python environment (the `python3` first on `PATH` when `tritonserver` starts;
+inside the NGC container, its system python) needs the runtime's packages:
+
+```bash
+pip install "numpy<2" onnxruntime tokenizers   # onnxruntime-gpu for CUDA
+```
+
+Keep numpy's major version the one Triton's python backend stub was built against (numpy 1 for
+Triton 2.51 / 24.10 and pytriton 0.7's bundled server; with numpy 2 such a stub garbles BYTES inputs).
+
+## Start Triton
+
+```bash
+docker run --rm -p 8000:8000 -p 8001:8001 -p 8002:8002 -v "$PWD":/models {TRITON_IMAGE} \\
+  sh -c 'pip install "numpy<2" onnxruntime tokenizers && tritonserver --model-repository=/models'
+# or, without docker, Triton from the nvidia-pytriton wheel (python backend only):
+kvembed triton serve .
+```
+
+## Query
+
+```bash
+curl -s localhost:8000/v2/models/{first.name}/infer -H 'Content-Type: application/json' -d '{{
+  "inputs": [{{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["A cat sat on the mat."]}}{kind_json}],
+  "outputs": [{{"name": "embedding"}}]}}'
+```
+
+```python
+import numpy as np
+import tritonclient.http as httpclient   # tritonclient.grpc has the same API on port 8001
+
+client = httpclient.InferenceServerClient("localhost:8000")
+text = httpclient.InferInput("TEXT", [2, 1], "BYTES")
+text.set_data_from_numpy(np.array([["what is a cat?".encode()], ["a dog".encode()]], dtype=object))
+inputs = [text]{kind_py}
+vectors = client.infer("{first.name}", inputs).as_numpy("embedding")   # float32 [2, dim]
+```
+{gpu}"""

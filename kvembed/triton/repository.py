@@ -1,0 +1,179 @@
+"""Write a Triton model repository for one or several kvembed artifacts.
+
+Per artifact ``<name>``: ``<name>_tokenize`` (python backend, the runtime's ``TextEncoder``),
+``<name>_model`` (the graph: python backend running onnxruntime, Triton's onnxruntime backend, or
+a TensorRT plan built on the target GPU) and the ensemble ``<name>`` (TEXT [+ KIND] -> embedding).
+The directory is self-contained (artifact files and the runtime code are copied in) and is
+written to ``<out>.partial`` first, so a failure never leaves a half-written repository.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tritonclient.utils import serialize_byte_tensor
+
+from ..runtime.artifact import MANIFEST, TOKENIZER, check_files, encoder_from_manifest, read_manifest
+from .configs import ArtifactFacts, ServingOptions, ensemble_config, model_config, plan_build_command, tokenize_config, write_config
+from .readme import repository_readme
+from .vendor import copy_runtime
+
+BACKEND_DIR = Path(__file__).resolve().parent / "backend"
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+VERSION = "1"
+WARMUP_TEXT = "A short sentence to warm the model up."
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One artifact placed in the repository."""
+
+    artifact: Path
+    facts: ArtifactFacts
+
+
+def default_name(artifact: Path) -> str:
+    """A model name from the artifact directory's name (``stories260k-kv`` stays as it is)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", artifact.resolve().name).strip("_.-")
+    return name or "kvembed"
+
+
+def plan_entries(artifacts: Sequence[str | os.PathLike[str]], names: Sequence[str] | None) -> list[Entry]:
+    """Read and check every artifact (files against their sha256) and name its models."""
+    paths = [Path(item) for item in artifacts]
+    if not paths:
+        raise ValueError("give at least one artifact directory")
+    if names and len(names) != len(paths):
+        raise ValueError(f"{len(names)} --name value(s) for {len(paths)} artifact(s); give one name per artifact, in order")
+    chosen = list(names) if names else [default_name(path) for path in paths]
+    for name in chosen:
+        if not NAME.match(name):
+            raise ValueError(f"model name {name!r} must start with a letter or digit and use only letters, digits, '_', '.', '-'")
+    taken = [f"{n}{suffix}" for n in chosen for suffix in ("", "_tokenize", "_model")]
+    duplicates = sorted({n for n in taken if taken.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"model names collide ({', '.join(duplicates)}); pass distinct --name values")
+    entries = []
+    for path, name in zip(paths, chosen):
+        manifest = read_manifest(path)
+        problems = check_files(path, manifest)
+        if problems:
+            raise ValueError(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
+        entries.append(Entry(path, ArtifactFacts.from_manifest(name, manifest)))
+    return entries
+
+
+def write_repository(
+    artifacts: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    names: Sequence[str] | str | None = None,
+    *,
+    backend: str = "python",
+    max_batch_size: int = 64,
+    instances: int = 1,
+    max_queue_delay_us: int = 2000,
+    preferred_batch_sizes: Sequence[int] = (),
+    kind: str = "both",
+    warmup: bool = False,
+    tensorrt_accelerator: bool = False,
+    fp16: bool = False,
+    force: bool = False,
+) -> Path:
+    """Write a Triton model repository serving ``artifacts`` to ``out``; returns its path.
+
+    Options are those of ``kvembed triton build`` (see :class:`ServingOptions`). Raises
+    ValueError / FileNotFoundError / FileExistsError naming the problem before writing anything.
+    """
+    if isinstance(artifacts, (str, os.PathLike)):
+        artifacts = [artifacts]
+    if isinstance(names, str):
+        names = [names]
+    options = ServingOptions(
+        backend=backend, max_batch_size=max_batch_size, instances=instances, max_queue_delay_us=max_queue_delay_us,
+        preferred_batch_sizes=tuple(int(size) for size in preferred_batch_sizes), kind=kind, warmup=warmup,
+        tensorrt_accelerator=tensorrt_accelerator, fp16=fp16,
+    )
+    entries = plan_entries(list(artifacts), list(names) if names else None)
+    target = Path(out)
+    if target.exists() and not (target.is_dir() and not any(target.iterdir())) and not force:
+        raise FileExistsError(f"{str(target)!r} exists and is not empty; pass --force to replace it")
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        for entry in entries:
+            _write_entry(staging, entry, options)
+        (staging / "README.md").write_text(repository_readme([e.facts for e in entries], options), encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
+    return target
+
+
+def _write_entry(root: Path, entry: Entry, options: ServingOptions) -> None:
+    facts = entry.facts
+    manifest = read_manifest(entry.artifact)
+    encoder = encoder_from_manifest(entry.artifact, manifest)
+    warm_batch = encoder.pad(encoder.encode([WARMUP_TEXT], "document"))
+
+    tokenize = root / facts.tokenize
+    write_config(tokenize, tokenize_config(facts, options))
+    _python_model(tokenize / VERSION, "tokenize_model.py", entry.artifact, [TOKENIZER, MANIFEST])
+    if options.warmup:
+        text = serialize_byte_tensor(np.array([WARMUP_TEXT.encode("utf-8")], dtype=object))
+        _warmup_file(tokenize, "text", text.tobytes() if text.dtype != object else text.item())
+
+    model = root / facts.model
+    write_config(model, model_config(facts, options, sequence=int(warm_batch["input_ids"].shape[1])))
+    graph_files = [name for name in manifest["files"] if name.startswith("model.onnx")]
+    if options.backend == "python":
+        _python_model(model / VERSION, "onnx_model.py", entry.artifact, [*manifest["files"], MANIFEST])
+    elif options.backend == "onnxruntime":
+        _copy(entry.artifact, model / VERSION, graph_files)
+    else:
+        _copy(entry.artifact, model / "onnx", graph_files)
+        (model / VERSION).mkdir(parents=True, exist_ok=True)
+        script = model / "build_plan.sh"
+        command = plan_build_command(facts, options, onnx='"$here/onnx/model.onnx"', plan=f'"$here/{VERSION}/model.plan"')
+        script.write_text(
+            "#!/usr/bin/env sh\n# Build the TensorRT plan on the GPU that will serve it (TensorRT engines are not portable).\n"
+            f'set -e\nhere="$(cd "$(dirname "$0")" && pwd)"\n{command}\n',
+            encoding="utf-8",
+        )
+        script.chmod(0o755)
+    if options.warmup:
+        for name in facts.inputs:
+            _warmup_file(model, name, np.ascontiguousarray(warm_batch[name][0], dtype=np.int64).tobytes())
+
+    ensemble = root / facts.name
+    write_config(ensemble, ensemble_config(facts, options))
+    (ensemble / VERSION).mkdir(exist_ok=True)
+
+
+def _python_model(version_dir: Path, source: str, artifact: Path, files: Sequence[str]) -> None:
+    """``model.py`` + the runtime code + the artifact files it reads, in one version directory."""
+    version_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(BACKEND_DIR / source, version_dir / "model.py")
+    copy_runtime(BACKEND_DIR / source, version_dir)
+    _copy(artifact, version_dir / "artifact", files)
+
+
+def _copy(source: Path, target: Path, files: Sequence[str]) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    for name in dict.fromkeys(files):
+        shutil.copy2(source / name, target / name)
+
+
+def _warmup_file(model_dir: Path, name: str, data: bytes) -> None:
+    folder = model_dir / "warmup"
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_bytes(data)

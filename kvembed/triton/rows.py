@@ -1,0 +1,100 @@
+"""Request rows <-> padded batches inside Triton's python backend. numpy only.
+
+Triton hands a python-backend model the list of requests its dynamic batcher merged; these
+helpers turn them into one batch and the results back into per-request rows, so every caller gets
+exactly its own rows. Copied into generated repositories with the runtime (see
+:mod:`kvembed.triton.vendor`), so it must import nothing beyond numpy and the runtime.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+KINDS = ("query", "document")
+
+
+def decode_strings(array: Any, name: str) -> list[str]:
+    """A Triton BYTES tensor of shape ``[rows, 1]`` (or ``[rows]``) -> one str per row.
+
+    Invalid UTF-8 is refused with the row's index rather than silently replaced: the runtime
+    embeds ``str`` only, and guessing at broken bytes would embed something the caller never sent.
+    """
+    values = np.asarray(array, dtype=object)
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values[:, 0]
+    if values.ndim != 1:
+        raise ValueError(f"{name} must have shape [batch, 1], got {list(np.asarray(array).shape)}")
+    texts = []
+    for row, value in enumerate(values):
+        if isinstance(value, str):
+            texts.append(value)
+            continue
+        try:
+            texts.append(bytes(value).decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{name}[{row}] is not valid UTF-8 ({err.reason} at byte {err.start}); send UTF-8 text") from None
+    return texts
+
+
+def parse_kinds(values: Sequence[str] | None, rows: int, fixed: str | None) -> list[str]:
+    """Per-row kinds: ``fixed`` when the repository was built for one kind, else the KIND input
+    (``document`` when it is absent)."""
+    if values is None:
+        return [fixed or "document"] * rows
+    if fixed is not None:
+        raise ValueError(f"this model embeds {fixed}s only and takes no KIND input; rebuild with --kind both")
+    if len(values) != rows:
+        raise ValueError(f"KIND has {len(values)} rows, TEXT has {rows}; send one KIND per text")
+    for row, kind in enumerate(values):
+        if kind not in KINDS:
+            raise ValueError(f"KIND[{row}] is {kind!r}; use one of {', '.join(KINDS)}")
+    return list(values)
+
+
+def encode_rows(encoder: Any, texts: Sequence[str], kinds: Sequence[str]) -> list[Any]:
+    """``TextEncoder.encode`` per kind, rows back in input order (one call per kind keeps the
+    runtime's truncation warning and checks)."""
+    items: list[Any] = [None] * len(texts)
+    for kind in dict.fromkeys(kinds):
+        rows = [i for i, k in enumerate(kinds) if k == kind]
+        for row, item in zip(rows, encoder.encode([texts[i] for i in rows], kind)):
+            items[row] = item
+    return items
+
+
+def stack_requests(
+    feeds: Sequence[Mapping[str, np.ndarray]], pad_values: Mapping[str, int], padding_side: str = "right"
+) -> tuple[dict[str, np.ndarray], list[int]]:
+    """Concatenate per-request ``[rows, width]`` int tensors into one batch padded to the widest
+    request (``pad_values[name]`` fills, on ``padding_side``); returns the batch and row counts.
+
+    Padding never changes an embedding (attention and pooling are masked), so requests tokenised
+    in different batches can share one graph run.
+    """
+    if not feeds:
+        raise ValueError("no requests to stack")
+    width = max(max(int(array.shape[1]) for array in feed.values()) for feed in feeds)
+    counts = [int(next(iter(feed.values())).shape[0]) for feed in feeds]
+    batch = {}
+    for name in feeds[0]:
+        parts = []
+        for feed in feeds:
+            array = np.asarray(feed[name], dtype=np.int64)
+            extra = width - array.shape[1]
+            if extra:
+                where = (0, extra) if padding_side == "right" else (extra, 0)
+                array = np.pad(array, ((0, 0), where), constant_values=int(pad_values.get(name, 0)))
+            parts.append(array)
+        batch[name] = np.ascontiguousarray(np.concatenate(parts, axis=0))
+    return batch, counts
+
+
+def split_rows(arrays: Mapping[str, np.ndarray], counts: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    """Undo :func:`stack_requests` for outputs: each request's rows, in request order."""
+    out, start = [], 0
+    for count in counts:
+        out.append({name: array[start : start + count] for name, array in arrays.items()})
+        start += count
+    return out

@@ -1,0 +1,246 @@
+"""Run a real ``tritonserver`` locally: the binary bundled in the ``nvidia-pytriton`` wheel.
+
+That wheel carries Triton 2.51 with the python backend only. Using it needs three things this
+module does: its bundled libraries on ``LD_LIBRARY_PATH``, the python backend stub built for the
+stub environment's Python copied into ``backends/python/``, and ``--backend-directory``. The
+python models run in the environment whose ``python3`` is first on ``PATH`` when the server
+starts (the *stub environment*); the bundled stub is built against numpy 1, so that environment
+needs ``numpy<2`` plus the runtime's onnxruntime and tokenizers. The server starts on free ports
+in its own process group and is stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Sequence
+
+PYTHON_ENV_VAR = "KVEMBED_TRITON_PYTHON"
+INSTALL_HINT = "pip install --no-deps nvidia-pytriton==0.7.0 (it carries tritonserver; --no-deps keeps your numpy)"
+STUB_PACKAGES = ("numpy", "onnxruntime", "tokenizers")
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the wheel put the server, its backends and its shared libraries."""
+
+    binary: Path
+    backends: Path
+    libraries: Path
+    stubs: Path
+
+    def stub_for(self, version: tuple[int, int]) -> Path:
+        stub = self.stubs / f"{version[0]}.{version[1]}" / "triton_python_backend_stub"
+        if not stub.is_file():
+            have = ", ".join(sorted(p.name for p in self.stubs.iterdir() if p.is_dir()))
+            raise FileNotFoundError(f"no python backend stub for Python {version[0]}.{version[1]} (the wheel has {have}); use one of those")
+        return stub
+
+
+def find_tritonserver() -> TritonInstall:
+    """The ``tritonserver`` of the installed ``nvidia-pytriton`` wheel (found without importing it)."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"tritonserver is not installed: {INSTALL_HINT}")
+    package = Path(list(spec.submodule_search_locations)[0])
+    root = package / "tritonserver"
+    install = TritonInstall(
+        binary=root / "bin" / "tritonserver",
+        backends=root / "backends",
+        libraries=package.parent / "nvidia_pytriton.libs",
+        stubs=root / "python_backend_stubs",
+    )
+    for path in (install.binary, install.backends / "python", install.stubs):
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing from the nvidia-pytriton install; reinstall: {INSTALL_HINT}")
+    return install
+
+
+@dataclass(frozen=True)
+class StubEnvironment:
+    """The Python the python-backend models run in."""
+
+    python: Path
+    version: tuple[int, int]
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.python.parent
+
+
+def stub_environment(python: str | os.PathLike[str] | None = None) -> StubEnvironment:
+    """Check the stub environment (``python``, else $KVEMBED_TRITON_PYTHON, else this Python):
+    it must have numpy<2, onnxruntime and tokenizers."""
+    chosen = python or os.environ.get(PYTHON_ENV_VAR) or sys.executable
+    path = Path(chosen)
+    if not path.is_file():
+        raise FileNotFoundError(f"stub python {str(path)!r} does not exist; set {PYTHON_ENV_VAR} or --python to a python executable")
+    probe = (
+        "import json, sys\nfound = {}\nfor name in %r:\n    try:\n        found[name] = __import__(name).__version__\n"
+        "    except Exception as err:\n        found[name] = None\nprint(json.dumps([list(sys.version_info[:2]), found]))" % (STUB_PACKAGES,)
+    )
+    result = subprocess.run([str(path), "-c", probe], capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise RuntimeError(f"stub python {path} does not run: {result.stderr.strip()[-300:]}")
+    version, found = json.loads(result.stdout.strip().splitlines()[-1])
+    missing = [name for name, value in found.items() if value is None]
+    fix = f'{path} -m pip install "numpy<2" onnxruntime tokenizers'
+    if missing:
+        raise RuntimeError(f"the stub python {path} lacks {', '.join(missing)}: {fix}")
+    if int(found["numpy"].split(".")[0]) >= 2:
+        raise RuntimeError(
+            f"the stub python {path} has numpy {found['numpy']}; the bundled python backend stub is built against "
+            f"numpy 1 (numpy 2 garbles BYTES inputs): use a separate environment with {fix}"
+        )
+    return StubEnvironment(path, (int(version[0]), int(version[1])))
+
+
+def prepare_backend(install: TritonInstall, environment: StubEnvironment) -> None:
+    """Copy the stub matching the environment's Python into ``backends/python/`` (once)."""
+    stub = install.stub_for(environment.version)
+    target = install.backends / "python" / stub.name
+    if target.is_file() and target.read_bytes() == stub.read_bytes():
+        return
+    temporary = target.with_name(target.name + f".{os.getpid()}")
+    shutil.copy2(stub, temporary)
+    os.replace(temporary, target)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Ports:
+    http: int
+    grpc: int
+    metrics: int
+
+    @classmethod
+    def free(cls) -> "Ports":
+        return cls(free_port(), free_port(), free_port())
+
+
+class TritonServer:
+    """A ``tritonserver`` process on ``repository``: ``start()``, ``wait_ready()``, ``stop()``
+    (or use it as a context manager). ``log`` receives the server's stdout and stderr."""
+
+    def __init__(
+        self,
+        repository: str | os.PathLike[str],
+        *,
+        python: str | os.PathLike[str] | None = None,
+        ports: Ports | None = None,
+        log: IO[str] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.repository = Path(repository).resolve()
+        if not self.repository.is_dir():
+            raise FileNotFoundError(f"no model repository at {str(self.repository)!r}; write one with kvembed triton build")
+        self.install = find_tritonserver()
+        self.environment = stub_environment(python)
+        self.ports = ports or Ports.free()
+        self.log = log
+        self.extra_args = list(extra_args)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    def command(self) -> list[str]:
+        return [
+            str(self.install.binary),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={self.install.backends}",
+            f"--http-port={self.ports.http}",
+            f"--grpc-port={self.ports.grpc}",
+            f"--metrics-port={self.ports.metrics}",
+            "--allow-http=true",
+            "--allow-grpc=true",
+            *self.extra_args,
+        ]
+
+    def environ(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(self.install.libraries), env.get("LD_LIBRARY_PATH")]))
+        env["PATH"] = os.pathsep.join(filter(None, [str(self.environment.bin_dir), env.get("PATH")]))
+        env.pop("PYTHONHOME", None)
+        env.pop("VIRTUAL_ENV", None)
+        return env
+
+    def start(self) -> "TritonServer":
+        if self.process is not None:
+            raise RuntimeError("this server is already started")
+        prepare_backend(self.install, self.environment)
+        output = self.log if self.log is not None else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            self.command(), env=self.environ(), stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return self
+
+    def wait_ready(self, timeout: float = 180.0) -> "TritonServer":
+        """Block until ``/v2/health/ready`` answers 200 (every model loaded); RuntimeError if the
+        process exits or the timeout passes."""
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(self.http_url)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if self.process is None or self.process.poll() is not None:
+                    code = None if self.process is None else self.process.returncode
+                    raise RuntimeError(f"tritonserver exited with code {code} before it was ready (see its log)")
+                try:
+                    if client.is_server_ready():
+                        return self
+                except Exception:  # not listening yet
+                    pass
+                time.sleep(0.25)
+        finally:
+            client.close()
+        raise RuntimeError(f"tritonserver was not ready after {timeout:.0f} s (see its log)")
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM the server (it unloads models and ends its stubs), SIGKILL its process group
+        if it does not exit in ``timeout`` seconds; returns the exit code."""
+        process, self.process = self.process, None
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+        return process.returncode
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def __enter__(self) -> "TritonServer":
+        self.start()
+        try:
+            return self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
