@@ -210,6 +210,7 @@ def verify(
 SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("bench", "kvembed.bench.cli", "bench_command"),
     ("serve", "kvembed.serve.cli", "serve_command"),
+    ("triton", "kvembed.triton.cli", "app"),
 )
 
 

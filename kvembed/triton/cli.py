@@ -1,0 +1,112 @@
+"""``kvembed triton``: write Triton model repositories for artifacts, and serve them locally.
+
+kvembed triton build ARTIFACT... --out REPO   |   kvembed triton serve REPO
+
+Importing this module loads only typer and rich (it is imported by every ``kvembed`` call).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True,
+    help="Triton Inference Server: write model repositories for artifacts (build), run a local server (serve).",
+)
+console = Console()
+errors = Console(stderr=True)
+EXIT_USER = 2
+
+
+def _guarded(job: Callable[[], Any]) -> Any:
+    """Expected failures (bad options, missing files or packages) -> one line on stderr, exit 2."""
+    try:
+        return job()
+    except (ValueError, TypeError, OSError, RuntimeError, ImportError) as err:
+        message = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USER) from None
+
+
+def _sizes(text: Optional[str]) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(int(item) for item in text.split(",") if item.strip())
+    except ValueError:
+        raise ValueError(f"--preferred-batch-sizes takes comma-separated integers, got {text!r}") from None
+
+
+@app.command()
+def build(
+    artifacts: list[Path] = typer.Argument(..., help="Artifact directories written by kvembed-export."),
+    out: Path = typer.Option(..., "--out", "-o", help="Model repository directory to write."),
+    name: Optional[list[str]] = typer.Option(None, "--name", help="Ensemble name per artifact, in order (default: the directory name)."),
+    backend: str = typer.Option("python", "--backend", help="Graph backend: python (onnxruntime in the python backend), onnxruntime, tensorrt."),
+    max_batch_size: int = typer.Option(64, "--max-batch-size", help="Rows per model execution."),
+    instances: int = typer.Option(1, "--instances", help="Instances of each model (KIND_CPU for python, KIND_GPU otherwise)."),
+    max_queue_delay_us: int = typer.Option(2000, "--max-queue-delay-us", help="Dynamic batcher wait for more requests (tokenizer)."),
+    preferred_batch_sizes: Optional[str] = typer.Option(None, "--preferred-batch-sizes", help="Comma-separated preferred batch sizes, e.g. 16,32."),
+    kind: str = typer.Option("both", "--kind", help="query, document, or both (adds an optional KIND input)."),
+    warmup: bool = typer.Option(False, "--warmup", help="Add model_warmup requests (batch 1 and max) to the tokenizer and the graph."),
+    tensorrt_accelerator: bool = typer.Option(False, "--tensorrt-accelerator", help="onnxruntime backend: run through its TensorRT execution accelerator."),
+    fp16: bool = typer.Option(False, "--fp16", help="TensorRT precision FP16 (tensorrt backend, or --tensorrt-accelerator)."),
+    force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
+) -> None:
+    """Write a Triton model repository serving each artifact as an ensemble TEXT (+ KIND) -> embedding."""
+
+    def job() -> Path:
+        from .repository import write_repository
+
+        return write_repository(
+            artifacts, out, name or None, backend=backend, max_batch_size=max_batch_size, instances=instances,
+            max_queue_delay_us=max_queue_delay_us, preferred_batch_sizes=_sizes(preferred_batch_sizes), kind=kind,
+            warmup=warmup, tensorrt_accelerator=tensorrt_accelerator, fp16=fp16, force=force,
+        )
+
+    path = _guarded(job)
+    models = sorted(p.name for p in path.iterdir() if p.is_dir())
+    console.print(f"wrote {path} ({', '.join(models)}); start Triton on it as {path / 'README.md'} says")
+
+
+@app.command()
+def serve(
+    repository: Path = typer.Argument(..., help="Model repository written by kvembed triton build."),
+    http_port: int = typer.Option(8000, "--http-port"),
+    grpc_port: int = typer.Option(8001, "--grpc-port"),
+    metrics_port: int = typer.Option(8002, "--metrics-port"),
+    python: Optional[Path] = typer.Option(
+        None, "--python", help="Python of the stub environment (numpy<2, onnxruntime, tokenizers); default $KVEMBED_TRITON_PYTHON, else this Python."
+    ),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for every model to load."),
+) -> None:
+    """Run the tritonserver bundled in nvidia-pytriton (python backend only) on REPOSITORY until Ctrl-C."""
+    import sys
+
+    def start() -> Any:
+        from .server import Ports, TritonServer
+
+        server = TritonServer(repository, python=python, ports=Ports(http_port, grpc_port, metrics_port), log=sys.stderr)
+        server.start()
+        try:
+            return server.wait_ready(timeout)
+        except BaseException:
+            server.stop()
+            raise
+
+    server = _guarded(start)
+    console.print(f"Triton ready: HTTP {server.http_url}, gRPC {server.grpc_url} (Ctrl-C stops it)")
+    try:
+        while server.alive():
+            server.process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        code = server.stop()
+    if code not in (0, None, -15):
+        raise typer.Exit(1)
