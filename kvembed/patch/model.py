@@ -9,6 +9,8 @@ afterwards. The PyTorch reference runs it eagerly; the exporter traces the very 
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -39,6 +41,21 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     keep = mask.bool()[..., None]
     total = torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum(dim=1)
     return total / keep.sum(dim=1).clamp(min=1).to(x.dtype)
+
+
+_DECODER_LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_DECODER_LOCKS_GUARD = threading.Lock()
+
+
+def decoder_lock(decoder: nn.Module) -> threading.RLock:
+    """The lock of ``decoder``: patching mutates it (layer list, attention implementation, flags,
+    hooks), so patched passes over one decoder -- from several threads, or from several
+    EmbeddingModels sharing it -- take turns instead of corrupting each other."""
+    with _DECODER_LOCKS_GUARD:
+        lock = _DECODER_LOCKS.get(decoder)
+        if lock is None:
+            lock = _DECODER_LOCKS[decoder] = threading.RLock()
+        return lock
 
 
 class EmbeddingModel(nn.Module):
@@ -110,10 +127,18 @@ class EmbeddingModel(nn.Module):
 
     @contextlib.contextmanager
     def patched(self) -> Iterator["EmbeddingModel"]:
-        """Apply the method to the decoder for the duration of the block, then restore it."""
-        if self._active:
-            yield self
-            return
+        """Apply the method to the decoder for the duration of the block, then restore it.
+
+        Holds the decoder's lock (:func:`decoder_lock`) throughout: one patched block at a time."""
+        with decoder_lock(self.decoder):
+            if self._active:
+                yield self
+                return
+            with self._patch():
+                yield self
+
+    @contextlib.contextmanager
+    def _patch(self) -> Iterator["EmbeddingModel"]:
         decoder, method = self.decoder, self.method
         config = decoder.config
         full_layers = decoder.layers
