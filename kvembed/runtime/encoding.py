@@ -84,8 +84,8 @@ class TextEncoder:
 
     ``tokenizer`` is a ``tokenizers.Tokenizer`` (transformers' fast tokenizers expose theirs as
     ``backend_tokenizer``); its own special-token behaviour (BOS/EOS) is kept. For token-prepending
-    the placeholder ``<PST>`` is added as a token the way the official code adds it, matching its
-    ids with Llama 2's fast tokenizer.
+    the placeholder ``<PST>`` is added as a token that absorbs the space before it, matching the
+    official code's ids with Llama 2's fast tokenizer.
     """
 
     def __init__(
@@ -197,15 +197,13 @@ class TextEncoder:
 def add_placeholder(tokenizer: Tokenizer) -> int:
     """Register ``<PST>`` on ``tokenizer`` (idempotent) and return its id.
 
-    Registered as the official code does (``add_tokens(["<PST>"])``, the library's defaults): that
-    reproduces its ids on Llama 2's fast tokenizer (``▁:``, ``<PST>``, ``▁"``) and keeps the space
-    before the placeholder as a token of its own on byte-level BPE tokenizers (Qwen, Llama 3), as
-    the official code gets there; an ``lstrip`` token would swallow it (METHODS.md, token-prepending).
+    ``lstrip=True`` makes the token absorb the space before it, which reproduces the official
+    token-prepending ids on Llama 2's fast tokenizer (``▁:``, ``<PST>``, ``▁"``).
     """
     existing = tokenizer.token_to_id(PLACEHOLDER)
     if existing is not None:
         return existing
-    tokenizer.add_tokens([AddedToken(PLACEHOLDER, normalized=True)])
+    tokenizer.add_tokens([AddedToken(PLACEHOLDER, lstrip=True, normalized=True)])
     token_id = tokenizer.token_to_id(PLACEHOLDER)
     assert token_id is not None
     return token_id
