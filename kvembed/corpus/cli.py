@@ -1,0 +1,77 @@
+"""``kvembed embed-corpus``: embed files of documents into Parquet shards, locally or on Ray.
+
+Importing this module loads only typer and rich (it is imported by every ``kvembed`` call).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+from rich.console import Console
+
+console = Console()
+errors = Console(stderr=True)
+
+EXIT_USER, EXIT_INTERRUPTED = 2, 130
+
+
+def _guarded(job: Callable[[], Any]) -> Any:
+    """Run ``job()``; bad input prints one line on stderr (no traceback) and exits 2."""
+    try:
+        return job()
+    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError, ImportError) as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True, markup=True)
+        raise typer.Exit(EXIT_USER) from None
+    except KeyboardInterrupt:
+        errors.print("interrupted: finished shards are kept; run again with --resume to finish", highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def embed_corpus_command(
+    artifact: Path = typer.Argument(..., help="Artifact directory written by kvembed-export."),
+    input: list[str] = typer.Option(..., "--input", "-i", help="Input file, directory or glob (repeatable); .parquet, .jsonl or .txt."),
+    output: Path = typer.Option(..., "--output", "-o", help="Directory for the Parquet shards, _manifest.json and _SUCCESS."),
+    text_column: str = typer.Option("text", "--text-column", help="Column (Parquet) or key (JSONL) holding the text."),
+    id_column: Optional[str] = typer.Option(None, "--id-column", help="Column/key holding ids (default: 'id' if every input has it, else file:line row ids)."),
+    kind: str = typer.Option("document", "--kind", help="document or query: which prompt the artifact's method uses."),
+    format: Optional[str] = typer.Option(None, "--format", help="parquet, jsonl or txt (default: from the file suffix)."),
+    engine: str = typer.Option("local", "--engine", help="local (this process) or ray (Ray Data actors)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join: auto or HOST:PORT (default: start a local Ray)."),
+    workers: int = typer.Option(1, "--workers", help="Ray actors, each with its own Embedder (--engine ray)."),
+    threads_per_worker: Optional[int] = typer.Option(None, "--threads-per-worker", help="onnxruntime threads (= Ray CPUs) per worker (default: cores / workers)."),
+    batch_tokens: int = typer.Option(16384, "--batch-tokens", help="Padded tokens per batch (length-sorted batching)."),
+    rows_per_file: int = typer.Option(100_000, "--rows-per-file", help="Input rows per output shard (shards never span two input files)."),
+    resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run in --output: finished shards are kept."),
+    output_dtype: str = typer.Option("float32", "--output-dtype", help="float32 or float16 vectors."),
+    on_error: str = typer.Option("fail", "--on-error", help="fail on the first bad record, or skip and count bad records in the manifest."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: when stderr is a terminal)."),
+) -> None:
+    """Embed a corpus (Parquet, JSONL or TXT files) into Parquet shards of (id, embedding).
+
+    kvembed embed-corpus ARTIFACT --input 'docs/*.parquet' --output vectors/
+    | kvembed embed-corpus ARTIFACT -i docs.jsonl -o vectors/ --engine ray --workers 4 --threads-per-worker 2
+    """
+
+    def run() -> dict[str, Any]:
+        from . import CorpusOptions, embed_corpus
+
+        options = CorpusOptions(
+            artifact=artifact, inputs=tuple(input), output=output, text_column=text_column, id_column=id_column,
+            kind=kind, format=format, engine=engine, ray_address=ray_address, workers=workers,
+            threads=threads_per_worker, batch_tokens=batch_tokens, rows_per_file=rows_per_file, resume=resume,
+            output_dtype=output_dtype, on_error=on_error, progress=progress,
+        )
+        return embed_corpus(options)
+
+    manifest = _guarded(run)
+    seconds = manifest["wall_time_s"]
+    resumed = f", {manifest['shards_resumed']} shards from an earlier run" if manifest["shards_resumed"] else ""
+    console.print(
+        f"embedded {manifest['rows']:,} rows ({manifest['tokens']:,} tokens, {manifest['truncated']:,} truncated, "
+        f"{manifest['skipped']['count']:,} skipped) into {len(manifest['shards'])} shards in {output}{resumed}; "
+        f"{seconds:.1f}s",
+        highlight=False, soft_wrap=True,
+    )

@@ -1,0 +1,71 @@
+"""``_manifest.json`` and ``_SUCCESS``: what was embedded, with what, and how much, written last."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+from .. import __version__
+from .inputs import SKIP_EXAMPLES
+from .options import CorpusOptions
+from .plan import MANIFEST, PARTIAL_MARK, SUCCESS, Plan
+
+
+def build_manifest(
+    options: CorpusOptions,
+    plan: Plan,
+    artifact: Mapping[str, Any],
+    artifact_sha256: str,
+    stats: Mapping[str, Mapping[str, Any]],
+    resumed: int,
+    wall_time: float,
+) -> dict[str, Any]:
+    """The run's record. ``stats``: shard name -> the statistics stored in that shard."""
+    shards = [stats[shard.name] for shard in plan.shards]
+    per_input: dict[str, dict[str, int]] = {f.path: {"embedded": 0, "skipped": 0} for f in plan.files}
+    for item in shards:
+        per_input[item["input"]]["embedded"] += item["rows"]
+        per_input[item["input"]]["skipped"] += item["skipped"]
+    examples = [example for item in shards for example in item["skip_examples"]][:SKIP_EXAMPLES]
+    unit = "rows" if plan.files and plan.files[0].format == "parquet" else "lines"
+    return {
+        "kvembed_version": __version__,
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "artifact": {
+            "path": str(Path(options.artifact).resolve()),
+            "manifest_sha256": artifact_sha256,
+            "files": {name: record["sha256"] for name, record in artifact["files"].items()},
+            "method": artifact["method"],
+            "precision": artifact["precision"],
+            "max_length": artifact["max_length"],
+        },
+        "embedding": {"dim": artifact["dim"], "dtype": options.output_dtype, "kind": options.kind, "normalized": True},
+        "options": options.record(),
+        "columns": asdict(plan.columns),
+        "inputs": [
+            {"path": f.path, "format": f.format, "bytes": f.bytes, unit: f.rows, **per_input[f.path]} for f in plan.files
+        ],
+        "empty_files": plan.empty_files,
+        "shards": [
+            {key: item[key] for key in ("shard", "input", "start", "stop", "rows", "tokens", "truncated", "skipped")}
+            for item in shards
+        ],
+        "rows": sum(item["rows"] for item in shards),
+        "tokens": sum(item["tokens"] for item in shards),
+        "truncated": sum(item["truncated"] for item in shards),
+        "skipped": {"count": sum(item["skipped"] for item in shards), "empty_files": len(plan.empty_files), "examples": examples},
+        "shards_resumed": resumed,
+        "wall_time_s": round(wall_time, 3),
+    }
+
+
+def write_manifest(output: Path, manifest: Mapping[str, Any]) -> None:
+    """Write ``_manifest.json`` atomically, then the empty ``_SUCCESS`` marker."""
+    partial = output / f"{MANIFEST}{PARTIAL_MARK}{os.getpid()}"
+    partial.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(partial, output / MANIFEST)
+    (output / SUCCESS).write_text("", encoding="utf-8")

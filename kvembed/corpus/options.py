@@ -1,0 +1,101 @@
+"""What a corpus run is asked to do, checked once before any work starts. Torch-free, Ray-free."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+FORMATS = ("parquet", "jsonl", "txt")
+ENGINES = ("local", "ray")
+KINDS = ("document", "query")
+OUTPUT_DTYPES = ("float32", "float16")
+ON_ERROR = ("fail", "skip")
+DEFAULT_ID_COLUMN = "id"
+
+
+class CorpusError(ValueError):
+    """Bad input or a bad request: the message names the problem (file, row) and the fix."""
+
+
+def _choice(option: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise CorpusError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _positive(option: str, value: int) -> int:
+    if int(value) < 1:
+        raise CorpusError(f"{option} must be >= 1, got {value}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class CorpusOptions:
+    """One ``kvembed embed-corpus`` request.
+
+    ``id_column=None`` means: use a column named ``id`` when every input has one, else stable row
+    ids ``<file>:<line>`` (TXT/JSONL, 1-based) or ``<file>:<row>`` (Parquet, 0-based).
+    ``threads=None`` splits this machine's cores between the workers.
+    """
+
+    artifact: Path
+    inputs: tuple[str, ...]
+    output: Path
+    text_column: str = "text"
+    id_column: str | None = None
+    kind: str = "document"
+    format: str | None = None
+    engine: str = "local"
+    ray_address: str | None = None
+    workers: int = 1
+    threads: int | None = None
+    batch_tokens: int = 16384
+    rows_per_file: int = 100_000
+    resume: bool = False
+    output_dtype: str = "float32"
+    on_error: str = "fail"
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "artifact", Path(self.artifact))
+        object.__setattr__(self, "output", Path(self.output))
+        inputs = (self.inputs,) if isinstance(self.inputs, (str, os.PathLike)) else tuple(self.inputs)
+        object.__setattr__(self, "inputs", tuple(str(item) for item in inputs))
+        if not self.inputs:
+            raise CorpusError("give at least one --input file or glob")
+        if not self.text_column:
+            raise CorpusError("--text-column must not be empty")
+        if self.id_column is not None and not self.id_column:
+            raise CorpusError("--id-column must not be empty (leave it out for the default)")
+        if self.id_column is not None and self.id_column == self.text_column:
+            raise CorpusError(f"--id-column and --text-column are both {self.id_column!r}; give two different columns")
+        _choice("--kind", self.kind, KINDS)
+        if self.format is not None:
+            _choice("--format", self.format, FORMATS)
+        _choice("--engine", self.engine, ENGINES)
+        _choice("--output-dtype", self.output_dtype, OUTPUT_DTYPES)
+        _choice("--on-error", self.on_error, ON_ERROR)
+        _positive("--workers", self.workers)
+        _positive("--batch-tokens", self.batch_tokens)
+        _positive("--rows-per-file", self.rows_per_file)
+        if self.threads is not None:
+            _positive("--threads-per-worker", self.threads)
+        if self.engine == "local" and self.workers != 1:
+            raise CorpusError("--engine local runs one worker; use --threads-per-worker, or --engine ray for --workers > 1")
+        if self.engine == "local" and self.ray_address is not None:
+            raise CorpusError("--ray-address needs --engine ray")
+
+    @property
+    def threads_per_worker(self) -> int:
+        if self.threads is not None:
+            return self.threads
+        return max(1, (os.cpu_count() or 1) // self.workers)
+
+    def record(self) -> dict[str, Any]:
+        """The options as the manifest records them (paths as strings)."""
+        data = asdict(self)
+        data.update(artifact=str(self.artifact.resolve()), output=str(self.output.resolve()), threads=self.threads_per_worker)
+        data.pop("progress")
+        return data

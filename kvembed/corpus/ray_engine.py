@@ -1,0 +1,148 @@
+"""``--engine ray``: the same shard jobs scheduled by Ray Data over an actor pool.
+
+``ray.data.from_items`` holds one row per pending shard (one block each), and ``map_batches``
+runs :class:`ShardActor`, a callable class that loads the :class:`Embedder` once per actor
+(a fixed pool of ``workers`` actors, ``num_cpus=threads`` each). An actor reads its shard's rows
+with pyarrow (column projection, only the row groups or byte range it needs), embeds them with
+the runtime's length-sorted token-budget batching and writes the shard itself, so shards are
+the same files, named the same way, as ``--engine local`` writes, and ``--resume`` works across
+engines. Ray Data brings the scheduling, actor restarts and task retries on a cluster.
+
+On a cluster the artifact directory, the inputs and ``--output`` must be reachable at the same
+paths from every node (shared storage such as NFS), and kvembed must be installed on every node.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import ray
+
+from .options import CorpusError
+from .plan import Shard
+from .progress import CorpusProgress
+from .worker import Job, ShardWorker
+
+#: seconds between progress reports from actors to the driver
+REPORT_EVERY = 0.5
+
+
+@ray.remote(num_cpus=0)
+class ProgressCounter:
+    """Rows and tokens reported by the actors since the driver last looked."""
+
+    def __init__(self) -> None:
+        self.rows = self.tokens = 0
+
+    def add(self, rows: int, tokens: int) -> None:
+        self.rows += rows
+        self.tokens += tokens
+
+    def take(self) -> tuple[int, int]:
+        taken = (self.rows, self.tokens)
+        self.rows = self.tokens = 0
+        return taken
+
+
+class ShardActor:
+    """A Ray Data actor: one :class:`ShardWorker` (one loaded Embedder) for its whole life."""
+
+    def __init__(self, job: Job, counter: Any) -> None:
+        self.worker = ShardWorker(job)
+        self.counter = counter
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        results = []
+        for spec in batch["shard"]:
+            results.append(json.dumps(self._run(Shard(**json.loads(spec)))))
+        return {"stats": np.array(results, dtype=object)}
+
+    def _run(self, shard: Shard) -> dict[str, Any]:
+        pending = [0, 0, time.monotonic()]
+
+        def report(rows: int, tokens: int) -> None:
+            pending[0] += rows
+            pending[1] += tokens
+            if time.monotonic() - pending[2] >= REPORT_EVERY:
+                self.counter.add.remote(pending[0], pending[1])
+                pending[:] = [0, 0, time.monotonic()]
+
+        try:
+            return self.worker.run(shard, report)
+        except CorpusError as err:  # bad input: reported to the driver as data, not as a crash
+            return {"shard": shard.name, "error": str(err)}
+        finally:
+            self.counter.add.remote(pending[0], pending[1])
+
+
+@contextmanager
+def ray_session(address: str | None) -> Iterator[None]:
+    """Use the running Ray session, or connect to ``address`` (``auto`` or ``HOST:PORT``), or
+    start a local one; shut down only what was started here."""
+    if ray.is_initialized():
+        yield
+        return
+    try:
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
+    except ConnectionError as err:
+        raise CorpusError(
+            f"cannot connect to a Ray cluster at --ray-address {address} ({err}); start one with `ray start --head` "
+            "or leave --ray-address out for a local Ray"
+        ) from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def run_ray(job: Job, shards: Sequence[Shard], workers: int, progress: CorpusProgress) -> Iterator[dict[str, Any]]:
+    """Embed ``shards`` on Ray actors, yielding each shard's statistics as it is published."""
+    if not shards:
+        return
+    cpus = ray.cluster_resources().get("CPU", 0)
+    if workers * job.threads > cpus:
+        raise CorpusError(
+            f"--workers {workers} x --threads-per-worker {job.threads} needs {workers * job.threads} CPUs, "
+            f"the Ray cluster has {cpus:g}; lower them or add nodes"
+        )
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # the corpus bar shows rows, tokens/s and ETA instead
+    context.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    counter = ProgressCounter.remote()
+    dataset = ray.data.from_items(
+        [{"shard": json.dumps(asdict(shard))} for shard in shards], override_num_blocks=len(shards)
+    ).map_batches(
+        ShardActor,
+        batch_size=1,
+        # one shard in flight per actor: shards are long, so queueing more only unbalances the tail
+        compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
+        num_cpus=job.threads,
+        fn_constructor_kwargs={"job": job, "counter": counter},
+    )
+    stop = threading.Event()
+    poller = threading.Thread(target=_poll, args=(counter, progress, stop), daemon=True)
+    poller.start()
+    try:
+        for row in dataset.iter_rows():
+            stats = json.loads(row["stats"])
+            if "error" in stats:
+                raise CorpusError(stats["error"])
+            yield stats
+    finally:
+        stop.set()
+        poller.join()
+        progress.advance(*ray.get(counter.take.remote()))
+        ray.kill(counter)
+
+
+def _poll(counter: Any, progress: CorpusProgress, stop: threading.Event) -> None:
+    while not stop.wait(REPORT_EVERY):
+        progress.advance(*ray.get(counter.take.remote()))

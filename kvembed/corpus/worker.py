@@ -1,0 +1,82 @@
+"""One worker's job, the same on both engines: read a shard's rows, embed them, write the shard.
+
+Texts are embedded a chunk at a time with the runtime's own pieces (``TextEncoder``,
+length-sorted token-budget ``plan_batches``, ``Embedder.run``), exactly as ``Embedder.encode``
+does, so each text is tokenised once and its token count and truncation feed the manifest.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..runtime import Embedder
+from ..runtime.batching import plan_batches
+from .inputs import Columns, InputFile, RecordPolicy, read_rows
+from .plan import Shard
+from .shards import ShardWriter
+
+#: ``progress(rows, tokens)``: rows consumed and tokens embedded since the last call
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a worker needs besides the shard: picklable, sent once to every Ray actor."""
+
+    artifact: str
+    threads: int
+    kind: str
+    batch_tokens: int
+    output_dtype: str
+    on_error: str
+    columns: Columns
+    files: tuple[InputFile, ...]
+    output: str
+
+
+class ShardWorker:
+    """Holds one loaded :class:`Embedder` and embeds whole shards with it."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.embedder = Embedder.load(job.artifact, provider="auto", threads=job.threads)
+
+    def embed(self, texts: list[str], progress: Progress) -> tuple[np.ndarray, int, int]:
+        """``(vectors, tokens, truncated)`` of ``texts``, vectors in input order."""
+        encoder, embedder = self.embedder.encoder, self.embedder
+        with warnings.catch_warnings():  # truncation is counted in the manifest instead
+            warnings.simplefilter("ignore", UserWarning)
+            encoded = encoder.encode(texts, self.job.kind)
+        lengths = [len(item.ids) for item in encoded]
+        vectors = np.zeros((len(texts), embedder.dim), dtype=np.float32)
+        for batch in plan_batches(lengths, self.job.batch_tokens, self.job.batch_tokens):
+            vectors[batch] = embedder.run(encoder.pad([encoded[i] for i in batch], embedder.padding_side))[0]
+            progress(len(batch), sum(lengths[i] for i in batch))
+        return vectors, sum(lengths), sum(item.truncated for item in encoded)
+
+    def run(self, shard: Shard, progress: Progress) -> dict[str, Any]:
+        """Embed ``shard`` and publish it; returns its statistics (also stored in the shard)."""
+        file = self.job.files[shard.file]
+        policy = RecordPolicy(self.job.on_error)
+        writer = ShardWriter(Path(self.job.output) / shard.name, self.job.columns.id_type, self.embedder.dim, self.job.output_dtype)
+        rows = tokens = truncated = 0
+        try:
+            for chunk in read_rows(file, shard.start, shard.stop, shard.byte_start, self.job.columns, policy):
+                vectors, chunk_tokens, chunk_truncated = self.embed(chunk.texts, progress)
+                writer.write(chunk.ids, vectors)
+                progress(chunk.span - len(chunk.texts), 0)
+                rows, tokens, truncated = rows + len(chunk.texts), tokens + chunk_tokens, truncated + chunk_truncated
+            stats = {
+                "shard": shard.name, "input": file.path, "start": shard.start, "stop": shard.stop, "rows": rows,
+                "tokens": tokens, "truncated": truncated, "skipped": policy.count, "skip_examples": policy.examples,
+            }
+            writer.commit(stats)
+        except BaseException:
+            writer.abort()
+            raise
+        return stats
