@@ -1,0 +1,468 @@
+"""``kvembed serve``: a real server process on a free port, the official ``openai`` client and
+httpx against it; every vector is checked against ``Embedder.encode`` of the same artifact
+in this process (the independent oracle)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from kvembed.export import export
+from kvembed.runtime import Embedder
+from serve_util import ServerProcess, SlowUpload, kvembed_command, metric, metrics, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = "the a cat dog sat ran on in park mat blue sky why is was happy über 東京 , . ?".split()
+ERROR_KEYS = {"message", "type", "param", "code"}
+
+
+def random_text(rng: random.Random, max_chars: int) -> str:
+    """A text of 1..max_chars characters (stories260k's byte tokenizer: about one token per byte)."""
+    target, words = rng.randint(1, max_chars), []
+    while len(" ".join(words)) < target:
+        words.append(rng.choice(WORDS))
+    return " ".join(words)[:target]
+
+
+def assert_rows_equal(got, expected: np.ndarray) -> None:
+    got = np.asarray(got, dtype=np.float32).reshape(expected.shape)
+    cosine = (got * expected).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(expected, axis=-1))
+    assert cosine.min() >= 0.99999
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def assert_error(response: httpx.Response, status: int, param: str | None = "any") -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == ERROR_KEYS, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    assert body["error"]["type"] in ("invalid_request_error", "rate_limit_error", "server_error")
+    if param != "any":
+        assert body["error"]["param"] == param, body
+    return body["error"]
+
+
+def decode(item: dict, encoding_format: str) -> np.ndarray:
+    if encoding_format == "base64":
+        return np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4")
+    return np.asarray(item["embedding"], dtype=np.float32)
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> dict[str, Path]:
+    """kv-embedding (a prompt method) and va (a raw-text method) of the demo model."""
+    root = tmp_path_factory.mktemp("serve-artifacts")
+    return {name: export("stories260k", method, root / name) for name, method in (("kv", "kv-embedding"), ("va", "va"))}
+
+
+@pytest.fixture(scope="module")
+def oracles(artifacts) -> dict[str, Embedder]:
+    return {name: Embedder.load(path, provider="cpu") for name, path in artifacts.items()}
+
+
+@pytest.fixture(scope="module")
+def server(artifacts, tmp_path_factory):
+    """Both artifacts, served by name, no key."""
+    process = ServerProcess([f"kv={artifacts['kv']}", f"va={artifacts['va']}"], tmp_path_factory.mktemp("serve") / "server.log")
+    yield process.wait_healthy()
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def strict(artifacts, tmp_path_factory):
+    """The va artifact (served as its folder name) with a key from the environment and tight limits."""
+    args = [str(artifacts["va"]), "--max-concurrent-requests", "1", "--max-client-batch-size", "8",
+            "--payload-limit", "4KB", "--cors-origin", "http://example.com"]
+    process = ServerProcess(args, tmp_path_factory.mktemp("serve") / "strict.log", env={"KVEMBED_API_KEY": "s3cret"})
+    yield process.wait_healthy()
+    process.stop()
+
+
+@pytest.fixture()
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+# -- the openai client -----------------------------------------------------------------------------
+
+
+def test_openai_client_base64_and_float_equal_the_runtime(client, oracles):
+    texts = ["A cat sat on the mat.", "", "Stock markets fell sharply today.", "über 東京 🎉"]
+    single = client.embeddings.create(model="kv", input=texts[0])  # the client asks for base64
+    assert single.model == "kv" and len(single.data) == 1 and single.data[0].index == 0
+    assert_rows_equal(single.data[0].embedding, oracles["kv"].encode(texts[:1]))
+    assert single.usage.prompt_tokens == single.usage.total_tokens == len(oracles["kv"].encoder.encode_one(texts[0]).ids)
+
+    listed = client.embeddings.create(model="kv", input=texts, encoding_format="float")
+    assert [item.index for item in listed.data] == [0, 1, 2, 3]
+    assert_rows_equal([item.embedding for item in listed.data], oracles["kv"].encode(texts))
+    assert listed.usage.prompt_tokens == sum(len(item.ids) for item in oracles["kv"].encoder.encode(texts))
+
+
+def test_openai_client_query_prompt_and_dimensions(client, oracles):
+    texts = ["what is a cat?", "where is the park"]
+    queries = client.embeddings.create(model="kv", input=texts, extra_body={"input_type": "query"})
+    assert_rows_equal([item.embedding for item in queries.data], oracles["kv"].encode_query(texts))
+    assert queries.usage.prompt_tokens == sum(len(item.ids) for item in oracles["kv"].encoder.encode(texts, "query"))
+    documents = client.embeddings.create(model="kv", input=texts)
+    assert not np.allclose(queries.data[0].embedding, documents.data[0].embedding, atol=1e-3)
+
+    cut = client.embeddings.create(model="kv", input=texts, dimensions=16)
+    full = oracles["kv"].encode(texts)[:, :16]
+    assert_rows_equal([item.embedding for item in cut.data], full / np.linalg.norm(full, axis=1, keepdims=True))
+
+
+def test_token_ids_equal_text_for_a_raw_method_and_are_refused_for_a_prompt_method(client, oracles):
+    texts = ["a cat sat", "the dog ran in the park"]
+    ids = [oracles["va"].encoder.tokenizer.encode(text).ids for text in texts]
+    many = client.embeddings.create(model="va", input=ids)
+    assert_rows_equal([item.embedding for item in many.data], oracles["va"].encode(texts))
+    assert many.usage.prompt_tokens == sum(map(len, ids))
+    one = client.embeddings.create(model="va", input=ids[1], encoding_format="float")
+    assert_rows_equal(one.data[0].embedding, oracles["va"].encode(texts[1:]))
+    with pytest.raises(openai.BadRequestError, match="raw-text methods"):
+        client.embeddings.create(model="kv", input=ids)
+
+
+def test_two_artifacts_are_chosen_by_name(server, oracles):
+    models = httpx.get(f"{server.url}/v1/models").json()
+    cards = {card["id"]: card for card in models["data"]}
+    assert models["object"] == "list" and set(cards) == {"kv", "va"}
+    assert (cards["kv"]["dim"], cards["va"]["dim"], cards["kv"]["method"], cards["va"]["method"]) == (64, 32, "kv-embedding", "va")
+    for name in ("kv", "va", "kv"):
+        body = httpx.post(f"{server.url}/embeddings", json={"model": name, "input": ["a blue sky"]}).json()
+        assert body["object"] == "list" and body["model"] == name and body["data"][0]["object"] == "embedding"
+        assert_rows_equal(body["data"][0]["embedding"], oracles[name].encode(["a blue sky"]))
+
+
+def test_over_long_text_is_cut_by_default_and_413_without_truncation(server, oracles):
+    text = "the cat sat on the mat " * 40  # 920 bytes: over stories260k's 512 tokens
+    body = httpx.post(f"{server.url}/v1/embeddings", json={"model": "kv", "input": [text]}).json()
+    with pytest.warns(UserWarning, match="max_length=512"):
+        expected = oracles["kv"].encode([text])
+    assert_rows_equal(body["data"][0]["embedding"], expected)
+    assert body["usage"]["prompt_tokens"] == 512
+    response = httpx.post(f"{server.url}/v1/embeddings", json={"model": "kv", "input": ["ok", text], "truncate": False})
+    assert "input[1]" in assert_error(response, 413, "input")["message"]
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "param", "phrase"),
+    [
+        ({"model": "kv", "input": []}, 400, "input", "empty list"),
+        ({"model": "kv", "input": ["a", 3]}, 400, "input", "input[1]"),
+        ({"model": "kv", "input": ["a", None]}, 400, "input", "input[1]"),
+        ({"model": "kv", "input": [1.5]}, 400, "input", "input[0]"),
+        ({"model": "kv", "input": {"text": "a"}}, 400, "input", "dict"),
+        ({"model": "va", "input": [[1, 2], []]}, 400, "input", "input[1]"),
+        ({"model": "va", "input": [[1, 99999]]}, 400, "input", "input[0]"),
+        ({"model": "kv", "input": "a", "colour": "red"}, 400, "colour", "unrecognized"),
+        ({"model": "kv", "input": "a", "dimensions": 65}, 400, "dimensions", "at most 64"),
+        ({"model": "kv", "input": "a", "output": "nope"}, 400, "output", "nope"),
+        ({"model": "gpt-4", "input": "a"}, 404, "model", "kv, va"),
+        ({"input": "a"}, 422, "model", "model"),
+        ({"model": "kv", "input": "a", "encoding_format": "hex"}, 422, "encoding_format", "base64"),
+        ({"model": "kv", "input": "a", "dimensions": "8"}, 422, "dimensions", "integer"),
+        ({"model": "kv", "input": "a", "input_type": "passage"}, 422, "input_type", "query"),
+    ],
+)
+def test_bad_requests_get_openai_errors(server, payload, status, param, phrase):
+    error = assert_error(httpx.post(f"{server.url}/v1/embeddings", json=payload), status, param)
+    assert phrase in error["message"]
+
+
+def test_unparseable_bodies_and_unknown_routes(server):
+    assert "JSON" in assert_error(httpx.post(f"{server.url}/v1/embeddings", content=b"{not json"), 400)["message"]
+    assert_error(httpx.post(f"{server.url}/v1/embeddings", content=b"[1, 2]"), 400)
+    assert_error(httpx.get(f"{server.url}/v1/nothing"), 404)
+    assert_error(httpx.get(f"{server.url}/v1/embeddings"), 405)
+
+
+def test_api_key_from_the_environment(strict, oracles):
+    url = f"{strict.url}/v1/embeddings"
+    payload = {"model": "va", "input": ["a cat"]}
+    assert "missing" in assert_error(httpx.post(url, json=payload), 401)["message"]
+    wrong = httpx.post(url, json=payload, headers={"Authorization": "Bearer s3cre"})
+    assert_error(wrong, 401)
+    assert wrong.headers["www-authenticate"] == "Bearer"
+    assert_error(httpx.get(f"{strict.url}/v1/models"), 401)
+    assert httpx.get(f"{strict.url}/health").status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{strict.url}/v1", api_key="wrong", max_retries=0).embeddings.create(model="va", input="a")
+    good = openai.OpenAI(base_url=f"{strict.url}/v1", api_key="s3cret", max_retries=0)
+    assert_rows_equal(good.embeddings.create(model="va", input="a cat").data[0].embedding, oracles["va"].encode(["a cat"]))
+
+
+def test_size_limits_give_413(strict):
+    auth = {"Authorization": "Bearer s3cret"}
+    url = f"{strict.url}/v1/embeddings"
+    error = assert_error(httpx.post(url, json={"model": "va", "input": ["a"] * 9}, headers=auth), 413, "input")
+    assert "limit of 8" in error["message"]
+    assert "payload limit" in assert_error(httpx.post(url, json={"model": "va", "input": ["x" * 5000]}, headers=auth), 413)["message"]
+
+    def chunked():  # no Content-Length: the limit holds on the streamed body too
+        yield b'{"model": "va", "input": ["'
+        for _ in range(10):
+            yield b"x" * 1000
+        yield b'"]}'
+
+    assert_error(httpx.post(url, content=chunked(), headers=auth), 413)
+
+
+def test_429_when_the_concurrent_request_limit_is_reached(strict, oracles):
+    auth = {"Authorization": "Bearer s3cret"}
+    held = SlowUpload(strict.port, "/v1/embeddings", {"model": "va", "input": ["held back"]}, auth)
+    wait_for(lambda: metric(metrics(strict.url), "kvembed_requests_in_flight") == 1, what="the slow request in flight")
+    refused = httpx.post(f"{strict.url}/v1/embeddings", json={"model": "va", "input": ["a"]}, headers=auth)
+    assert assert_error(refused, 429)["type"] == "rate_limit_error"
+    status, body = held.finish()
+    assert status == 200
+    assert_rows_equal(body["data"][0]["embedding"], oracles["va"].encode(["held back"]))
+    assert httpx.post(f"{strict.url}/v1/embeddings", json={"model": "va", "input": ["a"]}, headers=auth).status_code == 200
+
+
+def test_cors_only_when_asked(strict, server):
+    preflight = {"Origin": "http://example.com", "Access-Control-Request-Method": "POST"}
+    allowed = httpx.options(f"{strict.url}/v1/embeddings", headers=preflight)
+    assert allowed.headers.get("access-control-allow-origin") == "http://example.com"
+    plain = httpx.post(f"{server.url}/v1/embeddings", json={"model": "va", "input": "a"}, headers={"Origin": "http://example.com"})
+    assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
+
+
+def test_503_while_loading_then_200(artifacts):
+    import uvicorn
+
+    from kvembed.serve import ServeConfig, create_app
+    from kvembed.serve.app import load_embedders
+    from serve_util import free_port
+
+    gate = threading.Event()
+
+    def slow_loader(config):
+        gate.wait(60)
+        return load_embedders(config)
+
+    app = create_app(ServeConfig(artifacts=(("va", artifacts["va"]),), provider="cpu"), loader=slow_loader)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, what="uvicorn started")
+        url = f"http://127.0.0.1:{port}"
+        assert assert_error(httpx.get(f"{url}/health"), 503)["code"] == "loading"
+        assert_error(httpx.post(f"{url}/v1/embeddings", json={"model": "va", "input": "a"}), 503)
+        gate.set()
+        wait_for(lambda: httpx.get(f"{url}/health").status_code == 200, what="loaded")
+        assert httpx.post(f"{url}/v1/embeddings", json={"model": "va", "input": "a"}).status_code == 200
+    finally:
+        gate.set()
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_command_line_failures_are_one_line_and_exit_2(artifacts, tmp_path, server):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(artifacts["va"], damaged)
+    (damaged / "tokenizer.json").write_text("{}")
+    cases = [
+        ([str(tmp_path / "missing")], "not a kvembed artifact"),
+        ([str(artifacts["va"]), f"va={artifacts['kv']}"], "unique"),
+        ([str(artifacts["va"]), "--payload-limit", "lots"], "cannot read size"),
+        ([str(artifacts["va"]), "--port", str(server.port)], f"cannot serve on 127.0.0.1:{server.port}"),
+        ([str(damaged), "--port", "0"], "damaged"),
+    ]
+    for args, phrase in cases:
+        result = subprocess.run([*kvembed_command(), "serve", *args], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2, (args, result.stderr)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and phrase in errors[0], (args, result.stderr)
+        assert "Traceback" not in result.stderr
+
+
+def test_serve_imports_without_torch(artifacts):
+    script = textwrap.dedent(
+        f"""
+        import sys
+
+        class Block:
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] in ("torch", "transformers"):
+                    raise ImportError("blocked: " + name)
+
+        sys.meta_path.insert(0, Block())
+        from fastapi.testclient import TestClient
+        from kvembed.serve import ServeConfig, create_app
+        import kvembed.serve.cli, kvembed.serve.server
+
+        app = create_app(ServeConfig(artifacts=(("va", {str(artifacts["va"])!r}),), provider="cpu"))
+        with TestClient(app) as client:
+            import time
+            while client.get("/health").status_code != 200:
+                time.sleep(0.05)
+            print(len(client.post("/v1/embeddings", json={{"model": "va", "input": "a cat"}}).json()["data"][0]["embedding"]))
+        assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")]
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["32"]
+
+
+# -- batching under load ---------------------------------------------------------------------------
+
+
+def test_a_huge_request_does_not_starve_small_ones(server, oracles):
+    rng = random.Random(7)
+    huge = [random_text(rng, 60) for _ in range(1000)]
+    small = ["a cat", "the park"]
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(httpx.post, f"{server.url}/v1/embeddings", json={"model": "va", "input": huge}, timeout=300)
+        wait_for(lambda: metric(metrics(server.url), "kvembed_queue_depth", model="va") > 0, what="the huge request queued")
+        for _ in range(2):
+            body = httpx.post(f"{server.url}/v1/embeddings", json={"model": "va", "input": small}, timeout=300).json()
+            assert_rows_equal([item["embedding"] for item in body["data"]], oracles["va"].encode(small))
+            assert not pending.done(), "a small request waited for the whole huge one"
+        body = pending.result().json()
+    assert [item["index"] for item in body["data"]] == list(range(1000))
+    assert_rows_equal([item["embedding"] for item in body["data"]], oracles["va"].encode(huge))
+
+
+CLIENTS, REQUESTS, MAX_TEXTS, MAX_CHARS = 64, 10, 8, 60
+
+
+def test_64_concurrent_clients_get_their_own_rows_in_order(server, oracles):
+    """Scaled from the issue's 64 x 500 (1-64 texts of 1-400 tokens), which needs hours of this
+    shared 2-core VM; benchmarks/serve_bench.py --load runs the 64 x 500 request count."""
+    rng = random.Random(11)
+    pools = [[random_text(rng, MAX_CHARS) for _ in range(24)] for _ in range(CLIENTS)]  # disjoint per client
+    models = ["kv" if client % 4 == 3 else "va" for client in range(CLIENTS)]  # kv's prompt adds ~50 tokens a text
+    expected = [dict(zip(pool, oracles[model].encode(pool))) for pool, model in zip(pools, models)]
+    plans = [
+        [[rng.choice(pool) for _ in range(rng.randint(1, MAX_TEXTS))] for _ in range(REQUESTS)] for pool in pools
+    ]
+    # warm-up, then memory and counters before the load
+    for model in ("va", "kv"):
+        httpx.post(f"{server.url}/v1/embeddings", json={"model": model, "input": pools[0] * 2}, timeout=120)
+    rss_warm = server.rss_kib()
+    before = metrics(server.url)
+
+    async def one_client(index: int, http: httpx.AsyncClient) -> int:
+        checked = 0
+        for number, texts in enumerate(plans[index]):
+            fmt = "base64" if (index + number) % 2 else "float"
+            response = await http.post("/v1/embeddings", json={"model": models[index], "input": texts, "encoding_format": fmt})
+            assert response.status_code == 200, response.text
+            body = response.json()
+            assert [item["index"] for item in body["data"]] == list(range(len(texts)))
+            got = np.stack([decode(item, fmt) for item in body["data"]])
+            assert_rows_equal(got, np.stack([expected[index][text] for text in texts]))
+            assert body["usage"]["prompt_tokens"] == sum(len(oracles[models[index]].encoder.encode_one(t).ids) for t in texts)
+            checked += 1
+        return checked
+
+    async def run_all() -> list[int]:
+        limits = httpx.Limits(max_connections=CLIENTS)
+        async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as http:
+            return await asyncio.gather(*(one_client(i, http) for i in range(CLIENTS)))
+
+    assert asyncio.run(run_all()) == [REQUESTS] * CLIENTS
+    after = metrics(server.url)
+    for model in ("va", "kv"):
+        sent = [texts for index, plan in enumerate(plans) if models[index] == model for texts in plan]
+        texts_sent = sum(map(len, sent))
+        tokens_sent = sum(len(oracles[model].encoder.encode_one(t).ids) for texts in sent for t in texts)
+        delta = {name: metric(after, name, model=model) - metric(before, name, model=model) for name in (
+            "kvembed_requests_total", "kvembed_texts_total", "kvembed_tokens_total", "kvembed_batch_size_sum", "kvembed_batch_size_count")}
+        assert delta["kvembed_requests_total"] == len(sent)
+        assert metric(after, "kvembed_requests_total", model=model, status="200") - metric(before, "kvembed_requests_total", model=model, status="200") == len(sent)
+        assert delta["kvembed_texts_total"] == delta["kvembed_batch_size_sum"] == texts_sent
+        assert delta["kvembed_tokens_total"] == tokens_sent
+        assert delta["kvembed_batch_size_count"] < len(sent)  # batches held texts of several requests
+        assert metric(after, "kvembed_queue_depth", model=model) == 0
+    assert server.rss_kib() <= 1.5 * rss_warm
+
+
+# -- graceful shutdown -----------------------------------------------------------------------------
+
+
+def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(artifacts, oracles, tmp_path):
+    process = ServerProcess([f"va={artifacts['va']}"], tmp_path / "sigterm.log").wait_healthy()
+    rng = random.Random(3)
+    texts = [random_text(rng, 80) for _ in range(40)]
+    expected = dict(zip(texts, oracles["va"].encode(texts)))
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def load_client(seed: int) -> None:
+        local = random.Random(seed)
+        with httpx.Client(base_url=process.url, timeout=120) as http:
+            while not stop.is_set():
+                batch = [local.choice(texts) for _ in range(local.randint(1, 8))]
+                try:
+                    response = http.post("/v1/embeddings", json={"model": "va", "input": batch})
+                except httpx.TransportError:
+                    outcomes.append("refused")
+                    return
+                try:
+                    if response.status_code == 503:  # reached the app after SIGTERM on a kept-alive connection
+                        assert response.json()["error"]["code"] == "shutting_down"
+                        outcomes.append("503")
+                        continue
+                    assert response.status_code == 200, response.text
+                    assert_rows_equal([item["embedding"] for item in response.json()["data"]], np.stack([expected[t] for t in batch]))
+                    outcomes.append("ok")
+                except AssertionError as err:
+                    outcomes.append(f"bad: {err}")
+                    return
+
+    threads = [threading.Thread(target=load_client, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: outcomes.count("ok") >= 16, timeout=120, what="load running")
+        held = SlowUpload(process.port, "/v1/embeddings", {"model": "va", "input": ["in flight at SIGTERM"]})
+        wait_for(lambda: metric(metrics(process.url), "kvembed_requests_in_flight") >= 1, what="a request in flight")
+        process.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: _refuses_connections(process.url), timeout=30, what="the listening socket closed")
+        status, body = held.finish()
+        assert status == 200
+        assert_rows_equal(body["data"][0]["embedding"], oracles["va"].encode(["in flight at SIGTERM"]))
+        assert process.process.wait(60) == 0, process.output()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        process.stop()
+    assert not [outcome for outcome in outcomes if outcome.startswith("bad")]
+    assert outcomes.count("refused") == len(threads)  # every client ended on a closed socket, none hung
+    assert "Traceback" not in process.output()
+
+
+def _refuses_connections(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/health", timeout=2)
+    except httpx.ConnectError:
+        return True
+    return False
