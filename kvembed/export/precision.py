@@ -16,8 +16,13 @@ blocked node an island, casting each output back to fp16 even when only fp32 nod
 the mask's float32-min constant becomes -inf on the way and fully padded rows turn into NaN; it
 also emits duplicate Cast outputs and unsorted nodes when a node block list is given.
 
-int8: ``onnxruntime.quantization.quantize_dynamic`` on MatMul weights (symmetric int8,
-per output channel). It yields ``DynamicQuantizeLinear``/``MatMulInteger``: standard ONNX ops that
+int8: ``onnxruntime.quantization.quantize_dynamic`` on MatMul weights (uint8 with a zero point,
+per output channel; activations uint8, dynamic per tensor). Unsigned weights (U8U8), not int8
+(U8S8): on x86 CPUs without VNNI (AVX2 / AVX-512F only) onnxruntime's U8S8 kernel sums pairs of
+u8 x s8 products in saturating int16 (``vpmaddubsw``) and loses precision: on an AVX2-only EPYC the
+demo model's kv-embedding graph fell to worst-row cosine 0.907 vs fp32 with int8 weights, 0.992
+with ``reduce_range`` (7-bit weights) and 0.998 with uint8 weights (16 rows; the same file must
+hold on every CPU it is copied to, so the export does not pick by the exporting machine). It yields ``DynamicQuantizeLinear``/``MatMulInteger``: standard ONNX ops that
 onnxruntime runs fast on CPU, but TensorRT does not support (build TensorRT engines from the fp32
 or fp16 artifact and let TensorRT pick precisions).
 """
@@ -284,14 +289,14 @@ def to_int8(source: Path, target: Path) -> dict[str, Any]:
             str(source),
             str(target),
             op_types_to_quantize=["MatMul"],
-            weight_type=QuantType.QInt8,
+            weight_type=QuantType.QUInt8,  # U8U8: no int16 saturation on CPUs without VNNI (module docstring)
             per_channel=True,
             use_external_data_format=_needs_external(source),
             extra_options={"MatMulConstBOnly": True},
         )
     return {
-        "method": "onnxruntime.quantization.quantize_dynamic(MatMul, QInt8 weights, per_channel=True)",
-        "weight_type": "int8",
+        "method": "onnxruntime.quantization.quantize_dynamic(MatMul, QUInt8 weights, per_channel=True)",
+        "weight_type": "uint8",
         "per_channel": True,
         "activations": "uint8, dynamic per-tensor (DynamicQuantizeLinear)",
         "external_data": target.with_name(target.name + ".data").exists(),
