@@ -144,7 +144,7 @@ def embed(
     if input is not None:
         target = output if output is not None else input.with_suffix(".npy")
         if output is None:
-            errors.print(f"no --output given: writing {target}", highlight=False)
+            errors.print(f"no --output given: writing {target}", highlight=False, soft_wrap=True)
         total = count_lines(input)
         records = TextRecords(input, track_ids=target.suffix == ".jsonl")
         if hasattr(embedder, "encode_stream"):
@@ -211,6 +211,7 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("bench", "kvembed.bench.cli", "bench_command"),
     ("serve", "kvembed.serve.cli", "serve_command"),
     ("triton", "kvembed.triton.cli", "app"),
+    ("embed-corpus", "kvembed.corpus.cli", "embed_corpus_command"),
 )
 
 

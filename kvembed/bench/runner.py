@@ -84,7 +84,6 @@ class BenchConfig:
 
     def check(self) -> None:
         """Cheap validation (no model loading): ValueError naming the bad option."""
-        from ..methods import get_method
 
         for name, values in (("--batch-sizes", self.batch_sizes), ("--seq-lens", self.seq_lens)):
             if not values:
@@ -119,8 +118,10 @@ class BenchConfig:
                 raise ValueError("an artifact fixes its model, method and options; drop --model/--method/method options")
             if Path(self.out).expanduser().resolve() == Path(self.artifact).expanduser().resolve():
                 raise ValueError("--out must not be the --artifact directory")
-        else:
-            get_method(self.method or DEFAULT_METHOD)
+        else:  # model, method and options checked against config.json before any weights load
+            from ..sources import preflight
+
+            preflight(self.model or DEFAULT_MODEL, self.method or DEFAULT_METHOD, self.options or {})
 
 
 class BenchProgress:
