@@ -178,7 +178,8 @@ def resolve_columns(files: list[InputFile], text: str, id_column: str | None) ->
     missing = [path for path, present in has_id.items() if not present]
     if missing:
         how = "pass another --id-column" if id_column else f"add an {wanted!r} column everywhere or to none"
-        raise CorpusError(f"{missing[0]} has no {wanted!r} id column (and {len(missing) - 1} more files); {how}")
+        more = f" (nor have {len(missing) - 1} more files)" if len(missing) > 1 else ""
+        raise CorpusError(f"{missing[0]} has no {wanted!r} id column{more}; {how}")
     if fmt == "jsonl":
         return Columns(text, wanted, "string")
     example: dict[str, str] = {}  # id type -> first file with it

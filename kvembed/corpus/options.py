@@ -96,6 +96,6 @@ class CorpusOptions:
     def record(self) -> dict[str, Any]:
         """The options as the manifest records them (paths as strings)."""
         data = asdict(self)
-        data.update(artifact=str(self.artifact.resolve()), output=str(self.output.resolve()), threads=self.threads_per_worker)
+        data.update(artifact=str(self.artifact.resolve()), inputs=list(self.inputs), output=str(self.output.resolve()), threads=self.threads_per_worker)
         data.pop("progress")
         return data

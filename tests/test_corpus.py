@@ -1,0 +1,360 @@
+"""``kvembed embed-corpus``: Parquet/JSONL/TXT in, Parquet shards out, on a local Ray and in-process.
+
+Every vector is checked against ``Embedder.encode`` of the same text (the independent in-process
+oracle); resume is tested by killing real runs; bad input by real broken files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from kvembed.corpus import CorpusError, CorpusOptions, embed_corpus
+from kvembed.runtime import Embedder
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES, ROWS_PER_FILE, SHARD_ROWS = 5, 4000, 1000  # 20,000 texts, 20 shards
+WORDS = "the a cat dog sat ran on in park mat blue sky why is was happy über 東京 🎉 , . ?".split()
+
+
+def corpus_texts(count: int, seed: int) -> list[str]:
+    """Mixed lengths: mostly 1-16 words (~35 tokens), 1% empty, 0.2% long enough to be truncated."""
+    rng = random.Random(seed)
+    texts = []
+    for i in range(count):
+        roll = rng.random()
+        words = 0 if roll < 0.01 else rng.randint(300, 700) if roll < 0.012 else rng.randint(1, 16)
+        texts.append(" ".join(rng.choice(WORDS) for _ in range(words)))
+    return texts
+
+
+def encode(embedder: Embedder, texts: list[str]) -> np.ndarray:
+    """The oracle: ``Embedder.encode`` (its truncation warning is expected for long texts)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return embedder.encode(texts, batch_size=256, max_tokens=16384)
+
+
+def read_output(directory: Path) -> dict:
+    """id -> float32 vector over every shard; fails on a duplicate id."""
+    vectors: dict = {}
+    for path in sorted(directory.glob("part-*.parquet")):
+        table = pq.read_table(path)
+        ids = table.column("id").to_pylist()
+        flat = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        matrix = flat.reshape(len(ids), -1).astype(np.float32)
+        for ident, vector in zip(ids, matrix):
+            assert ident not in vectors, f"duplicate id {ident!r} in {path.name}"
+            vectors[ident] = vector
+    return vectors
+
+
+def assert_matches(vectors: dict, expected: dict, min_cosine: float = 0.99999) -> None:
+    assert vectors.keys() == expected.keys()
+    ids = list(expected)
+    a = np.stack([vectors[i] for i in ids])
+    b = np.stack([expected[i] for i in ids])
+    cosine = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    assert cosine.min() >= min_cosine, f"worst cosine {cosine.min()} for id {ids[int(cosine.argmin())]!r}"
+
+
+def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvembed.cli", "embed-corpus", *args], capture_output=True, text=True, cwd=ROOT, **kwargs)
+
+
+# -- fixtures ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def artifact(stories_artifact) -> Path:
+    """The demo model with Value Aggregation over layers 1-2 (early exit: a cheap, real artifact)."""
+    return stories_artifact("va", layers="1-2")
+
+
+@pytest.fixture(scope="module")
+def embedder(artifact) -> Embedder:
+    return Embedder.load(artifact, provider="cpu", threads=2)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import logging
+
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, embedder) -> tuple[Path, dict]:
+    """5 Parquet files x 4,000 texts (with an extra column that must not be read) and the oracle:
+    id -> ``Embedder.encode`` of that text."""
+    folder = tmp_path_factory.mktemp("corpus")
+    expected: dict = {}
+    for f in range(FILES):
+        texts = corpus_texts(ROWS_PER_FILE, seed=f)
+        ids = [f"doc-{f}-{i}" for i in range(len(texts))]
+        table = pa.table({"id": ids, "body": texts, "unused": [b"x" * 10] * len(texts)})
+        pq.write_table(table, folder / f"part-{f}.parquet", row_group_size=700)
+        expected.update(zip(ids, encode(embedder, texts)))
+    return folder, expected
+
+
+@pytest.fixture(scope="module")
+def ray_output(tmp_path_factory, corpus, artifact, ray_session) -> tuple[Path, dict]:
+    folder, _ = corpus
+    out = tmp_path_factory.mktemp("ray") / "vectors"
+    options = CorpusOptions(
+        artifact, [str(folder / "*.parquet")], out, text_column="body", engine="ray", workers=2, threads=1,
+        rows_per_file=SHARD_ROWS,
+    )
+    return out, embed_corpus(options)
+
+
+# -- the 20,000-text corpus ------------------------------------------------------------------------------
+
+
+def test_ray_engine_embeds_20000_parquet_texts_like_encode(corpus, ray_output):
+    _, expected = corpus
+    out, manifest = ray_output
+    assert_matches(read_output(out), expected)
+    assert (out / "_SUCCESS").is_file()
+    assert json.loads((out / "_manifest.json").read_text()) == manifest
+    assert manifest["rows"] == FILES * ROWS_PER_FILE and manifest["skipped"]["count"] == 0
+    assert len(manifest["shards"]) == FILES * ROWS_PER_FILE // SHARD_ROWS
+    assert [i["rows"] for i in manifest["inputs"]] == [ROWS_PER_FILE] * FILES
+    assert manifest["truncated"] > 0 and manifest["tokens"] > manifest["rows"]
+    assert manifest["artifact"]["method"]["name"] == "va" and manifest["embedding"]["dim"] == 32
+    schema = pq.read_schema(out / manifest["shards"][0]["shard"])
+    assert schema.names == ["id", "embedding"] and schema.field("embedding").type == pa.list_(pa.float32(), 32)
+
+
+def test_local_engine_interrupted_twice_then_resumed_equals_the_ray_run(tmp_path, corpus, ray_output, artifact):
+    folder, expected = corpus
+    out = tmp_path / "vectors"
+    args = [str(artifact), "-i", str(folder / "*.parquet"), "-o", str(out), "--text-column", "body",
+            "--rows-per-file", str(SHARD_ROWS), "--threads-per-worker", "2", "--no-progress"]
+
+    def interrupted_run(extra: list[str], shards_before_stop: int, sig: signal.Signals) -> subprocess.Popen:
+        process = subprocess.Popen([sys.executable, "-m", "kvembed.cli", "embed-corpus", *args, *extra],
+                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while len(list(out.glob("part-*.parquet"))) < shards_before_stop:
+            assert process.poll() is None, f"the run ended before it could be interrupted: {process.communicate()}"
+            assert time.monotonic() < deadline, "no shard appeared in 120 s"
+            time.sleep(0.05)
+        assert process.poll() is None, "the run finished before the interruption"
+        process.send_signal(sig)
+        process.wait(60)
+        return process
+
+    # Ctrl-C: the run stops cleanly, keeps finished shards and says how to resume
+    first = interrupted_run([], 2, signal.SIGINT)
+    assert first.returncode == 130 and "--resume" in first.stderr.read()
+    assert not list(out.glob("*.partial-*")) and not (out / "_SUCCESS").exists()
+    # a crash (SIGKILL) while resuming: no cleanup at all
+    second = interrupted_run(["--resume"], 6, signal.SIGKILL)
+    assert second.returncode == -signal.SIGKILL and not (out / "_SUCCESS").exists()
+    kept = {p.name for p in out.glob("part-*.parquet")}
+    assert 6 <= len(kept) < FILES * ROWS_PER_FILE // SHARD_ROWS
+
+    manifest = embed_corpus(CorpusOptions(artifact, [str(folder / "*.parquet")], out, text_column="body",
+                                          rows_per_file=SHARD_ROWS, threads=2, resume=True))
+    assert manifest["shards_resumed"] == len(kept) and (out / "_SUCCESS").is_file()
+    assert not list(out.glob("*.partial-*"))
+    local = read_output(out)
+    assert_matches(local, expected)
+    assert_matches(local, read_output(ray_output[0]))
+    assert {p.name for p in out.glob("part-*.parquet")} == {s["shard"] for s in ray_output[1]["shards"]}
+    for key in ("rows", "tokens", "truncated"):
+        assert manifest[key] == ray_output[1][key]
+
+
+def test_ray_engine_resumes_only_missing_shards(tmp_path, corpus, ray_output, artifact, ray_session):
+    folder, expected = corpus
+    out = tmp_path / "vectors"
+    shutil.copytree(ray_output[0], out)
+    removed = sorted(out.glob("part-*.parquet"))[3]
+    removed.unlink()
+    (out / (removed.name + ".partial-dead")).write_bytes(b"half a shard")  # left by a killed actor
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")}
+    manifest = embed_corpus(CorpusOptions(artifact, [str(folder / "*.parquet")], out, text_column="body",
+                                          engine="ray", workers=1, threads=1, rows_per_file=SHARD_ROWS, resume=True))
+    assert manifest["shards_resumed"] == len(before) == FILES * ROWS_PER_FILE // SHARD_ROWS - 1
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet") if p.name in before} == before
+    assert not list(out.glob("*.partial-*"))
+    assert_matches(read_output(out), expected)
+    assert manifest["rows"] == FILES * ROWS_PER_FILE
+
+
+def test_cli_joins_a_running_ray_cluster_by_address(tmp_path, artifact, embedder, ray_session):
+    texts = corpus_texts(300, seed=9)
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"id": 1000 + i, "text": t}) + "\n" for i, t in enumerate(texts)))
+    address = ray_session.get_runtime_context().gcs_address
+    result = run_cli(str(artifact), "-i", str(source), "-o", str(tmp_path / "out"), "--engine", "ray",
+                     "--ray-address", address, "--workers", "1", "--threads-per-worker", "1", "--no-progress",
+                     timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "embedded 300 rows" in result.stdout
+    assert ray_session.is_initialized()  # the CLI left the test's cluster running
+    expected = dict(zip((str(1000 + i) for i in range(len(texts))), encode(embedder, texts)))
+    assert_matches(read_output(tmp_path / "out"), expected)
+
+
+# -- JSONL and TXT inputs, float16 ----------------------------------------------------------------------
+
+
+def test_jsonl_input_with_ids_float16_output(tmp_path, artifact, embedder):
+    texts = corpus_texts(500, seed=3)
+    lines = [json.dumps({"uid": f"u{i}", "text": t, "meta": {"n": i}}) for i, t in enumerate(texts)]
+    lines.insert(10, "")  # a blank line holds no record
+    (tmp_path / "a.jsonl").write_text("\n".join(lines[:300]) + "\n", encoding="utf-8")
+    (tmp_path / "b.jsonl").write_text("\n".join(lines[300:]) + "\n", encoding="utf-8")
+    manifest = embed_corpus(CorpusOptions(artifact, [str(tmp_path / "*.jsonl")], tmp_path / "out", id_column="uid",
+                                          output_dtype="float16", rows_per_file=120, progress=False))
+    expected = dict(zip((f"u{i}" for i in range(len(texts))), encode(embedder, texts)))
+    assert pq.read_schema(tmp_path / "out" / "part-00000-00000.parquet").field("embedding").type == pa.list_(pa.float16(), 32)
+    assert_matches(read_output(tmp_path / "out"), expected, min_cosine=0.999)
+    assert manifest["rows"] == 500 and [i["lines"] for i in manifest["inputs"]] == [300, 201]
+
+
+def test_txt_input_gets_file_and_line_ids(tmp_path, artifact, embedder):
+    texts = ["first line", "", "  spaced  ", "Ünïcödé 東京 🎉", "last"]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes.txt").write_bytes(("\r\n".join(texts[:2]) + "\r\n").encode())  # Windows endings
+    (tmp_path / "docs" / "more.txt").write_text("\n".join(texts[2:]), encoding="utf-8")  # no final newline
+    manifest = embed_corpus(CorpusOptions(artifact, [str(tmp_path / "docs")], tmp_path / "out", progress=False))
+    ids = ["notes.txt:1", "notes.txt:2", "more.txt:1", "more.txt:2", "more.txt:3"]
+    assert_matches(read_output(tmp_path / "out"), dict(zip(ids, encode(embedder, texts))))
+    assert manifest["rows"] == 5 and manifest["columns"]["id"] is None
+
+
+def test_parquet_integer_ids_are_kept_and_row_ids_used_without_an_id_column(tmp_path, artifact, embedder):
+    texts = corpus_texts(50, seed=5)
+    pq.write_table(pa.table({"id": pa.array(range(50), pa.int32()), "text": texts}), tmp_path / "with.parquet")
+    pq.write_table(pa.table({"text": texts}), tmp_path / "plain.parquet")
+    embed_corpus(CorpusOptions(artifact, [str(tmp_path / "with.parquet")], tmp_path / "a", progress=False))
+    embed_corpus(CorpusOptions(artifact, [str(tmp_path / "plain.parquet")], tmp_path / "b", progress=False))
+    vectors = encode(embedder, texts)
+    assert pq.read_schema(tmp_path / "a" / "part-00000-00000.parquet").field("id").type == pa.int64()
+    assert_matches(read_output(tmp_path / "a"), dict(zip(range(50), vectors)))
+    assert_matches(read_output(tmp_path / "b"), {f"plain.parquet:{i}": v for i, v in enumerate(vectors)})
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+
+def broken_jsonl(path: Path) -> list[str]:
+    """A JSONL file with four bad records among good ones; returns the good texts in order."""
+    good = ["alpha", "beta", "gamma", "delta"]
+    path.write_bytes(b"\n".join([
+        json.dumps({"text": good[0]}).encode(),
+        b'{"text": "unterminated',                       # line 2: invalid JSON
+        json.dumps({"text": 42}).encode(),               # line 3: not a string
+        json.dumps({"body": "x"}).encode(),              # line 4: no text key
+        json.dumps({"text": good[1]}).encode(),
+        b'{"text": "caf\xe9"}',                          # line 6: not UTF-8
+        json.dumps(good[2]).encode(),                    # a bare JSON string is a text
+        json.dumps({"text": good[3]}).encode(),
+    ]) + b"\n")
+    return good
+
+
+@pytest.mark.parametrize(("line", "reason"), [(2, "not valid JSON"), (3, "is a number"), (4, "no 'text' key"), (6, "not valid UTF-8")])
+def test_bad_jsonl_records_fail_naming_file_and_line(tmp_path, artifact, line, reason):
+    source = tmp_path / "bad.jsonl"
+    broken_jsonl(source)
+    lines = source.read_bytes().split(b"\n")
+    source.write_bytes(b"\n".join([lines[0], lines[line - 1]]) + b"\n")
+    with pytest.raises(CorpusError, match=rf"bad\.jsonl:2: .*{reason}.*--on-error skip"):
+        embed_corpus(CorpusOptions(artifact, [str(source)], tmp_path / "out", progress=False))
+    assert not list((tmp_path / "out").glob("part-*"))
+
+
+def test_skip_policy_counts_every_bad_record(tmp_path, artifact, embedder):
+    good = broken_jsonl(tmp_path / "bad.jsonl")
+    (tmp_path / "bad.txt").write_bytes(b"fine\n\xff\xfe broken\nalso fine\n")
+    pq.write_table(pa.table({"text": ["ok", None, "ok too"]}), tmp_path / "nulls.parquet")
+    jsonl = embed_corpus(CorpusOptions(artifact, [str(tmp_path / "bad.jsonl")], tmp_path / "j", on_error="skip", progress=False))
+    assert jsonl["skipped"]["count"] == 4 and jsonl["rows"] == 4
+    assert [e["where"].rsplit(":", 1)[1] for e in jsonl["skipped"]["examples"]] == ["2", "3", "4", "6"]
+    assert_matches(read_output(tmp_path / "j"), dict(zip(["bad.jsonl:1", "bad.jsonl:5", "bad.jsonl:7", "bad.jsonl:8"], encode(embedder, good))))
+    txt = embed_corpus(CorpusOptions(artifact, [str(tmp_path / "bad.txt")], tmp_path / "t", on_error="skip", progress=False))
+    assert txt["skipped"]["count"] == 1 and set(read_output(tmp_path / "t")) == {"bad.txt:1", "bad.txt:3"}
+    with pytest.raises(CorpusError, match=r"nulls\.parquet row 1: 'text' is null"):
+        embed_corpus(CorpusOptions(artifact, [str(tmp_path / "nulls.parquet")], tmp_path / "p", progress=False))
+    nulls = embed_corpus(CorpusOptions(artifact, [str(tmp_path / "nulls.parquet")], tmp_path / "p2", on_error="skip", progress=False))
+    assert nulls["skipped"]["count"] == 1 and set(read_output(tmp_path / "p2")) == {"nulls.parquet:0", "nulls.parquet:2"}
+
+
+def test_file_level_problems_are_named(tmp_path, artifact):
+    def fails(match: str, inputs: list[str], **options) -> None:
+        with pytest.raises(CorpusError, match=match):
+            embed_corpus(CorpusOptions(artifact, inputs, tmp_path / "out", progress=False, **options))
+
+    pq.write_table(pa.table({"id": ["a"], "text": ["x"]}), tmp_path / "good.parquet")
+    pq.write_table(pa.table({"id": ["b"], "content": ["y"]}), tmp_path / "nocol.parquet")
+    pq.write_table(pa.table({"id": [1], "text": [2]}), tmp_path / "inttext.parquet")
+    pq.write_table(pa.table({"id": [1], "text": ["z"]}), tmp_path / "intid.parquet")
+    pq.write_table(pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())}), tmp_path / "empty.parquet")
+    (tmp_path / "fake.parquet").write_text("not parquet")
+    (tmp_path / "x.csv").write_text("a,b\n")
+    fails(r"nocol\.parquet has no 'text' column \(columns: id, content\); pass --text-column", [str(tmp_path / "nocol.parquet")])
+    fails(r"column 'text' of .*inttext\.parquet is int64, expected strings", [str(tmp_path / "inttext.parquet")])
+    fails(r"'id' is string in .*good\.parquet but int64 in .*intid\.parquet", [str(tmp_path / "good.parquet"), str(tmp_path / "intid.parquet")])
+    fails(r"good\.parquet has no 'key' id column", [str(tmp_path / "good.parquet")], id_column="key")
+    fails(r"empty\.parquet is empty; remove it from --input or pass --on-error skip", [str(tmp_path / "empty.parquet")])
+    fails(r"fake\.parquet is not a readable Parquet file", [str(tmp_path / "fake.parquet")])
+    fails(r"cannot tell the format of .*x\.csv' from its suffix; pass --format parquet\|jsonl\|txt", [str(tmp_path / "x.csv")])
+    fails(r"no input file matches", [str(tmp_path / "missing-*.parquet")])
+    fails(r"--engine local runs one worker", [str(tmp_path / "good.parquet")], workers=2)
+    skipped = embed_corpus(CorpusOptions(artifact, [str(tmp_path / "good.parquet"), str(tmp_path / "empty.parquet")],
+                                         tmp_path / "ok", on_error="skip", progress=False))
+    assert skipped["rows"] == 1 and skipped["empty_files"] == [str(tmp_path / "empty.parquet")]
+    assert skipped["skipped"]["empty_files"] == 1
+
+
+def test_output_of_an_earlier_run_needs_resume_with_the_same_options(tmp_path, artifact):
+    (tmp_path / "docs.txt").write_text("one\ntwo\nthree\n")
+    base = dict(artifact=artifact, inputs=[str(tmp_path / "docs.txt")], output=tmp_path / "out", progress=False)
+    first = embed_corpus(CorpusOptions(**base, rows_per_file=2))
+    with pytest.raises(CorpusError, match="holds an earlier run; pass --resume"):
+        embed_corpus(CorpusOptions(**base, rows_per_file=2))
+    with pytest.raises(CorpusError, match=r"--resume: .* different rows per file \(2 vs now 3\)"):
+        embed_corpus(CorpusOptions(**base, rows_per_file=3, resume=True))
+    (tmp_path / "docs.txt").write_text("one\ntwo\nthree\nfour\n")
+    with pytest.raises(CorpusError, match="different inputs"):
+        embed_corpus(CorpusOptions(**base, rows_per_file=2, resume=True))
+    (tmp_path / "docs.txt").write_text("one\ntwo\nthree\n")
+    again = embed_corpus(CorpusOptions(**base, rows_per_file=2, resume=True))
+    assert again["shards_resumed"] == 2 and again["rows"] == first["rows"] == 3
+
+
+def test_cli_bad_input_is_one_line_on_stderr_with_exit_2(tmp_path, artifact):
+    (tmp_path / "docs.jsonl").write_text('{"text": "fine"}\n{"text": null}\n')
+    result = run_cli(str(artifact), "-i", str(tmp_path / "docs.jsonl"), "-o", str(tmp_path / "out"), timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+    assert "docs.jsonl:2: 'text' is null" in result.stderr
+
+
+def test_corpus_imports_without_torch():
+    script = "import sys, kvembed.corpus, kvembed.corpus.cli; assert 'torch' not in sys.modules and 'ray' not in sys.modules"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
