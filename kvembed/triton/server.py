@@ -144,6 +144,7 @@ class TritonServer:
         ports: Ports | None = None,
         log: IO[str] | None = None,
         extra_args: Sequence[str] = (),
+        exit_timeout: int = 10,
     ) -> None:
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
@@ -153,6 +154,7 @@ class TritonServer:
         self.ports = ports or Ports.free()
         self.log = log
         self.extra_args = list(extra_args)
+        self.exit_timeout = int(exit_timeout)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -173,6 +175,7 @@ class TritonServer:
             f"--metrics-port={self.ports.metrics}",
             "--allow-http=true",
             "--allow-grpc=true",
+            f"--exit-timeout-secs={self.exit_timeout}",  # how long shutdown waits for in-flight requests and open connections
             *self.extra_args,
         ]
 
@@ -190,7 +193,8 @@ class TritonServer:
         prepare_backend(self.install, self.environment)
         output = self.log if self.log is not None else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            self.command(), env=self.environ(), stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            self.command(), env=self.environ(), stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=self.repository,  # never the caller's directory: a kvembed source tree there would shadow the copy
         )
         return self
 
@@ -216,16 +220,17 @@ class TritonServer:
             client.close()
         raise RuntimeError(f"tritonserver was not ready after {timeout:.0f} s (see its log)")
 
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM the server (it unloads models and ends its stubs), SIGKILL its process group
-        if it does not exit in ``timeout`` seconds; returns the exit code."""
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGTERM the server (it drains for ``exit_timeout`` s, unloads models and ends its stubs),
+        SIGKILL its process group if it has not exited ``timeout`` s later (default: the exit
+        timeout + 30 s); returns the exit code."""
         process, self.process = self.process, None
         if process is None:
             return None
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
-                process.wait(timeout)
+                process.wait(self.exit_timeout + 30 if timeout is None else timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)

@@ -17,6 +17,7 @@ sys.path.insert(0, str(HERE))  # the copied kvembed runtime wins over any instal
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+import kvembed  # noqa: E402
 from kvembed.runtime import Embedder  # noqa: E402
 from kvembed.runtime.session import run_session  # noqa: E402
 from kvembed.triton.rows import split_rows, stack_requests  # noqa: E402
@@ -33,6 +34,7 @@ class TritonPythonModel:
         self.inputs = [tensor["name"] for tensor in config["input"]]
         self.outputs = [tensor["name"] for tensor in config["output"]]
         self.pad_values = {"input_ids": self.embedder.encoder.pad_id}
+        pb_utils.Logger.log_info(f"{args['model_name']}: kvembed runtime from {Path(kvembed.__file__).parent}")
 
     def execute(self, requests):
         try:

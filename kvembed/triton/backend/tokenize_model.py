@@ -16,6 +16,7 @@ sys.path.insert(0, str(HERE))  # the copied kvembed runtime wins over any instal
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+import kvembed  # noqa: E402
 from kvembed.runtime.artifact import encoder_from_manifest, read_manifest  # noqa: E402
 from kvembed.triton.rows import decode_strings, encode_rows, parse_kinds  # noqa: E402
 
@@ -31,6 +32,7 @@ class TritonPythonModel:
         kind = parameters.get("kind", "both")
         self.fixed_kind = None if kind == "both" else kind
         self.outputs = [output["name"] for output in config["output"]]
+        pb_utils.Logger.log_info(f"{args['model_name']}: kvembed runtime from {Path(kvembed.__file__).parent}")
 
     def execute(self, requests):
         encoded = [self._encode(request) for request in requests]

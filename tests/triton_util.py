@@ -1,0 +1,98 @@
+"""Helpers for tests/test_triton.py: where the stub environment is, and thin tritonclient calls."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the stub environment .ci/run builds (numpy<2, onnxruntime, tokenizers; no kvembed)
+DEFAULT_STUB_PYTHON = ROOT / ".venv-triton" / "bin" / "python"
+
+
+def require_tritonserver() -> None:
+    """Skip only where the tritonserver binary is absent; anything else wrong fails loudly."""
+    from kvembed.triton.server import find_tritonserver
+
+    try:
+        find_tritonserver()
+    except FileNotFoundError as err:
+        pytest.skip(f"no tritonserver here ({err}); .ci/run installs it")
+
+
+def stub_python() -> Path:
+    """$KVEMBED_TRITON_PYTHON, else the repository's .venv-triton (built by .ci/run)."""
+    path = Path(os.environ.get("KVEMBED_TRITON_PYTHON") or DEFAULT_STUB_PYTHON)
+    if not path.is_file():
+        pytest.fail(
+            f"tritonserver is installed but its stub python {path} is missing: build it as .ci/run does "
+            f"(python3.11 -m venv .venv-triton && .venv-triton/bin/pip install 'numpy<2' onnxruntime tokenizers) "
+            "or set KVEMBED_TRITON_PYTHON"
+        )
+    return path
+
+
+def client_module(protocol: str):
+    if protocol == "http":
+        import tritonclient.http as module
+    else:
+        import tritonclient.grpc as module
+    return module
+
+
+def make_client(protocol: str, server, **kwargs):
+    module = client_module(protocol)
+    return module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url, **kwargs)
+
+
+def bytes_input(module, name: str, values: Sequence[bytes | str]):
+    array = np.array([[v.encode("utf-8") if isinstance(v, str) else v] for v in values], dtype=object).reshape(len(values), 1)
+    tensor = module.InferInput(name, list(array.shape), "BYTES")
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def infer(client, protocol: str, model: str, texts: Sequence[bytes | str], kind: str | None = None, outputs=("embedding",)):
+    """Embed ``texts`` through ``model``; returns {output: float32 array}."""
+    module = client_module(protocol)
+    inputs = [bytes_input(module, "TEXT", texts)]
+    if kind is not None:
+        inputs.append(bytes_input(module, "KIND", [kind] * len(texts)))
+    requested = [module.InferRequestedOutput(name) for name in outputs]
+    result = client.infer(model, inputs, outputs=requested)
+    return {name: result.as_numpy(name) for name in outputs}
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, what: str = "") -> None:
+    """The issue's bar: per-row cosine >= 0.99999 and max abs <= 1e-5."""
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    assert got.dtype == np.float32, (what, got.dtype)
+    cosine = (got * want).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1))
+    assert float(cosine.min()) >= 0.99999, (what, cosine)
+    assert float(np.abs(got - want).max()) <= 1e-5, (what, float(np.abs(got - want).max()))
+
+
+class Clients:
+    """Makes tritonclient clients for a server and closes them all afterwards (an open keep-alive
+    connection would hold the server's shutdown for its whole exit timeout)."""
+
+    def __init__(self, server) -> None:
+        self.server = server
+        self.made: list = []
+        self.lock = threading.Lock()
+
+    def __call__(self, protocol: str):
+        client = make_client(protocol, self.server)
+        with self.lock:
+            self.made.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self.made:
+            client.close()
+        self.made.clear()
