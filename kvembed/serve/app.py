@@ -13,7 +13,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,6 +31,10 @@ from .schema import EmbeddingRequest, Inputs, embedding_response, parse_input, p
 log = logging.getLogger("uvicorn.error")  # shown with uvicorn's own messages
 
 Loader = Callable[[ServeConfig], Mapping[str, Embedder]]
+T = TypeVar("T")
+
+#: characters (or token ids) of input, or floats of output, above which the work leaves the event loop
+INLINE_LIMIT = 16384
 
 
 def load_embedders(config: ServeConfig) -> dict[str, Embedder]:
@@ -149,10 +153,10 @@ async def _serve_embeddings(state: ServerState, request: Request) -> Response:
             raise ApiError(413, f"{len(inputs)} inputs in one request, over the limit of {state.config.max_client_batch_size}; split the request", param="input")
         _check_output(batcher.embedder, spec)
         with batcher.arriving():
-            items = await asyncio.to_thread(_tokenize, batcher.embedder, inputs, spec)
+            items = await _offload(inputs.size > INLINE_LIMIT, _tokenize, batcher.embedder, inputs, spec)
         vectors = truncate_dimensions(await batcher.embed(items, spec.output), spec.dimensions)
         tokens = sum(len(item.ids) for item in items)
-        payload = await asyncio.to_thread(embedding_response, vectors, spec.model, tokens, spec.encoding_format)
+        payload = await _offload(vectors.size > INLINE_LIMIT, embedding_response, vectors, spec.model, tokens, spec.encoding_format)
         state.metrics.texts.labels(model).inc(len(items))
         state.metrics.tokens.labels(model).inc(tokens)
         return Response(payload, media_type="application/json")
@@ -169,6 +173,12 @@ async def _serve_embeddings(state: ServerState, request: Request) -> Response:
             state.metrics.in_flight.set(state.in_flight)
         state.metrics.requests.labels(model, str(status)).inc()
         state.metrics.latency.labels(model).observe(perf_counter() - start)
+
+
+async def _offload(heavy: bool, job: Callable[..., T], *args: Any) -> T:
+    """Run ``job`` in a thread when it is heavy; inline otherwise: for a few short texts the thread
+    hop (a wake-up, a GIL hand-over) costs more than the work, and it is paid on every request."""
+    return await asyncio.to_thread(job, *args) if heavy else job(*args)
 
 
 def _check_auth(state: ServerState, request: Request) -> None:

@@ -43,6 +43,11 @@ class Inputs:
     def __len__(self) -> int:
         return len(self.texts if self.texts is not None else self.ids or [])
 
+    @property
+    def size(self) -> int:
+        """Characters of text, or token ids: what tokenising them costs."""
+        return sum(map(len, self.texts if self.texts is not None else self.ids or []))
+
 
 _INPUT_HELP = "input must be a string, a non-empty list of strings, a list of token ids, or a list of token-id lists"
 

@@ -1,0 +1,223 @@
+"""``kvembed serve`` vs in-process ``Embedder.encode``: throughput and latency at 1, 8, 64 clients,
+and the issue's load run (64 clients x 500 requests, every row checked).
+
+    python benchmarks/serve_bench.py kv=ARTIFACT [NAME=DIR ...] --out benchmarks/results/serve
+    python benchmarks/serve_bench.py va=ARTIFACT --load --out benchmarks/results/serve
+
+Throughput/latency: one fixed list of requests (mixed sizes) per artifact. In-process throughput is
+``Embedder.encode`` of all their texts at once (batch 64, 16384 tokens: the runtime's best case);
+in-process latency is ``encode`` of each request alone. The server (a ``kvembed serve`` process)
+gets the same requests from N closed-loop httpx clients in this process. The in-process and server
+cells are interleaved round by round (the VM drifts) and each ratio is taken within a round; the
+table shows medians over rounds. Clients and server share the machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from serve_util import ServerProcess, metric, metrics  # noqa: E402  (the tests' server helper)
+
+from kvembed.runtime import Embedder  # noqa: E402
+
+WORDS = "the a cat dog sat ran on in park mat blue sky why is was happy over under".split()
+
+
+def random_text(rng: random.Random, lo: int, hi: int) -> str:
+    target, words = rng.randint(lo, hi), []
+    while len(" ".join(words)) < target:
+        words.append(rng.choice(WORDS))
+    return " ".join(words)[:target]
+
+
+def make_requests(count: int, max_texts: int, max_chars: int, seed: int = 0) -> list[list[str]]:
+    rng = random.Random(seed)
+    return [[random_text(rng, 1, max_chars) for _ in range(rng.randint(1, max_texts))] for _ in range(count)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+async def drive(url: str, model: str, requests: list[list[str]], clients: int, fmt: str = "float") -> dict[str, Any]:
+    """``clients`` closed-loop clients send ``requests`` (shared queue); latency of each, wall time of all."""
+    queue = list(enumerate(requests))[::-1]
+    latencies: list[float] = []
+
+    async def client(http: httpx.AsyncClient) -> None:
+        while queue:
+            _, texts = queue.pop()
+            start = time.perf_counter()
+            response = await http.post("/v1/embeddings", json={"model": model, "input": texts, "encoding_format": fmt})
+            response.raise_for_status()
+            response.json()
+            latencies.append(time.perf_counter() - start)
+
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=clients)) as http:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        wall = time.perf_counter() - start
+    return {"wall": wall, "latencies": latencies}
+
+
+def in_process(embedder: Embedder, requests: list[list[str]], latency_requests: int) -> dict[str, Any]:
+    texts = [text for request in requests for text in request]
+    start = time.perf_counter()
+    embedder.encode(texts, batch_size=64, max_tokens=16384)
+    wall = time.perf_counter() - start
+    latencies = []
+    for request in requests[:latency_requests]:
+        start = time.perf_counter()
+        embedder.encode(request, batch_size=64, max_tokens=16384)
+        latencies.append(time.perf_counter() - start)
+    return {"wall": wall, "latencies": latencies}
+
+
+def bench_artifact(name: str, directory: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    embedder = Embedder.load(directory, provider="cpu")
+    requests = make_requests(args.requests, args.max_texts, args.max_chars, seed=1)
+    texts = sum(map(len, requests))
+    tokens = sum(len(embedder.encoder.encode_one(t).ids) for request in requests for t in request)
+    latency_set = requests[: args.latency_requests]
+    server = ServerProcess([f"{name}={directory}", "--provider", "cpu"], out / f"server-{name}.log").wait_healthy()
+    rounds: list[dict[str, Any]] = []
+    try:
+        asyncio.run(drive(server.url, name, requests[:16], 4))  # warm-up
+        in_process(embedder, requests[:16], 4)
+        for _ in range(args.rounds):
+            cells: dict[str, Any] = {"in-process": in_process(embedder, requests, args.latency_requests)}
+            cells["1 client"] = asyncio.run(drive(server.url, name, latency_set, 1))
+            for clients in args.clients:
+                cells[f"{clients} clients"] = asyncio.run(drive(server.url, name, requests, clients))
+            rounds.append(cells)
+    finally:
+        server.stop()
+    latency_texts = sum(map(len, latency_set))
+    latency_tokens = sum(len(embedder.encoder.encode_one(t).ids) for request in latency_set for t in request)
+    rows = []
+    for cell in rounds[0]:
+        n_texts, n_tokens = (latency_texts, latency_tokens) if cell == "1 client" else (texts, tokens)
+        walls = [r[cell]["wall"] for r in rounds]
+        p50 = [percentile(r[cell]["latencies"], 50) * 1000 for r in rounds]
+        p99 = [percentile(r[cell]["latencies"], 99) * 1000 for r in rounds]
+        ratio = [
+            (n_texts / r[cell]["wall"]) / (texts / r["in-process"]["wall"]) for r in rounds
+        ]
+        overhead = [
+            (percentile(r[cell]["latencies"], 50) - percentile(r["in-process"]["latencies"], 50)) * 1000 for r in rounds
+        ]
+        rows.append({
+            "cell": cell, "texts_per_s": statistics.median(n_texts / w for w in walls),
+            "tokens_per_s": statistics.median(n_tokens / w for w in walls),
+            "p50_ms": statistics.median(p50), "p99_ms": statistics.median(p99),
+            "throughput_vs_in_process": statistics.median(ratio), "p50_overhead_ms": statistics.median(overhead),
+        })
+    precision = embedder.manifest.get("precision")
+    return {"name": name, "artifact": str(directory), "method": embedder.method.name, "precision": precision,
+            "requests": len(requests), "texts": texts, "tokens": tokens, "rounds": args.rounds, "rows": rows}
+
+
+def load_run(name: str, directory: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """The issue's load test: 64 clients x 500 requests; every row checked against Embedder.encode."""
+    embedder = Embedder.load(directory, provider="cpu")
+    rng = random.Random(5)
+    pools = [[random_text(rng, 1, args.max_chars) for _ in range(32)] for _ in range(64)]  # disjoint per client
+    oracle = [dict(zip(pool, embedder.encode(pool))) for pool in pools]
+    plans = [[[rng.choice(pool) for _ in range(rng.randint(1, args.max_texts))] for _ in range(args.load_requests)] for pool in pools]
+    server = ServerProcess([f"{name}={directory}", "--provider", "cpu"], out / f"load-{name}.log").wait_healthy()
+    bad: list[str] = []
+    try:
+        asyncio.run(drive(server.url, name, pools[0:4], 4))
+        rss_warm = server.rss_kib()
+        before = metrics(server.url)
+
+        async def client(index: int, http: httpx.AsyncClient) -> None:
+            for number, texts in enumerate(plans[index]):
+                response = await http.post("/v1/embeddings", json={"model": name, "input": texts})
+                data = response.json().get("data", []) if response.status_code == 200 else []
+                got = np.asarray([item["embedding"] for item in data], dtype=np.float32)
+                want = np.stack([oracle[index][t] for t in texts])
+                if [item.get("index") for item in data] != list(range(len(texts))) or got.shape != want.shape or not np.allclose(got, want, atol=1e-5):
+                    bad.append(f"client {index} request {number}: status {response.status_code}")
+
+        async def run() -> float:
+            async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=httpx.Limits(max_connections=64)) as http:
+                start = time.perf_counter()
+                await asyncio.gather(*(client(i, http) for i in range(64)))
+                return time.perf_counter() - start
+
+        wall = asyncio.run(run())
+        after = metrics(server.url)
+        rss_after = server.rss_kib()
+    finally:
+        server.stop()
+    sent = [texts for plan in plans for texts in plan]
+    tokens = sum(len(embedder.encoder.encode_one(t).ids) for texts in sent for t in texts)
+    delta = {key: metric(after, key, model=name) - metric(before, key, model=name)
+             for key in ("kvembed_requests_total", "kvembed_texts_total", "kvembed_tokens_total", "kvembed_batch_size_count")}
+    return {
+        "name": name, "clients": 64, "requests_per_client": args.load_requests, "max_texts": args.max_texts,
+        "max_chars": args.max_chars, "requests": len(sent), "texts": sum(map(len, sent)), "tokens": tokens,
+        "wrong_or_lost": len(bad), "first_bad": bad[:5], "wall_s": wall, "texts_per_s": sum(map(len, sent)) / wall,
+        "metrics_delta": delta,
+        "metrics_match": delta["kvembed_requests_total"] == len(sent) and delta["kvembed_texts_total"] == sum(map(len, sent))
+        and delta["kvembed_tokens_total"] == tokens,
+        "rss_warm_kib": rss_warm, "rss_after_kib": rss_after, "rss_ratio": rss_after / rss_warm,
+    }
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    lines = ["| artifact | cell | texts/s | tokens/s | p50 ms | p99 ms | throughput vs in-process | p50 overhead ms |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for result in results:
+        label = f"{result['name']} ({result['method']}, {result['precision']})"
+        for row in result["rows"]:
+            lines.append(
+                f"| {label} | {row['cell']} | {row['texts_per_s']:.0f} | {row['tokens_per_s']:.0f} | {row['p50_ms']:.1f} | "
+                f"{row['p99_ms']:.1f} | {row['throughput_vs_in_process']:.2f}x | {row['p50_overhead_ms']:+.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("artifacts", nargs="+", help="NAME=DIR")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serve"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=128, help="requests per throughput cell")
+    parser.add_argument("--latency-requests", type=int, default=48, help="requests of the 1-client / in-process latency cells")
+    parser.add_argument("--clients", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--max-texts", type=int, default=8)
+    parser.add_argument("--max-chars", type=int, default=128)
+    parser.add_argument("--load", action="store_true", help="run the 64-client load test instead")
+    parser.add_argument("--load-requests", type=int, default=500)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    pairs = [(a.partition("=")[0], Path(a.partition("=")[2])) for a in args.artifacts]
+    if args.load:
+        result = load_run(*pairs[0], args, args.out)
+        (args.out / f"load-{pairs[0][0]}.json").write_text(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2))
+        return
+    results = [bench_artifact(name, directory, args, args.out) for name, directory in pairs]
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "artifacts", "load")}
+    (args.out / "results.json").write_text(json.dumps({"settings": settings, "results": results}, indent=2, default=str))
+    table = markdown(results)
+    (args.out / "results.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
