@@ -6,28 +6,14 @@ Importing this module loads only typer and rich (it is imported by every ``kvemb
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 
+from ..cli_support import EXIT_INTERRUPTED, fail, run_guarded
+
 console = Console()
-errors = Console(stderr=True)
-
-EXIT_USER, EXIT_INTERRUPTED = 2, 130
-
-
-def _guarded(job: Callable[[], Any]) -> Any:
-    """Run ``job()``; bad input prints one line on stderr (no traceback) and exits 2."""
-    try:
-        return job()
-    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError, ImportError) as err:
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True, markup=True)
-        raise typer.Exit(EXIT_USER) from None
-    except KeyboardInterrupt:
-        errors.print("interrupted: finished shards are kept; run again with --resume to finish", highlight=False)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def embed_corpus_command(
@@ -56,7 +42,12 @@ def embed_corpus_command(
     """
 
     def run() -> dict[str, Any]:
-        from . import CorpusOptions, embed_corpus
+        try:
+            from . import CorpusOptions, embed_corpus
+        except ImportError as err:
+            from ..errors import MissingDependency
+
+            raise MissingDependency(f"kvembed embed-corpus needs pyarrow: pip install 'kvembed[corpus]' ({err})") from None
 
         options = CorpusOptions(
             artifact=artifact, inputs=tuple(input), output=output, text_column=text_column, id_column=id_column,
@@ -64,9 +55,12 @@ def embed_corpus_command(
             threads=threads_per_worker, batch_tokens=batch_tokens, rows_per_file=rows_per_file, resume=resume,
             output_dtype=output_dtype, on_error=on_error, progress=progress,
         )
-        return embed_corpus(options)
+        try:
+            return embed_corpus(options)
+        except KeyboardInterrupt:
+            raise fail("interrupted: finished shards are kept; run again with --resume to finish", EXIT_INTERRUPTED) from None
 
-    manifest = _guarded(run)
+    manifest = run_guarded(run)
     seconds = manifest["wall_time_s"]
     resumed = f", {manifest['shards_resumed']} shards from an earlier run" if manifest["shards_resumed"] else ""
     console.print(

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import KvembedError
+
 FORMATS = ("parquet", "jsonl", "txt")
 ENGINES = ("local", "ray")
 KINDS = ("document", "query")
@@ -15,7 +17,7 @@ ON_ERROR = ("fail", "skip")
 DEFAULT_ID_COLUMN = "id"
 
 
-class CorpusError(ValueError):
+class CorpusError(KvembedError, ValueError):
     """Bad input or a bad request: the message names the problem (file, row) and the fix."""
 
 

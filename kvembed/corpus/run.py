@@ -8,7 +8,8 @@ from typing import Any, Iterator
 
 from ..runtime.artifact import read_manifest
 from .manifest import build_manifest, write_manifest
-from .options import CorpusError, CorpusOptions
+from ..errors import MissingDependency
+from .options import CorpusOptions
 from .plan import Plan, Shard, artifact_sha256, make_plan, prepare_output
 from .progress import CorpusProgress
 from .shards import read_stats
@@ -64,6 +65,6 @@ def _engine(options: CorpusOptions, job: Job, pending: list[Shard], progress: Co
     try:
         from .ray_engine import ray_session, run_ray
     except ImportError as err:
-        raise CorpusError(f"--engine ray needs Ray Data: pip install 'kvembed[corpus]' ({err})") from None
+        raise MissingDependency(f"--engine ray needs Ray Data: pip install 'kvembed[corpus]' ({err})") from None
     with ray_session(options.ray_address):
         yield from run_ray(job, pending, options.workers, progress)
