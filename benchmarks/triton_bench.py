@@ -113,6 +113,7 @@ def main() -> None:
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--max-queue-delay-us", type=int, default=2000)
     parser.add_argument("--instances", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads, in-process and per Triton model instance")
     parser.add_argument("--load-clients", type=int, default=32)
     parser.add_argument("--load-requests", type=int, default=200)
     parser.add_argument("--python", default=os.environ.get("KVEMBED_TRITON_PYTHON") or str(ROOT / ".venv-triton" / "bin" / "python"))
@@ -127,9 +128,10 @@ def main() -> None:
             from kvembed.export import export
 
             artifact = export("stories260k", "kv-embedding", Path(tmp) / "artifact")
-        embedder = Embedder.load(artifact, provider="cpu")
+        embedder = Embedder.load(artifact, provider="cpu", threads=args.threads or None)
         embedder.encode(texts[:64])
         results: dict = {"artifact": str(artifact), "method": embedder.method.name, "protocol": args.protocol,
+                         "threads": args.threads, "instances": args.instances, "max_queue_delay_us": args.max_queue_delay_us,
                          "cpus": os.cpu_count(), "in_process": [], "triton": []}
         began = time.perf_counter()
         embedder.encode(texts, batch_size=64)
@@ -139,7 +141,7 @@ def main() -> None:
             results["in_process"].append(cell)
             print("in-process", json.dumps(cell), flush=True)
         repository = write_repository(artifact, Path(tmp) / "repo", "bench", max_queue_delay_us=args.max_queue_delay_us,
-                                      instances=args.instances, warmup=True)
+                                      instances=args.instances, threads=args.threads, warmup=True)
         with open(Path(tmp) / "server.log", "w") as log, TritonServer(repository, python=args.python, log=log) as server:
             for count in clients:
                 local = threading.local()
@@ -165,7 +167,8 @@ def main() -> None:
 
 
 def print_table(results: dict) -> None:
-    print(f"\n{results['method']} artifact, Triton {results['protocol']} vs in-process Embedder, {results['cpus']} CPUs")
+    print(f"\n{results['method']} artifact, Triton {results['protocol']} vs in-process Embedder, {results['cpus']} CPUs, "
+          f"{results['threads']} onnxruntime thread(s), {results['instances']} instance(s), queue delay {results['max_queue_delay_us']} us")
     print("| clients | in-process texts/s | p50 / p99 ms | Triton texts/s | p50 / p99 ms | Triton / in-process |")
     print("|---|---|---|---|---|---|")
     for local, remote in zip(results["in_process"], results["triton"]):

@@ -122,6 +122,7 @@ def test_configs_parse_back_with_model_config_pb2(repositories, artifacts):
 
         model = read_config(main / f"{name}_model")
         assert model.backend == "python" and [i.name for i in model.input] == graph_inputs
+        assert model.parameters["threads"].string_value == "1"
         assert {o.name for o in model.output} == {o["name"] for o in manifest["outputs"] if o["name"].startswith("embedding")}
     assert "pool_mask" not in [o.name for o in read_config(main / "kv_tokenize").output]
 
@@ -132,6 +133,7 @@ def test_gpu_variant_configs(repositories, artifacts):
     assert [list(i.dims) for i in ort.input] == [[-1], [-1]]
     (accelerator,) = ort.optimization.execution_accelerators.gpu_execution_accelerator
     assert accelerator.name == "tensorrt" and accelerator.parameters["precision_mode"] == "FP16"
+    assert ort.parameters["intra_op_thread_count"].string_value == "1"
     assert [g.kind for g in ort.instance_group] == [mc.ModelInstanceGroup.KIND_GPU]
     assert (repositories["ort"] / "kvort_model" / "1" / "model.onnx").read_bytes() == (artifacts["kv"] / "model.onnx").read_bytes()
 
@@ -199,6 +201,7 @@ def test_cli_build_and_its_one_line_errors(artifacts, tmp_path):
         (["--backend", "python", "--fp16"], "--fp16 applies to TensorRT"),
         (["--preferred-batch-sizes", "4,x"], "comma-separated integers"),
         (["--kind", "passage"], "kind must be one of"),
+        (["--threads", "-1"], "threads must be an integer >= 0"),
     ]:
         result = runner.invoke(app, ["triton", "build", str(artifacts["va"]), "--out", str(tmp_path / "b"), *args])
         assert result.exit_code == 2, result.output

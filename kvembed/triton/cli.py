@@ -56,6 +56,7 @@ def build(
     warmup: bool = typer.Option(False, "--warmup", help="Add model_warmup requests (batch 1 and max) to the tokenizer and the graph."),
     tensorrt_accelerator: bool = typer.Option(False, "--tensorrt-accelerator", help="onnxruntime backend: run through its TensorRT execution accelerator."),
     fp16: bool = typer.Option(False, "--fp16", help="TensorRT precision FP16 (tensorrt backend, or --tensorrt-accelerator)."),
+    threads: int = typer.Option(1, "--threads", help="onnxruntime intra-op threads per model instance (python/onnxruntime backends; 0 = one per core)."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
 ) -> None:
     """Write a Triton model repository serving each artifact as an ensemble TEXT (+ KIND) -> embedding."""
@@ -66,7 +67,7 @@ def build(
         return write_repository(
             artifacts, out, name or None, backend=backend, max_batch_size=max_batch_size, instances=instances,
             max_queue_delay_us=max_queue_delay_us, preferred_batch_sizes=_sizes(preferred_batch_sizes), kind=kind,
-            warmup=warmup, tensorrt_accelerator=tensorrt_accelerator, fp16=fp16, force=force,
+            warmup=warmup, tensorrt_accelerator=tensorrt_accelerator, fp16=fp16, threads=threads, force=force,
         )
 
     path = _guarded(job)

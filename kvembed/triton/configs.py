@@ -37,12 +37,18 @@ class ServingOptions:
     warmup: bool = False
     tensorrt_accelerator: bool = False
     fp16: bool = False
+    #: onnxruntime intra-op threads per model instance (0: onnxruntime's default, one per core).
+    #: 1 by default: instances scale throughput, and several multi-threaded pools (plus the
+    #: tokenizer stubs) on the same cores stall on their slowest thread (benchmarks/RESULTS.md).
+    threads: int = 1
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.kind not in KIND_CHOICES:
             raise ValueError(f"kind must be one of {', '.join(KIND_CHOICES)}, got {self.kind!r}")
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 0:
+            raise ValueError(f"threads must be an integer >= 0 (0 = onnxruntime's default), got {self.threads!r}")
         for name in ("max_batch_size", "instances"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -152,10 +158,12 @@ def model_config(facts: ArtifactFacts, options: ServingOptions, sequence: int = 
     config = mc.ModelConfig(name=facts.model, max_batch_size=options.max_batch_size)
     if options.backend == "python":
         config.backend = "python"
-        _parameters(config, {"provider": "auto", "threads": ""})
+        _parameters(config, {"provider": "auto", "threads": str(options.threads) if options.threads else ""})
     elif options.backend == "onnxruntime":
         config.platform = "onnxruntime_onnx"
         config.default_model_filename = "model.onnx"
+        if options.threads:
+            _parameters(config, {"intra_op_thread_count": str(options.threads)})
         if options.tensorrt_accelerator:
             accelerator = config.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt")
             accelerator.parameters["precision_mode"] = "FP16" if options.fp16 else "FP32"
