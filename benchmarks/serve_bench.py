@@ -145,7 +145,11 @@ def load_run(name: str, directory: Path, args: argparse.Namespace, out: Path) ->
 
         async def client(index: int, http: httpx.AsyncClient) -> None:
             for number, texts in enumerate(plans[index]):
-                response = await http.post("/v1/embeddings", json={"model": name, "input": texts})
+                try:
+                    response = await http.post("/v1/embeddings", json={"model": name, "input": texts})
+                except httpx.TransportError as err:
+                    bad.append(f"client {index} request {number}: {type(err).__name__}")
+                    continue
                 data = response.json().get("data", []) if response.status_code == 200 else []
                 got = np.asarray([item["embedding"] for item in data], dtype=np.float32)
                 want = np.stack([oracle[index][t] for t in texts])

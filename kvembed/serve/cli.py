@@ -25,6 +25,7 @@ def serve_command(
     threads: Optional[int] = typer.Option(None, help="onnxruntime intra-op threads per artifact (default: one per core)."),
     provider: str = typer.Option("auto", help="auto, cpu, cuda or tensorrt."),
     cors_origin: Optional[list[str]] = typer.Option(None, "--cors-origin", help="Allow browser calls from this origin (repeatable; default: no CORS)."),
+    keep_alive: float = typer.Option(60.0, help="Seconds an idle kept-alive connection stays open (uvicorn's default, 5, races busy clients reusing it)."),
     graceful_timeout: Optional[float] = typer.Option(None, help="On SIGTERM, cancel requests still running after this many seconds (default: wait)."),
     access_log: bool = typer.Option(False, "--access-log/--no-access-log", help="Log every request."),
     log_level: str = typer.Option("info", help="uvicorn log level."),
@@ -49,10 +50,10 @@ def serve_command(
         raise _fail(f"kvembed serve needs the serve extra: pip install 'kvembed[serve]' ({err})") from None
     except (ValueError, OSError) as err:
         raise _fail(str(err)) from None
-    run(config, host, port, graceful_timeout, access_log, log_level)
+    run(config, host, port, graceful_timeout, access_log, log_level, keep_alive)
 
 
-def run(config, host: str, port: int, graceful_timeout: float | None, access_log: bool, log_level: str) -> None:
+def run(config, host: str, port: int, graceful_timeout: float | None, access_log: bool, log_level: str, keep_alive: float = 60.0) -> None:
     """Bind, load the artifacts in the background, serve until SIGTERM/SIGINT; exit 2 if loading fails."""
     import uvicorn
 
@@ -70,7 +71,7 @@ def run(config, host: str, port: int, graceful_timeout: float | None, access_log
     state = app.state.kvembed
     uvicorn_config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, access_log=access_log,
-        timeout_graceful_shutdown=graceful_timeout, lifespan="on",
+        timeout_graceful_shutdown=graceful_timeout, timeout_keep_alive=keep_alive, lifespan="on",
     )
 
     def on_signal() -> None:
