@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -63,6 +64,8 @@ class TorchEmbedder:
         self.location: str | None = None
         self.preset_id: str | None = None
         self.revision: str | None = None
+        #: the GGUF file this model was dequantized from (file, sha256, quantization, ...), else None
+        self.gguf: dict[str, Any] | None = None
 
     @classmethod
     def from_pretrained(
@@ -97,6 +100,10 @@ class TorchEmbedder:
         """
         source = locate_model(model, revision)  # fails within seconds when nothing is there
         location, preset_id, text = source.location, source.preset_id, str(model)
+        if source.gguf is not None:  # dequantized once into a cached Hugging Face folder
+            from .gguf import materialize
+
+            location = str(materialize(Path(source.gguf_path), source.gguf))
         try:
             config = AutoConfig.from_pretrained(location, revision=revision, trust_remote_code=trust_remote_code)
         except OSError as err:
@@ -145,6 +152,7 @@ class TorchEmbedder:
         embedder = cls(hf_model, tokenizer, resolved, limit, padding_side=padding_side, source=text, also=extra)
         embedder.layer_selection = None if selection is None else selection.to_dict()
         embedder.location, embedder.preset_id, embedder.revision = location, preset_id, revision
+        embedder.gguf = None if source.gguf is None else source.gguf.to_dict()
         return embedder
 
     @property
@@ -172,6 +180,7 @@ class TorchEmbedder:
             padding_side=self.padding_side, source=self.source,
         )
         embedder.location, embedder.preset_id, embedder.revision = self.location, self.preset_id, self.revision
+        embedder.gguf = self.gguf
         return embedder
 
     def references(self) -> dict[str | None, "TorchEmbedder"]:

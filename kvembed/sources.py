@@ -31,7 +31,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 _HOW_TO = (
     "download the model on a machine with network and pass its folder (config.json, *.safetensors, "
-    "tokenizer.json) with --model /path/to/folder"
+    "tokenizer.json) or a .gguf file with --model /path/to/folder-or-file.gguf"
 )
 
 
@@ -43,9 +43,15 @@ class ModelSource:
     location: str
     preset_id: str | None
     local: bool
+    gguf: Any = None
+    """:class:`~kvembed.gguf.GGUFInfo` when the model is a GGUF file (``location`` is then the
+    dequantized cache folder once made, else the file)."""
+    gguf_path: str | None = None
 
     def config(self) -> dict[str, Any] | None:
-        """The model's ``config.json`` as a dict (local models), else None."""
+        """The model's ``config.json`` as a dict (local models; for a GGUF, the header's facts), else None."""
+        if self.gguf is not None:
+            return {"model_type": self.gguf.model_type, "num_hidden_layers": self.gguf.num_layers, "hidden_act": "silu"}
         if not self.local:
             return None
         path = Path(self.location) / "config.json"
@@ -103,6 +109,18 @@ def locate_model(model: str | os.PathLike[str], revision: str | None = None) -> 
     text = str(model)
     location, preset_id = resolve_model(text)
     path = Path(location).expanduser()
+    if path.suffix.lower() == ".gguf" or path.is_dir():
+        from .gguf import cached_folder, find_gguf, read_info
+
+        gguf_file = find_gguf(path) if path.exists() else None
+        if path.suffix.lower() == ".gguf" and gguf_file is None:
+            raise ModelNotFound(f"no GGUF file at {text!r}")
+        if gguf_file is not None:
+            info = read_info(gguf_file)
+            folder = cached_folder(info)
+            cached = (folder / "config.json").is_file() and (folder / "kvembed-gguf.json").is_file()
+            return ModelSource(text, str(folder if cached else gguf_file), preset_id, local=True, gguf=info,
+                               gguf_path=str(gguf_file))
     if path.is_dir():
         if not (path / "config.json").is_file():
             hint = (

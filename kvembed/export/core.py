@@ -101,6 +101,8 @@ def source_record(embedder: Any) -> dict[str, Any]:
     record["config_sha256"] = config_hash(location, config)
     record["num_layers"] = int(config.num_hidden_layers)
     record["hidden_size"] = int(config.hidden_size)
+    if getattr(embedder, "gguf", None):
+        record["gguf"] = dict(embedder.gguf)  # file name, sha256, quantization type, architecture
     return record
 
 

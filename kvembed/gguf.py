@@ -1,0 +1,202 @@
+"""GGUF checkpoints (llama.cpp / Ollama files) as kvembed models.
+
+A ``.gguf`` file is read once by transformers' GGUF loader (dequantized to fp32), re-saved as a
+plain Hugging Face folder (``config.json``, ``model.safetensors``, tokenizer files taken from the
+GGUF) in a cache directory keyed by the file's sha256, and loaded from there like any model
+folder: the second load takes seconds. transformers flags a GGUF-loaded model as quantized and
+refuses ``save_pretrained``, so the folder is written from a fresh model of the same config with
+the dequantized state dict loaded into it.
+
+The header facts (architecture, layer count, quantization type) come from the ``gguf`` package
+without torch, so a GGUF of an unsupported architecture or a damaged file fails in a second with
+one line. Requires ``pip install 'kvembed[gguf]'`` (gguf, accelerate).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import KvembedError, MissingDependency
+
+SUFFIX = ".gguf"
+#: written last into a cache folder: its presence means the folder is complete
+MARKER = "kvembed-gguf.json"
+#: GGUF ``general.architecture`` -> transformers model_type, for the architectures kvembed supports
+ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+class GGUFError(KvembedError, ValueError):
+    """A damaged GGUF file or one kvembed cannot use; the message names the file."""
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    """What the header of a GGUF file says, plus its identity."""
+
+    file: str
+    sha256: str
+    architecture: str
+    model_type: str
+    num_layers: int
+    quantization: str
+    name: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cache_root() -> Path:
+    """``KVEMBED_CACHE_DIR`` or ``~/.cache/kvembed``: where dequantized GGUF models are kept."""
+    return Path(os.environ.get("KVEMBED_CACHE_DIR") or Path.home() / ".cache" / "kvembed").expanduser()
+
+
+def find_gguf(path: str | os.PathLike[str]) -> Path | None:
+    """The GGUF file ``path`` names: the file itself, or the single ``.gguf`` in a folder without a
+    ``config.json``; None when ``path`` is no GGUF. A folder with several is an error naming them."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return path if path.suffix.lower() == SUFFIX else None
+    if path.is_dir() and not (path / "config.json").is_file():
+        found = sorted(p for p in path.iterdir() if p.suffix.lower() == SUFFIX and p.is_file())
+        if len(found) > 1:
+            names = ", ".join(p.name for p in found)
+            raise GGUFError(f"{str(path)!r} holds several GGUF files ({names}); pass one of them with --model")
+        return found[0] if found else None
+    return None
+
+
+def _gguf_module() -> Any:
+    try:
+        import gguf
+    except ImportError as err:
+        raise MissingDependency(f"GGUF models need the gguf package: pip install 'kvembed[gguf]' ({err})") from None
+    return gguf
+
+
+def _field(reader: Any, gguf: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    if field is None or not field.data:
+        return None
+    value = field.parts[field.data[0]]
+    if field.types and field.types[0] == gguf.GGUFValueType.STRING:
+        return bytes(value).decode("utf-8", errors="replace")
+    values = value.tolist()
+    return values[0] if len(values) == 1 else values
+
+
+def sha256_of(path: Path) -> str:
+    """sha256 of ``path``, remembered per (path, size, mtime) in the cache so big files hash once."""
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    index_path = cache_root() / "gguf" / "hashes.json"
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        index = {}
+    if key in index:
+        return index[key]
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    index[key] = digest.hexdigest()
+    try:
+        index_path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(index_path, json.dumps(index, indent=1))
+    except OSError:
+        pass  # a read-only cache only costs a re-hash next time
+    return index[key]
+
+
+def read_info(path: Path) -> GGUFInfo:
+    """Header facts of a GGUF file; GGUFError (one line) for a damaged or unsupported one."""
+    gguf = _gguf_module()
+    try:
+        reader = gguf.GGUFReader(str(path), "r")
+    except Exception as err:  # the reader raises ValueError/KeyError/IndexError/struct errors on bad bytes
+        detail = " ".join(str(err).split())[:200] or type(err).__name__
+        raise GGUFError(f"{str(path)!r} is not a readable GGUF file ({detail}); is it complete?") from None
+    architecture = _field(reader, gguf, "general.architecture")
+    if architecture not in ARCHITECTURES:
+        raise GGUFError(
+            f"{str(path)!r} is a GGUF of architecture {architecture!r}; kvembed supports "
+            f"{', '.join(sorted(ARCHITECTURES))}"
+        )
+    layers = _field(reader, gguf, f"{architecture}.block_count")
+    file_type = _field(reader, gguf, "general.file_type")
+    try:
+        quantization = gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else "unknown"
+    except ValueError:
+        quantization = f"file_type {file_type}"
+    return GGUFInfo(
+        file=path.name, sha256=sha256_of(path), architecture=architecture, model_type=ARCHITECTURES[architecture],
+        num_layers=int(layers or 0), quantization=quantization, name=_field(reader, gguf, "general.name"),
+    )
+
+
+def cached_folder(info: GGUFInfo) -> Path:
+    return cache_root() / "gguf" / f"{Path(info.file).stem}-{info.sha256[:16]}"
+
+
+def materialize(path: Path, info: GGUFInfo | None = None) -> Path:
+    """The Hugging Face folder of GGUF file ``path``: from the cache, or dequantized into it now."""
+    info = info or read_info(path)
+    target = cached_folder(info)
+    if (target / MARKER).is_file():
+        return target
+    try:
+        import accelerate  # noqa: F401  (transformers' GGUF loader needs it)
+    except ImportError as err:
+        raise MissingDependency(f"GGUF models need accelerate: pip install 'kvembed[gguf]' ({err})") from None
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(path.parent), path.name
+    try:
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
+    except (ValueError, KeyError, OSError, RuntimeError) as err:
+        detail = " ".join(str(err).split())[:200]
+        raise GGUFError(f"transformers cannot load {str(path)!r} ({type(err).__name__}: {detail})") from None
+    config.architectures = [type(loaded).__name__]
+    fresh = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and getattr(config, "tie_word_embeddings", False))]
+    if missing or unexpected:
+        raise GGUFError(f"{str(path)!r}: weights do not match the architecture (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        fresh.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        (staging / MARKER).write_text(json.dumps(info.to_dict(), indent=2), encoding="utf-8")
+        if target.exists():  # an incomplete earlier attempt
+            shutil.rmtree(target)
+        staging.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+        staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def info_of_folder(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The GGUF facts recorded in a cache folder made by :func:`materialize`, else None."""
+    marker = Path(folder) / MARKER
+    if not marker.is_file():
+        return None
+    return json.loads(marker.read_text(encoding="utf-8"))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(handle, "w", encoding="utf-8") as out:
+        out.write(text)
+    os.replace(temp, path)
