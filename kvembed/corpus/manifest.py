@@ -58,6 +58,7 @@ def build_manifest(
         "tokens": sum(item["tokens"] for item in shards),
         "truncated": sum(item["truncated"] for item in shards),
         "skipped": {"count": sum(item["skipped"] for item in shards), "empty_files": len(plan.empty_files), "examples": examples},
+        "worker_peak_rss_mb": max((item.get("worker_peak_rss_mb") or 0 for item in shards), default=0),
         "shards_resumed": resumed,
         "wall_time_s": round(wall_time, 3),
     }

@@ -7,6 +7,7 @@ does, so each text is tokenised once and its token count and truncation feed the
 
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,9 +75,20 @@ class ShardWorker:
             stats = {
                 "shard": shard.name, "input": file.path, "start": shard.start, "stop": shard.stop, "rows": rows,
                 "tokens": tokens, "truncated": truncated, "skipped": policy.count, "skip_examples": policy.examples,
+                "worker_peak_rss_mb": peak_rss_mb(),
             }
             writer.commit(stats)
         except BaseException:
             writer.abort()
             raise
         return stats
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory so far (None where the OS does not say)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)  # bytes on macOS, KiB on Linux
