@@ -100,7 +100,7 @@ def test_small_models_clip_token_prepending_defaults():
         ("va", {"layers": "none"}, "needs at least one"),
         ("aligned-wva", {"prompt": "pirate"}, "prompteol, futureeol or a template"),
         ("token-prepending", {"prompt": 'Say "{text}"'}, "'<PST>'"),
-        ("token-prepending", {"tp_stop": 9}, r"0\.\.exit_layer=7"),
+        ("token-prepending", {"tp_stop": -1}, "must be >= 0"),
         ("token-prepending", {"exit_layer": 9}, r"1\.\.8"),
         ("token-prepending", {"tp_start": 5, "tp_stop": 3}, r"0\.\.tp_stop=3"),
         ("mean", {"layers": "1"}, r"valid options: \(none\)"),
@@ -137,3 +137,14 @@ def test_resolved_method_round_trips_through_json():
 def test_causal2vec_is_reserved_with_a_clear_message():
     with pytest.raises(ValueError, match="causal2vec needs a trained checkpoint"):
         resolve("causal2vec", 8)
+
+
+def test_token_prepending_accepts_the_official_settings_past_the_exit():
+    """The official code runs tp_start=1, tp_stop=7, exit_layer=6: layers from the exit on never run,
+    so the stop is the exit; the effective values are what the method (and manifest) records."""
+    resolved = resolve("token-prepending", 32, tp_start=1, tp_stop=7, exit_layer=6)
+    assert (resolved.options["tp_start"], resolved.options["tp_stop"], resolved.options["exit_layer"]) == (1, 6, 6)
+    beyond = resolve("token-prepending", 32, tp_start=7, tp_stop=9, exit_layer=6)
+    assert (beyond.options["tp_start"], beyond.options["tp_stop"]) == (6, 6)  # nothing rewired: well defined
+    with pytest.raises(ValueError, match=r"0\.\.tp_stop=2"):
+        resolve("token-prepending", 32, tp_start=3, tp_stop=2, exit_layer=6)

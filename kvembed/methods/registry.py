@@ -86,15 +86,23 @@ def _default_tp_start(ctx: ResolveContext) -> Any:
 
 
 def _check_tp_stop(value: Any, ctx: ResolveContext) -> str | None:
-    exit_layer = ctx.options["exit_layer"]
-    if not 0 <= value <= exit_layer:
-        return f"must be in 0..exit_layer={exit_layer} (layers from exit_layer on never run), got {value}"
-    return None
+    return None if value >= 0 else f"must be >= 0, got {value}"
+
+
+def _clamp_tp_stop(value: Any, ctx: ResolveContext) -> Any:
+    """Layers from exit_layer on never run, so a stop past the exit is the exit (the official code
+    accepts tp_stop=7 with exit_layer=6 and computes exactly this)."""
+    return min(value, ctx.options["exit_layer"])
 
 
 def _check_tp_start(value: Any, ctx: ResolveContext) -> str | None:
-    stop = ctx.options["tp_stop"]
+    stop = ctx.given.get("tp_stop")
+    stop = ctx.options["tp_stop"] if stop is None else stop
     return None if 0 <= value <= stop else f"must be in 0..tp_stop={stop}, got {value}"
+
+
+def _clamp_tp_start(value: Any, ctx: ResolveContext) -> Any:
+    return min(value, ctx.options["tp_stop"])
 
 
 def _layers_option(default: Any, allow_empty: bool, help: str, auto: bool = False) -> OptionSpec:
@@ -198,8 +206,10 @@ register(
         paper="token-prepending.txt",
         options=(
             OptionSpec("exit_layer", int, _default_exit, "output after decoder layer exit_layer-1 (early exit)", check=_check_exit),
-            OptionSpec("tp_stop", int, _default_tp_stop, "last prepending layer + 1", check=_check_tp_stop),
-            OptionSpec("tp_start", int, _default_tp_start, "first layer whose input is rewired", check=_check_tp_start),
+            OptionSpec("tp_stop", int, _default_tp_stop, "last prepending layer + 1 (past exit_layer: the exit)",
+                       check=_check_tp_stop, clamp=_clamp_tp_stop),
+            OptionSpec("tp_start", int, _default_tp_start, "first layer whose input is rewired", check=_check_tp_start,
+                       clamp=_clamp_tp_start),
             _prompt_option(tuple(TP_PROMPTS), "prompteol", placeholder=True),
         ),
     )
@@ -284,7 +294,7 @@ def resolve(
     presets = presets_for(preset_id, spec.name)
     resolved: dict[str, Any] = {}
     for opt in spec.options:
-        ctx = ResolveContext(num_layers=num_layers, model_id=preset_id, presets=presets, options=resolved)
+        ctx = ResolveContext(num_layers=num_layers, model_id=preset_id, presets=presets, options=resolved, given=options)
         given = options.get(opt.name)
         if given is not None:
             value = given
@@ -302,6 +312,8 @@ def resolve(
             problem = opt.check(value, ctx)
             if problem:
                 raise ValueError(f"option {opt.name} of method {spec.name!r} {problem}")
+        if opt.clamp is not None:
+            value = opt.clamp(value, ctx)
         resolved[opt.name] = value
 
     layers: tuple[int, ...] = ()

@@ -44,6 +44,9 @@ class OptionSpec:
     help: str
     choices: tuple[Any, ...] | None = None
     check: Callable[[Any, "ResolveContext"], str | None] | None = None
+    clamp: Callable[[Any, "ResolveContext"], Any] | None = None
+    """Maps a checked value to the effective one (e.g. a token-prepending stop past the early exit
+    is reached never, so it means the exit); the manifest records the effective value."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class ResolveContext:
     model_id: str | None = None
     presets: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
+    given: Mapping[str, Any] = field(default_factory=dict)
+    """The options as the user gave them (before clamping)."""
 
 
 @dataclass(frozen=True)
