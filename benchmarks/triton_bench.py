@@ -5,13 +5,17 @@ temporary directory), starts the pip-installed ``tritonserver`` on it (stub envi
 $KVEMBED_TRITON_PYTHON or .venv-triton), and for each client count runs
 
 - in-process: that many threads calling ``Embedder.encode([text])`` on one shared embedder;
-- Triton: that many threads, each with its own tritonclient (gRPC by default), one text a request;
+- Triton: that many concurrent clients (asyncio tasks, each with its own tritonclient aio client,
+  gRPC by default), one text a request;
 
 reporting texts/s and p50/p99 latency per request, plus the in-process batched ceiling
 (``encode(all, batch_size=64)``). Then the issue's load test: 32 clients x 200 requests, every
 response compared with the runtime, server health checked after.
 
-Run: python benchmarks/triton_bench.py [--artifact DIR] [--clients 1,8,32] [--seconds 10] [--out results.json]
+Cells alternate (in-process, Triton) for ``--rounds`` rounds and report medians, so a shared
+machine's load drift hits both sides alike.
+
+Run: python benchmarks/triton_bench.py [--artifact DIR] [--clients 1,8,32] [--seconds 5] [--rounds 3] [--out results.json]
 """
 
 from __future__ import annotations
@@ -79,6 +83,86 @@ def closed_loop(clients: int, seconds: float, call) -> dict:
     return {"clients": clients, "requests": len(flat), "seconds": elapsed, "texts_per_s": len(flat) / elapsed, "p50_ms": p50, "p99_ms": p99}
 
 
+def triton_cell(server, args, texts: list[str], count: int) -> dict:
+    """One closed-loop cell against the server: ``count`` concurrent clients as asyncio tasks in
+    one thread, each with its own aio client. Python threads would be fairer to nobody: on a
+    2-core host, 32 busy client threads starve the server's single-threaded python stubs of CPU
+    (the OS shares CPU per thread), which measures the benchmark, not the server."""
+    import asyncio
+
+    if args.protocol == "grpc":
+        import tritonclient.grpc as module
+        import tritonclient.grpc.aio as aio
+        url = server.grpc_url
+    else:
+        import tritonclient.http as module
+        import tritonclient.http.aio as aio
+        url = server.http_url
+
+    async def client_loop(index: int, stop_at: float, latencies: list[float]) -> None:
+        client = aio.InferenceServerClient(url)
+        step = 0
+        try:
+            while time.perf_counter() < stop_at:
+                array = np.array([[texts[(index * 131 + step) % len(texts)].encode()]], dtype=object)
+                tensor = module.InferInput("TEXT", [1, 1], "BYTES")
+                tensor.set_data_from_numpy(array)
+                began = time.perf_counter()
+                await client.infer("bench", [tensor], outputs=[module.InferRequestedOutput("embedding")])
+                latencies.append(time.perf_counter() - began)
+                step += 1
+        finally:
+            await client.close()
+
+    async def run() -> tuple[list[float], float]:
+        latencies: list[float] = []
+        began = time.perf_counter()
+        await asyncio.gather(*(client_loop(i, began + args.seconds, latencies) for i in range(count)))
+        return latencies, time.perf_counter() - began
+
+    latencies, elapsed = asyncio.run(run())
+    p50, p99 = percentiles(latencies)
+    return {"clients": count, "requests": len(latencies), "seconds": elapsed, "texts_per_s": len(latencies) / elapsed,
+            "p50_ms": p50, "p99_ms": p99}
+
+
+def server_cpu_seconds(server) -> float:
+    """User + system CPU seconds of tritonserver and its python backend stubs so far."""
+    import psutil
+
+    root = psutil.Process(server.process.pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def with_cpu(cell_fn, server=None) -> dict:
+    """Run a cell and add texts per CPU-second: this process's CPU (callers / clients), plus the
+    server's when there is one. On a shared host, wall-clock rates mostly measure how many threads
+    each side has runnable (the OS shares CPU per thread); CPU cost per text does not."""
+    own, theirs = time.process_time(), server_cpu_seconds(server) if server is not None else 0.0
+    cell = cell_fn()
+    own = time.process_time() - own
+    theirs = (server_cpu_seconds(server) - theirs) if server is not None else 0.0
+    cell.update(cpu_seconds=own + theirs, server_cpu_seconds=theirs, texts_per_cpu_s=cell["requests"] / (own + theirs))
+    if server is not None:
+        cell["texts_per_server_cpu_s"] = cell["requests"] / theirs
+    return cell
+
+
+def median_cell(cells: list[dict]) -> dict:
+    """Median of each figure over the rounds, and every round's texts/s."""
+    keys = [key for key in ("texts_per_s", "p50_ms", "p99_ms", "texts_per_cpu_s", "texts_per_server_cpu_s") if key in cells[0]]
+    cell = {"clients": cells[0]["clients"], "rounds": [round(c["texts_per_s"], 1) for c in cells]}
+    cell.update({key: float(np.median([c[key] for c in cells])) for key in keys})
+    return cell
+
+
 def load_test(server, embedder: Embedder, texts: list[str], clients: int, requests: int, protocol: str) -> dict:
     want = {kind: embedder.encode(texts, kind=kind) for kind in ("query", "document")}
     errors: list[str] = []
@@ -109,7 +193,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--artifact", type=Path, help="artifact directory (default: export stories260k kv-embedding)")
     parser.add_argument("--clients", default="1,8,32")
-    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each closed-loop cell")
+    parser.add_argument("--seconds", type=float, default=5.0, help="duration of each closed-loop cell")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating in-process / Triton rounds per client count")
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--max-queue-delay-us", type=int, default=2000)
     parser.add_argument("--instances", type=int, default=1)
@@ -136,24 +221,22 @@ def main() -> None:
         began = time.perf_counter()
         embedder.encode(texts, batch_size=64)
         results["in_process_batched_texts_per_s"] = len(texts) / (time.perf_counter() - began)
-        for count in clients:
-            cell = closed_loop(count, args.seconds, lambda i, s: embedder.encode([texts[(i * 131 + s) % len(texts)]]))
-            results["in_process"].append(cell)
-            print("in-process", json.dumps(cell), flush=True)
         repository = write_repository(artifact, Path(tmp) / "repo", "bench", max_queue_delay_us=args.max_queue_delay_us,
                                       instances=args.instances, threads=args.threads, warmup=True)
         with open(Path(tmp) / "server.log", "w") as log, TritonServer(repository, python=args.python, log=log) as server:
-            for count in clients:
-                local = threading.local()
-
-                def call(index: int, step: int) -> None:
-                    if not hasattr(local, "client"):
-                        local.client = make_client(args.protocol, server)
-                    infer(local.client, args.protocol, "bench", [texts[(index * 131 + step) % len(texts)]])
-
-                cell = closed_loop(count, args.seconds, call)
-                results["triton"].append(cell)
-                print("triton", json.dumps(cell), flush=True)
+            for count in clients:  # rounds alternate in-process and Triton: load drift hits both alike
+                rounds: dict[str, list[dict]] = {"in_process": [], "triton": []}
+                for _ in range(args.rounds):
+                    rounds["in_process"].append(with_cpu(lambda: closed_loop(
+                        count, args.seconds, lambda i, s: embedder.encode([texts[(i * 131 + s) % len(texts)]]))))
+                    rounds["triton"].append(with_cpu(lambda: triton_cell(server, args, texts, count), server))
+                for side, cells in rounds.items():
+                    results[side].append(median_cell(cells))
+                pairs = zip(rounds["triton"], rounds["in_process"])
+                pairs = list(pairs)
+                results["triton"][-1]["ratio"] = float(np.median([t["texts_per_s"] / i["texts_per_s"] for t, i in pairs]))
+                results["triton"][-1]["cpu_ratio"] = float(np.median([t["texts_per_cpu_s"] / i["texts_per_cpu_s"] for t, i in pairs]))
+                print(json.dumps({"in_process": results["in_process"][-1], "triton": results["triton"][-1]}), flush=True)
             admin = make_client("http", server)
             results["tokenize_batches"] = {
                 b["batch_size"]: b["compute_infer"]["count"]
@@ -169,13 +252,18 @@ def main() -> None:
 def print_table(results: dict) -> None:
     print(f"\n{results['method']} artifact, Triton {results['protocol']} vs in-process Embedder, {results['cpus']} CPUs, "
           f"{results['threads']} onnxruntime thread(s), {results['instances']} instance(s), queue delay {results['max_queue_delay_us']} us")
-    print("| clients | in-process texts/s | p50 / p99 ms | Triton texts/s | p50 / p99 ms | Triton / in-process |")
-    print("|---|---|---|---|---|---|")
+    print("| clients | in-process texts/s | p50 / p99 ms | texts/CPU-s | Triton texts/s | p50 / p99 ms | texts/CPU-s "
+          "(server only) | Triton / in-process: texts/s, texts/CPU-s |")
+    print("|---|---|---|---|---|---|---|---|")
     for local, remote in zip(results["in_process"], results["triton"]):
-        print(f"| {local['clients']} | {local['texts_per_s']:.0f} | {local['p50_ms']:.2f} / {local['p99_ms']:.2f} | "
-              f"{remote['texts_per_s']:.0f} | {remote['p50_ms']:.2f} / {remote['p99_ms']:.2f} | "
-              f"{remote['texts_per_s'] / local['texts_per_s']:.2f}x |")
+        print(f"| {local['clients']} | {local['texts_per_s']:.0f} | {local['p50_ms']:.1f} / {local['p99_ms']:.1f} | "
+              f"{local['texts_per_cpu_s']:.0f} | {remote['texts_per_s']:.0f} | {remote['p50_ms']:.1f} / {remote['p99_ms']:.1f} | "
+              f"{remote['texts_per_cpu_s']:.0f} ({remote['texts_per_server_cpu_s']:.0f}) | {remote['ratio']:.2f}x, {remote['cpu_ratio']:.2f}x |")
     print(f"in-process batched ceiling (encode(512 texts, batch_size=64)): {results['in_process_batched_texts_per_s']:.0f} texts/s")
+    batches = results.get("tokenize_batches") or {}
+    if batches:
+        rows = sum(int(size) * int(count) for size, count in batches.items())
+        print(f"tokenizer executions: {sum(int(c) for c in batches.values())}, mean batch {rows / sum(int(c) for c in batches.values()):.1f} rows")
     load = results["load_test"]
     print(f"load test: {load['clients']} clients x {load['requests'] // load['clients']} requests: {load['errors']} errors, "
           f"{load['seconds']:.1f} s ({load['texts_per_s']:.0f} texts/s), healthy after: {load['healthy_after']}")

@@ -22,7 +22,7 @@ from kvembed.export import export
 from kvembed.runtime import Embedder, read_manifest
 from kvembed.triton import write_repository
 from kvembed.triton.configs import read_config
-from kvembed.triton.rows import decode_strings, stack_requests
+from kvembed.triton.rows import decode_strings, split_rows, unpad_rows
 from kvembed.triton.server import TritonServer
 from triton_util import Clients, assert_close, infer, require_tritonserver, stub_python
 from tritonclient.grpc import model_config_pb2 as mc
@@ -123,6 +123,7 @@ def test_configs_parse_back_with_model_config_pb2(repositories, artifacts):
         model = read_config(main / f"{name}_model")
         assert model.backend == "python" and [i.name for i in model.input] == graph_inputs
         assert model.parameters["threads"].string_value == "1"
+        assert all(i.allow_ragged_batch for i in model.input) and tokenize.parameters["padding"].string_value == "request"
         assert {o.name for o in model.output} == {o["name"] for o in manifest["outputs"] if o["name"].startswith("embedding")}
     assert "pool_mask" not in [o.name for o in read_config(main / "kv_tokenize").output]
 
@@ -134,6 +135,8 @@ def test_gpu_variant_configs(repositories, artifacts):
     (accelerator,) = ort.optimization.execution_accelerators.gpu_execution_accelerator
     assert accelerator.name == "tensorrt" and accelerator.parameters["precision_mode"] == "FP16"
     assert ort.parameters["intra_op_thread_count"].string_value == "1"
+    assert not any(i.allow_ragged_batch for i in ort.input)  # equal widths: one tokenizer execution, one width
+    assert read_config(repositories["ort"] / "kvort_tokenize").parameters["padding"].string_value == "execution"
     assert [g.kind for g in ort.instance_group] == [mc.ModelInstanceGroup.KIND_GPU]
     assert (repositories["ort"] / "kvort_model" / "1" / "model.onnx").read_bytes() == (artifacts["kv"] / "model.onnx").read_bytes()
 
@@ -214,12 +217,13 @@ def test_row_helpers():
     assert decode_strings(np.array([[b"a"], ["b".encode()], ["é".encode()]], dtype=object), "TEXT") == ["a", "b", "é"]
     with pytest.raises(ValueError, match=r"TEXT\[1\] is not valid UTF-8"):
         decode_strings(np.array([[b"ok"], [b"\xc3\x28"]], dtype=object), "TEXT")
-    feeds = [{"input_ids": np.array([[5, 6, 7]]), "attention_mask": np.array([[1, 1, 1]])},
-             {"input_ids": np.array([[8], [9]]), "attention_mask": np.array([[1], [1]])}]
-    batch, counts = stack_requests(feeds, {"input_ids": 0}, "left")
-    assert counts == [1, 2]
-    assert batch["input_ids"].tolist() == [[5, 6, 7], [0, 0, 8], [0, 0, 9]]
-    assert batch["attention_mask"].tolist() == [[1, 1, 1], [0, 0, 1], [0, 0, 1]]
+    right = {"input_ids": np.array([[5, 6, 7], [8, 0, 0]]), "attention_mask": np.array([[1, 1, 1], [1, 0, 0]]),
+             "pool_mask": np.array([[0, 1, 1], [1, 0, 0]])}
+    assert [(r.ids, r.pool) for r in unpad_rows(right)] == [((5, 6, 7), (1, 2)), ((8,), (0,))]
+    left = {"input_ids": np.array([[0, 0, 9], [4, 3, 2]]), "attention_mask": np.array([[0, 0, 1], [1, 1, 1]])}
+    assert [(r.ids, r.pool) for r in unpad_rows(left)] == [((9,), None), ((4, 3, 2), None)]
+    parts = split_rows({"embedding": np.arange(10.0).reshape(5, 2)}, [2, 0, 3])
+    assert [p["embedding"].tolist() for p in parts] == [[[0, 1], [2, 3]], [], [[4, 5], [6, 7], [8, 9]]]
 
 
 # -- the real server ------------------------------------------------------------------------------

@@ -110,10 +110,12 @@ class ArtifactFacts:
         return f"{self.name}_model"
 
 
-def _tensor(message: Any, name: str, dtype: int, dims: list[int], optional: bool = False) -> None:
+def _tensor(message: Any, name: str, dtype: int, dims: list[int], optional: bool = False, ragged: bool = False) -> None:
     tensor = message.add(name=name, data_type=dtype, dims=dims)
     if optional:
         tensor.optional = True
+    if ragged:
+        tensor.allow_ragged_batch = True
 
 
 def _instances(config: mc.ModelConfig, count: int, gpu: bool, profile: bool = False) -> None:
@@ -142,7 +144,7 @@ def tokenize_config(facts: ArtifactFacts, options: ServingOptions) -> mc.ModelCo
     config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
     config.dynamic_batching.preferred_batch_size.extend(options.preferred_batch_sizes)
     _instances(config, options.instances, gpu=False)
-    _parameters(config, {"kind": options.kind})
+    _parameters(config, {"kind": options.kind, "padding": "request" if options.backend == "python" else "execution"})
     if options.warmup:
         _warmup(config, options, {"TEXT": (mc.TYPE_STRING, [1], "text")})
     return config
@@ -151,14 +153,16 @@ def tokenize_config(facts: ArtifactFacts, options: ServingOptions) -> mc.ModelCo
 def model_config(facts: ArtifactFacts, options: ServingOptions, sequence: int = 0) -> mc.ModelConfig:
     """``<name>_model``: the graph, on the chosen backend; -1 for the dynamic sequence dim.
 
-    Its dynamic batcher (no added delay) merges the equal-width requests one tokenizer execution
-    emits, and whatever queues while an instance is busy. ``sequence`` is the token count of the
-    warm-up sample (files written by the repository writer).
+    Its dynamic batcher (no added delay) merges whatever queues while an instance is busy: for
+    the python backend requests of any width (ragged inputs; the model re-batches rows by length
+    as ``Embedder.encode`` does, from per-request padding), for graph backends the equal-width
+    requests one tokenizer execution emits. ``sequence`` is the token count of the warm-up sample.
     """
     config = mc.ModelConfig(name=facts.model, max_batch_size=options.max_batch_size)
     if options.backend == "python":
         config.backend = "python"
-        _parameters(config, {"provider": "auto", "threads": str(options.threads) if options.threads else ""})
+        _parameters(config, {"provider": "auto", "threads": str(options.threads) if options.threads else "",
+                             "batch_size": "32", "max_tokens": ""})
     elif options.backend == "onnxruntime":
         config.platform = "onnxruntime_onnx"
         config.default_model_filename = "model.onnx"
@@ -172,8 +176,8 @@ def model_config(facts: ArtifactFacts, options: ServingOptions, sequence: int = 
     else:
         config.platform = "tensorrt_plan"
         config.default_model_filename = "model.plan"
-    for name in facts.inputs:
-        _tensor(config.input, name, mc.TYPE_INT64, [-1])
+    for name in facts.inputs:  # python: requests of any width merge, the model re-batches rows
+        _tensor(config.input, name, mc.TYPE_INT64, [-1], ragged=options.backend == "python")
     for graph_name, (_, width) in facts.outputs.items():
         _tensor(config.output, graph_name, mc.TYPE_FP32, [width])
     config.dynamic_batching.SetInParent()

@@ -1,9 +1,9 @@
-"""Request rows <-> padded batches inside Triton's python backend. numpy only.
+"""Request rows <-> batches inside Triton's python backend.
 
 Triton hands a python-backend model the list of requests its dynamic batcher merged; these
-helpers turn them into one batch and the results back into per-request rows, so every caller gets
-exactly its own rows. Copied into generated repositories with the runtime (see
-:mod:`kvembed.triton.vendor`), so it must import nothing beyond numpy and the runtime.
+helpers turn them into rows for the runtime's batching and the results back into per-request
+rows, so every caller gets exactly its own rows. Copied into generated repositories with the
+runtime (see :mod:`kvembed.triton.vendor`), so it imports nothing beyond numpy and the runtime.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from ..runtime.encoding import EncodedText
 
 KINDS = ("query", "document")
 
@@ -64,31 +66,19 @@ def encode_rows(encoder: Any, texts: Sequence[str], kinds: Sequence[str]) -> lis
     return items
 
 
-def stack_requests(
-    feeds: Sequence[Mapping[str, np.ndarray]], pad_values: Mapping[str, int], padding_side: str = "right"
-) -> tuple[dict[str, np.ndarray], list[int]]:
-    """Concatenate per-request ``[rows, width]`` int tensors into one batch padded to the widest
-    request (``pad_values[name]`` fills, on ``padding_side``); returns the batch and row counts.
-
-    Padding never changes an embedding (attention and pooling are masked), so requests tokenised
-    in different batches can share one graph run.
-    """
-    if not feeds:
-        raise ValueError("no requests to stack")
-    width = max(max(int(array.shape[1]) for array in feed.values()) for feed in feeds)
-    counts = [int(next(iter(feed.values())).shape[0]) for feed in feeds]
-    batch = {}
-    for name in feeds[0]:
-        parts = []
-        for feed in feeds:
-            array = np.asarray(feed[name], dtype=np.int64)
-            extra = width - array.shape[1]
-            if extra:
-                where = (0, extra) if padding_side == "right" else (extra, 0)
-                array = np.pad(array, ((0, 0), where), constant_values=int(pad_values.get(name, 0)))
-            parts.append(array)
-        batch[name] = np.ascontiguousarray(np.concatenate(parts, axis=0))
-    return batch, counts
+def unpad_rows(feed: Mapping[str, np.ndarray]) -> list[EncodedText]:
+    """One request's padded token tensors -> one ``EncodedText`` per row (its real tokens only),
+    so rows from requests padded to different widths can be re-batched by the runtime's own
+    length-sorted planner and ``TextEncoder.pad``. Works for left and right padding."""
+    mask = np.asarray(feed["attention_mask"]).astype(bool)
+    ids = np.asarray(feed["input_ids"])
+    pool = feed.get("pool_mask")
+    rows = []
+    for row in range(mask.shape[0]):
+        keep = np.flatnonzero(mask[row])
+        positions = None if pool is None else tuple(int(i) for i in np.flatnonzero(np.asarray(pool)[row][keep]))
+        rows.append(EncodedText(tuple(int(t) for t in ids[row][keep]), positions, False))
+    return rows
 
 
 def split_rows(arrays: Mapping[str, np.ndarray], counts: Sequence[int]) -> list[dict[str, np.ndarray]]:

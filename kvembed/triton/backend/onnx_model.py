@@ -1,10 +1,13 @@
 """Triton python-backend model ``<name>_model``: token inputs -> embeddings, with onnxruntime.
 
 Runs the artifact's ``model.onnx`` (in ``artifact/`` beside this file, checked against its
-manifest's sha256 at load) through the kvembed runtime copied beside it (``kvembed/``). Requests
-the dynamic batcher merged are stacked into one padded batch, run once, and split back, so every
-caller gets its own rows. Config parameters: ``provider`` (auto | cpu | cuda | tensorrt) and
-``threads`` (onnxruntime intra-op threads; empty = onnxruntime's default).
+manifest's sha256 at load) through the kvembed runtime copied beside it (``kvembed/``). The rows
+of every request the dynamic batcher merged (its inputs allow ragged batches, so requests of any
+width merge) are re-batched exactly as ``Embedder.encode`` batches: sorted by length, at most
+``batch_size`` rows and ``max_tokens`` padded tokens per graph call. Results are split back so
+every caller gets its own rows. Config parameters: ``provider`` (auto | cpu | cuda | tensorrt),
+``threads`` (onnxruntime intra-op threads; empty = onnxruntime's default), ``batch_size``,
+``max_tokens`` (empty = no token budget).
 """
 
 import json
@@ -19,40 +22,48 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 import kvembed  # noqa: E402
 from kvembed.runtime import Embedder  # noqa: E402
+from kvembed.runtime.batching import plan_batches  # noqa: E402
 from kvembed.runtime.session import run_session  # noqa: E402
-from kvembed.triton.rows import split_rows, stack_requests  # noqa: E402
+from kvembed.triton.rows import split_rows, unpad_rows  # noqa: E402
+
+
+def _int(text, default):
+    return int(text) if str(text).strip() else default
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
-        threads = parameters.get("threads", "").strip()
         self.embedder = Embedder.load(
-            HERE / "artifact", provider=parameters.get("provider", "auto") or "auto", threads=int(threads) if threads else None
+            HERE / "artifact",
+            provider=parameters.get("provider", "auto") or "auto",
+            threads=_int(parameters.get("threads", ""), None),
         )
+        self.batch_size = _int(parameters.get("batch_size", ""), int(config.get("max_batch_size") or 32))
+        self.max_tokens = _int(parameters.get("max_tokens", ""), None)
         self.inputs = [tensor["name"] for tensor in config["input"]]
-        self.outputs = [tensor["name"] for tensor in config["output"]]
-        self.pad_values = {"input_ids": self.embedder.encoder.pad_id}
+        self.outputs = {tensor["name"]: int(tensor["dims"][-1]) for tensor in config["output"]}
         pb_utils.Logger.log_info(f"{args['model_name']}: kvembed runtime from {Path(kvembed.__file__).parent}")
 
     def execute(self, requests):
         try:
-            feeds = [{name: pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in self.inputs} for r in requests]
-            batch, counts = stack_requests(feeds, self.pad_values, self.embedder.padding_side)
-            if sum(counts) == 0:
-                results = [self._empty(name) for name in self.outputs]
-            else:
-                results = run_session(self.embedder.session, batch, self.outputs)
+            rows, counts = [], []
+            for request in requests:
+                feed = {name: pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in self.inputs}
+                request_rows = unpad_rows(feed)
+                rows += request_rows
+                counts.append(len(request_rows))
+            results = {name: np.zeros((len(rows), width), dtype=np.float32) for name, width in self.outputs.items()}
+            encoder, names = self.embedder.encoder, list(self.outputs)
+            for chunk in plan_batches([len(row.ids) for row in rows], self.batch_size, self.max_tokens):
+                batch = encoder.pad([rows[i] for i in chunk], self.embedder.padding_side)
+                for name, array in zip(names, run_session(self.embedder.session, batch, names)):
+                    results[name][chunk] = array
         except Exception as err:  # answer every request of this execution with the reason
             error = pb_utils.TritonError(f"{type(err).__name__}: {err}")
             return [pb_utils.InferenceResponse(output_tensors=[], error=error) for _ in requests]
-        per_request = split_rows(dict(zip(self.outputs, results)), counts)
         return [
-            pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, rows[name]) for name in self.outputs])
-            for rows in per_request
+            pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, rows[name]) for name in names])
+            for rows in split_rows(results, counts)
         ]
-
-    def _empty(self, name):
-        label = None if name == "embedding" else name.split(".", 1)[1]
-        return np.zeros((0, self.embedder.dim_of(label)), dtype=np.float32)

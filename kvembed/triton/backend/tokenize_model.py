@@ -31,21 +31,31 @@ class TritonPythonModel:
         self.padding_side = str(manifest.get("padding_side", "right"))
         kind = parameters.get("kind", "both")
         self.fixed_kind = None if kind == "both" else kind
+        # "request": each request padded to its own longest row (the python-backend graph model
+        # re-batches rows itself, so no padding is wasted); "execution": every request of an
+        # execution padded to one width, so Triton can merge them for a graph backend that needs
+        # equal shapes (onnxruntime, TensorRT)
+        self.per_request = parameters.get("padding", "execution") == "request"
         self.outputs = [output["name"] for output in config["output"]]
         pb_utils.Logger.log_info(f"{args['model_name']}: kvembed runtime from {Path(kvembed.__file__).parent}")
 
     def execute(self, requests):
         encoded = [self._encode(request) for request in requests]
         rows = [item for result in encoded if isinstance(result, list) for item in result]
-        batch = self.encoder.pad(rows, self.padding_side) if rows else None
+        shared = self.encoder.pad(rows, self.padding_side) if rows and not self.per_request else None
         responses, start = [], 0
         for result in encoded:
             if not isinstance(result, list):
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(result)))
                 continue
             stop = start + len(result)
-            tensors = [pb_utils.Tensor(name, self._rows(batch, name, start, stop)) for name in self.outputs]
-            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+            if shared is not None:
+                batch = {name: shared[name][start:stop] for name in self.outputs}
+            elif result:
+                batch = self.encoder.pad(result, self.padding_side)
+            else:  # an empty request (Triton normally refuses those before the model)
+                batch = {name: np.zeros((0, 1), dtype=np.int64) for name in self.outputs}
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, batch[n]) for n in self.outputs]))
             start = stop
         return responses
 
@@ -58,9 +68,3 @@ class TritonPythonModel:
             return encode_rows(self.encoder, texts, parse_kinds(kinds, len(texts), self.fixed_kind))
         except Exception as err:  # any failure answers this request only; the others go on
             return f"{type(err).__name__}: {err}"
-
-    @staticmethod
-    def _rows(batch, name, start, stop):
-        if batch is None:  # only empty requests in this execution
-            return np.zeros((0, 1), dtype=np.int64)
-        return batch[name][start:stop]
