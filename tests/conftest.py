@@ -1,22 +1,28 @@
-"""Shared fixtures: tiny random models of every supported architecture, and the demo model.
+"""Shared fixtures: tiny random models of every supported architecture, the demo model, the
+independent oracle of each, and the demo model's exported artifacts.
 
 Tiny models are built from transformers configs, given non-trivial norm weights (so Qwen3's
-q_norm/k_norm matter) and a larger init scale (so attention is not flat), saved with
-``save_pretrained`` and reloaded from the folder like any user model. They share the demo
-model's byte-level tokenizer.
+q_norm/k_norm matter), random q/k/v biases (Qwen2) and a larger init scale (so attention is not
+flat), saved with ``save_pretrained`` and reloaded from the folder like any user model. They
+share the demo model's byte-level tokenizer. The tiny Mistral's sliding window (16 tokens) is
+shorter than most test prompts, so every Mistral test runs beyond it.
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import torch
 
+from independent import Oracle
 from kvembed.methods import demo_model_path
 
 ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral")
+#: the tiny Mistral's attention window, in tokens (the prompts of TEXTS are longer)
+MISTRAL_WINDOW = 16
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 LLAMA2_TOKENIZER = SHARED / "models" / "llama2-tokenizer"
 
@@ -56,7 +62,7 @@ def tiny_config(arch: str):
         common.pop("head_dim")  # Qwen2 derives head_dim = hidden_size / heads = 16
         return Qwen2Config(**common)
     if arch == "mistral":
-        return MistralConfig(**common)
+        return MistralConfig(sliding_window=MISTRAL_WINDOW, **common)
     raise ValueError(arch)
 
 
@@ -89,6 +95,67 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 def model_paths(tiny_models) -> dict[str, Path]:
     """Every test model: the four tiny architectures and the real stories260k."""
     return {**tiny_models, "stories260k": demo_model_path()}
+
+
+@pytest.fixture(scope="session")
+def oracle(model_paths) -> Callable[[str], Oracle]:
+    """name ("llama", ..., "stories260k") or folder -> the independent oracle of that model
+    (tests/independent.py: reads the folder's weights, config and tokenizer itself)."""
+    cache: dict[str, Oracle] = {}
+
+    def get(name: str | Path) -> Oracle:
+        folder = str(model_paths.get(name, name)) if isinstance(name, str) else str(name)
+        if folder not in cache:
+            cache[folder] = Oracle(folder)
+        return cache[folder]
+
+    return get
+
+
+class TraceCache:
+    """One loaded embedder and one traced Exporter per (model, method, options), shared by tests:
+    every precision of a (model, method) is written from a single trace."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, Any] = {}
+
+    def get(self, model: str | Path, method: str, **options: Any) -> Any:
+        from kvembed.export.core import Exporter, load_embedder
+
+        key = (str(model), method, tuple(sorted(options.items())))
+        if key not in self.entries:
+            self.entries[key] = Exporter(load_embedder(str(model), method, **options))
+        return self.entries[key]
+
+    def close(self) -> None:
+        for exporter in self.entries.values():
+            exporter.close()
+
+
+@pytest.fixture(scope="session")
+def traces():
+    cache = TraceCache()
+    yield cache
+    cache.close()
+
+
+@pytest.fixture(scope="session")
+def stories_artifact(traces, tmp_path_factory) -> Callable[..., Path]:
+    """``stories_artifact(method, precision="fp32", **options)`` -> the directory of the demo
+    model's artifact, exported once per session (several precisions from one trace).
+
+    Shared by every test file: treat it as read-only (copy it before damaging it)."""
+    root = tmp_path_factory.mktemp("stories-artifacts")
+    made: dict[tuple, Path] = {}
+
+    def get(method: str, precision: str = "fp32", **options: Any) -> Path:
+        key = (method, precision, tuple(sorted(options.items())))
+        if key not in made:
+            out = root / "-".join([method, precision, *(f"{k}={v}" for k, v in sorted(options.items()))])
+            made[key] = traces.get("stories260k", method, **options).write(out, precision).path
+        return made[key]
+
+    return get
 
 
 @pytest.fixture(scope="session")

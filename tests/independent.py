@@ -1,35 +1,98 @@
-"""Independent reference computation of the kvembed methods.
+"""Independent reference computation of the kvembed methods: the test oracle.
 
-Everything here is written with plain torch tensor ops from a model's weights, one text at a
-time, so that kvembed's patched-transformers implementation can be checked against it.  This
-module must NOT import kvembed and must NOT call transformers' modelling code; the config object
-is only read for hyper-parameters.  The method definitions are those of METHODS.md.
+An :class:`Oracle` reads a model folder itself -- ``config.json`` (plain JSON), the
+``*.safetensors`` weights and ``tokenizer.json`` (the ``tokenizers`` library) -- and computes
+METHODS.md's definitions with plain float64 torch tensor ops, one text at a time. The prompt
+strings below are copied literally from METHODS.md (the contract), as are the text clean-up, the
+``<PST>`` registration, the echo pooling span and the option defaults.
 
-Supported architectures: Llama, Mistral, Qwen2 (q/k/v biases), Qwen3 (per-head q_norm/k_norm).
-RoPE: "default" (and "llama3" frequency scaling, as used by Llama-3.1 checkpoints).
-All computation is float64 internally; the result is a float32, L2-normalised 1-D numpy array.
+This module must NOT import kvembed and must NOT call transformers' modelling or configuration
+code, so a test comparing kvembed against it takes nothing from the code under test: not its
+token ids, placeholder index, pooling span, resolved options or loaded weights.
+
+Supported architectures: Llama, Mistral (sliding-window attention), Qwen2 (q/k/v biases), Qwen3
+(per-head q_norm/k_norm). RoPE: "default" and "llama3" frequency scaling. The result of
+:meth:`Oracle.embed` is a float32, L2-normalised 1-D numpy array.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-METHODS = (
-    "kv-embedding",
-    "va",
-    "aligned-wva",
-    "token-prepending",
-    "last-token",
-    "mean",
-    "prompteol",
-    "echo",
-)
-
 _DT = torch.float64
+
+# --------------------------------------------------------------------------------------------
+# the contract, copied literally from METHODS.md
+# --------------------------------------------------------------------------------------------
+
+PLACEHOLDER = "<PST>"
+KV_PROMPTS = {
+    "query": '"Query: {text}" Compress the Query in one word:',
+    "document": '"Context: {text}" Compress the Context in one word:',
+}
+PROMPTEOL = 'This sentence : "{text}" means in one word:"'
+FUTUREEOL = 'Forecasting the subsequent tokens "{text}" in one word:"'
+TP_PROMPTS = {
+    "prompteol": 'This sentence : <PST> "{text}" means in one word:"',
+    "cot": 'After thinking step by step , this sentence : <PST> "{text}" means in one word:"',
+    "ke": (
+        "The essence of a sentence is often captured by its main subjects and actions, while descriptive "
+        "terms provide additional but less central details. With this in mind , this sentence : <PST> "
+        '"{text}" means in one word:"'
+    ),
+}
+ECHO = "Rewrite the sentence: {text}, rewritten sentence: {text}"
+RAW = "{text}"
+
+#: the options each method takes (any other keyword is a TypeError, never a silent default)
+OPTIONS = {
+    "kv-embedding": ("layers", "bias", "num_prefix", "prefix_rope", "pooling", "prompt"),
+    "va": ("layers",),
+    "aligned-wva": ("layers", "prompt", "wva"),
+    "token-prepending": ("tp_start", "tp_stop", "exit_layer", "prompt"),
+    "last-token": (),
+    "mean": (),
+    "prompteol": (),
+    "echo": (),
+}
+METHODS = tuple(OPTIONS)
+
+
+def official_clean(text: str) -> str:
+    """METHODS.md token-prepending preprocessing (also PromptEOL's), in its stated order."""
+    text = " ".join(text.split())
+    if text and text[-1] not in ".?\"'":
+        text += "."
+    text = text.replace('"', "'")
+    if text.endswith("?"):
+        text = text[:-1] + "."
+    return text
+
+
+def parse_layers(spec: Any, num_layers: int) -> list[int]:
+    """'none', '1-2', '0,2-3', an int or a list of ints -> sorted layer indices (checked)."""
+    if isinstance(spec, int):
+        layers = [spec]
+    elif isinstance(spec, str):
+        layers = []
+        if spec.strip() != "none":
+            for part in spec.split(","):
+                a, _, b = part.strip().partition("-")
+                layers.extend(range(int(a), int(b or a) + 1))
+    else:
+        layers = [int(x) for x in spec]
+    layers = sorted(set(layers))
+    for layer in layers:
+        if not 0 <= layer < num_layers:
+            raise ValueError(f"layer {layer} out of range for a {num_layers}-layer model")
+    return layers
 
 
 # --------------------------------------------------------------------------------------------
@@ -67,38 +130,35 @@ def _strip(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 class _Hparams:
-    def __init__(self, config):
-        self.hidden = config.hidden_size
-        self.n_layers = config.num_hidden_layers
-        self.n_heads = config.num_attention_heads
-        self.n_kv = getattr(config, "num_key_value_heads", None) or self.n_heads
-        head_dim = getattr(config, "head_dim", None)
-        self.head_dim = head_dim if head_dim else self.hidden // self.n_heads
-        self.eps = config.rms_norm_eps
+    """Hyper-parameters read from a ``config.json`` dict (missing required keys raise KeyError)."""
+
+    def __init__(self, config: dict[str, Any]):
+        self.hidden = config["hidden_size"]
+        self.n_layers = config["num_hidden_layers"]
+        self.n_heads = config["num_attention_heads"]
+        self.n_kv = config.get("num_key_value_heads") or self.n_heads
+        self.head_dim = config.get("head_dim") or self.hidden // self.n_heads
+        self.eps = config["rms_norm_eps"]
         if self.n_heads % self.n_kv:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         self.group = self.n_heads // self.n_kv
-        act = getattr(config, "hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise NotImplementedError(f"hidden_act {act!r}")
-
-        rope = getattr(config, "rope_parameters", None) or {}
-        scaling = getattr(config, "rope_scaling", None) or {}
-        rope = {**scaling, **rope}
-        self.rope_theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        if config.get("hidden_act", "silu") not in ("silu", "swish"):
+            raise NotImplementedError(f"hidden_act {config['hidden_act']!r}")
+        rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
+        self.rope_theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
         self.rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
         self.rope = rope
         if self.rope_type not in ("default", "llama3"):
             raise NotImplementedError(f"rope_type {self.rope_type!r}")
-        if rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) != 1.0:
+        if rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
             raise NotImplementedError("partial rotary embeddings")
-
-        # Sliding-window attention (Mistral; Qwen2 with use_sliding_window) is not implemented:
-        # refuse texts long enough for it to matter instead of silently computing something else.
-        window = getattr(config, "sliding_window", None)
-        if getattr(config, "use_sliding_window", True) is False:
-            window = None
-        self.sliding_window = window
+        # sliding-window attention (Mistral; Qwen2 only with use_sliding_window): key j is visible
+        # to query i iff i - W < j <= i
+        self.sliding_window = config.get("sliding_window")
+        if config.get("use_sliding_window", True) is False:
+            self.sliding_window = None
+        if self.sliding_window is not None and config.get("model_type") == "qwen2":
+            raise NotImplementedError("Qwen2's per-layer sliding window (max_window_layers)")
 
     def inv_freq(self) -> torch.Tensor:
         d = self.head_dim
@@ -206,21 +266,22 @@ def _forward(
     n = len(ids)
     if n == 0:
         raise ValueError("empty ids")
-    if hp.sliding_window is not None and n > hp.sliding_window:
-        raise NotImplementedError("sliding-window attention is not implemented")
     d, H = hp.head_dim, hp.hidden
     last = n - 1
     inv_freq = hp.inv_freq()
     positions = torch.arange(n)
     scale = 1.0 / math.sqrt(d)
 
-    # token embeddings; the <PST> placeholder gets the zero vector
-    x = weights["embed_tokens.weight"][torch.tensor(ids, dtype=torch.long)].to(_DT).clone()
+    # token embeddings; the <PST> placeholder (an id outside the vocabulary) gets the zero vector
+    lookup = [0 if i == pst_index else t for i, t in enumerate(ids)]
+    x = weights["embed_tokens.weight"][torch.tensor(lookup, dtype=torch.long)].to(_DT).clone()
     if pst_index is not None:
         x[pst_index] = 0.0
 
-    # causal mask: key j visible to query i iff j <= i
+    # causal mask: key j visible to query i iff j <= i (and, with a sliding window W, i - j < W)
     causal = torch.ones(n, n, dtype=torch.bool).tril()
+    if hp.sliding_window is not None:
+        causal &= ~torch.ones(n, n, dtype=torch.bool).tril(-hp.sliding_window)
 
     hidden, values, attn_pre_o, attn_out = [], [], [], []
     for l in range(n_layers_to_run):
@@ -301,132 +362,191 @@ def _normalize(vec: torch.Tensor) -> np.ndarray:
     return vec.to(torch.float32).numpy()
 
 
-def _check_layers(layers, n_layers) -> list[int]:
-    layers = sorted(set(int(l) for l in layers))
-    for l in layers:
-        if not 0 <= l < n_layers:
-            raise ValueError(f"layer {l} out of range for a {n_layers}-layer model")
-    return layers
-
-
 # --------------------------------------------------------------------------------------------
-# public entry point
+# text -> token ids
 # --------------------------------------------------------------------------------------------
 
 
-def independent_embed(
-    weights: dict[str, torch.Tensor],
-    config,
-    method: str,
-    ids: list[int],
-    *,
-    layers: list[int] = (),
-    bias: float = 1.0,
-    num_prefix: int = 1,
-    prefix_rope: str = "keep",
-    pooling: str = "last-mean",
-    wva: bool = False,
-    tp_start: int = 1,
-    tp_stop: int = 7,
-    exit_layer: int | None = None,
-    pst_index: int | None = None,
-    pool_range: tuple[int, int] | None = None,
-) -> np.ndarray:
-    """Embed ONE already-prompted, tokenized text (no padding) with ``method``.
+@dataclass(frozen=True)
+class Tokens:
+    """One prompted text: its ids, the ``<PST>`` position, the echo pooling positions."""
 
-    - kv-embedding: ``layers`` = re-routing set R (may be empty: plain forward), ``bias``,
-      ``num_prefix``, ``prefix_rope`` ("keep" | "zero"), ``pooling`` ("last-mean" | "last" | "mean")
-      over final-normed last hidden states.
-    - va: ``layers`` = S (empty -> deep half L//2..L-1); mean over tokens of v_proj output, mean
-      over S.
-    - aligned-wva: ``layers`` = S (empty -> deep half); last token's attention output after o_proj
-      (``wva=True``: before o_proj), mean over S.
-    - token-prepending: ``pst_index`` (required) gets a zero input embedding; before each layer l
-      with tp_start <= l < tp_stop its residual stream is replaced by the last token's; output =
-      last token's hidden state after layer ``exit_layer``-1 (default L-1), no final norm.
-    - last-token / prompteol: final-normed last hidden state of the last token.
-    - mean: mean of final-normed last hidden states over all tokens.
-    - echo: mean of final-normed last hidden states over positions ``pool_range`` = [start, end).
+    ids: list[int]
+    pst_index: int | None = None
+    pool: list[int] | None = None
+    truncated: bool = False
 
-    Returns a float32, L2-normalised 1-D numpy array.
-    """
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}")
-    ids = [int(i) for i in ids]
-    n = len(ids)
-    if n == 0:
-        raise ValueError("empty ids")
-    weights = _strip(weights)
-    hp = _Hparams(config)
-    L = hp.n_layers
-    last = n - 1
 
-    with torch.no_grad():
-        if method in ("last-token", "prompteol", "mean", "echo"):
-            out = _forward(weights, hp, ids, n_layers_to_run=L)
-            h = _final_norm(weights, hp, out["hidden"][-1])
-            if method == "mean":
-                return _normalize(h.mean(dim=0))
-            if method == "echo":
-                if pool_range is None:
-                    raise ValueError("echo needs pool_range")
-                start, end = pool_range
-                if not 0 <= start < end <= n:
-                    raise ValueError(f"bad pool_range {pool_range} for {n} tokens")
-                return _normalize(h[start:end].mean(dim=0))
-            return _normalize(h[last])
+def _template(method: str, kind: str, prompt: str | None) -> tuple[str, bool]:
+    """METHODS.md's prompt for ``method`` and ``kind`` (or the ``prompt`` option), and whether the
+    text gets the official clean-up first."""
+    if kind not in ("query", "document"):
+        raise ValueError(f"kind {kind!r}")
+    if method == "kv-embedding":
+        if prompt in (None, "compress"):
+            return KV_PROMPTS[kind], False
+        if "{text}" not in prompt:
+            raise ValueError(f"prompt {prompt!r}")
+        return prompt, False
+    if method == "aligned-wva":
+        return {None: PROMPTEOL, "prompteol": PROMPTEOL, "futureeol": FUTUREEOL}[prompt], False
+    if method == "token-prepending":
+        return TP_PROMPTS[prompt or "prompteol"], True
+    if method == "prompteol":
+        return PROMPTEOL, True
+    if method == "echo":
+        return ECHO, False
+    if method in ("va", "last-token", "mean"):
+        return RAW, False
+    raise ValueError(f"unknown method {method!r}")
 
-        if method == "kv-embedding":
-            if num_prefix < 1:
-                raise ValueError("num_prefix must be >= 1")
-            R = _check_layers(layers, L)
-            out = _forward(
-                weights,
-                hp,
-                ids,
-                n_layers_to_run=L,
-                reroute=set(R),
-                bias=bias,
-                num_prefix=num_prefix,
-                prefix_rope=prefix_rope,
-            )
-            h = _final_norm(weights, hp, out["hidden"][-1])
-            if pooling == "last-mean":
-                return _normalize((h[last] + h.mean(dim=0)) / 2)
-            if pooling == "last":
+
+# --------------------------------------------------------------------------------------------
+# the oracle
+# --------------------------------------------------------------------------------------------
+
+
+class Oracle:
+    """A model folder read from disk, embedding one text at a time by METHODS.md."""
+
+    def __init__(self, folder) -> None:
+        from tokenizers import AddedToken, Tokenizer
+
+        self.folder = Path(folder)
+        self.config: dict[str, Any] = json.loads((self.folder / "config.json").read_text(encoding="utf-8"))
+        self.hp = _Hparams(self.config)
+        self.weights = _strip(load_weights(self.folder))
+        self.tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
+        # METHODS.md: <PST> is an added token of the fast tokenizer, and the space before it is
+        # absorbed (Llama 2: "▁:", "<PST>", '▁"'): an lstrip token
+        self.pst_tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+        self.pst_tokenizer.no_truncation()
+        self.pst_tokenizer.no_padding()
+        self.pst_tokenizer.add_tokens([AddedToken(PLACEHOLDER, lstrip=True)])
+        self.pst_id = self.pst_tokenizer.token_to_id(PLACEHOLDER)
+        tokenizer_config = self.folder / "tokenizer_config.json"
+        declared = json.loads(tokenizer_config.read_text(encoding="utf-8")) if tokenizer_config.is_file() else {}
+        limits = [self.config.get("max_position_embeddings"), declared.get("model_max_length")]
+        #: README: texts longer than this are cut (the prompt stays whole)
+        self.max_length = min(int(x) for x in limits if x is not None and 0 < int(x) < 10**8)
+
+    @property
+    def num_layers(self) -> int:
+        return self.hp.n_layers
+
+    # -- tokens -------------------------------------------------------------------------------
+
+    def tokenize(self, method: str, text: str, kind: str = "document", prompt: str | None = None) -> Tokens:
+        """The ids METHODS.md prescribes for ``text``; too long texts lose characters at their end."""
+        template, clean = _template(method, kind, prompt)
+        if clean:
+            text = official_clean(text)
+        tokens = self._tokens(method, template, text)
+        if len(tokens.ids) <= self.max_length:
+            return tokens
+        keep = len(text)  # coarse steps down until the prompt fits, then the longest fitting prefix
+        while keep > 0 and len(self._tokens(method, template, text[:keep]).ids) > self.max_length:
+            keep = max(0, keep - 64)
+        for longer in range(min(len(text), keep + 63), keep, -1):
+            if len(self._tokens(method, template, text[:longer]).ids) <= self.max_length:
+                keep = longer
+                break
+        cut = self._tokens(method, template, text[:keep])
+        if len(cut.ids) > self.max_length:
+            raise ValueError("the prompt alone is longer than max_length")
+        return Tokens(cut.ids, cut.pst_index, cut.pool, truncated=True)
+
+    def _tokens(self, method: str, template: str, text: str) -> Tokens:
+        prompt = template.replace("{text}", text)
+        placeholder = method == "token-prepending"
+        encoding = (self.pst_tokenizer if placeholder else self.tokenizer).encode(prompt)
+        ids = list(encoding.ids)
+        if not ids:  # README: a text without any token gets EOS (else BOS, else pad)
+            fallback = [self.config.get(k) for k in ("eos_token_id", "bos_token_id", "pad_token_id")]
+            ids = [next(t for t in fallback if t is not None)]
+        pst_index = None
+        if placeholder:
+            if ids.count(self.pst_id) != 1:
+                raise ValueError(f"{PLACEHOLDER} occurs {ids.count(self.pst_id)} times")
+            pst_index = ids.index(self.pst_id)
+        pool = None
+        if method == "echo":  # the tokens of the second copy of the text (the end of the prompt)
+            start = len(prompt) - len(text)
+            special = encoding.special_tokens_mask
+            pool = [i for i, (a, b) in enumerate(encoding.offsets) if not special[i] and b > start and text]
+            pool = pool or [len(ids) - 1]  # README: an empty second copy pools the last token
+        return Tokens(ids, pst_index, pool)
+
+    # -- embeddings -----------------------------------------------------------------------------
+
+    def embed(self, method: str, text: str, kind: str = "document", **options: Any) -> np.ndarray:
+        """METHODS.md's embedding of ``text``; ``options`` are the method's (see OPTIONS)."""
+        if method not in OPTIONS:
+            raise ValueError(f"unknown method {method!r}")
+        unknown = set(options) - set(OPTIONS[method])
+        if unknown:
+            raise TypeError(f"the oracle's {method} takes no option {', '.join(sorted(unknown))}")
+        tokens = self.tokenize(method, text, kind, options.pop("prompt", None))
+        return self.embed_tokens(method, tokens, **options)
+
+    def embed_tokens(
+        self,
+        method: str,
+        tokens: Tokens,
+        *,
+        layers: Any = None,
+        bias: float = 1.0,
+        num_prefix: int = 1,
+        prefix_rope: str = "keep",
+        pooling: str = "last-mean",
+        wva: bool = False,
+        tp_start: int = 1,
+        tp_stop: int = 7,
+        exit_layer: int | None = None,
+    ) -> np.ndarray:
+        """Embed already-prompted ``tokens`` (no padding) with ``method``."""
+        weights, hp, ids = self.weights, self.hp, tokens.ids
+        L, last = hp.n_layers, len(ids) - 1
+        with torch.no_grad():
+            if method in ("last-token", "prompteol", "mean", "echo"):
+                h = _final_norm(weights, hp, _forward(weights, hp, ids, n_layers_to_run=L)["hidden"][-1])
+                if method == "mean":
+                    return _normalize(h.mean(dim=0))
+                if method == "echo":
+                    return _normalize(h[tokens.pool].mean(dim=0))
                 return _normalize(h[last])
-            if pooling == "mean":
-                return _normalize(h.mean(dim=0))
-            raise ValueError(f"pooling {pooling!r}")
 
-        if method in ("va", "aligned-wva"):
-            S = _check_layers(layers, L) if len(layers) else list(range(L // 2, L))
-            out = _forward(weights, hp, ids, n_layers_to_run=max(S) + 1)  # early exit
-            if method == "va":
-                per_layer = [out["values"][l].mean(dim=0) for l in S]
-            else:
-                key = "attn_pre_o" if wva else "attn_out"
-                per_layer = [out[key][l][last] for l in S]
-            return _normalize(torch.stack(per_layer).mean(dim=0))
+            if method == "kv-embedding":
+                # no preset: README's band L//3 .. 7L//12 (Qwen3-4B's 12-21 of 36 scaled by depth)
+                R = parse_layers(f"{L // 3}-{min(L - 1, max(L // 3, 7 * L // 12))}" if layers is None else layers, L)
+                if num_prefix < 1:
+                    raise ValueError("num_prefix must be >= 1")
+                out = _forward(weights, hp, ids, n_layers_to_run=L, reroute=set(R), bias=float(bias),
+                               num_prefix=int(num_prefix), prefix_rope=prefix_rope)
+                h = _final_norm(weights, hp, out["hidden"][-1])
+                pooled = {"last-mean": lambda: (h[last] + h.mean(dim=0)) / 2, "last": lambda: h[last],
+                          "mean": lambda: h.mean(dim=0)}[pooling]()
+                return _normalize(pooled)
 
-        if method == "token-prepending":
-            if pst_index is None:
-                raise ValueError("token-prepending needs pst_index")
-            if pst_index < 0:
-                pst_index += n
-            if not 0 <= pst_index < n:
-                raise ValueError(f"pst_index {pst_index} out of range for {n} tokens")
-            exit_layer = L - 1 if exit_layer is None else int(exit_layer)
-            if not 1 <= exit_layer <= L:
-                raise ValueError(f"exit_layer {exit_layer} out of range 1..{L}")
-            out = _forward(
-                weights,
-                hp,
-                ids,
-                n_layers_to_run=exit_layer,  # layers 0..exit_layer-1
-                tp_window=range(tp_start, tp_stop),
-                pst_index=pst_index,
-            )
-            return _normalize(out["hidden"][exit_layer][last])
+            if method in ("va", "aligned-wva"):
+                S = parse_layers(f"{L // 2}-{L - 1}" if layers is None else layers, L)  # deep half by default
+                if not S:
+                    raise ValueError(f"{method} needs at least one layer")
+                out = _forward(weights, hp, ids, n_layers_to_run=max(S) + 1)  # early exit
+                if method == "va":
+                    per_layer = [out["values"][l].mean(dim=0) for l in S]
+                else:
+                    key = "attn_pre_o" if wva else "attn_out"
+                    per_layer = [out[key][l][last] for l in S]
+                return _normalize(torch.stack(per_layer).mean(dim=0))
 
-    raise AssertionError("unreachable")
+            if method == "token-prepending":
+                exit_layer = L - 1 if exit_layer is None else int(exit_layer)
+                if not 1 <= exit_layer <= L:
+                    raise ValueError(f"exit_layer {exit_layer} out of range 1..{L}")
+                out = _forward(weights, hp, ids, n_layers_to_run=exit_layer,  # layers 0..exit_layer-1
+                               tp_window=range(int(tp_start), int(tp_stop)), pst_index=tokens.pst_index)
+                return _normalize(out["hidden"][exit_layer][last])
+        raise ValueError(f"unknown method {method!r}")

@@ -1,8 +1,8 @@
 """Several methods from one forward pass (``kvembed-export --also``).
 
 Which methods may share a pass is checked on resolved methods (torch-free); every extra output
-of an exported graph is checked, through the torch-free runtime, against the independent
-plain-torch computation (tests/independent.py) of that method alone.
+of an exported graph is checked, through the torch-free runtime, against the independent oracle
+(tests/independent.py) of that method alone, with the options written out in the test.
 """
 
 from __future__ import annotations
@@ -13,14 +13,11 @@ import shutil
 import numpy as np
 import pytest
 
-from kvembed.methods import ResolvedMethod, resolve
+from checks import assert_matches_oracle
+from kvembed.export.core import export_result, verify
+from kvembed.methods import resolve
 from kvembed.methods.sharing import parse_also, resolve_also, sharing_problem
-
-torch = pytest.importorskip("torch")
-
-from independent import independent_embed  # noqa: E402
-from kvembed.export.core import export_result, verify  # noqa: E402
-from kvembed.runtime import Embedder  # noqa: E402
+from kvembed.runtime import Embedder
 
 STORIES = "stories260k"
 TEXTS = ["A man is playing a guitar.", "", "Ünïcödé café — 東京 🤖", "What is the capital of France? It is Paris."]
@@ -78,61 +75,52 @@ def test_sharing_rules_follow_the_forward_pass():
 # -- exported graphs: every output against the independent computation --------------------------
 
 
-def _independent(embedder: Embedder, method, text: str, kind: str, weights, config) -> np.ndarray:
-    item = embedder.encoder.encode_one(text, kind)
-    ids = list(item.ids)
-    keys = ("layers", "bias", "num_prefix", "prefix_rope", "pooling", "wva", "tp_start", "tp_stop", "exit_layer")
-    kwargs = {k: v for k, v in method.options.items() if k in keys}
-    if method.placeholder:
-        kwargs["pst_index"] = ids.index(embedder.encoder.placeholder_id)
-        ids[kwargs["pst_index"]] = 0
-    return independent_embed(weights, config, method.name, ids, **kwargs)
-
-
-def _check_outputs(result, expected_outputs: list[str]) -> None:
-    from kvembed.reference import TorchEmbedder
-
+def _check_outputs(result, expected: dict[str, tuple[str, dict]], oracle) -> None:
+    """Every output of the artifact (label -> the oracle's method and options) through the runtime."""
     embedder = Embedder.load(result.path, provider="cpu", threads=1)
-    assert embedder.outputs == expected_outputs
+    labels = list(expected)
+    assert embedder.outputs == labels
     manifest = result.manifest
     assert [o["name"] for o in manifest["outputs"]][2:] == [
-        f"{kind}.{label}" for label in expected_outputs[1:] for kind in ("embedding", "pooled")
+        f"{kind}.{label}" for label in labels[1:] for kind in ("embedding", "pooled")
     ]
-    assert set(manifest["parity"]["also"]) == set(expected_outputs[1:])
+    assert set(manifest["parity"]["also"]) == set(labels[1:])
     assert all(report["passed"] for report in manifest["parity"]["also"].values())
-    reference = TorchEmbedder.from_pretrained(result.manifest["source"]["location"], "last-token")
-    weights, config = dict(reference.model.decoder.state_dict()), reference.model.decoder.config
-    for output in expected_outputs:
-        method = embedder.method if output == expected_outputs[0] else ResolvedMethod.from_dict(manifest["also"][output])
-        for kind in ("query", "document"):
-            got = embedder.encode(TEXTS, kind=kind, batch_size=3, output=output)
-            assert got.shape == (len(TEXTS), embedder.dim_of(output))
-            for row, text in zip(got, TEXTS):
-                want = _independent(embedder, method, text, kind, weights, config)
-                cosine = float(row @ want / np.linalg.norm(row) / np.linalg.norm(want))
-                assert cosine >= 0.99999, (output, kind, text, cosine)
-                assert np.abs(row - want).max() <= 1e-4
+    for output, (method, options) in expected.items():
+        assert embedder.dim_of(output) == len(oracle.embed(method, "x", **options))
+        encode = lambda texts, kind: embedder.encode(texts, kind=kind, batch_size=3, output=output)  # noqa: E731
+        assert_matches_oracle(encode, oracle, method, TEXTS, what=f"output {output}", **options)
 
 
-def test_kv_embedding_with_other_poolings(tiny_models, tmp_path):
+def test_kv_embedding_with_other_poolings(tiny_models, oracle, tmp_path):
     result = export_result(
         tiny_models["qwen3"], "kv-embedding", tmp_path / "a",
         also=["kv-embedding:pooling=last", "mean-pool=kv-embedding:pooling=mean"],
     )
-    _check_outputs(result, ["kv-embedding", "kv-embedding-2", "mean-pool"])
+    _check_outputs(result, {  # the 4-layer model's default re-routing band is 1-2 (the oracle's default)
+        "kv-embedding": ("kv-embedding", {}),
+        "kv-embedding-2": ("kv-embedding", {"pooling": "last"}),
+        "mean-pool": ("kv-embedding", {"pooling": "mean"}),
+    }, oracle("qwen3"))
 
 
-def test_early_exit_method_with_full_depth_baselines(tmp_path):
+def test_early_exit_method_with_full_depth_baselines(oracle, tmp_path):
     """va stops at layer 2 alone; with mean and last-token beside it the graph runs every layer."""
     result = export_result(STORIES, "va", tmp_path / "a", layers="1-2", also=["mean", "last-token", "va:layers=0,3"])
     assert result.manifest["graph"]["decoder_layers"] == result.manifest["method"]["num_layers"] == 5
-    _check_outputs(result, ["va", "mean", "last-token", "va-2"])
+    _check_outputs(result, {
+        "va": ("va", {"layers": "1-2"}), "mean": ("mean", {}), "last-token": ("last-token", {}),
+        "va-2": ("va", {"layers": "0,3"}),
+    }, oracle(STORIES))
 
 
-def test_token_prepending_several_exits(tmp_path):
+def test_token_prepending_several_exits(oracle, tmp_path):
     result = export_result(STORIES, "token-prepending", tmp_path / "a", exit_layer=3, also=["token-prepending:exit_layer=2"])
     assert result.manifest["graph"]["decoder_layers"] == 3
-    _check_outputs(result, ["token-prepending", "token-prepending-2"])
+    _check_outputs(result, {
+        "token-prepending": ("token-prepending", {"exit_layer": 3}),
+        "token-prepending-2": ("token-prepending", {"exit_layer": 2}),
+    }, oracle(STORIES))
 
 
 def test_verify_checks_extra_outputs(tmp_path):

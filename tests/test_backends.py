@@ -11,7 +11,6 @@ import pytest
 from typer.testing import CliRunner
 
 from kvembed.export import backends as bk
-from kvembed.export import export
 
 runner = CliRunner()
 HAS_TENSORRT = bk.tensorrt_problem() is None
@@ -19,9 +18,19 @@ HAS_CUDA = "CUDAExecutionProvider" in bk.ort_providers()
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory):
-    """The demo model's kv-embedding artifact (fp32)."""
-    return export("stories260k", "kv-embedding", tmp_path_factory.mktemp("backends") / "a")
+def artifact(stories_artifact):
+    """The demo model's kv-embedding artifact (fp32), shared with the other test files."""
+    return stories_artifact("kv-embedding")
+
+
+@pytest.fixture(scope="module")
+def real_parity(artifact):
+    """The real parity gate of the artifact against a fresh PyTorch reference (it passes)."""
+    from kvembed.export.core import verify
+
+    result = verify(artifact)
+    assert result.passed, result.report.summary()
+    return result
 
 
 def perturbed_copy(model: Path, out: Path, scale: float) -> Path:
@@ -77,7 +86,7 @@ def test_cpu_vs_onnx_reference_agree(artifact):
     assert result.tolerance == {"atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.99999}
 
 
-def test_a_different_graph_fails(artifact, tmp_path):
+def test_a_different_graph_fails(artifact, real_parity, tmp_path):
     """The artifact's graph against a copy with one weight matrix scaled by 1.01: polygraphy (atol
     1e-4) and the cosine bar (0.99999) both fail; even 1.001 fails polygraphy's element check."""
     feeds = bk.comparison_feeds(artifact)
@@ -93,10 +102,7 @@ def test_a_different_graph_fails(artifact, tmp_path):
     # and ``kvembed verify`` fails (exit 1) on a failed comparison even when parity passed
     from kvembed.export.cli import VerifyOutcome
 
-    class Parity:
-        passed = True
-
-    assert VerifyOutcome(Parity(), None).passed and not VerifyOutcome(Parity(), result).passed
+    assert VerifyOutcome(real_parity, None).passed and not VerifyOutcome(real_parity, result).passed
 
 
 def test_a_backend_that_cannot_run_is_a_failure_not_a_crash(artifact, tmp_path):
@@ -120,19 +126,16 @@ def test_cli_verify_prints_the_comparison(artifact):
 
 
 def test_cli_verify_exits_1_when_the_comparison_fails(artifact, monkeypatch):
-    """Parity passes (stubbed here: the test above runs the real one), the comparison misses a
-    too-strict bar (exact equality of onnxruntime and numpy): exit 1, the worst row named."""
+    """The real parity gate passes; the comparison misses a too-strict bar (exact equality of
+    onnxruntime and numpy): exit 1, the worst row named."""
     from kvembed.cli import app
-    from kvembed.export import core
-    from kvembed.export.parity import ParityReport
-    from kvembed.runtime.artifact import read_manifest
 
-    report = ParityReport("fp32", True, 1.0, 0.0, 0.99999, 1e-4, rows=1, batches=1, texts=1)
-    monkeypatch.setattr(core, "verify", lambda d, progress=None: core.VerifyResult(d, read_manifest(d), report, [], []))
     monkeypatch.setitem(bk.BACKEND_TOLERANCES, "fp32", bk.BackendTolerance(atol=0.0, rtol=0.0, min_cosine=1.0))
     monkeypatch.setattr(bk, "COMPARE_PLAN", (("document", ("sentence", "code")),))  # short batches: fast
     result = runner.invoke(app, ["verify", str(artifact), "--backends", "onnxruntime-cpu,onnx-reference"])
     assert result.exit_code == 1, result.output
+    parity_part = result.output.split("backends vs")[0]  # the real parity table comes first: it passed
+    assert "parity vs PyTorch" in parity_part and "passed" in parity_part and "FAILED" not in parity_part, result.output
     assert "FAILED" in result.output and "worst row is" in result.output
     assert "verification FAILED" in result.output
 

@@ -58,10 +58,21 @@ def test_truncation_keeps_the_template_and_fits(byte_tokenizer):
 
 
 def test_truncation_of_echo_cuts_both_copies(byte_tokenizer):
+    """Both copies of the text are cut to the same prefix, and only the second one is pooled."""
     encoder = TextEncoder(byte_tokenizer, resolve("echo", 5), max_length=80)
-    item = encoder.encode_one("abcdefghij" * 20)
+    text = "abcdefghij" * 20
+    item = encoder.encode_one(text)
     assert item.truncated and len(item.ids) <= 80
-    assert item.pool[-1] == len(item.ids) - 1
+    prompt = bytes(i - 3 for i in item.ids[1:]).decode()  # byte-level ids: byte b -> id b + 3
+    head, _, second = prompt.partition(", rewritten sentence: ")
+    first = head.removeprefix("Rewrite the sentence: ")
+    assert first == second and 0 < len(first) < len(text) and text.startswith(first)
+    def prompt_tokens(n: int) -> int:
+        return len(byte_tokenizer.encode(f"Rewrite the sentence: {text[:n]}, rewritten sentence: {text[:n]}").ids)
+
+    assert prompt_tokens(len(first)) <= 80 < prompt_tokens(len(first) + 1)  # the longest prefix that fits
+    pooled = bytes(item.ids[i] - 3 for i in item.pool).decode()
+    assert pooled == second and item.pool[-1] == len(item.ids) - 1
 
 
 def test_padding_sides_and_masks(byte_tokenizer):
