@@ -212,6 +212,7 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("serve", "kvembed.serve.cli", "serve_command"),
     ("triton", "kvembed.triton.cli", "app"),
     ("embed-corpus", "kvembed.corpus.cli", "embed_corpus_command"),
+    ("eval", "kvembed.eval.cli", "eval_command"),
 )
 
 

@@ -1,0 +1,94 @@
+"""``kvembed eval``: embedding quality on local tasks (and official MTEB tasks), scored by mteb."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .. import cli_options as opt
+from ..cli_options import method_options
+
+console = Console()
+errors = Console(stderr=True)
+
+
+def eval_command(
+    sources: Optional[list[str]] = typer.Argument(None, help="Artifact directories and/or models (folder, .gguf, alias), each optionally LABEL=SOURCE.", show_default=False),
+    task: Optional[list[str]] = typer.Option(None, "--task", "-t", help="Local task: a .tsv/.jsonl file (STS or classification) or a retrieval folder; 'sample' (or sample-sts, sample-retrieval, sample-classification) for the bundled demo tasks. Repeatable."),
+    mteb_task: Optional[list[str]] = typer.Option(None, "--mteb-task", help="Official MTEB task by name (e.g. STSBenchmark); its dataset comes from the Hugging Face hub or the local cache. Repeatable."),
+    config: Optional[list[str]] = typer.Option(None, "--config", "-c", help="[LABEL=]METHOD[:option=value...] for model sources, one configuration each (repeatable), e.g. kv-none=kv-embedding:layers=none."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output folder: results.json, results.md, results.png and mteb's result files (mteb/)."),
+    method: Optional[str] = typer.Option(None, "--method", help="Method for model sources (default kv-embedding) when no --config is given."),
+    layers: opt.Layers = None,
+    bias: opt.Bias = None,
+    num_prefix: opt.NumPrefix = None,
+    prefix_rope: opt.PrefixRope = None,
+    pooling: opt.Pooling = None,
+    prompt: opt.Prompt = None,
+    wva: opt.Wva = None,
+    tp_start: opt.TpStart = None,
+    tp_stop: opt.TpStop = None,
+    exit_layer: opt.ExitLayer = None,
+    max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (model sources)."),
+    batch_size: int = typer.Option(32, help="Texts per encode batch."),
+    provider: str = typer.Option("auto", help="Runtime provider for artifacts: auto, cpu, cuda, tensorrt."),
+    threads: Optional[int] = typer.Option(None, help="Runtime intra-op threads for artifacts."),
+) -> None:
+    """Score artifacts or models on local tasks (STS, retrieval, classification) with mteb.
+
+    kvembed eval ARTIFACT --task sample --out eval/ | kvembed eval smollm2-135m --task sample-sts
+    --config last-token --config kv=kv-embedding --config kv-none=kv-embedding:layers=none --out eval/
+    """
+    from . import configs as plans
+    from .tasks import load_tasks
+
+    if not task and not mteb_task:
+        raise ValueError("give at least one --task FILE (or --task sample) or --mteb-task NAME")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    local = load_tasks(list(task or []))  # bad task files fail here, before any model or mteb loads
+    configurations = plans.plan(list(sources or []), list(config or []), method, method_options(locals()), max_length)
+    plans.preflight(configurations)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} exists and is not a folder")
+
+    logging.getLogger("mteb").setLevel(logging.ERROR)  # mteb logs every phase at INFO/WARNING
+    from . import report, runner
+
+    tasks = runner.mteb_tasks(local, list(mteb_task or []))
+    described = [_describe(t, local) for t in tasks]
+    errors.print(f"evaluating {len(configurations)} configuration(s) on {len(tasks)} task(s): "
+                 + ", ".join(f"{d['name']} ({d['size']})" for d in described), highlight=False, soft_wrap=True)
+
+    def progress(result: runner.ConfigResult) -> None:
+        scores = ", ".join(f"{name} {s['main_score']:.4f}" for name, s in result.scores.items())
+        errors.print(f"  {result.config.label}: {scores} ({result.seconds:.1f} s)", highlight=False, soft_wrap=True)
+
+    results = runner.evaluate(configurations, tasks, out, batch_size=batch_size, provider=provider, threads=threads,
+                              max_length=max_length, on_result=progress)
+    title = f"kvembed eval: {', '.join(d['name'] for d in described)}"
+    paths = report.write(results, described, runner.environment(), runner.result_files(out), out, title)
+    table = Table(title=title)
+    table.add_column("configuration")
+    for d in described:
+        table.add_column(f"{d['name']}\n{d['main_score']}", justify="right")
+    for r in results:
+        table.add_row(r.config.label, *(f"{r.scores[d['name']]['main_score']:.4f}" if d["name"] in r.scores else "—" for d in described))
+    console.print(table)
+    console.print(f"wrote {paths['json']}, {paths['markdown']}, {paths['chart']} and mteb's result files in {out / 'mteb'}",
+                  highlight=False, soft_wrap=True)
+
+
+def _describe(task: Any, local: list[Any]) -> dict[str, Any]:
+    """A task as the report lists it (local tasks carry their file and size)."""
+    meta = task.metadata
+    found = next((t for t in local if t.name == meta.name), None)
+    if found is not None:
+        return {"name": meta.name, "type": meta.type, "main_score": meta.main_score, "source": str(found.path), "size": found.size}
+    return {"name": meta.name, "type": meta.type, "main_score": meta.main_score,
+            "source": f"mteb:{meta.dataset['path']}@{meta.dataset.get('revision')}", "size": "official MTEB task"}

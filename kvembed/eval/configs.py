@@ -1,0 +1,100 @@
+"""Turn ``kvembed eval``'s arguments into configurations, checked before anything heavy loads.
+
+- ``SOURCE`` (repeatable, optionally ``LABEL=SOURCE``): an artifact directory (its manifest fixes
+  the method) or a model (folder, ``.gguf``, alias such as ``stories260k`` / ``smollm2-135m``).
+- For models: ``--method`` plus the method-option flags give one configuration, exactly as
+  ``kvembed embed --model``; or ``--config [LABEL=]METHOD[:option=value...]`` (repeatable, the
+  ``--also`` syntax) gives one configuration each, e.g. a sweep of layer bands in one run.
+
+Every model configuration goes through :func:`kvembed.sources.preflight`, so a mistyped option or
+an out-of-range layer fails in a second, not after the weights load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .runner import LABEL, Configuration
+
+
+def _is_artifact(path: str) -> bool:
+    return (Path(path).expanduser() / "kvembed.json").is_file()
+
+
+def split_label(value: str) -> tuple[str | None, str]:
+    """``LABEL=SOURCE`` -> (LABEL, SOURCE); a value that exists as a path is never split."""
+    head, sep, tail = value.partition("=")
+    if sep and tail and LABEL.match(head) and not Path(value).expanduser().exists():
+        return head, tail
+    return None, value
+
+
+def parse_config(text: str) -> tuple[str | None, str, dict[str, Any]]:
+    """``[LABEL=]METHOD[:option=value...]`` -> (label, method, options), with --config in messages."""
+    from ..methods.sharing import parse_also
+
+    try:
+        request = parse_also(text)
+    except ValueError as err:
+        raise ValueError(str(err).replace("--also", "--config")) from None
+    return request.label, request.method, dict(request.options)
+
+
+def plan(
+    sources: Sequence[str],
+    configs: Sequence[str],
+    method: str | None,
+    options: Mapping[str, Any],
+    max_length: int | None = None,
+) -> list[Configuration]:
+    """Configurations in command-line order; labels must be unique (they name result files)."""
+    if not sources:
+        raise ValueError("give at least one artifact directory or model to evaluate (kvembed eval SOURCE --task FILE)")
+    if configs and (method is not None or options):
+        raise ValueError("give either --config (one per configuration) or --method with option flags, not both")
+    requests = [parse_config(text) for text in configs]
+    plans: list[Configuration] = []
+    models = [value for value in sources if not _is_artifact(split_label(value)[1])]
+    for value in sources:
+        label, source = split_label(value)
+        if _is_artifact(source):
+            if configs and not models:
+                raise ValueError(f"{source!r} is an artifact: it fixes its method and options, so --config applies "
+                                 f"to models only; export one artifact per configuration, or evaluate a model")
+            if not configs:
+                from ..cli import check_artifact_options  # lazy: kvembed.cli imports this package
+
+                check_artifact_options(source, method, dict(options), max_length)
+            plans.append(Configuration(label or Path(source).expanduser().resolve().name, source, True))
+            continue
+        if not requests:
+            name = method or "kv-embedding"
+            default = name + "".join(f":{k}={v}" for k, v in options.items())
+            base = label or (default if len(models) == 1 else f"{Path(source).name or source}/{default}")
+            plans.append(Configuration(base, source, False, name, dict(options)))
+            continue
+        for config_label, config_method, config_options in requests:
+            text = config_label or config_method + "".join(f":{k}={v}" for k, v in config_options.items())
+            prefix = label or (Path(source).name or source)
+            plans.append(Configuration(text if len(models) == 1 and not label else f"{prefix}/{text}", source, False,
+                                       config_method, config_options))
+    seen: set[str] = set()
+    for config in plans:
+        if config.label in seen or any(config.slug == other.slug for other in plans if other is not config and other.label != config.label):
+            raise ValueError(f"two configurations are labelled {config.label!r}; name them apart with LABEL=SOURCE or "
+                             f"--config LABEL=METHOD[:...]")
+        seen.add(config.label)
+    return plans
+
+
+def preflight(configs: Sequence[Configuration]) -> None:
+    """Check every model configuration's method and options against the model's config.json."""
+    from ..sources import preflight as check
+
+    for config in configs:
+        if not config.artifact:
+            try:
+                check(config.source, config.method or "kv-embedding", dict(config.options))
+            except ValueError as err:
+                raise ValueError(f"configuration {config.label!r}: {err}") from None
