@@ -1,12 +1,15 @@
 """Cross-request dynamic batching: one queue and one inference thread per artifact.
 
 Requests arrive as token-encoded inputs (``EncodedText``). The worker fills a *window* of at most
-``max_batch_size`` inputs and ``max_batch_tokens`` real tokens, visiting the waiting requests in
-turn and taking at most a quarter of a batch (``quantum`` inputs) from each per turn, so a huge
-request shares every window with the small ones queued behind it instead of starving them. The
-window is packed into graph calls by the runtime's planner (:func:`plan_batches`: length-sorted,
-padded-token budget), each call runs on the artifact's own thread (off the event loop), and each
-request's rows are written back at their input positions.
+``WINDOW_BATCHES`` batches' worth of inputs and real tokens, visiting the waiting requests in turn
+and taking at most a quarter of a batch (``quantum`` inputs) from each per turn, so a huge request
+shares every window with the small ones queued behind it instead of starving them. The window is
+packed into graph calls by the runtime's planner (:func:`plan_batches`: length-sorted, at most
+``max_batch_size`` rows and ``max_batch_tokens`` padded tokens each), each call runs on the
+artifact's own thread (off the event loop), and each request's rows are written back at their
+input positions. A window of several batches lets the planner sort lengths across more inputs:
+on serve_bench's mix (1-8 texts of 1-128 characters, kv-embedding prompt) padded tokens are
+1.55x the real ones with one-batch windows, 1.16x with four (1.09x sorting all texts at once).
 
 The worker waits up to ``max_wait_ms`` for more inputs only while requests that were already
 accepted for this model are still being tokenised: a lone client never pays the wait.
@@ -30,6 +33,9 @@ from ..runtime import Embedder
 from ..runtime.batching import plan_batches
 from ..runtime.encoding import EncodedText
 from .metrics import Metrics
+
+#: a window holds up to this many batches' worth of inputs (see the module docstring)
+WINDOW_BATCHES = 4
 
 log = logging.getLogger("uvicorn.error")  # shown with uvicorn's own messages
 
@@ -151,8 +157,9 @@ class Batcher:
         return self._queued_items >= self.max_batch_size or self._queued_tokens >= self.max_batch_tokens
 
     def _take_window(self) -> tuple[str | None, list[tuple[_Job, int]]]:
-        """Up to a batch of inputs, ``quantum`` per request per turn, from requests of the head's output."""
+        """Up to a window of inputs, ``quantum`` per request per turn, from requests of the head's output."""
         label = self._jobs[0].label
+        max_items, max_tokens = self.max_batch_size * WINDOW_BATCHES, self.max_batch_tokens * WINDOW_BATCHES
         window: list[tuple[_Job, int]] = []
         tokens = 0
         progress = True
@@ -165,7 +172,7 @@ class Batcher:
                     if job.next >= len(job.items):
                         break
                     size = len(job.items[job.next].ids)
-                    if window and (len(window) >= self.max_batch_size or tokens + size > self.max_batch_tokens):
+                    if window and (len(window) >= max_items or tokens + size > max_tokens):
                         return self._taken(label, window, tokens)
                     window.append((job, job.next))
                     job.next += 1
