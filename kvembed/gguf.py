@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -157,11 +158,15 @@ def materialize(path: Path, info: GGUFInfo | None = None) -> Path:
         raise MissingDependency(f"GGUF models need accelerate: pip install 'kvembed[gguf]' ({err})") from None
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from .reference import quiet_transformers
+
     folder, name = str(path.parent), path.name
+    print(f"kvembed: dequantizing {name} once into {target} (later loads read the cache)", file=sys.stderr, flush=True)
     try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
+        with quiet_transformers():
+            config = AutoConfig.from_pretrained(folder, gguf_file=name)
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
     except (ValueError, KeyError, OSError, RuntimeError) as err:
         detail = " ".join(str(err).split())[:200]
         raise GGUFError(f"transformers cannot load {str(path)!r} ({type(err).__name__}: {detail})") from None
@@ -174,7 +179,8 @@ def materialize(path: Path, info: GGUFInfo | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
-        fresh.save_pretrained(staging, safe_serialization=True)
+        with quiet_transformers():
+            fresh.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         (staging / MARKER).write_text(json.dumps(info.to_dict(), indent=2), encoding="utf-8")
         if target.exists():  # an incomplete earlier attempt
