@@ -8,29 +8,26 @@ Importing this module loads only typer and rich (it is imported by every ``kvemb
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+
+from ..cli_support import run_guarded
+from ..errors import MissingDependency
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True,
     help="Triton Inference Server: write model repositories for artifacts (build), run a local server (serve).",
 )
 console = Console()
-errors = Console(stderr=True)
-EXIT_USER = 2
 
 
-def _guarded(job: Callable[[], Any]) -> Any:
-    """Expected failures (bad options, missing files or packages) -> one line on stderr, exit 2."""
+def _needs_tritonclient() -> None:
     try:
-        return job()
-    except (ValueError, TypeError, OSError, RuntimeError, ImportError) as err:
-        message = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_USER) from None
+        import tritonclient.grpc.model_config_pb2  # noqa: F401
+    except ImportError:
+        raise MissingDependency("kvembed triton needs tritonclient: pip install 'kvembed[triton]'") from None
 
 
 def _sizes(text: Optional[str]) -> tuple[int, ...]:
@@ -62,6 +59,7 @@ def build(
     """Write a Triton model repository serving each artifact as an ensemble TEXT (+ KIND) -> embedding."""
 
     def job() -> Path:
+        _needs_tritonclient()
         from .repository import write_repository
 
         return write_repository(
@@ -70,7 +68,7 @@ def build(
             warmup=warmup, tensorrt_accelerator=tensorrt_accelerator, fp16=fp16, threads=threads, force=force,
         )
 
-    path = _guarded(job)
+    path = run_guarded(job)
     models = sorted(p.name for p in path.iterdir() if p.is_dir())
     console.print(f"wrote {path} ({', '.join(models)}); start Triton on it as {path / 'README.md'} says")
 
@@ -87,9 +85,11 @@ def serve(
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for every model to load."),
 ) -> None:
     """Run the tritonserver bundled in nvidia-pytriton (python backend only) on REPOSITORY until Ctrl-C."""
+    import signal
     import sys
 
     def start() -> Any:
+        _needs_tritonclient()
         from .server import Ports, TritonServer
 
         server = TritonServer(repository, python=python, ports=Ports(http_port, grpc_port, metrics_port), log=sys.stderr)
@@ -100,8 +100,14 @@ def serve(
             server.stop()
             raise
 
-    server = _guarded(start)
-    console.print(f"Triton ready: HTTP {server.http_url}, gRPC {server.grpc_url} (Ctrl-C stops it)")
+    server = run_guarded(start)
+    console.print(f"Triton ready: HTTP {server.http_url}, gRPC {server.grpc_url} (Ctrl-C or SIGTERM stops it)")
+
+    def interrupt(signum: int, frame: Any) -> None:  # SIGTERM too, and SIGINT even where a shell ignored it
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     try:
         while server.alive():
             server.process.wait()

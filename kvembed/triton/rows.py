@@ -12,9 +12,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..methods.spec import KINDS
 from ..runtime.encoding import EncodedText
-
-KINDS = ("query", "document")
 
 
 def decode_strings(array: Any, name: str) -> list[str]:

@@ -24,9 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Sequence
 
+from ..errors import KvembedError, MissingDependency
+
 PYTHON_ENV_VAR = "KVEMBED_TRITON_PYTHON"
 INSTALL_HINT = "pip install --no-deps nvidia-pytriton==0.7.0 (it carries tritonserver; --no-deps keeps your numpy)"
 STUB_PACKAGES = ("numpy", "onnxruntime", "tokenizers")
+
+
+class TritonServerError(KvembedError, RuntimeError):
+    """tritonserver did not come up (it exited, or was not ready in time): see its log."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,7 @@ def stub_environment(python: str | os.PathLike[str] | None = None) -> StubEnviro
     """Check the stub environment (``python``, else $KVEMBED_TRITON_PYTHON, else this Python):
     it must have numpy<2, onnxruntime and tokenizers."""
     chosen = python or os.environ.get(PYTHON_ENV_VAR) or sys.executable
-    path = Path(chosen)
+    path = Path(os.path.abspath(chosen))  # absolute (the server runs elsewhere), symlinks kept (a venv's python is one)
     if not path.is_file():
         raise FileNotFoundError(f"stub python {str(path)!r} does not exist; set {PYTHON_ENV_VAR} or --python to a python executable")
     probe = (
@@ -90,16 +96,18 @@ def stub_environment(python: str | os.PathLike[str] | None = None) -> StubEnviro
     )
     result = subprocess.run([str(path), "-c", probe], capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
-        raise RuntimeError(f"stub python {path} does not run: {result.stderr.strip()[-300:]}")
+        raise MissingDependency(f"stub python {path} does not run: {result.stderr.strip()[-300:]}")
     version, found = json.loads(result.stdout.strip().splitlines()[-1])
     missing = [name for name, value in found.items() if value is None]
     fix = f'{path} -m pip install "numpy<2" onnxruntime tokenizers'
     if missing:
-        raise RuntimeError(f"the stub python {path} lacks {', '.join(missing)}: {fix}")
+        raise MissingDependency(f"the stub python {path} lacks {', '.join(missing)}: {fix}")
     if int(found["numpy"].split(".")[0]) >= 2:
-        raise RuntimeError(
+        raise MissingDependency(
             f"the stub python {path} has numpy {found['numpy']}; the bundled python backend stub is built against "
-            f"numpy 1 (numpy 2 garbles BYTES inputs): use a separate environment with {fix}"
+            "numpy 1 (numpy 2 garbles BYTES inputs): make a separate one, e.g. python3.11 -m venv .venv-triton && "
+            ".venv-triton/bin/pip install 'numpy<2' onnxruntime tokenizers, and pass --python .venv-triton/bin/python "
+            f"(or set {PYTHON_ENV_VAR})"
         )
     return StubEnvironment(path, (int(version[0]), int(version[1])))
 
@@ -199,8 +207,8 @@ class TritonServer:
         return self
 
     def wait_ready(self, timeout: float = 180.0) -> "TritonServer":
-        """Block until ``/v2/health/ready`` answers 200 (every model loaded); RuntimeError if the
-        process exits or the timeout passes."""
+        """Block until ``/v2/health/ready`` answers 200 (every model loaded); TritonServerError if
+        the process exits or the timeout passes."""
         import tritonclient.http as httpclient
 
         client = httpclient.InferenceServerClient(self.http_url)
@@ -209,7 +217,7 @@ class TritonServer:
             while time.monotonic() < deadline:
                 if self.process is None or self.process.poll() is not None:
                     code = None if self.process is None else self.process.returncode
-                    raise RuntimeError(f"tritonserver exited with code {code} before it was ready (see its log)")
+                    raise TritonServerError(f"tritonserver exited with code {code} before it was ready (see its log)")
                 try:
                     if client.is_server_ready():
                         return self
@@ -218,7 +226,7 @@ class TritonServer:
                 time.sleep(0.25)
         finally:
             client.close()
-        raise RuntimeError(f"tritonserver was not ready after {timeout:.0f} s (see its log)")
+        raise TritonServerError(f"tritonserver was not ready after {timeout:.0f} s (see its log)")
 
     def stop(self, timeout: float | None = None) -> int | None:
         """SIGTERM the server (it drains for ``exit_timeout`` s, unloads models and ends its stubs),
