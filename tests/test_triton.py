@@ -10,8 +10,12 @@ artifact in this process, the independent oracle.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -23,7 +27,7 @@ from kvembed.runtime import Embedder, read_manifest
 from kvembed.triton import write_repository
 from kvembed.triton.configs import read_config
 from kvembed.triton.rows import decode_strings, split_rows, unpad_rows
-from kvembed.triton.server import TritonServer
+from kvembed.triton.server import Ports, TritonServer
 from triton_util import Clients, assert_close, infer, require_tritonserver, stub_python
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
@@ -374,6 +378,41 @@ def test_bad_input_gets_an_error_or_a_defined_embedding(server, connect, oracles
     with ThreadPoolExecutor(len(texts)) as pool:
         assert_close(np.stack(list(pool.map(call, range(len(texts))))), want, "good rows beside bad requests")
     assert client.is_server_ready() and all(client.is_model_ready(m) for m in [*MODELS, "kvq"])
+
+
+def test_cli_serve_runs_a_copied_repository(repositories, oracles, tmp_path):
+    """``kvembed triton serve`` on a copy of a repository (moved away from where it was written),
+    queried over HTTP, stopped by SIGTERM with exit code 0."""
+    require_tritonserver()
+    import tritonclient.http as httpclient
+
+    moved = shutil.copytree(repositories["query"], tmp_path / "elsewhere" / "repo")
+    ports = Ports.free()
+    command = [sys.executable, "-m", "kvembed.cli", "triton", "serve", str(moved), "--http-port", str(ports.http),
+               "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
+    env = dict(os.environ, KVEMBED_TRITON_PYTHON=str(stub_python()))
+    with open(tmp_path / "serve.log", "w") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{ports.http}")
+        try:
+            deadline = time.monotonic() + 240
+            while not _ready(client):
+                assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-2000:]
+                time.sleep(0.5)
+            got = infer(client, "http", "kvq", TEXTS[:3])["embedding"]
+            assert_close(got, oracles["kv"].encode(TEXTS[:3], kind="query"), "served copy")
+        finally:
+            client.close()
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(90)
+    assert code == 0, (tmp_path / "serve.log").read_text()[-2000:]
+
+
+def _ready(client) -> bool:
+    try:
+        return client.is_server_ready()
+    except Exception:  # not listening yet
+        return False
 
 
 def test_models_ran_the_copied_runtime_and_no_stub_died(server, repositories):
