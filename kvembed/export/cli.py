@@ -126,7 +126,11 @@ def export_command(
     ),
     precision: str = typer.Option("fp32", "--precision", help="fp32, fp16 or int8."),
     max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (default: the model's limit)."),
-    opset: int = typer.Option(18, help="ONNX opset (>= 18)."),
+    opset: Optional[int] = typer.Option(None, help="ONNX opset (default: 23 with fused attention, 18 with decomposed)."),
+    attention: Optional[str] = typer.Option(
+        None, "--attention", help="fused (one standard Attention op per layer, opset 23; onnxruntime >= 1.23.1, "
+        "TensorRT >= 10.14) or decomposed (MatMul/Softmax, opset 18). Default: fused where this onnxruntime runs it.",
+    ),
     padding_side: str = typer.Option("right", help="Padding side the artifact's runtime uses (right or left)."),
     no_optimize: bool = typer.Option(False, "--no-optimize", help="Skip onnxruntime's offline basic graph optimisation."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out."),
@@ -136,6 +140,10 @@ def export_command(
     from .precision import check_precision
 
     options = method_options(locals())
+    from .graph import FUSED_OPSET, check_attention, default_attention
+
+    # an explicit opset below 23 asks for the decomposed form; otherwise fused where onnxruntime runs it
+    form = attention or ("decomposed" if opset is not None and opset < FUSED_OPSET else default_attention())
 
     def preflight() -> None:  # cheap checks before importing torch or loading weights
         from ..methods import get_method
@@ -147,8 +155,7 @@ def export_command(
             get_method(parse_also(item).method)
         check_precision(precision)
         check_output(out, force)
-        if opset < 18:
-            raise ValueError(f"opset {opset} is too old: the exporter needs opset >= 18")
+        check_attention(form, opset)
         check_model(model, method, options, list(also or []))
 
     run_guarded(preflight)
@@ -164,7 +171,7 @@ def export_command(
         with warnings.catch_warnings(), StageDisplay(console) as display:
             warnings.simplefilter("ignore")
             return export_result(
-                model, method, out, precision, max_length=max_length, opset=opset, force=force,
+                model, method, out, precision, max_length=max_length, opset=opset, attention=form, force=force,
                 padding_side=padding_side, optimize=not no_optimize, progress=display, also=list(also or []), **options,
             )
 
@@ -178,7 +185,8 @@ def export_command(
     graph = result.manifest["graph"]
     console.print(
         f"dim {result.manifest['dim']}, {graph['decoder_layers']} of {result.manifest['method']['num_layers']} "
-        f"decoder layers, {graph['nodes']} nodes, TensorRT-ready: {'yes' if graph['tensorrt_ready'] else 'no (' + ', '.join(graph['non_portable_ops']) + ')'}; "
+        f"decoder layers, {graph['nodes']} nodes, attention {graph['attention']['form']} (opset {result.manifest['opset']}), "
+        f"TensorRT-ready: {'yes' if graph['tensorrt_ready'] else 'no (' + ', '.join(graph['non_portable_ops']) + ')'}; "
         f"exported in {time.monotonic() - start:.1f}s",
         highlight=False,
     )

@@ -23,7 +23,8 @@ from .. import __version__
 from ..runtime.artifact import MODEL, SCHEMA_VERSION, TOKENIZER, check_files, encoder_from_manifest, file_records
 from ..runtime.artifact import read_manifest, write_manifest
 from ..methods.sharing import AlsoRequest, output_names
-from .graph import DATA_FILE, MIN_OPSET, ExportError, decoder_layers_in_graph, input_names, optimize_with_onnxruntime
+from .graph import DATA_FILE, MIN_OPSET, ExportError, check_attention, decoder_layers_in_graph, default_attention
+from .graph import input_names, optimize_with_onnxruntime
 from .graph import rms_norm_as_div, weight_matmuls
 from .graph import trace as trace_graph
 from .ops import ALLOWED_OPS, non_portable_ops, op_types
@@ -177,16 +178,14 @@ class Exporter:
         self,
         embedder: Any,
         *,
-        opset: int = DEFAULT_OPSET,
+        opset: int | None = None,
         optimize: bool = True,
         progress: Progress | None = None,
+        attention: str | None = None,
     ) -> None:
-        if not isinstance(opset, int) or isinstance(opset, bool):
-            raise TypeError(f"opset must be an int, got {opset!r}")
-        if opset < MIN_OPSET:
-            raise ValueError(f"opset {opset} is too old: the exporter needs opset >= {MIN_OPSET}")
+        self.attention = default_attention() if attention is None else attention
+        self.opset = check_attention(self.attention, opset)
         self.embedder = embedder
-        self.opset = opset
         self.optimize = optimize
         self.progress = progress or _silent
         self._workdir: Path | None = None
@@ -219,7 +218,7 @@ class Exporter:
         path = self._workdir / MODEL
         try:
             self.progress("trace", f"tracing {self.embedder.method.name} with torch.onnx (dynamo)")
-            graph = trace_graph(self.embedder, path, self.opset)
+            graph = trace_graph(self.embedder, path, self.opset, attention=self.attention)
             optimizations = [{"name": name, "applied": True} for name in graph.pop("optimizations")]
             if self.optimize:
                 self.progress("optimize", "onnxruntime basic graph optimisation (offline)")
@@ -345,6 +344,9 @@ class Exporter:
         assert self._graph is not None
         graph = {
             "exporter": self._graph["exporter"],
+            # fused (one Attention op per layer, opset 23) or decomposed, and the oldest
+            # onnxruntime / TensorRT that run this graph
+            "attention": self._graph["attention"],
             "optimizations": self._graph["optimizations"],
             **graph_facts,
             "precision_conversion": dict(conversion),
@@ -448,7 +450,8 @@ def export(
 ) -> Path:
     """Export ``model`` (folder, alias or hub id) computing ``method`` to the directory ``out``.
 
-    Keyword arguments are those of :func:`export_result` (``max_length``, ``opset``, ``force``,
+    Keyword arguments are those of :func:`export_result` (``max_length``, ``opset``, ``attention``
+    (``"fused"`` | ``"decomposed"``, default fused where onnxruntime runs it), ``force``,
     ``padding_side``, ``optimize``, ``progress``) plus the method's options (``layers``, ``bias``,
     ``num_prefix``, ``prefix_rope``, ``pooling``, ``prompt``, ``wva``, ``tp_start``, ``tp_stop``,
     ``exit_layer``). Raises ValueError/TypeError/FileNotFoundError/OutputExistsError for bad input
@@ -465,7 +468,8 @@ def export_result(
     precision: str = "fp32",
     *,
     max_length: int | None = None,
-    opset: int = DEFAULT_OPSET,
+    opset: int | None = None,
+    attention: str | None = None,
     force: bool = False,
     padding_side: str = "right",
     optimize: bool = True,
@@ -476,14 +480,12 @@ def export_result(
     """:func:`export`, returning the manifest and parity report too."""
     precision = check_precision(precision)
     check_output(out, force)
-    if not isinstance(opset, int) or isinstance(opset, bool):
-        raise TypeError(f"opset must be an int, got {opset!r}")
-    if opset < MIN_OPSET:
-        raise ValueError(f"opset {opset} is too old: the exporter needs opset >= {MIN_OPSET}")
+    attention = default_attention() if attention is None else attention
+    opset = check_attention(attention, opset)
     progress = progress or _silent
     progress("load", f"loading {model} ({method})")
     embedder = load_embedder(model, method, max_length=max_length, padding_side=padding_side, **options)
-    with Exporter(embedder, opset=opset, optimize=optimize, progress=progress) as exporter:
+    with Exporter(embedder, opset=opset, optimize=optimize, progress=progress, attention=attention) as exporter:
         return exporter.write(out, precision, force=force, reference_options=reference_options, keep_trace=False)
 
 

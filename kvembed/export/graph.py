@@ -7,11 +7,21 @@ shape-dependent Python branch becomes a guard (an error at export time) instead 
 baked-in constant. The legacy TorchScript exporter also traces every method to ~1e-6, but turns
 each ``squeeze`` of a dynamic dimension into an ``If`` node (not allowed in the portable graph),
 and is deprecated upstream.
+
+Attention comes out in one of two forms (``attention=``): ``"decomposed"`` (opset 18: MatMul ->
+Add(mask) -> Softmax -> MatMul, with an Expand repeating K/V for grouped-query attention) or
+``"fused"`` (opset 23: one standard ``Attention`` node per layer, GQA inside the op). The fused form
+needs no rewrite: torch.onnx's opset-23 translation of ``scaled_dot_product_attention`` emits
+``Attention`` by itself; we only make transformers call SDPA with ``enable_gqa=True`` instead of
+repeating K/V first (its ``TRANSFORMERS_SDPA_FORCE_GQA`` switch, set for the trace only), and run
+onnxscript's optimizer without its opset-23 fusions (RMSNormalization, RotaryEmbedding), so that
+``Attention`` is the only op the fused graph adds (TensorRT's parser takes it from 10.14 on).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -29,6 +39,14 @@ DATA_FILE = "model.onnx.data"
 #: protobuf cannot serialise a message of 2 GiB or more: past this, weights go to DATA_FILE
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3 - 64 * 1024**2
 MIN_OPSET = 18
+#: the first opset with the standard ``Attention`` operator
+FUSED_OPSET = 23
+ATTENTION_FORMS = ("fused", "decomposed")
+#: the oldest runtimes that run the fused graph: onnxruntime's CPU Attention(23) kernel shipped in
+#: 1.23 (microsoft/onnxruntime#25156; its GQA fix #26057 in 1.23.1); TensorRT's ONNX parser maps
+#: ``Attention`` to IAttention from 10.14. The decomposed graph needs nothing past opset 18.
+FUSED_MIN_VERSIONS = {"onnxruntime": "1.23.1", "tensorrt": "10.14"}
+DECOMPOSED_MIN_VERSIONS = {"onnxruntime": "1.14", "tensorrt": "8.6"}
 INPUTS = ("input_ids", "attention_mask", "pool_mask")
 BATCH, SEQUENCE = "batch", "sequence"
 
@@ -54,17 +72,83 @@ def output_names(embedder: Any) -> list[str]:
     return [name for label, _ in embedder.model.readouts for name in names_of(label)]
 
 
-def trace(embedder: Any, path: Path, opset: int = MIN_OPSET, quiet: bool = True) -> dict[str, Any]:
+def check_attention(attention: str, opset: int | None) -> int:
+    """The opset for ``attention`` (``opset`` if given and compatible); ValueError naming the fix."""
+    if attention not in ATTENTION_FORMS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_FORMS)}, got {attention!r}")
+    if opset is None:
+        return FUSED_OPSET if attention == "fused" else MIN_OPSET
+    if isinstance(opset, bool) or not isinstance(opset, int):
+        raise TypeError(f"opset must be an int, got {opset!r}")
+    if opset < MIN_OPSET:
+        raise ValueError(f"opset {opset} is too old: the exporter needs opset >= {MIN_OPSET}")
+    if attention == "fused" and opset < FUSED_OPSET:
+        raise ValueError(f"--attention fused needs opset >= {FUSED_OPSET} (the Attention operator); "
+                         f"got {opset}: raise --opset or use --attention decomposed")
+    if attention == "decomposed" and opset >= FUSED_OPSET:
+        raise ValueError(f"--attention decomposed needs opset < {FUSED_OPSET} (from {FUSED_OPSET} on, torch.onnx "
+                         f"emits the Attention operator); got {opset}: use --opset {MIN_OPSET}")
+    return opset
+
+
+def default_attention() -> str:
+    """``"fused"`` where the installed onnxruntime runs opset-23 ``Attention`` on CPU, else ``"decomposed"``."""
+    return "fused" if runtime_runs_fused() else "decomposed"
+
+
+@functools.lru_cache(maxsize=1)
+def runtime_runs_fused() -> bool:
+    """Whether this onnxruntime runs a grouped-query ``Attention`` (opset 23) with an additive mask
+    and K/V longer than Q: a 1-node probe, since a version number says nothing about a custom build."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    float4 = ["b", "h", "s", "d"]
+    graph = helper.make_graph(
+        [helper.make_node("Attention", ["q", "k", "v", "m"], ["y"])], "probe",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, float4) for n in ("q", "k", "v", "m")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, float4)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", FUSED_OPSET)], ir_version=10)
+    q, kv = np.ones((1, 4, 2, 8), np.float32), np.ones((1, 2, 3, 8), np.float32)
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        out = session.run(None, {"q": q, "k": kv, "v": kv, "m": np.zeros((1, 1, 2, 3), np.float32)})[0]
+    except Exception:  # no kernel, or one without GQA / masks
+        return False
+    return out.shape == (1, 4, 2, 8) and bool(np.allclose(out, 1.0))
+
+
+@contextlib.contextmanager
+def _gqa_in_sdpa(enabled: bool):
+    """Make transformers' SDPA path pass ``enable_gqa=True`` instead of repeating K/V (trace only)."""
+    key = "TRANSFORMERS_SDPA_FORCE_GQA"
+    before = os.environ.get(key)
+    if enabled:
+        os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if enabled:
+            if before is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = before
+
+
+def trace(
+    embedder: Any, path: Path, opset: int | None = None, quiet: bool = True, attention: str = "decomposed"
+) -> dict[str, Any]:
     """Trace ``embedder.model`` to ``path`` (fp32); return facts about the graph for the manifest.
 
     The saved graph has int64 inputs ``input_ids``, ``attention_mask`` (and ``pool_mask`` for
     echo) with symbolic ``batch`` and ``sequence`` axes, and float32 outputs ``embedding`` and
-    ``pooled`` of shape ``[batch, dim]`` (and a pair per ``also`` method).
+    ``pooled`` of shape ``[batch, dim]`` (and a pair per ``also`` method). ``attention`` picks
+    the form of attention (module docstring); ``opset`` defaults to the form's.
     """
     import torch
 
-    if opset < MIN_OPSET:
-        raise ValueError(f"opset {opset} is too old: the exporter needs opset >= {MIN_OPSET}")
+    opset = check_attention(attention, opset)
     names, outputs = input_names(embedder), output_names(embedder)
     with warnings.catch_warnings():  # a small max_length truncates the example: harmless here
         warnings.simplefilter("ignore")
@@ -84,6 +168,7 @@ def trace(embedder: Any, path: Path, opset: int = MIN_OPSET, quiet: bool = True)
                 stack.enter_context(_logger_level("torch.onnx", logging.ERROR))
             stack.enter_context(torch.no_grad())
             stack.enter_context(model.patched())
+            stack.enter_context(_gqa_in_sdpa(attention == "fused"))
             program = torch.onnx.export(
                 model,
                 args,
@@ -93,9 +178,13 @@ def trace(embedder: Any, path: Path, opset: int = MIN_OPSET, quiet: bool = True)
                 dynamic_shapes=dynamic,
                 opset_version=opset,
                 dynamo=True,
-                optimize=True,
+                optimize=False,  # below: the optimizer without the opset-23 fusions
                 verbose=False,
             )
+            if program is not None:
+                import onnxscript.optimizer
+
+                onnxscript.optimizer.optimize_ir(program.model)
     except ValueError:
         raise
     except Exception as err:  # torch.export / translation failures: report what broke
@@ -108,6 +197,7 @@ def trace(embedder: Any, path: Path, opset: int = MIN_OPSET, quiet: bool = True)
         raise ExportError("torch.onnx.export returned no program")
     _fix_names(program.model.graph, outputs)
     _check_io(program.model.graph, names, outputs)
+    attention_facts = _check_attention_form(program.model.graph, attention)
     path.parent.mkdir(parents=True, exist_ok=True)
     weights = _initializer_bytes(program.model.graph)
     external = weights >= EXTERNAL_DATA_THRESHOLD
@@ -117,9 +207,45 @@ def trace(embedder: Any, path: Path, opset: int = MIN_OPSET, quiet: bool = True)
         "opset": opset,
         "external_data": external,
         "weights_bytes": int(weights),
-        "optimizations": ["onnxscript.optimizer (torch.onnx.export optimize=True): constant folding, "
-                          "dead-code elimination, common-subexpression elimination"],
+        "attention": attention_facts,
+        "optimizations": ["onnxscript.optimizer.optimize_ir: constant folding, dead-code elimination, "
+                          "common-subexpression elimination (no opset-23 fusions)"],
     }
+
+
+def _check_attention_form(graph: Any, attention: str) -> dict[str, Any]:
+    """Check the traced graph has the asked form: fused means every attention is one ``Attention``
+    node fed K/V with the key/value heads (no Expand); decomposed means none."""
+    producers = {value.name: node for node in graph for value in node.outputs}
+    fused = [node for node in graph if node.op_type == "Attention" and node.domain in STANDARD_DOMAINS]
+    softmax = sum(1 for node in graph if node.op_type == "Softmax")
+    if attention == "fused":
+        if not fused or softmax:
+            raise ExportError(f"the fused trace has {len(fused)} Attention and {softmax} Softmax nodes: "
+                              "this torch.onnx did not translate scaled_dot_product_attention to Attention")
+        for node in fused:
+            for value in list(node.inputs)[1:3]:
+                if _fed_by_expand(value, producers):
+                    raise ExportError(
+                        "the fused graph repeats K/V for grouped-query attention (Expand before Attention): "
+                        "this transformers ignores TRANSFORMERS_SDPA_FORCE_GQA; use --attention decomposed"
+                    )
+    elif fused:
+        raise ExportError(f"the decomposed trace has {len(fused)} Attention nodes")
+    versions = FUSED_MIN_VERSIONS if attention == "fused" else DECOMPOSED_MIN_VERSIONS
+    return {"form": attention, "attention_nodes": len(fused), "min_versions": dict(versions)}
+
+
+def _fed_by_expand(value: Any, producers: dict[str, Any], depth: int = 3) -> bool:
+    """Whether ``value`` comes from an Expand through at most ``depth`` Reshape/Concat steps."""
+    node = producers.get(value.name) if value is not None else None
+    if node is None or depth == 0:
+        return False
+    if node.op_type == "Expand":
+        return True
+    if node.op_type in ("Reshape", "Concat", "Unsqueeze"):
+        return any(_fed_by_expand(v, producers, depth - 1) for v in node.inputs)
+    return False
 
 
 @contextlib.contextmanager

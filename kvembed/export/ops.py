@@ -34,11 +34,15 @@ TENSORRT_OPS: frozenset[str] = frozenset(
     """.split()
 )
 
+#: Standard ops TensorRT's parser takes only from a given version on (release notes of
+#: onnx-tensorrt 10.14: "Added support for the Attention operator", mapped to IAttention).
+TENSORRT_OPS_SINCE: dict[str, str] = {"Attention": "10.14"}
+
 #: Supported by TensorRT but not allowed in a kvembed graph (the issue's portability rules).
 BANNED_OPS: frozenset[str] = frozenset({"If", "Loop", "Scan", "ScatterND"})
 
 #: The allow-list a portable kvembed graph is checked against.
-ALLOWED_OPS: frozenset[str] = TENSORRT_OPS - BANNED_OPS
+ALLOWED_OPS: frozenset[str] = (TENSORRT_OPS | frozenset(TENSORRT_OPS_SINCE)) - BANNED_OPS
 
 #: Domains a portable graph may use ("" and "ai.onnx" are the same standard domain).
 STANDARD_DOMAINS: frozenset[str] = frozenset({"", "ai.onnx"})
@@ -62,6 +66,13 @@ def non_portable_ops(model: Any, allowed: Iterable[str] = ALLOWED_OPS) -> list[s
     """Sorted op types of ``model`` that fall outside ``allowed`` (non-standard domains always do)."""
     allowed = frozenset(allowed)
     return sorted(op for op in op_types(model) if op not in allowed)
+
+
+def min_tensorrt_version(model: Any) -> str | None:
+    """The oldest TensorRT whose ONNX parser takes every op of ``model`` we know a floor for
+    (None: no versioned op; the graph's ops are in every TensorRT 8.5+)."""
+    floors = [TENSORRT_OPS_SINCE[op] for op in op_types(model) if op in TENSORRT_OPS_SINCE]
+    return max(floors, key=lambda v: tuple(int(x) for x in v.split("."))) if floors else None
 
 
 def _walk(graph: Any) -> Iterable[Any]:
