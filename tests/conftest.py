@@ -152,7 +152,12 @@ def stories_artifact(traces, tmp_path_factory) -> Callable[..., Path]:
         key = (method, precision, tuple(sorted(options.items())))
         if key not in made:
             out = root / "-".join([method, precision, *(f"{k}={v}" for k, v in sorted(options.items()))])
-            made[key] = traces.get("stories260k", method, **options).write(out, precision).path
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # a tiny model gains nothing from OpenMP threads on a shared host
+            try:
+                made[key] = traces.get("stories260k", method, **options).write(out, precision).path
+            finally:
+                torch.set_num_threads(threads)
         return made[key]
 
     return get

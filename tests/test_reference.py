@@ -72,6 +72,14 @@ def test_matches_independent_computation(model_paths, oracle, arch, method, opti
     assert_matches_oracle(encode, oracle(arch), method, TEXTS, what=arch, **oracle_options(arch, method, options))
 
 
+def test_the_oracle_refuses_options_it_does_not_know(oracle):
+    """A renamed option fails the comparison instead of silently taking the oracle's default."""
+    with pytest.raises(TypeError, match="takes no option logit_bias"):
+        oracle("stories260k").embed("kv-embedding", "x", logit_bias=1.0)
+    with pytest.raises(TypeError, match="takes no option layers"):
+        oracle("stories260k").embed("token-prepending", "x", layers="1")
+
+
 def test_the_tiny_models_exercise_biases_norms_and_the_sliding_window(model_paths, oracle):
     """What the comparison above relies on: non-trivial biases and norm weights in the saved
     checkpoints, and Mistral prompts longer than its window (where the window changes the result)."""
