@@ -213,6 +213,7 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("triton", "kvembed.triton.cli", "app"),
     ("embed-corpus", "kvembed.corpus.cli", "embed_corpus_command"),
     ("eval", "kvembed.eval.cli", "eval_command"),
+    ("build-engine", "kvembed.export.engine_cli", "build_engine_command"),
 )
 
 

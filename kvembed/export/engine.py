@@ -1,0 +1,320 @@
+"""TensorRT engines from an artifact, built with polygraphy's Python API.
+
+``build_engine(ARTIFACT, OUT)`` parses ``model.onnx`` (``NetworkFromOnnxPath``), adds one
+optimization profile per shape range (``Profile``: batch x sequence, min/opt/max), configures
+precision and memory (``CreateConfig``), builds (``EngineFromNetwork``) and saves
+(``SaveEngine``) ``engine.plan`` beside a copy of the artifact's ``tokenizer.json`` and
+``kvembed.json`` plus ``engine.json`` (what the plan was built from and for), so the engine
+directory is itself loadable.
+
+Everything but the build itself (shape rules, the version-dependent precision choice, the
+engine.json schema, refusals) is plain Python and runs without TensorRT; tensorrt and polygraphy
+are imported only inside :func:`build_engine`. None of the GPU path has run on this project's
+CPU-only machines (README says so).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..errors import MissingDependency
+
+PLAN, ENGINE_JSON = "engine.plan", "engine.json"
+ENGINE_SCHEMA_VERSION = 1
+DEFAULT_SHAPES = "1x16:8x128:32x512"
+PRECISIONS = ("fp32", "fp16", "bf16")
+#: keys every engine.json has (loaders and the Triton generator rely on them)
+ENGINE_KEYS = ("schema_version", "tensorrt_version", "gpu", "profiles", "precision", "strongly_typed",
+               "source", "build", "inputs")
+INSTALL_HINT = "pip install tensorrt polygraphy (TensorRT >= 10 with an NVIDIA GPU and driver)"
+
+
+@dataclass(frozen=True)
+class ShapeRange:
+    """One optimization profile: (batch, sequence) at min, opt and max."""
+
+    min: tuple[int, int]
+    opt: tuple[int, int]
+    max: tuple[int, int]
+
+    def to_dict(self) -> dict[str, list[int]]:
+        return {key: list(value) for key, value in asdict(self).items()}
+
+
+def parse_shapes(spec: str, max_length: int) -> ShapeRange:
+    """``"1x16:8x128:32x512"`` -> a :class:`ShapeRange`, checked against the artifact's ``max_length``.
+
+    Each of min, opt and max is ``BATCHxSEQUENCE``; min <= opt <= max on both axes; the max
+    sequence may not pass ``max_length`` (the runtime truncates there, so a longer profile only
+    wastes workspace and tactic time).
+    """
+    parts = str(spec).strip().split(":")
+    pattern = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$", re.IGNORECASE)
+    points = [pattern.match(part) for part in parts]
+    if len(parts) != 3 or not all(points):
+        raise ValueError(f"--shapes {spec!r}: expected MIN:OPT:MAX, each BATCHxSEQUENCE, e.g. {DEFAULT_SHAPES}")
+    low, mid, high = ((int(m.group(1)), int(m.group(2))) for m in points)  # type: ignore[union-attr]
+    if min(low) < 1:
+        raise ValueError(f"--shapes {spec!r}: batch and sequence must be >= 1")
+    for axis, name in ((0, "batch"), (1, "sequence")):
+        if not low[axis] <= mid[axis] <= high[axis]:
+            raise ValueError(f"--shapes {spec!r}: {name} must grow min <= opt <= max "
+                             f"(got {low[axis]}, {mid[axis]}, {high[axis]})")
+    if high[1] > max_length:
+        raise ValueError(f"--shapes {spec!r}: max sequence {high[1]} is past the artifact's max_length "
+                         f"{max_length}; use at most {high[0]}x{max_length}")
+    return ShapeRange(low, mid, high)
+
+
+def default_shapes(max_length: int) -> ShapeRange:
+    """:data:`DEFAULT_SHAPES` with every sequence clipped to ``max_length``."""
+    (b0, s0), (b1, s1), (b2, s2) = (1, 16), (8, 128), (32, 512)
+    return ShapeRange((b0, min(s0, max_length)), (b1, min(s1, max_length)), (b2, min(s2, max_length)))
+
+
+def parse_size(text: str) -> int:
+    """``"4GiB"``, ``"512MiB"``, ``"1.5GB"``, ``"1048576"`` -> bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ValueError(f"size {text!r}: expected a number with an optional unit (B, KiB, MiB, GiB, KB, MB, GB), e.g. 4GiB")
+    value, unit = float(match.group(1)), (match.group(2) or "B").upper()
+    base = 1024 if "I" in unit else 1000
+    power = {"B": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit[0]]
+    size = int(value * base**power)
+    if size < 1:
+        raise ValueError(f"size {text!r} must be positive")
+    return size
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", str(text))[:3])
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """How to get ``precision`` out of TensorRT ``tensorrt_version`` from an artifact of
+    ``artifact_precision``: builder flags (TensorRT 10) or a strongly typed network (TensorRT 11+,
+    which has no fp16/bf16 builder flags: the ONNX types decide)."""
+
+    precision: str
+    strongly_typed: bool
+    fp16: bool
+    bf16: bool
+
+
+def choose_precision(precision: str, tensorrt_version: str, artifact_precision: str) -> PrecisionPlan:
+    """The build recipe for ``precision``, or a ValueError saying which artifact to build from."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if artifact_precision == "int8":
+        raise ValueError("an int8 artifact (MatMulInteger/DynamicQuantizeLinear) cannot become a TensorRT engine: "
+                         "build from the fp32 or fp16 artifact (kvembed-export --precision fp32|fp16)")
+    major = _version(tensorrt_version)[:1] or (0,)
+    if major[0] < 10:
+        raise ValueError(f"TensorRT {tensorrt_version} is too old: kvembed builds engines with TensorRT >= 10")
+    if major[0] >= 11:  # strongly typed only: the graph's own types are the precision
+        if precision != artifact_precision:
+            source = "bf16 artifacts are refused by kvembed-export (onnxruntime's CPU provider cannot check " \
+                     "their parity)" if precision == "bf16" else f"export one with kvembed-export --precision {precision}"
+            raise ValueError(
+                f"TensorRT {tensorrt_version} builds only strongly typed networks: a {precision} engine needs a "
+                f"{precision} artifact, this one is {artifact_precision} ({source})"
+            )
+        return PrecisionPlan(precision, True, False, False)
+    if artifact_precision != "fp32" and precision != artifact_precision:
+        raise ValueError(f"a {artifact_precision} artifact builds only a {artifact_precision} engine "
+                         f"(asked for {precision}); use the fp32 artifact")
+    if artifact_precision != "fp32":  # an fp16 graph already says where fp32 stays: keep its types
+        return PrecisionPlan(precision, True, False, False)
+    return PrecisionPlan(precision, False, precision == "fp16", precision == "bf16")
+
+
+def check_tensorrt_supports(manifest: Mapping[str, Any], tensorrt_version: str) -> None:
+    """Refuse a graph whose ops this TensorRT's parser lacks (fused attention before 10.14)."""
+    attention = (manifest.get("graph") or {}).get("attention") or {}
+    needed = (attention.get("min_versions") or {}).get("tensorrt")
+    if needed and _version(tensorrt_version) < _version(needed):
+        raise ValueError(
+            f"this artifact's {attention.get('form', 'fused')} attention needs TensorRT >= {needed} "
+            f"(installed: {tensorrt_version}); re-export with kvembed-export --attention decomposed"
+        )
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def engine_record(
+    manifest: Mapping[str, Any],
+    model_sha256: str,
+    ranges: Sequence[ShapeRange],
+    plan: PrecisionPlan,
+    *,
+    tensorrt_version: str,
+    gpu_name: str,
+    compute_capability: str,
+    build_seconds: float,
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """engine.json: what the plan was built from (sha256 of model.onnx) and for (TensorRT, GPU)."""
+    return {
+        "schema_version": ENGINE_SCHEMA_VERSION,
+        "tensorrt_version": str(tensorrt_version),
+        "gpu": {"name": gpu_name, "compute_capability": str(compute_capability)},
+        "profiles": [r.to_dict() for r in ranges],
+        "precision": plan.precision,
+        "strongly_typed": plan.strongly_typed,
+        "source": {"model_sha256": model_sha256, "artifact_precision": manifest.get("precision"),
+                   "attention": ((manifest.get("graph") or {}).get("attention") or {}).get("form"),
+                   "opset": manifest.get("opset"), "max_length": manifest.get("max_length")},
+        "build": {"created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  "seconds": round(float(build_seconds), 1), **dict(options)},
+        "inputs": [i["name"] for i in manifest.get("inputs", [])],
+    }
+
+
+def read_engine_json(directory: Path) -> dict[str, Any]:
+    """engine.json of ``directory``, with every :data:`ENGINE_KEYS` present (ValueError naming the first missing)."""
+    path = Path(directory) / ENGINE_JSON
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} has no {ENGINE_JSON}: not an engine directory (kvembed build-engine makes one)")
+    record = json.loads(path.read_text())
+    for key in ENGINE_KEYS:
+        if key not in record:
+            raise ValueError(f"{path} lacks {key}: rebuild the engine with kvembed build-engine")
+    if record["schema_version"] != ENGINE_SCHEMA_VERSION:
+        raise ValueError(f"{path} has schema_version {record['schema_version']!r}; this kvembed reads {ENGINE_SCHEMA_VERSION}")
+    return record
+
+
+def check_engine_matches(record: Mapping[str, Any], tensorrt_version: str, gpu_name: str, compute_capability: str) -> None:
+    """Refuse a plan built by another TensorRT or for another GPU (plans are not portable)."""
+    if str(record["tensorrt_version"]) != str(tensorrt_version):
+        raise ValueError(f"engine built with TensorRT {record['tensorrt_version']}, this is TensorRT {tensorrt_version}: "
+                         "rebuild it here with kvembed build-engine")
+    built = record["gpu"]
+    if str(built["compute_capability"]) != str(compute_capability) or built["name"] != gpu_name:
+        raise ValueError(f"engine built for {built['name']} (compute capability {built['compute_capability']}), "
+                         f"this GPU is {gpu_name} ({compute_capability}): rebuild it here with kvembed build-engine")
+
+
+def profile_limits(record: Mapping[str, Any]) -> dict[str, int]:
+    """The largest batch and sequence any profile takes (Triton's max_batch_size = profile max)."""
+    return {"max_batch_size": max(p["max"][0] for p in record["profiles"]),
+            "max_sequence": max(p["max"][1] for p in record["profiles"])}
+
+
+def check_feeds_fit(record: Mapping[str, Any], shape: tuple[int, int]) -> None:
+    """Refuse a (batch, sequence) no profile of the engine takes, naming the limits and the fix."""
+    batch, sequence = shape
+    for p in record["profiles"]:
+        if p["min"][0] <= batch <= p["max"][0] and p["min"][1] <= sequence <= p["max"][1]:
+            return
+    ranges = ", ".join(f"{p['min'][0]}x{p['min'][1]}..{p['max'][0]}x{p['max'][1]}" for p in record["profiles"])
+    raise ValueError(f"a batch of {batch} x {sequence} tokens is outside every profile of this engine ({ranges}): "
+                     "pass a smaller batch_size / max_tokens, or rebuild with a wider --shapes")
+
+
+def require_tensorrt() -> tuple[Any, Any]:
+    """``(tensorrt, polygraphy.backend.trt)``, or MissingDependency naming what to install."""
+    try:
+        import tensorrt as trt
+    except ImportError as err:
+        raise MissingDependency(f"building a TensorRT engine needs the tensorrt package ({err}): {INSTALL_HINT}") from err
+    try:
+        from polygraphy.backend import trt as poly_trt
+    except ImportError as err:
+        raise MissingDependency(f"building a TensorRT engine needs polygraphy ({err}): {INSTALL_HINT}") from err
+    return trt, poly_trt
+
+
+def gpu_identity() -> tuple[str, str]:
+    """(name, compute capability "major.minor") of CUDA device 0, through cuda-python if present,
+    else nvidia-smi."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader", "-i", "0"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        raise MissingDependency(f"no NVIDIA GPU visible (nvidia-smi: {err}); TensorRT engines need one") from err
+    name, capability = (part.strip() for part in out.strip().splitlines()[0].rsplit(",", 1))
+    return name, capability
+
+
+def build_engine(
+    artifact: str | Path,
+    out: str | Path,
+    *,
+    shapes: Sequence[str] = (),
+    precision: str = "fp32",
+    timing_cache: str | Path | None = None,
+    workspace: str = "4GiB",
+    opt_level: int = 3,
+    force: bool = False,
+) -> dict[str, Any]:
+    """Build ``engine.plan`` for ``artifact`` into ``out``; return engine.json's record.
+
+    Checks everything that needs no GPU first (manifest, shapes, sizes, output directory), then
+    imports TensorRT (MissingDependency when absent).
+    """
+    from ..runtime.artifact import MODEL, TOKENIZER, read_manifest
+    from .core import check_output
+
+    artifact = Path(artifact).expanduser()
+    manifest = read_manifest(artifact)
+    max_length = int(manifest["max_length"])
+    ranges = [parse_shapes(s, max_length) for s in shapes] or [default_shapes(max_length)]
+    workspace_bytes = parse_size(workspace)
+    if not 0 <= int(opt_level) <= 5:
+        raise ValueError(f"--opt-level must be 0-5 (TensorRT's builder optimization level), got {opt_level}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    out = check_output(out, force)
+    trt, poly = require_tensorrt()
+    plan = choose_precision(precision, trt.__version__, manifest["precision"])
+    check_tensorrt_supports(manifest, trt.__version__)
+    gpu_name, capability = gpu_identity()
+
+    names = [i["name"] for i in manifest["inputs"]]
+    profiles = []
+    for r in ranges:
+        profile = poly.Profile()
+        for name in names:
+            profile.add(name, min=r.min, opt=r.opt, max=r.max)
+        profiles.append(profile)
+    network = poly.NetworkFromOnnxPath(str(artifact / MODEL), strongly_typed=plan.strongly_typed or None)
+    config = poly.CreateConfig(
+        fp16=plan.fp16 or None, bf16=plan.bf16 or None, profiles=profiles,
+        memory_pool_limits={trt.MemoryPoolType.WORKSPACE: workspace_bytes},
+        builder_optimization_level=int(opt_level),
+        load_timing_cache=str(timing_cache) if timing_cache and Path(timing_cache).exists() else None,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    engine = poly.EngineFromNetwork(network, config=config,
+                                    save_timing_cache=str(timing_cache) if timing_cache else None)
+    poly.SaveEngine(engine, path=str(out / PLAN))()
+    seconds = time.monotonic() - start
+    for name in (TOKENIZER, "kvembed.json"):
+        shutil.copyfile(artifact / name, out / name)
+    record = engine_record(
+        manifest, sha256_file(artifact / MODEL), ranges, plan, tensorrt_version=trt.__version__,
+        gpu_name=gpu_name, compute_capability=capability, build_seconds=seconds,
+        options={"workspace_bytes": workspace_bytes, "opt_level": int(opt_level),
+                 "timing_cache": str(timing_cache) if timing_cache else None},
+    )
+    (out / ENGINE_JSON).write_text(json.dumps(record, indent=2) + "\n")
+    return record

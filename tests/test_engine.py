@@ -1,0 +1,217 @@
+"""kvembed build-engine without a GPU: the rules that decide a build, and its refusals.
+
+No GPU or TensorRT exists here, so the build and the plan's execution are never run (README says
+so); everything around them is plain Python and is checked for real: shape/profile rules against
+an exported artifact's max_length, the version-dependent precision recipe, the engine.json schema
+written by ``engine_record`` and read back by ``read_engine_json``, the GPU/TensorRT refusals,
+the loader being built lazily, and the CLI exiting 2 naming what to install.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kvembed.errors import MissingDependency
+from kvembed.export.engine import (
+    DEFAULT_SHAPES, ENGINE_JSON, ENGINE_KEYS, ShapeRange, build_engine, check_engine_matches, check_feeds_fit,
+    check_tensorrt_supports, choose_precision, default_shapes, engine_record, parse_shapes, parse_size,
+    profile_limits, read_engine_json, sha256_file,
+)
+from kvembed.runtime.session import EngineSession
+
+NO_TENSORRT = importlib.util.find_spec("tensorrt") is None
+
+
+@pytest.fixture(scope="module")
+def artifact(stories_artifact):
+    return stories_artifact("mean")
+
+
+@pytest.fixture(scope="module")
+def manifest(artifact):
+    return json.loads((artifact / "kvembed.json").read_text())
+
+
+# -- shapes ----------------------------------------------------------------------------------------
+
+
+def test_shapes_give_min_opt_max_of_batch_and_sequence():
+    assert parse_shapes("1x16:8x128:32x512", 512) == ShapeRange((1, 16), (8, 128), (32, 512))
+    assert parse_shapes(" 2X8 : 4x8 : 4x64 ", 64).to_dict() == {"min": [2, 8], "opt": [4, 8], "max": [4, 64]}
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("1x16:8x128", "expected MIN:OPT:MAX"),
+    ("1x16:8x128:32", "expected MIN:OPT:MAX"),
+    ("1x16:8xa:32x512", "expected MIN:OPT:MAX"),
+    ("0x16:8x128:32x512", ">= 1"),
+    ("8x16:4x128:32x512", "batch must grow"),
+    ("1x256:8x128:32x512", "sequence must grow"),
+    ("1x16:8x128:32x513", "past the artifact's max_length 512; use at most 32x512"),
+])
+def test_bad_shapes_are_refused_by_name(spec, message):
+    with pytest.raises(ValueError, match=message):
+        parse_shapes(spec, 512)
+
+
+def test_default_shapes_are_clipped_to_the_artifact(manifest):
+    limit = int(manifest["max_length"])
+    shapes = default_shapes(limit)
+    assert shapes.max[1] == min(512, limit) and shapes.opt[1] == min(128, limit)
+    assert parse_shapes(DEFAULT_SHAPES, 512) == default_shapes(512)
+    assert default_shapes(100) == ShapeRange((1, 16), (8, 100), (32, 100))
+
+
+def test_sizes():
+    assert parse_size("4GiB") == 4 * 1024**3 and parse_size("512MiB") == 512 * 1024**2
+    assert parse_size("1.5GB") == 1_500_000_000 and parse_size("1048576") == 1048576
+    for bad in ("four", "-1GiB", "4 PB", "0"):
+        with pytest.raises(ValueError, match="size"):
+            parse_size(bad)
+
+
+# -- precision by TensorRT version ---------------------------------------------------------------
+
+
+def test_tensorrt_10_uses_builder_flags_on_an_fp32_graph():
+    plan = choose_precision("fp16", "10.14.1", "fp32")
+    assert (plan.fp16, plan.bf16, plan.strongly_typed) == (True, False, False)
+    plan = choose_precision("bf16", "10.9.0", "fp32")
+    assert (plan.fp16, plan.bf16, plan.strongly_typed) == (False, True, False)
+    assert not choose_precision("fp32", "10.0", "fp32").strongly_typed
+    # an fp16 artifact keeps its own types (its fp32 islands) on 10 too
+    plan = choose_precision("fp16", "10.14", "fp16")
+    assert (plan.fp16, plan.strongly_typed) == (False, True)
+
+
+def test_tensorrt_11_builds_strongly_typed_from_the_matching_artifact():
+    plan = choose_precision("fp16", "11.0.0", "fp16")
+    assert (plan.fp16, plan.bf16, plan.strongly_typed) == (False, False, True)
+    assert choose_precision("fp32", "11.1", "fp32").strongly_typed
+    with pytest.raises(ValueError, match="only strongly typed.*fp16 artifact.*--precision fp16"):
+        choose_precision("fp16", "11.0", "fp32")
+    with pytest.raises(ValueError, match="bf16 artifacts are refused by kvembed-export"):
+        choose_precision("bf16", "11.0", "fp32")
+
+
+@pytest.mark.parametrize("args,message", [
+    (("fp16", "10.14", "int8"), "int8 artifact .* cannot become a TensorRT engine"),
+    (("fp16", "8.6.1", "fp32"), "too old"),
+    (("fp8", "10.14", "fp32"), "precision must be one of"),
+    (("fp32", "10.14", "fp16"), "fp16 artifact builds only a fp16 engine"),
+])
+def test_precision_refusals(args, message):
+    with pytest.raises(ValueError, match=message):
+        choose_precision(*args)
+
+
+def test_fused_attention_needs_tensorrt_10_14(manifest):
+    assert manifest["graph"]["attention"]["form"] == "fused"
+    check_tensorrt_supports(manifest, "10.14.1")
+    check_tensorrt_supports(manifest, "11.0")
+    with pytest.raises(ValueError, match=r"needs TensorRT >= 10.14 \(installed: 10.13.0\).*--attention decomposed"):
+        check_tensorrt_supports(manifest, "10.13.0")
+    decomposed = {**manifest, "graph": {**manifest["graph"], "attention": {"form": "decomposed",
+                  "min_versions": {"tensorrt": "8.6"}}}}
+    check_tensorrt_supports(decomposed, "10.0")
+
+
+# -- engine.json ---------------------------------------------------------------------------------
+
+
+def _record(artifact, manifest, **changes):
+    ranges = [parse_shapes("1x16:8x128:32x512", 512), parse_shapes("1x8:1x8:1x64", 512)]
+    record = engine_record(
+        manifest, sha256_file(artifact / "model.onnx"), ranges, choose_precision("fp16", "10.14.1", "fp32"),
+        tensorrt_version="10.14.1", gpu_name="NVIDIA L4", compute_capability="8.9", build_seconds=42.25,
+        options={"workspace_bytes": 4 * 1024**3, "opt_level": 3, "timing_cache": None},
+    )
+    record.update(changes)
+    return record
+
+
+def test_engine_json_schema_round_trips(artifact, manifest, tmp_path):
+    import hashlib
+
+    record = _record(artifact, manifest)
+    assert tuple(k for k in record if k in ENGINE_KEYS) == ENGINE_KEYS
+    assert record["source"]["model_sha256"] == hashlib.sha256((artifact / "model.onnx").read_bytes()).hexdigest()
+    assert record["source"]["attention"] == "fused" and record["source"]["max_length"] == manifest["max_length"]
+    assert record["profiles"][0] == {"min": [1, 16], "opt": [8, 128], "max": [32, 512]}
+    assert record["gpu"] == {"name": "NVIDIA L4", "compute_capability": "8.9"}
+    assert record["inputs"] == ["input_ids", "attention_mask"]
+    assert profile_limits(record) == {"max_batch_size": 32, "max_sequence": 512}
+    (tmp_path / ENGINE_JSON).write_text(json.dumps(record))
+    assert read_engine_json(tmp_path) == record
+    del record["gpu"]
+    (tmp_path / ENGINE_JSON).write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="lacks gpu"):
+        read_engine_json(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not an engine directory"):
+        read_engine_json(artifact)
+
+
+def test_a_plan_from_another_gpu_or_tensorrt_is_refused(artifact, manifest):
+    record = _record(artifact, manifest)
+    check_engine_matches(record, "10.14.1", "NVIDIA L4", "8.9")
+    with pytest.raises(ValueError, match="built with TensorRT 10.14.1, this is TensorRT 10.15.0: rebuild"):
+        check_engine_matches(record, "10.15.0", "NVIDIA L4", "8.9")
+    with pytest.raises(ValueError, match=r"built for NVIDIA L4 \(compute capability 8.9\), this GPU is NVIDIA H100"):
+        check_engine_matches(record, "10.14.1", "NVIDIA H100 80GB HBM3", "9.0")
+
+
+def test_feeds_outside_every_profile_are_refused(artifact, manifest):
+    record = _record(artifact, manifest)
+    check_feeds_fit(record, (32, 512))
+    check_feeds_fit(record, (1, 8))
+    with pytest.raises(ValueError, match=r"64 x 100 tokens is outside every profile .*1x16..32x512, 1x8..1x64"):
+        check_feeds_fit(record, (64, 100))
+
+
+# -- the loader and the build, without TensorRT ----------------------------------------------------
+
+
+@pytest.mark.skipif(not NO_TENSORRT, reason="checks the behaviour where TensorRT is absent")
+def test_loader_is_lazy_and_names_what_to_install(artifact, manifest, tmp_path):
+    (tmp_path / ENGINE_JSON).write_text(json.dumps(_record(artifact, manifest)))
+    session = EngineSession(tmp_path)  # reads engine.json only
+    assert not session.active and "tensorrt" not in sys.modules
+    feeds = {"input_ids": np.ones((2, 20), np.int64), "attention_mask": np.ones((2, 20), np.int64)}
+    with pytest.raises(MissingDependency, match="pip install tensorrt polygraphy"):
+        session.run(["embedding"], feeds)
+    assert not session.active
+    with pytest.raises(ValueError, match="outside every profile"):  # checked before TensorRT is needed
+        session.run(["embedding"], {k: np.ones((33, 20), np.int64) for k in feeds})
+
+
+@pytest.mark.skipif(not NO_TENSORRT, reason="checks the behaviour where TensorRT is absent")
+def test_build_checks_input_before_needing_tensorrt(artifact, tmp_path):
+    with pytest.raises(ValueError, match="past the artifact's max_length"):
+        build_engine(artifact, tmp_path / "e", shapes=["1x16:8x128:32x100000"])
+    with pytest.raises(ValueError, match="opt-level"):
+        build_engine(artifact, tmp_path / "e", opt_level=9)
+    with pytest.raises(MissingDependency, match="tensorrt"):
+        build_engine(artifact, tmp_path / "e")
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.skipif(not NO_TENSORRT, reason="checks the behaviour where TensorRT is absent")
+@pytest.mark.parametrize("extra,message", [
+    ([], "needs the tensorrt package"),
+    (["--fp16", "--bf16"], "exclude each other"),
+    (["--shapes", "1x16:8x128"], "expected MIN:OPT:MAX"),
+])
+def test_cli_exits_2_with_one_line(artifact, tmp_path, extra, message):
+    out = tmp_path / "engine"
+    result = subprocess.run([sys.executable, "-m", "kvembed.cli", "build-engine", str(artifact), "--out", str(out), *extra],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists()
