@@ -4,8 +4,8 @@ Every kvembed graph is standard ONNX. Attention, the one place a custom op could
 standard ``Attention`` operator (opset 23) in the default fused export, and TensorRT's ONNX parser
 maps it to its fused IAttention layer from 10.14 on. For older TensorRT (and onnxruntime older
 than 1.23.1), ``kvembed-export --attention decomposed`` writes MatMul -> Add(mask) -> Softmax ->
-MatMul, which every TensorRT since 8.5 parses and fuses itself (its Myelin backend recognises
-the pattern); a plugin for TensorRT < 10.14 would duplicate that and would never run here (no GPU,
+MatMul, which every TensorRT since 8.5 parses (NVIDIA documents that its builder fuses this
+multi-head-attention pattern itself; not verified here); a plugin for TensorRT < 10.14 would duplicate that and would never run here (no GPU,
 no TensorRT on this project's machines), so none is written.
 
 Numbers (onnxruntime 1.32 CPU, attention alone at the 8-layer Qwen3-0.6B shape: Hq=16, Hkv=8,
