@@ -144,6 +144,7 @@ def test_token_prepending_accepts_the_official_settings_past_the_exit():
     so the stop is the exit; the effective values are what the method (and manifest) records."""
     resolved = resolve("token-prepending", 32, tp_start=1, tp_stop=7, exit_layer=6)
     assert (resolved.options["tp_start"], resolved.options["tp_stop"], resolved.options["exit_layer"]) == (1, 6, 6)
+    assert resolve("token-prepending", 32, tp_start="1", tp_stop="7", exit_layer="6").options == resolved.options
     beyond = resolve("token-prepending", 32, tp_start=7, tp_stop=9, exit_layer=6)
     assert (beyond.options["tp_start"], beyond.options["tp_stop"]) == (6, 6)  # nothing rewired: well defined
     with pytest.raises(ValueError, match=r"0\.\.tp_stop=2"):

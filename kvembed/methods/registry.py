@@ -293,8 +293,9 @@ def resolve(
         raise ValueError(f"unknown option {', '.join(unknown)} for method {spec.name!r}; valid options: {valid}")
     presets = presets_for(preset_id, spec.name)
     resolved: dict[str, Any] = {}
+    requested: dict[str, Any] = {}
     for opt in spec.options:
-        ctx = ResolveContext(num_layers=num_layers, model_id=preset_id, presets=presets, options=resolved, given=options)
+        ctx = ResolveContext(num_layers=num_layers, model_id=preset_id, presets=presets, options=resolved, given=requested)
         given = options.get(opt.name)
         if given is not None:
             value = given
@@ -303,6 +304,8 @@ def resolve(
         else:
             value = opt.default(ctx) if callable(opt.default) else opt.default
         value = _coerce(spec.name, opt, value)
+        if given is not None:
+            requested[opt.name] = value  # the user's value, typed, before any clamp
         if opt.choices is not None and value not in opt.choices:
             raise ValueError(
                 f"option {opt.name}={value!r} of method {spec.name!r} is not valid; choose one of "

@@ -58,7 +58,7 @@ class ResolveContext:
     presets: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     given: Mapping[str, Any] = field(default_factory=dict)
-    """The options as the user gave them (before clamping)."""
+    """The options the user gave, typed, before clamping (those resolved so far)."""
 
 
 @dataclass(frozen=True)
