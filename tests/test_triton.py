@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kvembed.export import export
 from kvembed.runtime import Embedder, read_manifest
 from kvembed.triton import write_repository
 from kvembed.triton.configs import read_config
@@ -45,13 +44,13 @@ MODELS = {"kv": "kv-embedding", "va": "va", "tp": "token-prepending"}
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
-    """The demo model exported with kv-embedding (+ an --also output), va and token-prepending."""
-    root = tmp_path_factory.mktemp("triton-artifacts")
+def artifacts(stories_artifact):
+    """The demo model exported with kv-embedding (+ an --also output), va and token-prepending
+    (the session's shared exports: read-only here)."""
     return {
-        "kv": export("stories260k", "kv-embedding", root / "kv", also=["last=kv-embedding:pooling=last"]),
-        "va": export("stories260k", "va", root / "va"),
-        "tp": export("stories260k", "token-prepending", root / "tp"),
+        "kv": stories_artifact("kv-embedding", also=("last=kv-embedding:pooling=last",)),
+        "va": stories_artifact("va", layers="1-2"),
+        "tp": stories_artifact("token-prepending"),
     }
 
 
