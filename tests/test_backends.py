@@ -95,7 +95,7 @@ def test_a_different_graph_fails(artifact, real_parity, tmp_path):
     assert not result.passed and not result.polygraphy_passed, result.summary()
     (pair,) = result.pairs
     assert pair.worst_cosine < 0.99999 and pair.max_abs_diff > 1e-4
-    assert pair.name == "onnxruntime-cpu:a vs onnxruntime-cpu:one-percent"
+    assert pair.name == f"onnxruntime-cpu:{artifact.name} vs onnxruntime-cpu:one-percent"
     subtle = bk.compare_graphs(artifact / "model.onnx", perturbed_copy(artifact / "model.onnx", tmp_path / "p", 1.001), feeds)
     assert not subtle.passed and not subtle.polygraphy_passed, subtle.summary()
     assert pair.worst_row["text"] in {"sentence", "long", "unicode", "empty", "question", "short", "code"}

@@ -151,7 +151,7 @@ def test_bad_inputs(artifacts):
         runtime.encode([7])
     with pytest.raises(ValueError, match="kind must be one of"):
         runtime.encode(["x"], kind="passage")
-    with pytest.warns(UserWarning, match=r"2 of 3 text\(s\) were longer than max_length"):
+    with pytest.warns(UserWarning, match=r"2 of 3 text\(s\) exceed max_length=\d+ tokens .*\(texts\[0\], texts\[2\]\)"):
         out = runtime.encode(["a" * 100_000, "b", "c " * 50_000])
     assert np.isfinite(out).all()
 
@@ -269,4 +269,4 @@ def test_cli_embeds_with_an_artifact_and_files(artifacts, tmp_path):
     assert result.exit_code == 2 and "bad.jsonl:2" in result.output
     assert not (tmp_path / "x.npy").exists() and not (tmp_path / "x.npy.partial").exists()
     result = runner.invoke(app, ["embed", directory, "--layers", "1", "x"])
-    assert result.exit_code == 2 and "artifact fixes its method options" in result.output
+    assert result.exit_code == 2 and "fixes its method options" in result.output and "drop --layers" in result.output
