@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +21,6 @@ import numpy as np
 import openai
 import pytest
 
-from kvembed.export import export
 from kvembed.runtime import Embedder
 from serve_util import ServerProcess, SlowUpload, kvembed_command, metric, metrics, wait_for
 
@@ -67,10 +65,12 @@ def decode(item: dict, encoding_format: str) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory) -> dict[str, Path]:
-    """kv-embedding (a prompt method) and va (a raw-text method) of the demo model."""
+def artifacts(stories_artifact, tmp_path_factory) -> dict[str, Path]:
+    """kv-embedding (a prompt method) and va (a raw-text method) of the demo model: copies of the
+    session's shared exports, in folders named as the server names them (kv, va)."""
     root = tmp_path_factory.mktemp("serve-artifacts")
-    return {name: export("stories260k", method, root / name) for name, method in (("kv", "kv-embedding"), ("va", "va"))}
+    shared = {"kv": stories_artifact("kv-embedding"), "va": stories_artifact("va", layers="1-2")}
+    return {name: Path(shutil.copytree(path, root / name)) for name, path in shared.items()}
 
 
 @pytest.fixture(scope="module")
