@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..methods.layers import format_layers
 from .runner import ConfigResult
 
 CHART = "results.png"
@@ -31,23 +32,9 @@ def _options(result: ConfigResult) -> str:
     method = result.method
     parts = [method["name"]]
     if "layers" in method["options"]:
-        parts.append(f"layers={_ranges(method['layers']) if method['layers'] else 'none'}")
+        parts.append(f"layers={format_layers(method['layers'])}")
     parts += [f"{k}={v}" for k, v in result.config.options.items() if k != "layers"]
     return " ".join(parts)
-
-
-def _ranges(layers: Sequence[int]) -> str:
-    """[10, 11, 12, 20] -> '10-12,20'."""
-    out: list[str] = []
-    start = prev = layers[0]
-    for layer in [*layers[1:], None]:
-        if layer is not None and layer == prev + 1:
-            prev = layer
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if layer is not None:
-            start = prev = layer
-    return ",".join(out)
 
 
 def to_markdown(results: Sequence[ConfigResult], tasks: Sequence[dict[str, Any]]) -> str:
