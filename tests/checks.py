@@ -54,3 +54,30 @@ def assert_matches_oracle(
     for kind in kinds:
         want = oracle_rows(oracle, method, texts, kind, **options)
         assert_same(encode(texts, kind), want, precision, f"{what} {method} {options} ({kind})")
+
+
+#: prepended to a script by :func:`run_without_torch`: importing torch or transformers raises
+_BLOCK_TORCH = """
+import sys
+
+class _Block:
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("torch", "transformers"):
+            raise ImportError("blocked: " + name)
+
+sys.meta_path.insert(0, _Block())
+"""
+_NO_TORCH_LOADED = """
+assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")]
+"""
+
+
+def run_without_torch(body: str, cwd: Any = None, timeout: float = 120) -> Any:
+    """Run the Python ``body`` in a fresh interpreter where importing torch or transformers fails,
+    and check afterwards that neither got loaded; returns the CompletedProcess."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = _BLOCK_TORCH + textwrap.dedent(body) + _NO_TORCH_LOADED
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, timeout=timeout)

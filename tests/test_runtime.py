@@ -6,17 +6,14 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import subprocess
-import sys
-import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-from checks import assert_same
+from checks import assert_same, run_without_torch
 from conftest import TEXTS
+
 from kvembed.reference import TorchEmbedder
 from kvembed.runtime import Embedder
 
@@ -199,23 +196,14 @@ def test_gpu_providers_fail_clearly_without_onnxruntime_gpu(artifacts):
 
 
 def test_runtime_imports_without_torch_or_transformers(artifacts):
-    script = textwrap.dedent(
+    result = run_without_torch(
         f"""
-        import sys
-
-        class Block:
-            def find_spec(self, name, path, target=None):
-                if name.split(".")[0] in ("torch", "transformers"):
-                    raise ImportError("blocked: " + name)
-
-        sys.meta_path.insert(0, Block())
         from kvembed.runtime import Embedder
         embedder = Embedder.load({str(artifacts["kv-embedding"])!r}, provider="cpu")
         print(embedder.encode(["a cat"]).shape)
-        assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")]
-        """
+        """,
+        cwd=ROOT,
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert "(1, 64)" in result.stdout
 

@@ -10,8 +10,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
-import textwrap
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,9 +18,17 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from checks import run_without_torch
+from serve_util import (
+    ServerProcess,
+    SlowUpload,
+    kvembed_command,
+    metric,
+    metrics,
+    wait_for,
+)
 
 from kvembed.runtime import Embedder
-from serve_util import ServerProcess, SlowUpload, kvembed_command, metric, metrics, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the a cat dog sat ran on in park mat blue sky why is was happy über 東京 , . ?".split()
@@ -252,10 +258,10 @@ def test_cors_only_when_asked(strict, server):
 
 def test_503_while_loading_then_200(artifacts):
     import uvicorn
+    from serve_util import free_port
 
     from kvembed.serve import ServeConfig, create_app
     from kvembed.serve.app import load_embedders
-    from serve_util import free_port
 
     gate = threading.Event()
 
@@ -302,16 +308,8 @@ def test_command_line_failures_are_one_line_and_exit_2(artifacts, tmp_path, serv
 
 
 def test_serve_imports_without_torch(artifacts):
-    script = textwrap.dedent(
+    result = run_without_torch(
         f"""
-        import sys
-
-        class Block:
-            def find_spec(self, name, path, target=None):
-                if name.split(".")[0] in ("torch", "transformers"):
-                    raise ImportError("blocked: " + name)
-
-        sys.meta_path.insert(0, Block())
         from fastapi.testclient import TestClient
         from kvembed.serve import ServeConfig, create_app
         import kvembed.serve.cli, kvembed.serve.server
@@ -322,10 +320,9 @@ def test_serve_imports_without_torch(artifacts):
             while client.get("/health").status_code != 200:
                 time.sleep(0.05)
             print(len(client.post("/v1/embeddings", json={{"model": "va", "input": "a cat"}}).json()["data"][0]["embedding"]))
-        assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")]
-        """
+        """,
+        cwd=ROOT,
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["32"]
 
