@@ -332,7 +332,10 @@ def test_serve_imports_without_torch(artifacts):
 
 def test_a_huge_request_does_not_starve_small_ones(server, oracles):
     rng = random.Random(7)
-    huge = [random_text(rng, 30) for _ in range(2000)]  # 8 windows of 256 inputs
+    # 8 windows of 256 inputs, ~400k tokens: seconds of work even on a quiet machine, while a small
+    # request needs one window's turn (texts of <= 30 characters finished before the second small
+    # request on a quiet machine)
+    huge = [random_text(rng, 400) for _ in range(2000)]
     small = ["a cat", "the park"]
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(httpx.post, f"{server.url}/v1/embeddings", json={"model": "va", "input": huge}, timeout=300)
