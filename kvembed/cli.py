@@ -16,19 +16,15 @@ except ImportError as err:  # pragma: no cover - only without the cli extra
 
 from . import cli_options as opt
 from .cli_options import method_options
-from .cli_support import DEBUG_ENV, DEBUG_FLAG, guard_app, run_app
+from .cli_support import DEBUG_HELP, guard_app, run_app
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, epilog=DEBUG_HELP)
 console = Console()
 errors = Console(stderr=True)
 
 @app.callback()
-def _group(
-    debug: bool = typer.Option(False, DEBUG_FLAG, help=f"Show tracebacks (also: {DEBUG_ENV}=1).", is_eager=True),
-) -> None:
+def _group() -> None:
     """kvembed: training-free LLM text embeddings."""
-    if debug:
-        os.environ[DEBUG_ENV] = "1"
 
 
 ARTIFACT_FILES = "kvembed.json, model.onnx and tokenizer.json, written by kvembed-export"

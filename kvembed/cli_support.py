@@ -25,6 +25,8 @@ from .errors import CheckFailed, KvembedError
 
 EXIT_FAILED, EXIT_USER, EXIT_INTERRUPTED = 1, 2, 130
 DEBUG_FLAG, DEBUG_ENV = "--debug", "KVEMBED_DEBUG"
+#: the help epilog of every kvembed program: --debug is taken from argv by :func:`run_app`
+DEBUG_HELP = f"Add {DEBUG_FLAG} anywhere on the command line (or set {DEBUG_ENV}=1) to see tracebacks."
 
 #: exceptions whose message is meant for the user: one line, exit 2
 USER_ERRORS: tuple[type[BaseException], ...] = (KvembedError, ValueError, TypeError, OSError, NotImplementedError)

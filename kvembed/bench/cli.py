@@ -14,7 +14,6 @@ from rich.console import Console
 
 from .. import cli_options as opt
 from ..cli_options import method_options
-from ..cli_support import run_guarded
 
 console = Console()
 errors = Console(stderr=True)
@@ -139,7 +138,7 @@ def bench_command(
         check_output(config.out, config.force)
         return config
 
-    config = run_guarded(configure)
+    config = configure()
     started = time.monotonic()
 
     def job() -> Any:
@@ -157,7 +156,7 @@ def bench_command(
         finally:
             progress.bar.stop()
 
-    results = run_guarded(job)
+    results = job()
     from .report import COST_PLOT, LATENCY_PLOT, RESULTS_JSON, RESULTS_MD, markdown_table
 
     console.print(markdown_table(results["cells"]), markup=False, highlight=False, soft_wrap=True)

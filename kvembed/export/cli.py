@@ -17,14 +17,10 @@ except ImportError as err:  # pragma: no cover - only without the cli extra
 
 from .. import cli_options as opt
 from ..cli_options import method_options
-from ..cli_support import EXIT_FAILED, fail, guard_app, run_app, run_guarded
+from ..cli_support import DEBUG_HELP, EXIT_FAILED, guard_app, run_app
 
 console = Console()
 errors = Console(stderr=True)
-
-def _fail(message: str, code: int) -> typer.Exit:
-    return fail(message, code)
-
 
 class StageDisplay:
     """Prints each pipeline stage with its elapsed time, and a spinner while it runs."""
@@ -158,7 +154,7 @@ def export_command(
         check_attention(form, opset)
         check_model(model, method, options, list(also or []))
 
-    run_guarded(preflight)
+    preflight()
     console.print(f"[bold]kvembed-export[/] {method} on {model} -> {out} ({precision})", highlight=False)
 
     def job() -> Any:
@@ -176,7 +172,7 @@ def export_command(
             )
 
     start = time.monotonic()
-    result = run_guarded(job)
+    result = job()
     console.print(files_table(result.path, result.manifest))
     console.print(parity_table(result.parity, f"parity vs PyTorch ({result.manifest['precision']})"))
     from .parity import ParityReport
@@ -244,7 +240,7 @@ def _selected_backends(directory: Path, backends: str) -> list[str]:
     """Validate ``--backends`` before the slow parity run: unknown or absent backends exit 2."""
     from .backends import resolve_backends
 
-    return run_guarded(lambda: resolve_backends(directory, backends))[0]
+    return resolve_backends(directory, backends)[0]
 
 
 def run_compare(directory: Path, backends: str = "auto") -> Any:
@@ -258,7 +254,7 @@ def run_compare(directory: Path, backends: str = "auto") -> Any:
         console.print(f"only {which} {where}: nothing to compare", highlight=False)
         return None
     with console.status(f"[bold]compare[/] running the graph on {', '.join(names)}", spinner="dots"):
-        comparison = run_guarded(lambda: compare_backends(directory, backends))
+        comparison = compare_backends(directory, backends)
     if comparison.pairs:
         console.print(comparison_table(comparison))
     for pair in comparison.pairs:
@@ -293,7 +289,7 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True) ->
             warnings.simplefilter("ignore")
             return verify(directory, progress=display)
 
-    result = run_guarded(job)
+    result = job()
     manifest = result.manifest
     console.print(
         f"{manifest['method']['name']} on {manifest['source'].get('model')} ({manifest['precision']}, "
@@ -323,12 +319,12 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True) ->
 
 #: ``kvembed-export [OPTIONS]``: a single-command app (typer runs the command without a name)
 app = typer.Typer(add_completion=False, help=__doc__)
-app.command(help=export_command.__doc__)(export_command)
+app.command(help=export_command.__doc__, epilog=DEBUG_HELP)(export_command)
 guard_app(app)
 
 #: ``kvembed-export verify DIR``
 verify_app = typer.Typer(add_completion=False)
-verify_app.command(help=verify_command.__doc__)(verify_command)
+verify_app.command(help=verify_command.__doc__, epilog=DEBUG_HELP)(verify_command)
 guard_app(verify_app)
 
 

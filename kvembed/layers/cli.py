@@ -19,13 +19,13 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-layers needs typer and rich: pip install 'kvembed[cli]' ({err})")
 
-from ..cli_support import guard_app, run_app, run_guarded
+from ..cli_support import DEBUG_HELP, guard_app, run_app
 
 app = typer.Typer(add_completion=False, help=__doc__)
 console = Console()
 errors = Console(stderr=True)
 
-@app.command()
+@app.command(epilog=DEBUG_HELP)
 def layers(
     model: str = typer.Option(..., "--model", "-m", help="Model folder, alias (qwen3-4b, stories260k) or hub id."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder for layers.json and layers.png."),
@@ -67,7 +67,7 @@ def layers(
             )
         return selection, write_report(selection, out)
 
-    selection, (json_path, png_path) = run_guarded(run)
+    selection, (json_path, png_path) = run()
     if selection.num_texts < num_texts and not quiet:
         source = calibration or "the built-in set"
         errors.print(f"note: {source} has {selection.num_texts} distinct non-empty texts; used all of them", highlight=False)
