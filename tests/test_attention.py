@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from checks import MAX_ABS_FP32, assert_matches_oracle, assert_same, cosines
-from kvembed.export.graph import check_attention, default_attention
+from kvembed.export.graph import check_attention, default_attention, resolve_attention
 from kvembed.export.ops import min_tensorrt_version, non_portable_ops, op_types
 from kvembed.runtime import Embedder
 
@@ -147,6 +147,11 @@ def test_form_and_opset_rules():
     with pytest.raises(ValueError, match="too old"):
         check_attention("decomposed", 13)
     assert default_attention() == "fused"  # onnxruntime 1.32 here runs the probe
+    # an unset form follows an explicit opset (the CLI and the Python API alike)
+    assert resolve_attention(None, None) == ("fused", 23) and resolve_attention(None, 24) == ("fused", 24)
+    assert resolve_attention(None, 18) == ("decomposed", 18) and resolve_attention("decomposed", None) == ("decomposed", 18)
+    with pytest.raises(ValueError, match="too old"):
+        resolve_attention(None, 13)
 
 
 def test_cli_refuses_a_contradictory_form_and_opset_before_loading(tmp_path):

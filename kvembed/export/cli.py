@@ -125,7 +125,7 @@ def export_command(
     opset: Optional[int] = typer.Option(None, help="ONNX opset (default: 23 with fused attention, 18 with decomposed)."),
     attention: Optional[str] = typer.Option(
         None, "--attention", help="fused (one standard Attention op per layer, opset 23; onnxruntime >= 1.23.1, "
-        "TensorRT >= 10.14) or decomposed (MatMul/Softmax, opset 18). Default: fused where this onnxruntime runs it.",
+        "TensorRT >= 10.14) or decomposed (MatMul/Softmax, opset 18). Default: decomposed with an --opset below 23, else fused where this onnxruntime runs it.",
     ),
     padding_side: str = typer.Option("right", help="Padding side the artifact's runtime uses (right or left)."),
     no_optimize: bool = typer.Option(False, "--no-optimize", help="Skip onnxruntime's offline basic graph optimisation."),
@@ -136,10 +136,7 @@ def export_command(
     from .precision import check_precision
 
     options = method_options(locals())
-    from .graph import FUSED_OPSET, check_attention, default_attention
-
-    # an explicit opset below 23 asks for the decomposed form; otherwise fused where onnxruntime runs it
-    form = attention or ("decomposed" if opset is not None and opset < FUSED_OPSET else default_attention())
+    from .graph import resolve_attention
 
     def preflight() -> None:  # cheap checks before importing torch or loading weights
         from ..methods import get_method
@@ -151,7 +148,7 @@ def export_command(
             get_method(parse_also(item).method)
         check_precision(precision)
         check_output(out, force)
-        check_attention(form, opset)
+        resolve_attention(attention, opset)
         check_model(model, method, options, list(also or []))
 
     preflight()
@@ -167,7 +164,7 @@ def export_command(
         with warnings.catch_warnings(), StageDisplay(console) as display:
             warnings.simplefilter("ignore")
             return export_result(
-                model, method, out, precision, max_length=max_length, opset=opset, attention=form, force=force,
+                model, method, out, precision, max_length=max_length, opset=opset, attention=attention, force=force,
                 padding_side=padding_side, optimize=not no_optimize, progress=display, also=list(also or []), **options,
             )
 

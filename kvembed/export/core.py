@@ -23,8 +23,8 @@ from .. import __version__
 from ..runtime.artifact import MODEL, SCHEMA_VERSION, TOKENIZER, check_files, encoder_from_manifest, file_records
 from ..runtime.artifact import read_manifest, write_manifest
 from ..methods.sharing import AlsoRequest, output_names
-from .graph import DATA_FILE, MIN_OPSET, ExportError, check_attention, decoder_layers_in_graph, default_attention
-from .graph import input_names, optimize_with_onnxruntime
+from .graph import DATA_FILE, ExportError, decoder_layers_in_graph, input_names, optimize_with_onnxruntime
+from .graph import resolve_attention
 from .graph import rms_norm_as_div, weight_matmuls
 from .graph import trace as trace_graph
 from .ops import ALLOWED_OPS, non_portable_ops, op_types
@@ -35,7 +35,6 @@ Progress = Callable[[str, str], None]
 
 #: pipeline stages, in order, as reported to ``progress(stage, detail)``
 STAGES = ("load", "trace", "optimize", "convert", "check", "parity", "write")
-DEFAULT_OPSET = MIN_OPSET
 
 
 class ParityError(ExportError):
@@ -183,8 +182,7 @@ class Exporter:
         progress: Progress | None = None,
         attention: str | None = None,
     ) -> None:
-        self.attention = default_attention() if attention is None else attention
-        self.opset = check_attention(self.attention, opset)
+        self.attention, self.opset = resolve_attention(attention, opset)
         self.embedder = embedder
         self.optimize = optimize
         self.progress = progress or _silent
@@ -451,7 +449,8 @@ def export(
     """Export ``model`` (folder, alias or hub id) computing ``method`` to the directory ``out``.
 
     Keyword arguments are those of :func:`export_result` (``max_length``, ``opset``, ``attention``
-    (``"fused"`` | ``"decomposed"``, default fused where onnxruntime runs it), ``force``,
+    (``"fused"`` | ``"decomposed"``; unset: decomposed for an ``opset`` below 23, else fused where
+    onnxruntime runs it), ``force``,
     ``padding_side``, ``optimize``, ``progress``) plus the method's options (``layers``, ``bias``,
     ``num_prefix``, ``prefix_rope``, ``pooling``, ``prompt``, ``wva``, ``tp_start``, ``tp_stop``,
     ``exit_layer``). Raises ValueError/TypeError/FileNotFoundError/OutputExistsError for bad input
@@ -480,8 +479,7 @@ def export_result(
     """:func:`export`, returning the manifest and parity report too."""
     precision = check_precision(precision)
     check_output(out, force)
-    attention = default_attention() if attention is None else attention
-    opset = check_attention(attention, opset)
+    attention, opset = resolve_attention(attention, opset)
     progress = progress or _silent
     progress("load", f"loading {model} ({method})")
     embedder = load_embedder(model, method, max_length=max_length, padding_side=padding_side, **options)

@@ -91,6 +91,18 @@ def check_attention(attention: str, opset: int | None) -> int:
     return opset
 
 
+def resolve_attention(attention: str | None, opset: int | None) -> tuple[str, int]:
+    """``(form, opset)`` for an export: an unset ``attention`` follows an explicit ``opset`` (below
+    23: decomposed, else fused), or else :func:`default_attention`; then :func:`check_attention`."""
+    if attention is None:
+        if opset is None:
+            attention = default_attention()
+        else:
+            low = isinstance(opset, int) and not isinstance(opset, bool) and opset < FUSED_OPSET
+            attention = "decomposed" if low else "fused"
+    return attention, check_attention(attention, opset)
+
+
 def default_attention() -> str:
     """``"fused"`` where the installed onnxruntime runs opset-23 ``Attention`` on CPU, else ``"decomposed"``."""
     return "fused" if runtime_runs_fused() else "decomposed"
