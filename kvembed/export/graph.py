@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckFailed
-from .ops import ALLOWED_OPS, STANDARD_DOMAINS, non_portable_ops
+from .ops import ALLOWED_OPS, STANDARD_DOMAINS, TENSORRT_OPS_SINCE, non_portable_ops
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -45,7 +45,7 @@ ATTENTION_FORMS = ("fused", "decomposed")
 #: the oldest runtimes that run the fused graph: onnxruntime's CPU Attention(23) kernel shipped in
 #: 1.23 (microsoft/onnxruntime#25156; its GQA fix #26057 in 1.23.1); TensorRT's ONNX parser maps
 #: ``Attention`` to IAttention from 10.14. The decomposed graph needs nothing past opset 18.
-FUSED_MIN_VERSIONS = {"onnxruntime": "1.23.1", "tensorrt": "10.14"}
+FUSED_MIN_VERSIONS = {"onnxruntime": "1.23.1", "tensorrt": TENSORRT_OPS_SINCE["Attention"]}
 DECOMPOSED_MIN_VERSIONS = {"onnxruntime": "1.14", "tensorrt": "8.6"}
 INPUTS = ("input_ids", "attention_mask", "pool_mask")
 BATCH, SEQUENCE = "batch", "sequence"

@@ -68,13 +68,6 @@ def non_portable_ops(model: Any, allowed: Iterable[str] = ALLOWED_OPS) -> list[s
     return sorted(op for op in op_types(model) if op not in allowed)
 
 
-def min_tensorrt_version(model: Any) -> str | None:
-    """The oldest TensorRT whose ONNX parser takes every op of ``model`` we know a floor for
-    (None: no versioned op; the graph's ops are in every TensorRT 8.5+)."""
-    floors = [TENSORRT_OPS_SINCE[op] for op in op_types(model) if op in TENSORRT_OPS_SINCE]
-    return max(floors, key=lambda v: tuple(int(x) for x in v.split("."))) if floors else None
-
-
 def _walk(graph: Any) -> Iterable[Any]:
     for node in graph.node:
         yield node
