@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import socket
-import sys
 from typing import Optional
 
 import typer
 
-EXIT_USAGE = 2
+from ..cli_support import fail
 
 
 def serve_command(
@@ -31,25 +30,23 @@ def serve_command(
     log_level: str = typer.Option("info", help="uvicorn log level."),
 ) -> None:
     """Serve artifacts over OpenAI's embeddings API (POST /v1/embeddings), with /health, /v1/models, /metrics."""
-    def prepare():
+    try:
+        from ..runtime.session import PROVIDERS
         from .config import ServeConfig, parse_artifact, parse_size
         from .server import DrainingServer  # noqa: F401  (fail here, not later, without the serve extra)
-
-        if provider not in ("auto", "cpu", "cuda", "tensorrt"):
-            raise ValueError(f"--provider must be one of auto, cpu, cuda, tensorrt, got {provider!r}")
-        return ServeConfig(
-            artifacts=tuple(parse_artifact(a) for a in artifacts), api_key=api_key or None,
-            max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
-            max_concurrent_requests=max_concurrent_requests, max_client_batch_size=max_client_batch_size,
-            payload_limit=parse_size(payload_limit), threads=threads, provider=provider, cors_origins=tuple(cors_origin or ()),
-        )
-
-    try:
-        config = prepare()
     except ImportError as err:
-        raise _fail(f"kvembed serve needs the serve extra: pip install 'kvembed[serve]' ({err})") from None
-    except (ValueError, OSError) as err:
-        raise _fail(str(err)) from None
+        from ..errors import MissingDependency
+
+        raise MissingDependency(f"kvembed serve needs the serve extra: pip install 'kvembed[serve]' ({err})") from None
+
+    if provider not in PROVIDERS:  # checked before binding (the artifacts load after)
+        raise ValueError(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+    config = ServeConfig(
+        artifacts=tuple(parse_artifact(a) for a in artifacts), api_key=api_key or None,
+        max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
+        max_concurrent_requests=max_concurrent_requests, max_client_batch_size=max_client_batch_size,
+        payload_limit=parse_size(payload_limit), threads=threads, provider=provider, cors_origins=tuple(cors_origin or ()),
+    )
     run(config, host, port, graceful_timeout, access_log, log_level, keep_alive)
 
 
@@ -83,13 +80,7 @@ def run(config, host: str, port: int, graceful_timeout: float | None, access_log
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
     except OSError as err:
-        raise _fail(f"cannot serve on {host}:{port}: {err.strerror or err}") from None
+        raise fail(f"cannot serve on {host}:{port}: {err.strerror or err}") from None
     server.run(sockets=[sock])
     if failure:
-        raise _fail(failure[0])
-
-
-def _fail(message: str) -> typer.Exit:
-    """An expected failure: one line on stderr, exit 2."""
-    print(f"error: {message}", file=sys.stderr)
-    return typer.Exit(EXIT_USAGE)
+        raise fail(failure[0])
