@@ -193,14 +193,6 @@ def materialize(path: Path, info: GGUFInfo | None = None) -> Path:
     return target
 
 
-def info_of_folder(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The GGUF facts recorded in a cache folder made by :func:`materialize`, else None."""
-    marker = Path(folder) / MARKER
-    if not marker.is_file():
-        return None
-    return json.loads(marker.read_text(encoding="utf-8"))
-
-
 def _write_atomic(path: Path, text: str) -> None:
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
     with os.fdopen(handle, "w", encoding="utf-8") as out:

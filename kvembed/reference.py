@@ -103,7 +103,7 @@ class TorchEmbedder:
         if source.gguf is not None:  # dequantized once into a cached Hugging Face folder
             from .gguf import materialize
 
-            location = str(materialize(Path(source.gguf_path), source.gguf))
+            location = str(materialize(Path(source.location), source.gguf))
         try:
             config = AutoConfig.from_pretrained(location, revision=revision, trust_remote_code=trust_remote_code)
         except OSError as err:

@@ -37,24 +37,21 @@ _HOW_TO = (
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A located model: ``location`` is a local folder, or a hub id when ``local`` is False."""
+    """A located model: ``location`` is a local model folder, a GGUF file (then ``gguf`` holds its
+    header facts, a :class:`~kvembed.gguf.GGUFInfo`), or a hub id."""
 
     requested: str
     location: str
     preset_id: str | None
-    local: bool
     gguf: Any = None
-    """:class:`~kvembed.gguf.GGUFInfo` when the model is a GGUF file (``location`` is then the
-    dequantized cache folder once made, else the file)."""
-    gguf_path: str | None = None
 
     def config(self) -> dict[str, Any] | None:
-        """The model's ``config.json`` as a dict (local models; for a GGUF, the header's facts), else None."""
+        """The model's ``config.json`` as a dict (for a GGUF, the header's facts); None for a hub id."""
         if self.gguf is not None:
             return {"model_type": self.gguf.model_type, "num_hidden_layers": self.gguf.num_layers, "hidden_act": "silu"}
-        if not self.local:
-            return None
         path = Path(self.location) / "config.json"
+        if not path.parent.is_dir():
+            return None
         try:
             return json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as err:
@@ -109,18 +106,13 @@ def locate_model(model: str | os.PathLike[str], revision: str | None = None) -> 
     text = str(model)
     location, preset_id = resolve_model(text)
     path = Path(location).expanduser()
-    if path.suffix.lower() == ".gguf" or path.is_dir():
-        from .gguf import cached_folder, find_gguf, read_info
+    if path.suffix.lower() == ".gguf" and not path.is_file():
+        raise ModelNotFound(f"no GGUF file at {text!r}")
+    from .gguf import find_gguf, read_info
 
-        gguf_file = find_gguf(path) if path.exists() else None
-        if path.suffix.lower() == ".gguf" and gguf_file is None:
-            raise ModelNotFound(f"no GGUF file at {text!r}")
-        if gguf_file is not None:
-            info = read_info(gguf_file)
-            folder = cached_folder(info)
-            cached = (folder / "config.json").is_file() and (folder / "kvembed-gguf.json").is_file()
-            return ModelSource(text, str(folder if cached else gguf_file), preset_id, local=True, gguf=info,
-                               gguf_path=str(gguf_file))
+    gguf_file = find_gguf(path) if path.exists() else None
+    if gguf_file is not None:  # header checked now (a second); dequantized when loaded
+        return ModelSource(text, str(gguf_file), preset_id, gguf=read_info(gguf_file))
     if path.is_dir():
         if not (path / "config.json").is_file():
             hint = (
@@ -132,14 +124,14 @@ def locate_model(model: str | os.PathLike[str], revision: str | None = None) -> 
                 f"{text!r} is a folder without config.json, so not a model folder{hint}; a model folder "
                 f"holds config.json, weights (*.safetensors) and tokenizer.json"
             )
-        return ModelSource(text, str(path), preset_id, local=True)
+        return ModelSource(text, str(path), preset_id)
     if path.exists():
         raise ModelNotFound(f"{text!r} is a file, not a model folder; pass the folder holding config.json and the weights")
     if looks_like_path(text) and location == text:
         raise ModelNotFound(f"no model folder at {text!r}; {_HOW_TO}")
     cached = cached_snapshot(location, revision)
     if cached is not None:
-        return ModelSource(text, cached, preset_id, local=True)
+        return ModelSource(text, cached, preset_id)
     named = text if location == text else f"{text!r} ({location})"
     if hub_offline():
         raise ModelNotFound(
@@ -151,7 +143,7 @@ def locate_model(model: str | os.PathLike[str], revision: str | None = None) -> 
             f"{named} is not a local folder or a cached model, and the Hugging Face hub cannot be reached "
             f"({reason}); {_HOW_TO}, or set HF_HUB_OFFLINE=1 to use only the local cache"
         )
-    return ModelSource(text, location, preset_id, local=False)
+    return ModelSource(text, location, preset_id)
 
 
 def model_config(source: ModelSource, revision: str | None = None) -> Mapping[str, Any]:

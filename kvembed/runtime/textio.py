@@ -46,7 +46,6 @@ class TextRecords:
     path: Path
     track_ids: bool = True
     ids: deque = field(default_factory=deque)
-    has_ids: bool = False
 
     def __iter__(self) -> Iterator[str]:
         check_input_path(self.path)
@@ -70,7 +69,6 @@ class TextRecords:
                 if not line.strip():
                     continue
                 text, ident = _parse_jsonl(line, name, number)
-                self.has_ids = self.has_ids or ident is not None
                 if self.track_ids:
                     self.ids.append(ident)
                 yield text
@@ -89,11 +87,6 @@ def _parse_jsonl(line: str, name: str, number: int) -> tuple[str, Any]:
         raise ValueError(f'{name}:{number}: expected a JSON string or an object with a "text" string')
     ident = item.get("id") if isinstance(item, dict) else None
     return text, ident
-
-
-def read_texts(path: Path) -> Iterator[str]:
-    """Texts from ``path`` (see the module docstring), lazily."""
-    return iter(TextRecords(Path(path), track_ids=False))
 
 
 def count_lines(path: Path) -> int | None:
