@@ -296,6 +296,8 @@ def test_command_line_failures_are_one_line_and_exit_2(artifacts, tmp_path, serv
         ([str(tmp_path / "missing")], "not a kvembed artifact"),
         ([str(artifacts["va"]), f"va={artifacts['kv']}"], "unique"),
         ([str(artifacts["va"]), "--payload-limit", "lots"], "cannot read size"),
+        ([str(artifacts["va"]), "--port", "70000"], "--port must be in 0-65535"),
+        ([str(artifacts["va"]), "--log-level", "loud"], "--log-level must be one of"),
         ([str(artifacts["va"]), "--port", str(server.port)], f"cannot serve on 127.0.0.1:{server.port}"),
         ([str(damaged), "--port", "0"], "damaged"),
     ]

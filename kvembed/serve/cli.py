@@ -31,6 +31,8 @@ def serve_command(
 ) -> None:
     """Serve artifacts over OpenAI's embeddings API (POST /v1/embeddings), with /health, /v1/models, /metrics."""
     try:
+        from uvicorn.config import LOG_LEVELS
+
         from ..runtime.session import PROVIDERS
         from .config import ServeConfig, parse_artifact, parse_size
         from .server import DrainingServer  # noqa: F401  (fail here, not later, without the serve extra)
@@ -41,6 +43,13 @@ def serve_command(
 
     if provider not in PROVIDERS:  # checked before binding (the artifacts load after)
         raise ValueError(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+    if log_level not in LOG_LEVELS:
+        raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in 0-65535, got {port}")
+    for flag, seconds in (("--keep-alive", keep_alive), ("--graceful-timeout", graceful_timeout)):
+        if seconds is not None and seconds < 0:
+            raise ValueError(f"{flag} must be >= 0 seconds, got {seconds}")
     config = ServeConfig(
         artifacts=tuple(parse_artifact(a) for a in artifacts), api_key=api_key or None,
         max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
