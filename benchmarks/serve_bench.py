@@ -3,6 +3,7 @@ and the issue's load run (64 clients x 500 requests, every row checked).
 
     python benchmarks/serve_bench.py kv=ARTIFACT [NAME=DIR ...] --out benchmarks/results/serve
     python benchmarks/serve_bench.py va=ARTIFACT --load --out benchmarks/results/serve
+    python benchmarks/serve_bench.py kv=ARTIFACT --padding --out benchmarks/results/serve
 
 Throughput/latency: one fixed list of requests (mixed sizes) per artifact. In-process throughput is
 ``Embedder.encode`` of all their texts at once (batch 64, 16384 tokens: the runtime's best case);
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from serve_util import ServerProcess, metric, metrics  # noqa: E402  (the tests' server helper)
 
 from kvembed.runtime import Embedder  # noqa: E402
+from kvembed.runtime.batching import plan_batches  # noqa: E402
 
 WORDS = "the a cat dog sat ran on in park mat blue sky why is was happy over under".split()
 
@@ -129,6 +131,32 @@ def bench_artifact(name: str, directory: Path, args: argparse.Namespace, out: Pa
             "requests": len(requests), "texts": texts, "tokens": tokens, "rounds": args.rounds, "rows": rows}
 
 
+def padding(name: str, directory: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Padded / real tokens of the throughput workload's texts (in request order) planned as the
+    server's batcher plans them: windows of W batches' worth of inputs and tokens, each packed by
+    ``plan_batches`` (batch 64, 16384 tokens); W = 1, 2, 4, 8, and all texts at once."""
+    embedder = Embedder.load(directory, provider="cpu")
+    requests = make_requests(args.requests, args.max_texts, args.max_chars, seed=1)
+    lengths = [len(embedder.encoder.encode_one(t).ids) for request in requests for t in request]
+
+    def padded(window: list[int]) -> int:
+        return sum(len(batch) * max(window[i] for i in batch) for batch in plan_batches(window, 64, 16384))
+
+    ratios = {}
+    for batches in (1, 2, 4, 8):
+        windows, window = [], []
+        for length in lengths:
+            if window and (len(window) >= 64 * batches or sum(window) + length > 16384 * batches):
+                windows.append(window)
+                window = []
+            window.append(length)
+        windows.append(window)
+        ratios[f"{batches}-batch windows"] = sum(map(padded, windows)) / sum(lengths)
+    ratios["all at once"] = padded(lengths) / sum(lengths)
+    return {"name": name, "method": embedder.method.name, "requests": len(requests), "texts": len(lengths),
+            "tokens": sum(lengths), "padded_over_real": ratios}
+
+
 def load_run(name: str, directory: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """The issue's load test: 64 clients x 500 requests; every row checked against Embedder.encode."""
     embedder = Embedder.load(directory, provider="cpu")
@@ -207,16 +235,22 @@ def main() -> None:
     parser.add_argument("--max-chars", type=int, default=128)
     parser.add_argument("--load", action="store_true", help="run the 64-client load test instead")
     parser.add_argument("--load-requests", type=int, default=500)
+    parser.add_argument("--padding", action="store_true", help="only print the padded/real token ratios of the batcher's windows (no server)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     pairs = [(a.partition("=")[0], Path(a.partition("=")[2])) for a in args.artifacts]
+    if args.padding:
+        result = [padding(name, directory, args) for name, directory in pairs]
+        (args.out / "padding.json").write_text(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2))
+        return
     if args.load:
         result = load_run(*pairs[0], args, args.out)
         (args.out / f"load-{pairs[0][0]}.json").write_text(json.dumps(result, indent=2))
         print(json.dumps(result, indent=2))
         return
     results = [bench_artifact(name, directory, args, args.out) for name, directory in pairs]
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "artifacts", "load")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "artifacts", "load", "padding")}
     (args.out / "results.json").write_text(json.dumps({"settings": settings, "results": results}, indent=2, default=str))
     table = markdown(results)
     (args.out / "results.md").write_text(table + "\n")
