@@ -33,6 +33,7 @@ from serve_util import ServerProcess, metric, metrics  # noqa: E402  (the tests'
 
 from kvembed.runtime import Embedder  # noqa: E402
 from kvembed.runtime.batching import plan_batches  # noqa: E402
+from kvembed.serve.config import parse_artifact  # noqa: E402
 
 WORDS = "the a cat dog sat ran on in park mat blue sky why is was happy over under".split()
 
@@ -225,7 +226,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("artifacts", nargs="+", help="NAME=DIR")
+    parser.add_argument("artifacts", nargs="+", help="DIR (named after its folder) or NAME=DIR")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serve"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=128, help="requests per throughput cell")
@@ -237,8 +238,12 @@ def main() -> None:
     parser.add_argument("--load-requests", type=int, default=500)
     parser.add_argument("--padding", action="store_true", help="only print the padded/real token ratios of the batcher's windows (no server)")
     args = parser.parse_args()
+    try:  # kvembed serve's own reading of DIR / NAME=DIR (the directory must hold a manifest)
+        pairs = [parse_artifact(a) for a in args.artifacts]
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     args.out.mkdir(parents=True, exist_ok=True)
-    pairs = [(a.partition("=")[0], Path(a.partition("=")[2])) for a in args.artifacts]
     if args.padding:
         result = [padding(name, directory, args) for name, directory in pairs]
         (args.out / "padding.json").write_text(json.dumps(result, indent=2))
