@@ -31,27 +31,17 @@ def split_label(value: str) -> tuple[str | None, str]:
 
 
 def parse_config(text: str) -> tuple[str | None, str, dict[str, Any]]:
-    """``[LABEL=]METHOD[:option=value...]`` -> (label, method, options), with --config in messages."""
+    """``[LABEL=]METHOD[:option=value...]`` -> (label, method, options), with --config in messages.
+
+    Option values stay strings as typed: the method registry types them when it resolves (as for
+    ``--also``), in preflight and again when the model loads."""
     from ..methods.sharing import parse_also
 
     try:
         request = parse_also(text)
     except ValueError as err:
         raise ValueError(str(err).replace("--also", "--config")) from None
-    return request.label, request.method, typed_options(request.method, request.options)
-
-
-def typed_options(method: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Option strings as their declared types (``tp_stop=3`` -> 3), as the flags of ``kvembed
-    embed`` give them; unknown methods/options are left for preflight's messages."""
-    from ..methods import get_method
-    from ..methods.registry import _coerce
-
-    try:
-        specs = {opt.name: opt for opt in get_method(method).options}
-    except ValueError:
-        return dict(options)
-    return {k: _coerce(method, specs[k], v) if k in specs else v for k, v in options.items()}
+    return request.label, request.method, dict(request.options)
 
 
 def plan(
