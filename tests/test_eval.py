@@ -247,6 +247,8 @@ def test_bad_configurations_fail_before_loading(tmp_path, stories_artifact):
     one_line_error(run("stories260k", "--task", "sample-sts", "--config", "no-such-method", "--out", out), "no-such-method")
     one_line_error(run("stories260k", "--task", "sample-sts", "--config", "va", "--method", "mean", "--out", out), "not both")
     one_line_error(run("stories260k", "--task", "sample-sts", "--config", "a=mean", "--config", "a=va", "--out", out), "'a'")
+    one_line_error(run("stories260k", "--task", "sample-sts", "--provider", "gpu", "--out", out), "--provider", "cpu")
+    one_line_error(run("stories260k", "--task", "sample-sts", "--threads", "0", "--out", out), "--threads must be >= 1")
     artifact = stories_artifact("mean")
     one_line_error(run(str(artifact), "--task", "sample-sts", "--method", "va", "--out", out), "computes mean")
     one_line_error(run(str(artifact), "--task", "sample-sts", "--config", "va", "--out", out), "--config applies to models only")

@@ -51,6 +51,12 @@ def eval_command(
         raise ValueError("give at least one --task FILE (or --task sample) or --mteb-task NAME")
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    from ..runtime.session import PROVIDERS
+
+    if provider not in PROVIDERS:  # the runtime checks again when an artifact loads, after mteb and the tasks
+        raise ValueError(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
     local = load_tasks(list(task or []))  # bad task files fail here, before any model or mteb loads
     configurations = plans.plan(list(sources or []), list(config or []), method, method_options(locals()), max_length)
     plans.preflight(configurations)
