@@ -196,6 +196,8 @@ def test_build_checks_input_before_needing_tensorrt(artifact, tmp_path):
         build_engine(artifact, tmp_path / "e", shapes=["1x16:8x128:32x100000"])
     with pytest.raises(ValueError, match="opt-level"):
         build_engine(artifact, tmp_path / "e", opt_level=9)
+    with pytest.raises(ValueError, match="is the artifact itself"):  # --force would write into it
+        build_engine(artifact, artifact, force=True)
     with pytest.raises(MissingDependency, match="tensorrt"):
         build_engine(artifact, tmp_path / "e")
     assert not (tmp_path / "e").exists()

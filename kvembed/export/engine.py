@@ -241,8 +241,7 @@ def require_tensorrt() -> tuple[Any, Any]:
 
 
 def gpu_identity() -> tuple[str, str]:
-    """(name, compute capability "major.minor") of CUDA device 0, through cuda-python if present,
-    else nvidia-smi."""
+    """(name, compute capability "major.minor") of CUDA device 0, from nvidia-smi."""
     import subprocess
 
     try:
@@ -283,6 +282,9 @@ def build_engine(
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     out = check_output(out, force)
+    if out.resolve() == artifact.resolve():
+        raise ValueError(f"--out {str(out)!r} is the artifact itself: pick another directory "
+                         "(the engine directory gets copies of its tokenizer.json and kvembed.json)")
     trt, poly = require_tensorrt()
     plan = choose_precision(precision, trt.__version__, manifest["precision"])
     check_tensorrt_supports(manifest, trt.__version__)
