@@ -190,6 +190,9 @@ def test_write_repository_refuses_bad_input(artifacts, tmp_path):
     (tmp_path / "full" / "file").write_text("x")
     with pytest.raises(FileExistsError, match="--force"):
         write_repository(artifacts["kv"], tmp_path / "full")
+    with pytest.raises(NotADirectoryError, match="is a file"):  # --force never replaces a file
+        write_repository(artifacts["kv"], tmp_path / "full" / "file", force=True)
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == ["file"]  # no file.partial left beside it
     assert not (tmp_path / "a").exists() and not (tmp_path / "a.partial").exists()
 
 
@@ -214,6 +217,8 @@ def test_cli_build_and_its_one_line_errors(artifacts, tmp_path):
         assert message in result.output and "Traceback" not in result.output
     result = runner.invoke(app, ["triton", "serve", str(tmp_path / "nothing")])
     assert result.exit_code == 2 and "no model repository" in result.output
+    result = runner.invoke(app, ["triton", "serve", str(artifacts["va"])])  # an artifact, not a repository
+    assert result.exit_code == 2 and "is not a model repository" in result.output
 
 
 def test_row_helpers():

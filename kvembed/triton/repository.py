@@ -102,7 +102,9 @@ def write_repository(
     )
     entries = plan_entries(list(artifacts), list(names) if names else None)
     target = Path(out)
-    if target.exists() and not (target.is_dir() and not any(target.iterdir())) and not force:
+    if target.exists() and not target.is_dir():  # even with --force: never replace a file
+        raise NotADirectoryError(f"{str(target)!r} is a file; the repository is a directory: give --out a directory path")
+    if target.exists() and any(target.iterdir()) and not force:
         raise FileExistsError(f"{str(target)!r} exists and is not empty; pass --force to replace it")
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
