@@ -157,6 +157,11 @@ class TritonServer:
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
             raise FileNotFoundError(f"no model repository at {str(self.repository)!r}; write one with kvembed triton build")
+        if not any((model / "config.pbtxt").is_file() for model in self.repository.iterdir()):
+            raise FileNotFoundError(
+                f"{str(self.repository)!r} is not a model repository (no <model>/config.pbtxt in it); "
+                "write one with kvembed triton build ARTIFACT --out DIR and serve DIR"
+            )
         self.install = find_tritonserver()
         self.environment = stub_environment(python)
         self.ports = ports or Ports.free()
