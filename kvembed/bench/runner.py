@@ -118,6 +118,9 @@ class BenchConfig:
                 raise ValueError("an artifact fixes its model, method and options; drop --model/--method/method options")
             if Path(self.out).expanduser().resolve() == Path(self.artifact).expanduser().resolve():
                 raise ValueError("--out must not be the --artifact directory")
+            from ..runtime.artifact import read_manifest
+
+            read_manifest(self.artifact)  # not an artifact: one line before any progress bar
         else:  # model, method and options checked against config.json before any weights load
             from ..sources import preflight
 

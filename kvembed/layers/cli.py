@@ -60,6 +60,9 @@ def layers(
     def run() -> Any:
         if batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+        from ..sources import locate_model
+
+        locate_model(model)  # a wrong --model fails before any progress bar
         with progress:
             selection = compute_layer_selection(
                 model, calibration, num_texts, prompt=prompt, batch_size=batch_size, max_length=max_length,
