@@ -81,7 +81,7 @@ def unpad_rows(feed: Mapping[str, np.ndarray]) -> list[EncodedText]:
 
 
 def split_rows(arrays: Mapping[str, np.ndarray], counts: Sequence[int]) -> list[dict[str, np.ndarray]]:
-    """Undo :func:`stack_requests` for outputs: each request's rows, in request order."""
+    """The merged requests' output rows split back (``counts[i]`` rows each): each request's rows, in request order."""
     out, start = [], 0
     for count in counts:
         out.append({name: array[start : start + count] for name, array in arrays.items()})
