@@ -354,6 +354,16 @@ def test_cli_bad_input_is_one_line_on_stderr_with_exit_2(tmp_path, artifact):
     assert "docs.jsonl:2: 'text' is null" in result.stderr
 
 
+def test_cli_unreachable_ray_address_fails_at_once_without_touching_the_output(tmp_path, artifact):
+    """``ray.init`` retries a dead HOST:PORT for minutes (logging every attempt); the CLI checks it first."""
+    (tmp_path / "docs.txt").write_text("one\n")
+    result = run_cli(str(artifact), "-i", str(tmp_path / "docs.txt"), "-o", str(tmp_path / "out"), "--engine", "ray",
+                     "--ray-address", "127.0.0.1:9", "--workers", "1", "--threads-per-worker", "1", timeout=60)
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
+    assert "cannot connect to a Ray cluster at --ray-address 127.0.0.1:9" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_corpus_imports_without_torch():
     script = "import sys, kvembed.corpus, kvembed.corpus.cli; assert 'torch' not in sys.modules and 'ray' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -80,6 +81,29 @@ class ShardActor:
             return {"shard": shard.name, "error": str(err)}
         finally:
             self.counter.add.remote(pending[0], pending[1])
+
+
+#: seconds to wait for a TCP connection to ``--ray-address HOST:PORT``
+CONNECT_TIMEOUT = 5.0
+
+
+def check_address(address: str | None) -> None:
+    """Fail in seconds when ``--ray-address HOST:PORT`` has nothing listening: ``ray.init`` itself
+    retries such an address for minutes, logging every attempt. ``auto`` and ``ray://`` addresses
+    are left to Ray (``auto`` fails at once when no cluster runs)."""
+    if address is None or address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise CorpusError(f"--ray-address {address!r} is not auto or HOST:PORT (e.g. 10.0.0.1:6379)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT):
+            pass
+    except OSError as err:
+        raise CorpusError(
+            f"cannot connect to a Ray cluster at --ray-address {address} ({' '.join(str(err).split()) or type(err).__name__}); "
+            "start one with `ray start --head` or leave --ray-address out for a local Ray"
+        ) from None
 
 
 @contextmanager

@@ -23,6 +23,8 @@ def embed_corpus(options: CorpusOptions) -> dict[str, Any]:
     input raises :class:`kvembed.corpus.CorpusError` naming the file and row.
     """
     started = time.monotonic()
+    if options.engine == "ray":  # a missing Ray or an unreachable --ray-address fails before the output is touched
+        _ray_engine().check_address(options.ray_address)
     sha256 = artifact_sha256(options.artifact)
     artifact = read_manifest(options.artifact)
     plan = make_plan(options)
@@ -62,9 +64,14 @@ def _engine(options: CorpusOptions, job: Job, pending: list[Shard], progress: Co
 
         yield from run_local(job, pending, progress)
         return
+    ray_engine = _ray_engine()
+    with ray_engine.ray_session(options.ray_address):
+        yield from ray_engine.run_ray(job, pending, options.workers, progress)
+
+
+def _ray_engine() -> Any:
     try:
-        from .ray_engine import ray_session, run_ray
+        from . import ray_engine
     except ImportError as err:
         raise MissingDependency(f"--engine ray needs Ray Data: pip install 'kvembed[corpus]' ({err})") from None
-    with ray_session(options.ray_address):
-        yield from run_ray(job, pending, options.workers, progress)
+    return ray_engine
