@@ -57,6 +57,21 @@ def test_truncation_keeps_the_template_and_fits(byte_tokenizer):
         TextEncoder(byte_tokenizer, resolve("kv-embedding", 5), max_length=10).encode_one("hello")
 
 
+def test_truncation_warning_names_at_most_ten_texts(byte_tokenizer):
+    """One warning line: the count, the limit, the first ten cut texts by their index in the
+    whole stream (``first_index``), then how many more."""
+    encoder = TextEncoder(byte_tokenizer, resolve("mean", 5), max_length=16)
+    texts = ["short"] + ["y" * 40] * 12
+    with pytest.warns(UserWarning) as caught:
+        encoder.encode(texts, first_index=100)
+    (warning,) = caught
+    named = ", ".join(f"texts[{i}]" for i in range(101, 111))
+    assert str(warning.message) == (
+        f"12 of 13 text(s) exceed max_length=16 tokens and were cut to fit ({named} and 2 more); "
+        "the prompt template is kept whole"
+    )
+
+
 def test_truncation_of_echo_cuts_both_copies(byte_tokenizer):
     """Both copies of the text are cut to the same prefix, and only the second one is pooled."""
     encoder = TextEncoder(byte_tokenizer, resolve("echo", 5), max_length=80)
