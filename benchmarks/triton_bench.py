@@ -34,9 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from kvembed.runtime import Embedder
+from kvembed.errors import KvembedError
+from kvembed.runtime import Embedder, read_manifest
 from kvembed.triton import write_repository
-from kvembed.triton.server import TritonServer
+from kvembed.triton.server import TritonServer, find_tritonserver, stub_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -189,10 +190,25 @@ def load_test(server, embedder: Embedder, texts: list[str], clients: int, reques
             "seconds": elapsed, "texts_per_s": sent / elapsed, "healthy_after": bool(healthy)}
 
 
+def client_counts(text: str) -> list[int]:
+    try:
+        counts = [int(item) for item in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"takes comma-separated positive integers, e.g. 1,8,32; got {text!r}")
+    return counts
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    def error(self, message: str):  # one line on stderr, exit 2 (no usage block)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = OneLineErrors(description=__doc__.split("\n")[0])
     parser.add_argument("--artifact", type=Path, help="artifact directory (default: export stories260k kv-embedding)")
-    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--clients", type=client_counts, default="1,8,32")
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each closed-loop cell")
     parser.add_argument("--rounds", type=int, default=3, help="alternating in-process / Triton rounds per client count")
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
@@ -204,7 +220,14 @@ def main() -> None:
     parser.add_argument("--python", default=os.environ.get("KVEMBED_TRITON_PYTHON") or str(ROOT / ".venv-triton" / "bin" / "python"))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    clients = [int(c) for c in args.clients.split(",")]
+    clients = args.clients
+    try:  # before any export or server start: a wrong --artifact or --python fails at once, in one line
+        if args.artifact is not None:
+            read_manifest(args.artifact)
+        find_tritonserver()
+        stub_environment(args.python)
+    except (OSError, ValueError, KvembedError) as err:
+        parser.error(str(err))
     texts = corpus(512)
     warnings.simplefilter("ignore")
     with tempfile.TemporaryDirectory() as tmp:
@@ -232,8 +255,7 @@ def main() -> None:
                     rounds["triton"].append(with_cpu(lambda: triton_cell(server, args, texts, count), server))
                 for side, cells in rounds.items():
                     results[side].append(median_cell(cells))
-                pairs = zip(rounds["triton"], rounds["in_process"])
-                pairs = list(pairs)
+                pairs = list(zip(rounds["triton"], rounds["in_process"]))
                 results["triton"][-1]["ratio"] = float(np.median([t["texts_per_s"] / i["texts_per_s"] for t, i in pairs]))
                 results["triton"][-1]["cpu_ratio"] = float(np.median([t["texts_per_cpu_s"] / i["texts_per_cpu_s"] for t, i in pairs]))
                 print(json.dumps({"in_process": results["in_process"][-1], "triton": results["triton"][-1]}), flush=True)
