@@ -5,9 +5,12 @@ Builds a Parquet corpus (5 files) of mixed-length texts from kvembed's calibrati
 fresh process: texts/s and tokens/s over the embedding call (Ray: after ``ray.init``, which a
 cluster has already done; actor start and model load are included), and the worker's peak RSS
 from the manifest. ``--memory`` runs the local engine on growing corpora of short texts to show
-that peak RSS does not grow with the corpus. Example:
+that peak RSS does not grow with the corpus. ``--tokenize N`` times the artifact's own
+``TextEncoder`` (its prompt and tokenizer, no model run) on N mixed texts in this process, one
+thread: the host-side tokenising rate a corpus run needs per worker. Examples:
 
     python benchmarks/corpus_bench.py --artifact ART --texts 20000 --memory 20000,200000 --out DIR
+    python benchmarks/corpus_bench.py --artifact ART --configs '' --tokenize 4000
 """
 
 from __future__ import annotations
@@ -25,20 +28,42 @@ from pathlib import Path
 FILES = 5
 
 
-def make_corpus(folder: Path, count: int, sentences: tuple[int, int], seed: int = 0) -> str:
-    """``count`` texts of ``sentences[0]..[1]`` calibration sentences in 5 Parquet files; returns a glob."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+def corpus_texts(count: int, sentences: tuple[int, int], seed: int = 0) -> list[str]:
+    """``count`` texts of ``sentences[0]..[1]`` calibration sentences each."""
     pool = (Path(__file__).resolve().parents[1] / "kvembed" / "data" / "calibration.txt").read_text().split("\n")
     pool = [line for line in pool if line.strip()]
     rng = random.Random(seed)
+    return [" ".join(rng.choice(pool) for _ in range(rng.randint(*sentences))) for _ in range(count)]
+
+
+def make_corpus(folder: Path, count: int, sentences: tuple[int, int], seed: int = 0) -> str:
+    """``corpus_texts`` in 5 Parquet files; returns a glob."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = corpus_texts(count, sentences, seed)
     folder.mkdir(parents=True, exist_ok=True)
+    start = 0
     for f in range(FILES):
         n = count // FILES + (f < count % FILES)
-        texts = [" ".join(rng.choice(pool) for _ in range(rng.randint(*sentences))) for _ in range(n)]
-        pq.write_table(pa.table({"id": [f"{f}-{i}" for i in range(n)], "text": texts}), folder / f"part-{f}.parquet")
+        part, start = texts[start:start + n], start + n
+        pq.write_table(pa.table({"id": [f"{f}-{i}" for i in range(n)], "text": part}), folder / f"part-{f}.parquet")
     return str(folder / "*.parquet")
+
+
+def tokenize_rate(artifact: str, count: int) -> dict:
+    """Tokens/s of the artifact's TextEncoder on ``count`` mixed texts, this thread, no model run."""
+    from kvembed.runtime.artifact import encoder_from_manifest, read_manifest
+
+    encoder = encoder_from_manifest(artifact, read_manifest(artifact))
+    texts = corpus_texts(count, (1, 4))
+    encoder.encode(texts[:100], "document")  # warm-up
+    started = time.perf_counter()
+    encoded = encoder.encode(texts, "document")
+    seconds = time.perf_counter() - started
+    tokens = sum(len(item.ids) for item in encoded)
+    return {"texts": count, "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds),
+            "method": encoder.method.name, "vocab": encoder.tokenizer.get_vocab_size(with_added_tokens=True)}
 
 
 def run_one(config: str, artifact: str, inputs: str, output: str, rows_per_file: int) -> dict:
@@ -79,6 +104,7 @@ def spawn(config: str, artifact: str, inputs: str, output: Path, rows_per_file: 
 
 def markdown(results: dict) -> str:
     lines = ["| config | rows | tokens | s | texts/s | tokens/s | vs local | worker peak RSS MB |", "|---|---|---|---|---|---|---|---|"]
+    lines = lines if results["throughput"] else []
     base = next((r["tokens_per_s"] for r in results["throughput"] if r["engine"] == "local"), None)
     for r in results["throughput"]:
         ratio = f"{r['tokens_per_s'] / base:.3f}" if base else "-"
@@ -88,7 +114,11 @@ def markdown(results: dict) -> str:
         lines += ["", "| short texts (local, 2 threads) | tokens | s | texts/s | worker peak RSS MB |", "|---|---|---|---|---|"]
         for r in results["memory"]:
             lines.append(f"| {r['rows']:,} | {r['tokens']:,} | {r['seconds']:.1f} | {r['texts_per_s']:,.1f} | {r['worker_peak_rss_mb']:,.0f} |")
-    return "\n".join(lines) + "\n"
+    if results.get("tokenize"):
+        t = results["tokenize"]
+        lines += ["", f"TextEncoder ({t['method']}, vocabulary {t['vocab']:,}), one thread: {t['texts']:,} texts, "
+                      f"{t['tokens']:,} tokens in {t['seconds']:.2f} s = {t['tokens_per_s']:,} tokens/s"]
+    return "\n".join(lines).lstrip("\n") + "\n"
 
 
 def main() -> None:
@@ -99,6 +129,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="Run every config this many times, interleaved.")
     parser.add_argument("--memory", default="", help="Comma list of short-text corpus sizes for the memory runs (local).")
     parser.add_argument("--rows-per-file", type=int, default=100_000)
+    parser.add_argument("--tokenize", type=int, default=0, help="Time the artifact's TextEncoder on this many texts.")
     parser.add_argument("--out", help="Directory for results.json and results.md.")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--input", help=argparse.SUPPRESS)
@@ -108,11 +139,14 @@ def main() -> None:
         print(json.dumps(run_one(args.one, args.artifact, args.input, args.output, args.rows_per_file)))
         return
     results: dict = {"artifact": os.path.abspath(args.artifact), "texts": args.texts, "throughput": [], "memory": []}
+    if args.tokenize:
+        results["tokenize"] = tokenize_rate(args.artifact, args.tokenize)
+        print(json.dumps(results["tokenize"]), flush=True)
     with tempfile.TemporaryDirectory(prefix="corpus-bench-") as tmp:
         root = Path(tmp)
         inputs = make_corpus(root / "mixed", args.texts, (1, 4))
         for round_ in range(args.rounds):
-            for config in args.configs.split(","):
+            for config in [c for c in args.configs.split(",") if c]:
                 results["throughput"].append(spawn(config, args.artifact, inputs, root / f"out-{config}-{round_}".replace(":", "-"), args.rows_per_file))
         for size in [int(x) for x in args.memory.split(",") if x]:
             short = make_corpus(root / f"short-{size}", size, (1, 1), seed=1)
