@@ -141,6 +141,7 @@ def test_token_ids_equal_text_for_a_raw_method_and_are_refused_for_a_prompt_meth
     ids = [oracles["va"].encoder.tokenizer.encode(text).ids for text in texts]
     many = client.embeddings.create(model="va", input=ids)
     assert_rows_equal([item.embedding for item in many.data], oracles["va"].encode(texts))
+    assert_rows_equal(oracles["va"].encode_ids(ids), oracles["va"].encode(texts))  # the same in Python (README)
     assert many.usage.prompt_tokens == sum(map(len, ids))
     one = client.embeddings.create(model="va", input=ids[1], encoding_format="float")
     assert_rows_equal(one.data[0].embedding, oracles["va"].encode(texts[1:]))
