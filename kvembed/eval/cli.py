@@ -73,17 +73,18 @@ def eval_command(
 
     title = f"kvembed eval: {', '.join(d['name'] for d in described)}"
     done: list[runner.ConfigResult] = []
+    paths: dict[str, Path] = {}
 
     def progress(result: runner.ConfigResult) -> None:
-        """Print the configuration's scores and rewrite the reports: a long run stopped half-way keeps them."""
+        """Print the configuration's scores and rewrite the reports: a long run stopped half-way keeps them
+        (after the last configuration they are the final reports)."""
         done.append(result)
         scores = ", ".join(f"{name} {s['main_score']:.4f}" for name, s in result.scores.items())
         errors.print(f"  {result.config.label}: {scores} ({result.seconds:.1f} s)", highlight=False, soft_wrap=True)
-        report.write(done, described, runner.environment(), runner.result_files(out), out, title)
+        paths.update(report.write(done, described, runner.environment(), runner.result_files(out), out, title))
 
     results = runner.evaluate(configurations, tasks, out, batch_size=batch_size, provider=provider, threads=threads,
                               max_length=max_length, on_result=progress)
-    paths = report.write(results, described, runner.environment(), runner.result_files(out), out, title)
     table = Table(title=title)
     table.add_column("configuration")
     for d in described:
