@@ -107,10 +107,30 @@ def guard_app(app: typer.Typer) -> typer.Typer:
     return app
 
 
-def run_app(app: typer.Typer, argv: Sequence[str] | None = None, prog_name: str | None = None) -> Any:
-    """Entry point: take ``--debug`` from anywhere in ``argv`` (sets KVEMBED_DEBUG=1), then run ``app``."""
+def run_app(app: typer.Typer, argv: Sequence[str] | None = None, prog_name: str | None = None) -> None:
+    """Entry point: take ``--debug`` from anywhere in ``argv`` (sets KVEMBED_DEBUG=1), run ``app``,
+    and exit with its code. Usage errors (unknown option, missing or malformed value) are one line
+    too, instead of click's boxed usage message; a bare command still prints its help."""
     args = list(sys.argv[1:] if argv is None else argv)
     if DEBUG_FLAG in args:
         args = [a for a in args if a != DEBUG_FLAG]
         os.environ[DEBUG_ENV] = "1"
-    return app(args=args, prog_name=prog_name)
+    try:
+        code = app(args=args, prog_name=prog_name, standalone_mode=False)
+    except (typer.Abort, click.exceptions.Abort):
+        code = EXIT_INTERRUPTED
+    except Exception as err:
+        if not _is_usage_error(err):
+            raise
+        if type(err).__name__ == "NoArgsIsHelpError":  # a bare group or command: its help
+            err.show()  # type: ignore[attr-defined]
+        else:
+            command = getattr(getattr(err, "ctx", None), "command_path", None) or prog_name or "the command"
+            fail(f"{err.format_message()} (see {command} --help)")  # type: ignore[attr-defined]
+        code = err.exit_code  # type: ignore[attr-defined]
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _is_usage_error(err: BaseException) -> bool:
+    """A click ``ClickException`` — typer vendors its own click, so matched by its interface."""
+    return callable(getattr(err, "format_message", None)) and isinstance(getattr(err, "exit_code", None), int)

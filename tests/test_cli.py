@@ -141,6 +141,22 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(tmp_path):
     assert debug.returncode != 0 and "Traceback" in debug.stderr
 
 
+@pytest.mark.parametrize(
+    "module, args, words",
+    [
+        ("kvembed.cli", ["embed", "--no-such-flag", "x"], "No such option: --no-such-flag (see kvembed embed --help)"),
+        ("kvembed.cli", ["embed", "--batch-size", "many", "x"], "'--batch-size'"),
+        ("kvembed.cli", ["no-such-command"], "No such command"),
+        ("kvembed.export.cli", ["--model", "stories260k"], "Missing option '--method'"),
+    ],
+)
+def test_usage_errors_are_one_line_too(module, args, words):
+    """typer/click's own usage errors (unknown flag, bad value, missing option) are one line, exit 2."""
+    result = run_process(module, *args)
+    assert result.returncode == 2 and words in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
 def test_export_errors_are_one_line_with_exit_codes(tmp_path):
     result = run_process("kvembed.export.cli", "--model", "stories260k", "--method", "va", "--layers", "9", "--out", str(tmp_path / "a"))
     assert result.returncode == 2 and "Traceback" not in result.stderr and "valid indices are 0..4" in result.stderr
