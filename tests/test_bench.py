@@ -102,6 +102,40 @@ def test_quick_run_writes_markdown_and_png_plots(quick_run):
         assert (out / "artifacts" / precision / "kvembed.json").is_file()
 
 
+def test_every_cell_reports_its_cv_and_noisy_flag(quick_run):
+    """README: cells whose repeats vary by more than 25% (coefficient of variation) are flagged
+    noisy in results.json, in results.md's ``cv`` column and note, and on their speedups. The cv
+    is recomputed here with numpy from the cell's own samples_s."""
+    out, output, results = quick_run
+    cells = results["cells"]
+    lines = (out / "results.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| backend |"))
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    assert "cv" in columns, header
+    rows = {}
+    for line in lines:
+        if line.startswith(("| runtime |", "| torch |")):
+            row = dict(zip(columns, (c.strip() for c in line.strip("|").split("|"))))
+            rows[(row["backend"], row["precision"], int(row["batch"]), int(row["seq"]))] = row
+    assert len(rows) == len(cells)
+    for cell in cells:
+        samples = np.array(cell["samples_s"])
+        cv = float(samples.std() / samples.mean())  # population std, as "coefficient of variation"
+        assert cell["cv"] == pytest.approx(cv, rel=1e-9, abs=1e-12)
+        assert cell["noisy"] is (cv > 0.25)
+        shown = rows[(cell["backend"], cell["precision"], cell["batch_size"], cell["seq_len"])]["cv"]
+        number, _, flag = shown.partition("%")  # "12%" or "31% noisy"
+        assert number.isdigit() and abs(int(number) - 100 * cv) <= 0.5 + 1e-9, shown
+        assert (flag.strip() == "noisy") == (cv > 0.25), shown
+    torch_noisy = {(c["batch_size"], c["seq_len"]): c["noisy"] for c in cells if c["backend"] == "torch"}
+    for cell in cells:
+        if cell["backend"] != "torch":
+            assert cell["speedup_noisy"] == (cell["noisy"] or torch_noisy[(cell["batch_size"], cell["seq_len"])])
+    noisy = sum(cell["noisy"] for cell in cells)
+    note = f"{noisy} of {len(cells)} cells are noisy"
+    assert (note in "\n".join(lines)) == (noisy > 0)
+
+
 def test_profile_breaks_the_largest_cell_down_by_operator(quick_run):
     out, output, results = quick_run
     assert set(results["profile"]) == {"fp32", "int8"}
