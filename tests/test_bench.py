@@ -150,17 +150,22 @@ def test_profile_breaks_the_largest_cell_down_by_operator(quick_run):
     assert "## Where the time goes: runtime fp32, b4-s128" in (out / "results.md").read_text()
 
 
-def test_workload_rows_have_exact_token_lengths(quick_run):
-    """Re-tokenised by the runtime (a separate Embedder of the artifact), rows have the lengths asked for."""
+def test_workload_rows_have_exact_token_lengths(quick_run, oracle):
+    """Re-tokenised by the oracle (tests/independent.py: the model folder's tokenizer.json and
+    METHODS.md's prompt), rows have the lengths asked for."""
     from kvembed.runtime import Embedder
 
-    artifact = quick_run[0] / "artifacts" / "fp32"
-    encoder = Embedder.load(artifact, provider="cpu", threads=1).encoder
-    check = Embedder.load(artifact, provider="cpu", threads=1).encoder
+    assert quick_run[2]["setup"]["method"] == "kv-embedding"
+    reference = oracle("stories260k")
+
+    def lengths(texts) -> list[int]:
+        return [len(reference.tokenize("kv-embedding", text, "document").ids) for text in texts]
+
+    encoder = Embedder.load(quick_run[0] / "artifacts" / "fp32", provider="cpu", threads=1).encoder
     for seq_len in (47, 64, 100, 200, 512):
         rows = exact_rows(encoder, seq_len, 5)
         assert rows.exact and (seq_len < 64 or len(set(rows.texts)) == 5)  # different texts, same length
-        assert [len(item.ids) for item in check.encode(list(rows.texts))] == [seq_len] * 5
+        assert lengths(rows.texts) == [seq_len] * 5
         batch = make_batch(encoder, rows, 3)
         assert batch.inputs["input_ids"].shape == (3, seq_len)
         assert int(batch.inputs["attention_mask"].sum()) == batch.real_tokens == 3 * seq_len
@@ -170,7 +175,7 @@ def test_workload_rows_have_exact_token_lengths(quick_run):
     corpus = mixed_corpus(encoder, 40, 50, 300, seed=3)
     assert corpus.texts == mixed_corpus(encoder, 40, 50, 300, seed=3).texts
     assert all(50 <= n <= 300 for n in corpus.targets) and len(set(corpus.targets)) > 10
-    assert [len(item.ids) for item in check.encode(list(corpus.texts))] == list(corpus.lengths)
+    assert lengths(corpus.texts) == list(corpus.lengths)
     assert sum(a == b for a, b in zip(corpus.lengths, corpus.targets)) >= 38
 
 
