@@ -9,15 +9,12 @@ reports exist and are valid.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from checks import run_without_torch
 from kvembed.bench.measure import Timing, cosine_rows, time_calls
 from kvembed.bench.peak import ModelShape, gemm_peak
 from kvembed.bench.workload import exact_rows, make_batch, mixed_corpus
@@ -214,18 +211,15 @@ def test_artifact_is_reused_not_reexported(quick_run, tmp_path):
 
 def test_runtime_only_benchmark_never_imports_torch(quick_run, tmp_path):
     artifact = quick_run[0] / "artifacts" / "fp32"
-    script = textwrap.dedent(f"""
-        import sys
+    done = run_without_torch(f"""
         from kvembed.bench import BenchConfig, run_bench
         results = run_bench(BenchConfig(out={str(tmp_path / 'rt')!r}, artifact={str(artifact)!r},
             backends=("runtime",), batch_sizes=(1,), seq_lens=(64,), warmup=0, min_repeats=1,
             min_seconds=0.0, max_repeats=2, gemm_size=128))
         assert [c["backend"] for c in results["cells"]] == ["runtime"]
         assert results["cells"][0]["cosine_vs_torch"] is None
-        assert "torch" not in sys.modules and "transformers" not in sys.modules, "torch was imported"
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        assert not results["processes"][0]["torch_loaded"]  # nor in the measuring process
+    """, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
