@@ -57,11 +57,16 @@ def test_runtime_equals_the_reference_through_text(artifacts, method):
     np.testing.assert_allclose(raw, reference.encode(TEXTS, normalize=False), rtol=1e-4, atol=1e-4)
 
 
-def test_token_ids_equal_the_reference(artifacts):
+def test_token_ids_equal_the_oracle_s(artifacts, oracle):
+    """The artifact's tokenizer.json and manifest give the ids the oracle builds from the model
+    folder and METHODS.md (the PyTorch reference shares the runtime's TextEncoder: no oracle)."""
     runtime = Embedder.load(artifacts["token-prepending"], provider="cpu")
-    reference = TorchEmbedder.from_pretrained("stories260k", "token-prepending")
-    for text in TEXTS + random_texts(50):
-        assert runtime.encoder.encode_one(text).ids == reference.encoder.encode_one(text).ids
+    reference = oracle("stories260k")
+    for kind in ("document", "query"):
+        for text in TEXTS + random_texts(50):
+            ours = runtime.encoder.encode_one(text, kind)
+            theirs = reference.tokenize("token-prepending", text, kind)
+            assert list(ours.ids) == theirs.ids and ours.ids.index(runtime.encoder.placeholder_id) == theirs.pst_index
     # a text containing the placeholder itself is refused by name, as in the reference
     with pytest.raises(ValueError, match="<PST>"):
         runtime.encode(["ok", "see <PST> here"])
