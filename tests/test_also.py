@@ -12,6 +12,7 @@ import shutil
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from checks import assert_matches_oracle
 from kvembed.export.core import export_result, verify
@@ -138,9 +139,18 @@ def test_verify_checks_extra_outputs(tmp_path):
     assert checked.report.passed and not checked.also["last"].passed and not checked.passed
 
 
-def test_cli_refuses_methods_that_cannot_share(tmp_path):
-    from typer.testing import CliRunner
+@pytest.fixture(scope="module")
+def va_with_mean(tmp_path_factory):
+    """``kvembed-export --method va --layers 1 --also mean``: one export for the two tests below."""
+    from kvembed.export.cli import app
 
+    out = tmp_path_factory.mktemp("also") / "a"
+    result = CliRunner().invoke(app, ["--model", STORIES, "--method", "va", "--layers", "1", "--also", "mean", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out, result.output
+
+
+def test_cli_refuses_methods_that_cannot_share(va_with_mean, tmp_path):
     from kvembed.export.cli import app
 
     out = tmp_path / "out"
@@ -150,20 +160,13 @@ def test_cli_refuses_methods_that_cannot_share(tmp_path):
     assert not out.exists()
     result = CliRunner().invoke(app, ["--model", STORIES, "--method", "va", "--also", "nope", "--out", str(out)])
     assert result.exit_code == 2 and "unknown method" in result.output
-    result = CliRunner().invoke(
-        app, ["--model", STORIES, "--method", "va", "--layers", "1", "--also", "mean", "--out", str(out)]
-    )
-    assert result.exit_code == 0, result.output
-    assert "extra output 'mean'" in result.output
+    assert "extra output 'mean'" in va_with_mean[1]  # and the shareable pair exports
 
 
-def test_embed_cli_uses_an_extra_output(tmp_path):
-    from typer.testing import CliRunner
-
+def test_embed_cli_uses_an_extra_output(va_with_mean, tmp_path):
     from kvembed.cli import app
 
-    out = tmp_path / "a"
-    export_result(STORIES, "va", out, layers="1", also=["mean"])
+    out = va_with_mean[0]
     target = tmp_path / "v.npy"
     result = CliRunner().invoke(app, ["embed", str(out), "--use", "mean", "--output", str(target), "one", "two"])
     assert result.exit_code == 0, result.output
