@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import MissingDependency
+from ..sizes import parse_size
 
 PLAN, ENGINE_JSON = "engine.plan", "engine.json"
 ENGINE_SCHEMA_VERSION = 1
@@ -78,20 +79,6 @@ def default_shapes(max_length: int) -> ShapeRange:
     """:data:`DEFAULT_SHAPES` with every sequence clipped to ``max_length``."""
     (b0, s0), (b1, s1), (b2, s2) = (1, 16), (8, 128), (32, 512)
     return ShapeRange((b0, min(s0, max_length)), (b1, min(s1, max_length)), (b2, min(s2, max_length)))
-
-
-def parse_size(text: str) -> int:
-    """``"4GiB"``, ``"512MiB"``, ``"1.5GB"``, ``"1048576"`` -> bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(text), re.IGNORECASE)
-    if not match:
-        raise ValueError(f"size {text!r}: expected a number with an optional unit (B, KiB, MiB, GiB, KB, MB, GB), e.g. 4GiB")
-    value, unit = float(match.group(1)), (match.group(2) or "B").upper()
-    base = 1024 if "I" in unit else 1000
-    power = {"B": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit[0]]
-    size = int(value * base**power)
-    if size < 1:
-        raise ValueError(f"size {text!r} must be positive")
-    return size
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..runtime.artifact import MANIFEST
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+from ..sizes import parse_size  # noqa: F401  (re-exported: kvembed.serve.parse_size)
 
 
 @dataclass(frozen=True)
@@ -55,14 +53,3 @@ def parse_artifact(value: str) -> tuple[str, Path]:
     if not (directory / MANIFEST).is_file():
         raise FileNotFoundError(f"{str(directory)!r} is not a kvembed artifact (no {MANIFEST}); export one with kvembed-export")
     return name, directory
-
-
-def parse_size(value: str | int) -> int:
-    """Bytes from ``2MB``, ``512KiB``, ``1000000`` (kB/MB/GB decimal, KiB/MiB/GiB binary)."""
-    if isinstance(value, int):
-        return value
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS:
-        raise ValueError(f"cannot read size {value!r}: use a number of bytes or e.g. 2MB, 512KB, 4MiB")
-    return int(float(match.group(1)) * _UNITS[unit])
