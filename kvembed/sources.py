@@ -31,7 +31,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 _HOW_TO = (
     "download the model on a machine with network and pass its folder (config.json, *.safetensors, "
-    "tokenizer.json) or a .gguf file with --model /path/to/folder-or-file.gguf"
+    "tokenizer.json) or a .gguf file instead of the name (e.g. --model /path/to/folder-or-file.gguf)"
 )
 
 

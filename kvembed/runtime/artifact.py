@@ -74,11 +74,12 @@ def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> Path:
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest of an artifact directory; FileNotFoundError / ValueError say what is wrong."""
     directory = Path(directory)
+    made_by = f"an artifact directory holds {MANIFEST}, model.onnx and tokenizer.json, written by kvembed-export"
     if not directory.is_dir():
-        raise FileNotFoundError(f"no artifact directory at {str(directory)!r}")
+        raise FileNotFoundError(f"no artifact directory at {str(directory)!r}; {made_by}")
     path = directory / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"{str(directory)!r} is not a kvembed artifact: it has no {MANIFEST}")
+        raise FileNotFoundError(f"{str(directory)!r} is not a kvembed artifact: it has no {MANIFEST}; {made_by}")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
