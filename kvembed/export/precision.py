@@ -19,11 +19,11 @@ also emits duplicate Cast outputs and unsorted nodes when a node block list is g
 int8: ``onnxruntime.quantization.quantize_dynamic`` on MatMul weights (uint8 with a zero point,
 per output channel; activations uint8, dynamic per tensor). Unsigned weights (U8U8), not int8
 (U8S8): on x86 CPUs without VNNI (AVX2 / AVX-512F only) onnxruntime's U8S8 kernel sums pairs of
-u8 x s8 products in saturating int16 (``vpmaddubsw``) and loses precision: on an AVX2-only EPYC the
-demo model's kv-embedding graph fell to worst-row cosine 0.907 vs fp32 with int8 weights, 0.992
-with ``reduce_range`` (7-bit weights) and 0.998 with uint8 weights (16 rows; the same file must
-hold on every CPU it is copied to, so the export does not pick by the exporting machine). It yields ``DynamicQuantizeLinear``/``MatMulInteger``: standard ONNX ops that
-onnxruntime runs fast on CPU, but TensorRT does not support (build TensorRT engines from the fp32
+u8 x s8 products in saturating int16 (``vpmaddubsw``) and loses precision. On an AVX2-only EPYC,
+``benchmarks/int8_options.py`` (24 gate rows vs the fp32 graph) gave the demo model's kv-embedding
+worst cosine 0.845 with int8 weights and 0.997 with uint8 weights; the same file must hold on every
+CPU it is copied to, so the export does not pick by the exporting machine. It yields
+``DynamicQuantizeLinear``/``MatMulInteger``: standard ONNX ops that onnxruntime runs fast on CPU, but TensorRT does not support (build TensorRT engines from the fp32
 or fp16 artifact and let TensorRT pick precisions).
 """
 
