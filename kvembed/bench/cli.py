@@ -106,7 +106,7 @@ def bench_command(
     min_seconds: Optional[float] = typer.Option(None, "--min-seconds", help="Timed seconds per cell, at least (default: 1.0; --quick: 0.1)."),
     max_repeats: Optional[int] = typer.Option(None, "--max-repeats", help="Timed calls per cell, at most (default: 1000; --quick: 50)."),
     kind: str = typer.Option("document", "--kind", help="query or document: which prompt the inputs use."),
-    quick: bool = typer.Option(False, "--quick", help="Small grid and few calls on the demo model: a smoke run (about 30-60 s on 2 cores: export + parity gate, then a fresh process per backend)."),
+    quick: bool = typer.Option(False, "--quick", help="Small grid and few calls on the demo model: a smoke run of a few minutes on 2 cores (export + parity gate, then a fresh process per backend)."),
     profile: bool = typer.Option(False, "--profile", help="Also profile the runtime's largest cell per precision (onnxruntime profiler, time by op type)."),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty --out (replacing earlier results)."),
 ) -> None:
