@@ -7,7 +7,6 @@ oracle); resume is tested by killing real runs; bad input by real broken files.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
@@ -21,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from checks import cosines
 
 from kvembed.corpus import CorpusError, CorpusOptions, embed_corpus
 from kvembed.runtime import Embedder
@@ -67,7 +67,7 @@ def assert_matches(vectors: dict, expected: dict, min_cosine: float = 0.99999) -
     ids = list(expected)
     a = np.stack([vectors[i] for i in ids])
     b = np.stack([expected[i] for i in ids])
-    cosine = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    cosine = cosines(a, b)
     assert cosine.min() >= min_cosine, f"worst cosine {cosine.min()} for id {ids[int(cosine.argmin())]!r}"
 
 
