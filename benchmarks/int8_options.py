@@ -7,11 +7,12 @@ throughput at batch x tokens, interleaved over rounds (this VM drifts 10-30% min
 
     python benchmarks/int8_options.py ARTIFACT_DIR --out benchmarks/results/int8-options [--rounds 5]
 
-Recipes (see kvembed.export.precision for what the exporter uses):
-- dyn-u8s8: quantize_dynamic, int8 weights per channel (U8S8; saturates in int16 on CPUs without VNNI)
-- dyn-u8u8: quantize_dynamic, uint8 weights per channel (U8U8)
-- dyn-u8u8-keep-down: as dyn-u8u8, down_proj MatMuls left in fp32 (they see the largest outliers)
-- dyn-u8u8-keep-ends: as dyn-u8u8, first and last decoder layer left in fp32
+Recipes (the exporter's are kvembed.export.precision.INT8_RECIPES, run through its own to_int8):
+- smooth, smooth-keep-down, plain: the exporter's (plain = quantize_dynamic, uint8 weights per channel)
+- smooth-a<alpha>: smooth with another SmoothQuant strength
+- plain-keep-down: plain with every SwiGLU down_proj left fp32, no smoothing
+- plain-keep-ends: plain with the first and last decoder layer left fp32
+- dyn-u8s8: quantize_dynamic with int8 weights (U8S8; saturates in int16 on CPUs without VNNI)
 - nbits8 / nbits4: MatMulNBits block-wise weights (block 32), accuracy_level 4 (int8 compute on
   per-block quantized activations) -- a com.microsoft op: onnxruntime only
 """
@@ -19,6 +20,7 @@ Recipes (see kvembed.export.precision for what the exporter uses):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -28,7 +30,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from kvembed.bench.measure import TorchBackend, interleaved
+from kvembed.bench.report import machine_info
+from kvembed.bench.workload import raw_token_batch
 from kvembed.export.parity import KINDS, PARITY_TEXTS, cosine_rows
+from kvembed.export.precision import INT8_RECIPES, to_int8
+from kvembed.export.smoothing import calibration_feeds
 from kvembed.runtime.artifact import encoder_from_manifest, read_manifest
 
 
@@ -40,7 +47,7 @@ def matmul_nodes(model: onnx.ModelProto) -> list[tuple[str, int | None, tuple[in
     """(node name, decoder layer, weight shape) of every MatMul with a constant B, in graph order.
 
     The exported graph keeps no module names, so layers come from the order (PER_LAYER weight
-    matmuls per layer) and down_proj from its [intermediate, hidden] shape."""
+    matmuls per layer)."""
     shapes = {i.name: tuple(i.dims) for i in model.graph.initializer}
     found = [(n.name, shapes[n.input[1]]) for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in shapes]
     whole = len(found) % PER_LAYER == 0
@@ -84,6 +91,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--alphas", type=float, nargs="*", default=[0.5, 0.8], help="other SmoothQuant strengths to try")
+    parser.add_argument("--only", nargs="*", help="run only these recipes (names as printed)")
+    parser.add_argument("--torch", action="store_true", help="also time the PyTorch fp32 reference (loads the source model)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(args.artifact)
@@ -95,21 +105,31 @@ def main() -> None:
         raise SystemExit(f"cannot tell decoder layers apart in {source} ({len(nodes)} weight matmuls)")
     first, last = layers[0], layers[-1]
     hidden = nodes[0][2][0]  # q_proj's input width
-    recipes: dict[str, Callable[[Path], None]] = {
+    calibration = calibration_feeds(encoder)
+    smooth = INT8_RECIPES["smooth"]
+    recipes: dict[str, Callable[[Path], Any]] = {
+        **{name: (lambda t, r=recipe: to_int8(source, t, r, calibration)) for name, recipe in INT8_RECIPES.items()},
+        **{f"smooth-a{alpha:g}": (lambda t, a=alpha: to_int8(source, t, dataclasses.replace(smooth, smooth_alpha=a), calibration))
+           for alpha in args.alphas},
+        "plain-keep-down": lambda t: dynamic(source, t, "u8", lambda layer, shape: shape[1] == hidden and shape[0] > hidden),
+        "plain-keep-ends": lambda t: dynamic(source, t, "u8", lambda layer, shape: layer in (first, last)),
         "dyn-u8s8": lambda t: dynamic(source, t, "s8"),
-        "dyn-u8u8": lambda t: dynamic(source, t, "u8"),
-        "dyn-u8u8-keep-down": lambda t: dynamic(source, t, "u8", lambda layer, shape: shape[1] == hidden and shape[0] > hidden),
-        "dyn-u8u8-keep-ends": lambda t: dynamic(source, t, "u8", lambda layer, shape: layer in (first, last)),
         "nbits8": lambda t: nbits(source, t, 8),
         "nbits4": lambda t: nbits(source, t, 4),
     }
+    if args.only:
+        unknown = set(args.only) - set(recipes)
+        if unknown:
+            raise SystemExit(f"unknown recipes {sorted(unknown)}; known: {', '.join(recipes)}")
+        recipes = {k: v for k, v in recipes.items() if k in args.only}
     texts = list(PARITY_TEXTS.values())
-    names = None
     sessions = {"fp32": session(source, args.threads)}
     for name, build in recipes.items():
         target = args.out / f"{name}.onnx"
         started = time.perf_counter()
-        build(target)
+        facts = build(target)
+        if facts:
+            print(f"  {name}: {facts.get('fp32_matmuls')} MatMuls kept fp32", flush=True)
         print(f"built {name} in {time.perf_counter() - started:.1f}s ({target.stat().st_size / 1e6:.1f} MB)", flush=True)
         sessions[name] = session(target, args.threads)
     names = [i.name for i in sessions["fp32"].get_inputs()]
@@ -123,40 +143,37 @@ def main() -> None:
                 continue
             cosine = float(cosine_rows(s.run(["embedding"], feeds)[0], reference).min())
             worst[name] = min(worst.get(name, 1.0), cosine)
-    # throughput: batch x tokens of real text, interleaved rounds, median per recipe
-    long_text = " ".join(texts) * 20
-    ids = encoder.tokenizer.encode(long_text).ids
-    row = np.array(ids[: args.tokens], dtype=np.int64)
-    feeds = {"input_ids": np.tile(row, (args.batch, 1)), "attention_mask": np.ones((args.batch, args.tokens), np.int64)}
-    feeds = {k: v for k, v in feeds.items() if k in names}
-    times: dict[str, list[float]] = {name: [] for name in sessions}
-    for s in sessions.values():
-        s.run(["embedding"], feeds)
-    for _ in range(args.rounds):
-        for name, s in sessions.items():
-            started = time.perf_counter()
-            s.run(["embedding"], feeds)
-            times[name].append(time.perf_counter() - started)
+    # throughput: batch x tokens of real text (no prompt, no padding), interleaved rounds, median per recipe
+    feeds = {k: v for k, v in raw_token_batch(encoder, args.batch, args.tokens).items() if k in names}
+    calls: dict[str, Callable[[], Any]] = {name: (lambda s=s: s.run(["embedding"], feeds)) for name, s in sessions.items()}
+    if args.torch:
+        torch_backend = TorchBackend(manifest, args.threads)
+        calls["torch fp32"] = lambda: torch_backend.run(feeds)
+    times = interleaved(calls, args.rounds)
     tokens = args.batch * args.tokens
     results: dict[str, Any] = {
         "artifact": str(args.artifact), "model": manifest["source"].get("model"), "method": manifest["method"],
         "batch": args.batch, "tokens": args.tokens, "threads": args.threads, "rounds": args.rounds,
-        "onnxruntime": ort.__version__, "recipes": {},
+        "onnxruntime": ort.__version__, "machine": machine_info(), "recipes": {},
     }
     fp32_tps = tokens / float(np.median(times["fp32"]))
-    for name in sessions:
+    torch_tps = tokens / float(np.median(times["torch fp32"])) if args.torch else None
+    for name in calls:
         tps = tokens / float(np.median(times[name]))
         results["recipes"][name] = {
-            "worst_cosine_vs_fp32": None if name == "fp32" else worst[name],
+            "worst_cosine_vs_fp32": worst.get(name),
             "tokens_per_s": tps, "speed_vs_fp32": tps / fp32_tps,
-            "bytes": (args.out / f"{name}.onnx").stat().st_size if name != "fp32" else source.stat().st_size,
+            "speed_vs_torch_fp32": None if torch_tps is None else tps / torch_tps,
+            "bytes": None if name == "torch fp32" else (args.out / f"{name}.onnx").stat().st_size if name != "fp32" else source.stat().st_size,
         }
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    print(f"| recipe | worst cosine vs fp32 (24 rows) | tokens/s at {args.batch} x {args.tokens} | vs fp32 | MB |")
-    print("|---|---|---|---|---|")
+    print(f"| recipe | worst cosine vs fp32 (24 rows) | tokens/s at {args.batch} x {args.tokens} | vs onnxruntime fp32 | vs PyTorch fp32 | MB |")
+    print("|---|---|---|---|---|---|")
     for name, r in results["recipes"].items():
         cos = "-" if r["worst_cosine_vs_fp32"] is None else f"{r['worst_cosine_vs_fp32']:.5f}"
-        print(f"| {name} | {cos} | {r['tokens_per_s']:.0f} | {r['speed_vs_fp32']:.2f}x | {r['bytes'] / 1e6:.0f} |")
+        vs_torch = "-" if r["speed_vs_torch_fp32"] is None else f"{r['speed_vs_torch_fp32']:.2f}x"
+        size = "-" if r["bytes"] is None else f"{r['bytes'] / 1e6:.0f}"
+        print(f"| {name} | {cos} | {r['tokens_per_s']:.0f} | {r['speed_vs_fp32']:.2f}x | {vs_torch} | {size} |")
 
 
 if __name__ == "__main__":

@@ -121,6 +121,11 @@ def export_command(
         "METHOD[:option=value...] or LABEL=METHOD[:...], e.g. 'mean', 'va:layers=8-12'; repeatable.",
     ),
     precision: str = typer.Option("fp32", "--precision", help="fp32, fp16 or int8."),
+    int8_recipe: str = typer.Option(
+        "auto", "--int8-recipe", help="int8 only: smooth (SmoothQuant, MatMuls with massive inputs kept fp32), "
+        "smooth-keep-down (also every down_proj fp32), plain (every MatMul int8), or auto: the first of smooth, "
+        "smooth-keep-down that passes the parity gate.",
+    ),
     max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (default: the model's limit)."),
     opset: Optional[int] = typer.Option(None, help="ONNX opset (default: 23 with fused attention, 18 with decomposed)."),
     attention: Optional[str] = typer.Option(
@@ -133,7 +138,7 @@ def export_command(
 ) -> None:
     """Export MODEL computing METHOD as an ONNX artifact in OUT, gated on parity with PyTorch."""
     from .core import check_output
-    from .precision import check_precision
+    from .precision import check_precision, int8_plan
 
     options = method_options(locals())
     from .graph import resolve_attention
@@ -147,6 +152,7 @@ def export_command(
         for item in also or []:
             get_method(parse_also(item).method)
         check_precision(precision)
+        int8_plan(int8_recipe)
         check_output(out, force)
         resolve_attention(attention, opset)
         check_model(model, method, options, list(also or []))
@@ -165,7 +171,8 @@ def export_command(
             warnings.simplefilter("ignore")
             return export_result(
                 model, method, out, precision, max_length=max_length, opset=opset, attention=attention, force=force,
-                padding_side=padding_side, optimize=not no_optimize, progress=display, also=list(also or []), **options,
+                padding_side=padding_side, optimize=not no_optimize, progress=display, also=list(also or []),
+                int8_recipe=int8_recipe, **options,
             )
 
     start = time.monotonic()

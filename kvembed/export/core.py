@@ -29,7 +29,8 @@ from .graph import rms_norm_as_div, weight_matmuls
 from .graph import trace as trace_graph
 from .ops import ALLOWED_OPS, non_portable_ops, op_types
 from .parity import ParityReport, run_parity
-from .precision import check_precision, convert
+from .precision import INT8_RECIPES, check_precision, convert, int8_plan
+from .smoothing import calibration_feeds
 
 Progress = Callable[[str, str], None]
 
@@ -238,6 +239,7 @@ class Exporter:
         reference: Any | None = None,
         reference_options: Mapping[str, Any] | None = None,
         keep_trace: bool = True,
+        int8_recipe: str = "auto",
     ) -> ExportResult:
         """Write an artifact for ``precision`` to ``out`` after it passes the parity gate.
 
@@ -245,6 +247,8 @@ class Exporter:
         reference built from the same model) replace the gate's reference; the default is the
         embedder that was traced. They exist to prove the gate catches a wrong graph.
         ``keep_trace=False`` moves the traced fp32 graph instead of copying it (last write).
+        ``int8_recipe``: a name of :data:`~kvembed.export.precision.INT8_RECIPES`, or ``"auto"``
+        (the first of :data:`~kvembed.export.precision.INT8_AUTO` that passes the gate).
         """
         precision = check_precision(precision)
         out = check_output(out, force)
@@ -264,21 +268,40 @@ class Exporter:
         try:
             traced = self.trace(workdir=out.parent)
             assert self._graph is not None
-            model_path = staging / MODEL
-            if precision == "fp32":
-                self.progress("convert", "fp32: no conversion")
-                _copy_graph(traced, model_path, move=not keep_trace)
-                conversion: dict[str, Any] = {}
-            else:
-                self.progress("convert", f"converting to {precision}")
-                conversion = convert(traced, model_path, precision)
-            self.progress("check", "checking operators and layers")
-            graph_facts = self._check_graph(model_path, precision)
             embedder.tokenizer.save(str(staging / TOKENIZER))
-            manifest = self._manifest(precision, graph_facts, conversion)
-            self.progress("parity", "running the graph in onnxruntime against PyTorch")
-            reports = self._parity(staging, manifest, precision, reference)
-            report = reports.pop(None)
+            recipes: list[str | None] = list(int8_plan(int8_recipe)) if precision == "int8" else [None]
+            calibration = calibration_feeds(embedder.encoder) if any(r and INT8_RECIPES[r].calibrated for r in recipes) else None
+            tried: list[dict[str, Any]] = []
+            model_path = staging / MODEL
+            for attempt, recipe in enumerate(recipes, 1):
+                if precision == "fp32":
+                    self.progress("convert", "fp32: no conversion")
+                    _copy_graph(traced, model_path, move=not keep_trace)
+                    conversion: dict[str, Any] = {}
+                else:
+                    named = f" (recipe {recipe})" if recipe else ""
+                    self.progress("convert", f"converting to {precision}{named}")
+                    conversion = convert(traced, model_path, precision, int8_recipe=recipe or "plain", calibration=calibration)
+                self.progress("check", "checking operators and layers")
+                graph_facts = self._check_graph(model_path, precision)
+                manifest = self._manifest(precision, graph_facts, conversion)
+                self.progress("parity", "running the graph in onnxruntime against PyTorch")
+                reports = self._parity(staging, manifest, precision, reference)
+                report = reports.pop(None)
+                failure = None if report.passed else ParityError(report)
+                for label, extra in reports.items():
+                    if failure is None and not extra.passed:
+                        failure = ParityError(extra, label)
+                if recipe is not None:
+                    tried.append({"recipe": recipe, "worst_cosine": report.worst_cosine, "passed": failure is None})
+                    manifest["graph"]["precision_conversion"]["recipes_tried"] = tried
+                if failure is None:
+                    break
+                if attempt == len(recipes):
+                    raise failure
+                self.progress("parity", f"int8 recipe {recipe} missed the gate ({report.worst_cosine:.5f}); trying {recipes[attempt]}")
+                for stale in (model_path, model_path.with_name(model_path.name + ".data")):
+                    stale.unlink(missing_ok=True)
             manifest["parity"] = report.to_dict()
             if reference is not embedder:
                 manifest["parity"]["reference"] = {
@@ -287,11 +310,6 @@ class Exporter:
                 }
             if reports:
                 manifest["parity"]["also"] = {label: r.to_dict() for label, r in reports.items()}
-            if not report.passed:
-                raise ParityError(report)
-            for label, extra in reports.items():
-                if not extra.passed:
-                    raise ParityError(extra, label)
             self.progress("write", f"writing {out}")
             manifest["files"] = file_records(staging)
             write_manifest(staging, manifest)
@@ -474,17 +492,20 @@ def export_result(
     optimize: bool = True,
     progress: Progress | None = None,
     reference_options: Mapping[str, Any] | None = None,
+    int8_recipe: str = "auto",
     **options: Any,
 ) -> ExportResult:
     """:func:`export`, returning the manifest and parity report too."""
     precision = check_precision(precision)
+    int8_plan(int8_recipe)
     check_output(out, force)
     attention, opset = resolve_attention(attention, opset)
     progress = progress or _silent
     progress("load", f"loading {model} ({method})")
     embedder = load_embedder(model, method, max_length=max_length, padding_side=padding_side, **options)
     with Exporter(embedder, opset=opset, optimize=optimize, progress=progress, attention=attention) as exporter:
-        return exporter.write(out, precision, force=force, reference_options=reference_options, keep_trace=False)
+        return exporter.write(out, precision, force=force, reference_options=reference_options, keep_trace=False,
+                              int8_recipe=int8_recipe)
 
 
 # -- verify -------------------------------------------------------------------------------------

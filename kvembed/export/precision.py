@@ -17,14 +17,24 @@ the mask's float32-min constant becomes -inf on the way and fully padded rows tu
 also emits duplicate Cast outputs and unsorted nodes when a node block list is given.
 
 int8: ``onnxruntime.quantization.quantize_dynamic`` on MatMul weights (uint8 with a zero point,
-per output channel; activations uint8, dynamic per tensor). Unsigned weights (U8U8), not int8
-(U8S8): on x86 CPUs without VNNI (AVX2 / AVX-512F only) onnxruntime's U8S8 kernel sums pairs of
-u8 x s8 products in saturating int16 (``vpmaddubsw``) and loses precision. On an AVX2-only EPYC,
-``benchmarks/int8_options.py`` (24 gate rows vs the fp32 graph) gave the demo model's kv-embedding
-worst cosine 0.845 with int8 weights and 0.997 with uint8 weights; the same file must hold on every
-CPU it is copied to, so the export does not pick by the exporting machine. It yields
-``DynamicQuantizeLinear``/``MatMulInteger``: standard ONNX ops that onnxruntime runs fast on CPU, but TensorRT does not support (build TensorRT engines from the fp32
-or fp16 artifact and let TensorRT pick precisions).
+per output channel; activations uint8, dynamic per tensor), after a recipe of
+:data:`INT8_RECIPES`. Random weights quantise well as they are; trained LLMs do not (SmolLM2-135M:
+worst gate cosine 0.925 with every MatMul quantised), because a few channels carry activations
+tens to thousands of times the median. The default recipes calibrate on the built-in calibration
+texts, fold SmoothQuant into the weights (:mod:`kvembed.export.smoothing`) and keep fp32 the few
+MatMuls whose inputs hold massive activations ("smooth"; SmolLM2: 0.989, 5 of 210 MatMuls fp32),
+or also every ``down_proj`` ("smooth-keep-down"; 0.997); the exporter writes the first recipe that
+passes the parity gate (``--int8-recipe``). ``benchmarks/int8_options.py`` measures the
+alternatives (RESULTS.md).
+
+Unsigned weights (U8U8), not int8 (U8S8): on x86 CPUs without VNNI (AVX2 / AVX-512F only)
+onnxruntime's U8S8 kernel sums pairs of u8 x s8 products in saturating int16 (``vpmaddubsw``) and
+loses precision. On an AVX2-only EPYC, ``benchmarks/int8_options.py`` (24 gate rows vs the fp32
+graph) gave the demo model's kv-embedding worst cosine 0.845 with int8 weights and 0.997 with
+uint8 weights; the same file must hold on every CPU it is copied to, so the export does not pick
+by the exporting machine. It yields ``DynamicQuantizeLinear``/``MatMulInteger``: standard ONNX ops
+that onnxruntime runs fast on CPU, but TensorRT does not support (build TensorRT engines from the
+fp32 or fp16 artifact and let TensorRT pick precisions).
 """
 
 from __future__ import annotations
@@ -33,10 +43,15 @@ import contextlib
 import logging
 import os
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from .graph import save_model
+from .smoothing import DEFAULT_ALPHA
+
+#: int8 keeps fp32 the MatMuls whose input's top channel exceeds this many times its median channel
+MASSIVE_SPREAD = 50.0
 
 PRECISIONS = ("fp32", "fp16", "int8")
 
@@ -81,13 +96,14 @@ def check_precision(precision: str) -> str:
     return value
 
 
-def convert(source: Path, target: Path, precision: str) -> dict[str, Any]:
+def convert(source: Path, target: Path, precision: str, *, int8_recipe: str = "plain",
+            calibration: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Write ``source`` (fp32) converted to ``precision`` as ``target``; return what was done."""
     precision = check_precision(precision)
     if precision == "fp16":
         return to_fp16(source, target)
     if precision == "int8":
-        return to_int8(source, target)
+        return to_int8(source, target, int8_recipe, calibration)
     raise ValueError("fp32 needs no conversion")
 
 
@@ -281,26 +297,96 @@ def _retype_node(node: Any) -> None:
             attribute.i = TensorProto.FLOAT16
 
 
-def to_int8(source: Path, target: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Int8Recipe:
+    """One way to make the int8 graph; :data:`INT8_RECIPES` lists them, fastest first."""
+
+    name: str
+    smooth_alpha: float | None  # SmoothQuant strength folded in before quantising (None: no smoothing)
+    massive_spread: float | None  # keep fp32 the MatMuls whose input's top channel > spread x median
+    keep_down: bool  # keep fp32 every SwiGLU down_proj (its input carries the widest activations)
+    summary: str
+
+    @property
+    def calibrated(self) -> bool:
+        return self.smooth_alpha is not None or self.massive_spread is not None
+
+
+INT8_RECIPES: dict[str, Int8Recipe] = {r.name: r for r in (
+    Int8Recipe("smooth", DEFAULT_ALPHA, MASSIVE_SPREAD, False,
+               f"SmoothQuant (alpha {DEFAULT_ALPHA}) folded in; MatMuls with massive inputs (top channel > "
+               f"{MASSIVE_SPREAD:g} x median) kept fp32"),
+    Int8Recipe("smooth-keep-down", DEFAULT_ALPHA, MASSIVE_SPREAD, True,
+               "as smooth, and every SwiGLU down_proj kept fp32"),
+    Int8Recipe("plain", None, None, False, "every weight MatMul quantised, no calibration"),
+)}
+#: ``--int8-recipe auto``: tried in this order, the first that passes the parity gate is written
+INT8_AUTO = ("smooth", "smooth-keep-down")
+
+
+def int8_plan(recipe: str) -> tuple[str, ...]:
+    """The recipes to try, in order, for ``--int8-recipe recipe``; ValueError naming the choices."""
+    if recipe == "auto":
+        return INT8_AUTO
+    if recipe not in INT8_RECIPES:
+        raise ValueError(f"int8 recipe must be auto or one of {', '.join(INT8_RECIPES)}, got {recipe!r}")
+    return (recipe,)
+
+
+def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
+            calibration: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Quantise the fp32 graph ``source`` by ``recipe`` (one of :data:`INT8_RECIPES` or its name) to ``target``.
+
+    ``calibration`` (padded batches of graph inputs, see :func:`kvembed.export.smoothing.calibration_feeds`)
+    is needed by the recipes that smooth or keep MatMuls fp32."""
+    import tempfile
+
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with _quiet_logging():
-        quantize_dynamic(
-            str(source),
-            str(target),
-            op_types_to_quantize=["MatMul"],
-            weight_type=QuantType.QUInt8,  # U8U8: no int16 saturation on CPUs without VNNI (module docstring)
-            per_channel=True,
-            use_external_data_format=_needs_external(source),
-            extra_options={"MatMulConstBOnly": True},
-        )
-    return {
+    from .smoothing import activation_ranges, massive_input_nodes, smooth, smoothable_groups
+
+    plan = recipe if isinstance(recipe, Int8Recipe) else INT8_RECIPES[recipe]
+    facts: dict[str, Any] = {"recipe": plan.name, "recipe_summary": plan.summary}
+    with tempfile.TemporaryDirectory(prefix=".kvembed-int8-", dir=target.parent) as work:
+        quantize_from, keep = source, []
+        if plan.calibrated:
+            if calibration is None:
+                raise ValueError(f"int8 recipe {plan.name} needs calibration batches")
+            groups = smoothable_groups(onnx.load(str(source), load_external_data=False))
+            ranges = activation_ranges(source, groups, calibration)
+            if plan.massive_spread is not None:
+                keep += massive_input_nodes(groups, ranges, plan.massive_spread)
+            if plan.keep_down:
+                keep += [n for g in groups if g.fold_kind == "columns" for n in g.nodes]
+            if plan.smooth_alpha is not None:
+                model = onnx.load(str(source))
+                smooth(model, groups, ranges, plan.smooth_alpha)
+                quantize_from = Path(work) / source.name
+                save_model(model, quantize_from)
+                del model
+            facts.update({"smoothquant_alpha": plan.smooth_alpha, "smoothed_activations": len(groups) if plan.smooth_alpha else 0,
+                          "calibration_batches": len(calibration)})
+        with _quiet_logging():
+            quantize_dynamic(
+                str(quantize_from),
+                str(target),
+                op_types_to_quantize=["MatMul"],
+                weight_type=QuantType.QUInt8,  # U8U8: no int16 saturation on CPUs without VNNI (module docstring)
+                per_channel=True,
+                nodes_to_exclude=sorted(set(keep)),
+                use_external_data_format=_needs_external(quantize_from),
+                extra_options={"MatMulConstBOnly": True},
+            )
+    facts.update({
         "method": "onnxruntime.quantization.quantize_dynamic(MatMul, QUInt8 weights, per_channel=True)",
         "weight_type": "uint8",
         "per_channel": True,
         "activations": "uint8, dynamic per-tensor (DynamicQuantizeLinear)",
+        "fp32_matmuls": len(set(keep)),
         "external_data": target.with_name(target.name + ".data").exists(),
-    }
+    })
+    return facts
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -1,0 +1,177 @@
+"""SmoothQuant folded into an fp32 graph, so that dynamic int8 survives trained weights.
+
+Trained LLMs put large activations in a few fixed channels (RMSNorm outputs, ``down_proj``'s
+input). Dynamic int8 quantises each activation tensor with one scale, so those channels squeeze
+every other channel into a handful of levels. SmoothQuant (Xiao et al., 2023) moves that range
+into the weights: for a MatMul ``X @ W`` and per-channel factors ``s``, ``(X / s) @ (s[:, None] * W)``
+is the same product, and with ``s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)`` both factors
+quantise well.
+
+The division by ``s`` is folded into whatever makes ``X``, so the graph gains no node:
+
+- ``X = x * w`` with a constant vector ``w`` (RMSNorm's weight, feeding q/k/v or gate/up):
+  ``w / s``;
+- ``X = a * (h @ U)`` (SwiGLU: ``silu(gate) * up`` feeding ``down_proj``): ``U``'s columns / ``s``.
+
+A MatMul input made any other way (``o_proj``'s, after the attention) is left as it is; so is one
+that anything besides constant-weight MatMuls reads, because then ``X`` itself must not change (a
+method pooling it). ``max|X_j|`` comes from running the fp32 graph on calibration texts.
+
+Measured on SmolLM2-135M (``benchmarks/int8_options.py``): one alpha for all groups did better
+end to end than a per-group alpha chosen by the int8 error it leaves on calibration rows, and
+smoothing ``o_proj``'s input through an inserted Mul gained nothing, so neither is here.
+onnxruntime's own SmoothQuant (``quantize_static(extra_options={"SmoothQuant": True})``) needs
+Intel Neural Compressor and applies only to static quantisation, hence this pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+#: SmoothQuant's migration strength (SmolLM2-135M, gate rows: 0.5 -> 0.973, 0.65 -> 0.989, 0.8 -> 0.966)
+DEFAULT_ALPHA = 0.65
+#: calibration texts: the first of the built-in calibration set, as queries and as documents
+CALIBRATION_TEXTS = 64
+CALIBRATION_BATCH = 8
+
+
+@dataclass
+class SmoothGroup:
+    """The weight MatMuls that read one activation, and where its scale is folded."""
+
+    activation: str
+    weights: list[str]  # initializer names of the MatMuls' B ([in, out])
+    nodes: list[str]  # the MatMuls' names
+    fold_kind: str  # "vector": a constant vector Mul makes X; "columns": X = a * (h @ U), U's columns
+    fold_weight: str  # the initializer the 1/s goes into
+
+
+def smoothable_groups(model: Any) -> list[SmoothGroup]:
+    """The groups of an fp32 ``onnx.ModelProto`` whose activation scale can be folded (module docstring)."""
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    producer = {o: node for node in graph.node for o in node.output}
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+
+    def weight_matmul(node: Any, activation: str) -> bool:
+        return (node.op_type == "MatMul" and node.input[0] == activation and node.input[1] in initializers
+                and len(initializers[node.input[1]].dims) == 2)
+
+    def read_once(name: str, reader: Any | None = None) -> bool:
+        users = consumers.get(name, [])
+        return name not in outputs and len(users) == 1 and (reader is None or users[0] is reader)
+
+    groups = []
+    seen: set[str] = set()
+    for node in graph.node:
+        activation = node.input[0] if node.op_type == "MatMul" else ""
+        if not activation or activation in seen:
+            continue
+        seen.add(activation)
+        readers = consumers.get(activation, [])
+        made_by = producer.get(activation)
+        if activation in outputs or not all(weight_matmul(r, activation) for r in readers):
+            continue
+        if made_by is None or made_by.op_type != "Mul":
+            continue
+        width = initializers[node.input[1]].dims[0]
+        fold = None
+        for name in made_by.input:
+            tensor = initializers.get(name)
+            if tensor is not None and list(tensor.dims) == [width] and read_once(name):
+                fold = ("vector", name)
+        for name in made_by.input:
+            up = producer.get(name)
+            if (fold is None and up is not None and up.op_type == "MatMul" and up.input[1] in initializers
+                    and list(initializers[up.input[1]].dims)[-1:] == [width] and read_once(name, made_by)
+                    and read_once(up.input[1])):
+                fold = ("columns", up.input[1])
+        if fold is not None:
+            groups.append(SmoothGroup(activation, [r.input[1] for r in readers], [r.name for r in readers], *fold))
+    return groups
+
+
+def calibration_feeds(encoder: Any, texts: list[str] | None = None, batch: int = CALIBRATION_BATCH) -> list[dict[str, np.ndarray]]:
+    """Padded batches of ``texts`` (default: the built-in calibration set's first
+    :data:`CALIBRATION_TEXTS`, which the parity gate does not use) as queries and as documents,
+    encoded by ``encoder`` (a TextEncoder)."""
+    if texts is None:
+        from ..layers.calibration import load_calibration
+
+        texts = load_calibration(None, CALIBRATION_TEXTS)
+    return [encoder.pad(encoder.encode(texts[start:start + batch], kind), "right")
+            for kind in encoder.method.templates for start in range(0, len(texts), batch)]
+
+
+def activation_ranges(source: Path, groups: list[SmoothGroup], feeds: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per-channel ``max |X_j|`` of each group's activation over the real tokens of ``feeds``.
+
+    The fp32 graph runs with the activations added as outputs; the copy is written beside
+    ``source`` so external weight files resolve, and removed afterwards."""
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(str(source), load_external_data=False)
+    for group in groups:
+        model.graph.output.append(onnx.helper.make_tensor_value_info(group.activation, onnx.TensorProto.FLOAT, None))
+    probe = source.with_name(f".calibrate-{source.name}")
+    onnx.save(model, str(probe))
+    ranges: dict[str, np.ndarray] = {}
+    try:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the activations as traced
+        session = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
+        names = {i.name for i in session.get_inputs()}
+        wanted = [g.activation for g in groups]
+        for batch in feeds:
+            real = np.asarray(batch["attention_mask"], dtype=bool)
+            if not real.any():
+                continue
+            values = session.run(wanted, {k: v for k, v in batch.items() if k in names})
+            for name, value in zip(wanted, values):
+                top = np.abs(value.reshape(real.shape + (-1,))[real]).max(axis=0)
+                ranges[name] = np.maximum(ranges[name], top) if name in ranges else top
+    finally:
+        probe.unlink(missing_ok=True)
+    if groups and not ranges:
+        raise ValueError("no calibration tokens: SmoothQuant needs at least one non-empty text")
+    return ranges
+
+
+def smooth(model: Any, groups: list[SmoothGroup], ranges: Mapping[str, np.ndarray], alpha: float = DEFAULT_ALPHA) -> None:
+    """Fold SmoothQuant factors into the weights of ``model`` (loaded with its weights), in place."""
+    from onnx import numpy_helper
+
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"SmoothQuant alpha must be in (0, 1), got {alpha!r}")
+    tensors = {t.name: t for t in model.graph.initializer}
+    for group in groups:
+        weights = {name: numpy_helper.to_array(tensors[name]).astype(np.float32) for name in group.weights}
+        x_max = np.maximum(ranges[group.activation].astype(np.float64), 1e-5)
+        w_max = np.maximum(np.max([np.abs(w).max(axis=1) for w in weights.values()], axis=0).astype(np.float64), 1e-5)
+        s = np.clip(x_max**alpha / w_max ** (1.0 - alpha), 1e-5, 1e5).astype(np.float32)
+        fold = numpy_helper.to_array(tensors[group.fold_weight]).astype(np.float32)
+        fold = fold / s if group.fold_kind == "vector" else fold / s[None, :]
+        for name, value in {**{n: w * s[:, None] for n, w in weights.items()}, group.fold_weight: fold}.items():
+            tensors[name].CopyFrom(numpy_helper.from_array(value, name))
+
+
+def massive_input_nodes(groups: list[SmoothGroup], ranges: Mapping[str, np.ndarray], spread: float) -> list[str]:
+    """MatMuls whose input's largest channel exceeds ``spread`` x its median channel: the
+    massive activations that no per-tensor int8 scale holds, even smoothed."""
+    return [node for group in groups
+            if ranges[group.activation].max() > spread * max(float(np.median(ranges[group.activation])), 1e-12)
+            for node in group.nodes]
+
+
+__all__ = ["DEFAULT_ALPHA", "SmoothGroup", "activation_ranges", "calibration_feeds", "massive_input_nodes",
+           "smooth", "smoothable_groups"]

@@ -1,0 +1,121 @@
+"""int8 recipes: SmoothQuant folded into the weights, massive-activation MatMuls kept fp32, and
+the exporter writing the first recipe that passes the parity gate."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+
+from checks import cosines
+from conftest import TEXTS
+from kvembed.export.precision import INT8_AUTO, INT8_RECIPES, to_int8
+from kvembed.export.smoothing import activation_ranges, calibration_feeds, massive_input_nodes, smooth, smoothable_groups
+from kvembed.methods import demo_model_path
+from kvembed.runtime.artifact import encoder_from_manifest, read_manifest
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _embed(path: Path, artifact: Path) -> np.ndarray:
+    encoder = encoder_from_manifest(artifact, read_manifest(artifact))
+    session = _session(path)
+    names = {i.name for i in session.get_inputs()}
+    batch = encoder.pad(encoder.encode(TEXTS, "document"), "right")
+    return session.run(["embedding"], {k: v for k, v in batch.items() if k in names})[0]
+
+
+@pytest.fixture(scope="module")
+def fp32(stories_artifact, tmp_path_factory) -> tuple[Path, Path]:
+    """A private copy of the demo model's fp32 kv-embedding artifact, and its graph."""
+    copy = tmp_path_factory.mktemp("int8") / "fp32"
+    shutil.copytree(stories_artifact("kv-embedding"), copy)
+    return copy, copy / "model.onnx"
+
+
+def test_smoothing_folds_into_every_layer_and_keeps_the_function(fp32, tmp_path):
+    artifact, graph = fp32
+    layers = json.loads((demo_model_path() / "config.json").read_text())["num_hidden_layers"]
+    structure = onnx.load(str(graph), load_external_data=False)
+    groups = smoothable_groups(structure)
+    # per layer: q/k/v read input_layernorm's output, gate/up post_attention_layernorm's (both fold
+    # into the norm weight); down_proj reads silu(gate) * up (folds into up_proj's columns)
+    assert [g.fold_kind for g in groups] == ["vector", "vector", "columns"] * layers
+    assert [len(g.nodes) for g in groups] == [3, 2, 1] * layers
+    encoder = encoder_from_manifest(artifact, read_manifest(artifact))
+    ranges = activation_ranges(graph, groups, calibration_feeds(encoder))
+    model = onnx.load(str(graph))
+    before = {t.name: numpy_helper.to_array(t).copy() for t in model.graph.initializer}
+    smooth(model, groups, ranges, 0.65)
+    changed = [t.name for t in model.graph.initializer if not np.array_equal(numpy_helper.to_array(t), before[t.name])]
+    assert set(changed) == {w for g in groups for w in g.weights} | {g.fold_weight for g in groups}
+    onnx.save(model, str(tmp_path / "smoothed.onnx"))
+    want, got = _embed(graph, artifact), _embed(tmp_path / "smoothed.onnx", artifact)
+    assert np.abs(got - want).max() < 1e-5 and cosines(got, want).min() > 0.999999
+
+
+def test_a_massive_channel_keeps_its_matmuls_fp32(fp32, tmp_path):
+    """One channel of a post-attention RMSNorm weight scaled 500x: its gate/up MatMuls see an
+    input channel far above the rest, are found, and stay fp32 in the int8 graph."""
+    artifact, graph = fp32
+    model = onnx.load(str(graph))
+    groups = smoothable_groups(model)
+    target = groups[4]  # layer 1's gate/up
+    assert target.fold_kind == "vector" and len(target.nodes) == 2
+    for tensor in model.graph.initializer:
+        if tensor.name == target.fold_weight:
+            weight = numpy_helper.to_array(tensor).copy()
+            weight[7] *= 500.0
+            tensor.CopyFrom(numpy_helper.from_array(weight, tensor.name))
+    damaged = tmp_path / "massive.onnx"
+    onnx.save(model, str(damaged))
+    encoder = encoder_from_manifest(artifact, read_manifest(artifact))
+    feeds = calibration_feeds(encoder)
+    spread = INT8_RECIPES["smooth"].massive_spread
+    assert massive_input_nodes(groups, activation_ranges(graph, groups, feeds), spread) == []
+    assert massive_input_nodes(groups, activation_ranges(damaged, groups, feeds), spread) == target.nodes
+    facts = to_int8(damaged, tmp_path / "int8.onnx", "smooth", feeds)
+    assert facts["fp32_matmuls"] == 2 and facts["recipe"] == "smooth"
+    quantized = onnx.load(str(tmp_path / "int8.onnx"))
+    kept = {n.input[1] for n in quantized.graph.node if n.op_type == "MatMul"} & {t.name for t in quantized.graph.initializer}
+    assert kept == {w for g in groups for w, n in zip(g.weights, g.nodes) if n in target.nodes}
+    weights = {t.name for t in model.graph.initializer}
+    weight_matmuls = sum(n.op_type == "MatMul" and n.input[1] in weights for n in model.graph.node)
+    assert sum(n.op_type == "MatMulInteger" for n in quantized.graph.node) == weight_matmuls - 2
+
+
+def test_the_int8_artifact_records_its_recipe(stories_artifact, fp32):
+    manifest = read_manifest(stories_artifact("kv-embedding", "int8"))
+    conversion = manifest["graph"]["precision_conversion"]
+    assert conversion["recipe"] == INT8_AUTO[0] and conversion["smoothquant_alpha"] == INT8_RECIPES[INT8_AUTO[0]].smooth_alpha
+    tried = conversion["recipes_tried"]
+    assert tried[-1]["passed"] and tried[-1]["recipe"] == conversion["recipe"]
+    assert tried[-1]["worst_cosine"] == manifest["parity"]["worst_cosine"] >= 0.99
+    # the smoothed int8 graph and the fp32 graph agree on texts the gate never saw
+    artifact, graph = fp32
+    int8 = stories_artifact("kv-embedding", "int8")
+    assert cosines(_embed(int8 / "model.onnx", int8), _embed(graph, artifact)).min() >= 0.99
+
+
+def test_an_unknown_recipe_is_a_one_line_error(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "kvembed.export.cli", "--model", str(demo_model_path()), "--method", "kv-embedding",
+         "--precision", "int8", "--int8-recipe", "fastest", "--out", str(tmp_path / "x")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "int8 recipe must be auto or one of smooth, smooth-keep-down, plain" in lines[0]
+    assert not (tmp_path / "x").exists()
