@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--task", action="append", default=None, help="kvembed eval --task value (repeatable; default sample-sts)")
     parser.add_argument("--set", choices=("core", "all", "sweep"), default="all", help="which configurations")
+    parser.add_argument("--only", nargs="*", help="just these configurations of the set, by label (e.g. token-prepending kv-0-3)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -57,7 +58,14 @@ def main(argv: list[str] | None = None) -> int:
                "--batch-size", str(args.batch_size)]
     for task in args.task or ["sample-sts"]:
         command += ["--task", task]
-    for config in configs(args.set):
+    chosen = configs(args.set)
+    if args.only:
+        labels = {config.split("=", 1)[0]: config for config in chosen}
+        unknown = [name for name in args.only if name not in labels]
+        if unknown:
+            parser.error(f"unknown configurations {unknown}; the {args.set} set has {', '.join(labels)}")
+        chosen = [labels[name] for name in args.only]
+    for config in chosen:
         command += ["--config", config]
     print(" ".join(command[2:]), flush=True)
     start = time.perf_counter()

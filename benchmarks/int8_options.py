@@ -150,11 +150,13 @@ def main() -> None:
         torch_backend = TorchBackend(manifest, args.threads)
         calls["torch fp32"] = lambda: torch_backend.run(feeds)
     times = interleaved(calls, args.rounds)
+    if args.torch:
+        torch_backend.close()
     tokens = args.batch * args.tokens
     results: dict[str, Any] = {
         "artifact": str(args.artifact), "model": manifest["source"].get("model"), "method": manifest["method"],
         "batch": args.batch, "tokens": args.tokens, "threads": args.threads, "rounds": args.rounds,
-        "onnxruntime": ort.__version__, "machine": machine_info(), "recipes": {},
+        "onnxruntime": ort.__version__, "machine": machine_info(args.threads), "recipes": {},
     }
     fp32_tps = tokens / float(np.median(times["fp32"]))
     torch_tps = tokens / float(np.median(times["torch fp32"])) if args.torch else None

@@ -299,7 +299,7 @@ class Exporter:
                     break
                 if attempt == len(recipes):
                     raise failure
-                self.progress("parity", f"int8 recipe {recipe} missed the gate ({report.worst_cosine:.5f}); trying {recipes[attempt]}")
+                self.progress("fallback", f"int8 recipe {recipe} missed the gate ({report.worst_cosine:.5f}); trying {recipes[attempt]}")
                 for stale in (model_path, model_path.with_name(model_path.name + ".data")):
                     stale.unlink(missing_ok=True)
             manifest["parity"] = report.to_dict()
