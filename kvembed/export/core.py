@@ -274,17 +274,9 @@ class Exporter:
             tried: list[dict[str, Any]] = []
             model_path = staging / MODEL
             for attempt, recipe in enumerate(recipes, 1):
-                if precision == "fp32":
-                    self.progress("convert", "fp32: no conversion")
-                    _copy_graph(traced, model_path, move=not keep_trace)
-                    conversion: dict[str, Any] = {}
-                else:
-                    named = f" (recipe {recipe})" if recipe else ""
-                    self.progress("convert", f"converting to {precision}{named}")
-                    conversion = convert(traced, model_path, precision, int8_recipe=recipe or "plain", calibration=calibration)
+                conversion = self._convert(traced, model_path, precision, recipe, calibration, keep_trace)
                 self.progress("check", "checking operators and layers")
-                graph_facts = self._check_graph(model_path, precision)
-                manifest = self._manifest(precision, graph_facts, conversion)
+                manifest = self._manifest(precision, self._check_graph(model_path, precision), conversion)
                 self.progress("parity", "running the graph in onnxruntime against PyTorch")
                 reports = self._parity(staging, manifest, precision, reference)
                 report = reports.pop(None)
@@ -321,6 +313,16 @@ class Exporter:
                 shutil.rmtree(staging, ignore_errors=True)
 
     # -- steps ------------------------------------------------------------------------------
+
+    def _convert(self, traced: Path, model_path: Path, precision: str, recipe: str | None,
+                 calibration: Any, keep_trace: bool) -> dict[str, Any]:
+        """Write the graph for ``precision`` (int8: by ``recipe``) as ``model_path``; what was done."""
+        if precision == "fp32":
+            self.progress("convert", "fp32: no conversion")
+            _copy_graph(traced, model_path, move=not keep_trace)
+            return {}
+        self.progress("convert", f"converting to {precision}" + (f" (recipe {recipe})" if recipe else ""))
+        return convert(traced, model_path, precision, int8_recipe=recipe or "plain", calibration=calibration)
 
     def _check_graph(self, model_path: Path, precision: str) -> dict[str, Any]:
         import onnx
