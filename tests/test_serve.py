@@ -469,3 +469,40 @@ def _refuses_connections(url: str) -> bool:
     except httpx.ConnectError:
         return True
     return False
+
+
+def _accepted_nodelay(sock) -> int:
+    """TCP_NODELAY of a connection accepted by an asyncio server (as uvicorn runs) on ``sock``."""
+    import asyncio
+    import socket
+
+    async def main() -> int:
+        seen: list[int] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(handle, sock=sock)
+        reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+        await reader.read()  # until the server closes it
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        return seen[0]
+
+    return asyncio.run(main())
+
+
+def test_kept_alive_connections_have_nagle_off():
+    """Accepted connections inherit the listener's proto, and asyncio sets TCP_NODELAY only when it
+    is IPPROTO_TCP: a listener made the default way leaves Nagle on, and each kept-alive response
+    waits ~40 ms for the client's delayed ACK (uvicorn#3149). ``kvembed serve`` binds its own."""
+    import socket
+
+    from kvembed.serve.cli import listening_socket
+
+    assert _accepted_nodelay(listening_socket("127.0.0.1", 0)) == 1
+    plain = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    plain.bind(("127.0.0.1", 0))
+    assert _accepted_nodelay(plain) == 0  # what the server had before, and uvicorn's own bind_socket has
