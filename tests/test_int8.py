@@ -117,5 +117,35 @@ def test_an_unknown_recipe_is_a_one_line_error(tmp_path):
     )
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "int8 recipe must be auto or one of smooth, smooth-keep-down, plain" in lines[0]
+    assert len(lines) == 1 and "int8 recipe must be auto, or one or more (comma-separated, no repeats) of smooth, smooth-keep-down, plain" in lines[0]
     assert not (tmp_path / "x").exists()
+
+
+def test_the_exporter_falls_back_to_the_next_recipe_that_passes(tmp_path):
+    """The demo model with two RMSNorm channels scaled 500x (massive activations, as trained LLMs
+    have): plain int8 misses the gate and is refused; asked for "plain,smooth", the exporter
+    writes smooth, which keeps exactly the MatMuls behind those two norms fp32."""
+    from safetensors.numpy import load_file, save_file
+
+    from kvembed.export.core import Exporter, ParityError
+    from kvembed.reference import TorchEmbedder
+
+    folder = tmp_path / "massive"
+    shutil.copytree(demo_model_path(), folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    damage = {"model.layers.1.post_attention_layernorm.weight": (7, 2),  # read by gate and up
+              "model.layers.3.input_layernorm.weight": (11, 3)}  # read by q, k and v
+    for name, (channel, _) in damage.items():
+        weights[name] = weights[name].copy()
+        weights[name][channel] *= 500.0
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with Exporter(TorchEmbedder.from_pretrained(folder, "kv-embedding")) as exporter:
+        with pytest.raises(ParityError, match=r"parity FAILED \(int8\)"):
+            exporter.write(tmp_path / "plain", "int8", int8_recipe="plain")
+        assert not (tmp_path / "plain").exists()
+        result = exporter.write(tmp_path / "fallback", "int8", int8_recipe="plain,smooth")
+    conversion = result.manifest["graph"]["precision_conversion"]
+    tried = conversion["recipes_tried"]
+    assert [(t["recipe"], t["passed"]) for t in tried] == [("plain", False), ("smooth", True)]
+    assert tried[0]["worst_cosine"] < 0.99 <= tried[1]["worst_cosine"] == result.parity.worst_cosine
+    assert conversion["recipe"] == "smooth" and conversion["fp32_matmuls"] == sum(n for _, n in damage.values())

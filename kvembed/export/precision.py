@@ -325,12 +325,16 @@ INT8_AUTO = ("smooth", "smooth-keep-down")
 
 
 def int8_plan(recipe: str) -> tuple[str, ...]:
-    """The recipes to try, in order, for ``--int8-recipe recipe``; ValueError naming the choices."""
+    """The recipes to try, in order, for ``--int8-recipe``: ``auto``, one name, or several
+    separated by commas (tried in that order); ValueError naming the choices."""
     if recipe == "auto":
         return INT8_AUTO
-    if recipe not in INT8_RECIPES:
-        raise ValueError(f"int8 recipe must be auto or one of {', '.join(INT8_RECIPES)}, got {recipe!r}")
-    return (recipe,)
+    names = tuple(name.strip() for name in str(recipe).split(","))
+    unknown = [name for name in names if name not in INT8_RECIPES]
+    if unknown or len(set(names)) != len(names):
+        raise ValueError(f"int8 recipe must be auto, or one or more (comma-separated, no repeats) of "
+                         f"{', '.join(INT8_RECIPES)}, got {recipe!r}")
+    return names
 
 
 def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
