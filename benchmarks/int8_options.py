@@ -104,14 +104,13 @@ def main() -> None:
     if not layers:
         raise SystemExit(f"cannot tell decoder layers apart in {source} ({len(nodes)} weight matmuls)")
     first, last = layers[0], layers[-1]
-    hidden = nodes[0][2][0]  # q_proj's input width
     calibration = calibration_feeds(encoder)
     smooth = INT8_RECIPES["smooth"]
     recipes: dict[str, Callable[[Path], Any]] = {
         **{name: (lambda t, r=recipe: to_int8(source, t, r, calibration)) for name, recipe in INT8_RECIPES.items()},
         **{f"smooth-a{alpha:g}": (lambda t, a=alpha: to_int8(source, t, dataclasses.replace(smooth, smooth_alpha=a), calibration))
            for alpha in args.alphas},
-        "plain-keep-down": lambda t: dynamic(source, t, "u8", lambda layer, shape: shape[1] == hidden and shape[0] > hidden),
+        "plain-keep-down": lambda t: to_int8(source, t, dataclasses.replace(INT8_RECIPES["plain"], name="plain-keep-down", keep_down=True)),
         "plain-keep-ends": lambda t: dynamic(source, t, "u8", lambda layer, shape: layer in (first, last)),
         "dyn-u8s8": lambda t: dynamic(source, t, "s8"),
         "nbits8": lambda t: nbits(source, t, 8),

@@ -109,16 +109,31 @@ def test_the_int8_artifact_records_its_recipe(stories_artifact, fp32):
     assert cosines(_embed(int8 / "model.onnx", int8), _embed(graph, artifact)).min() >= 0.99
 
 
-def test_an_unknown_recipe_is_a_one_line_error(tmp_path):
+@pytest.mark.parametrize("precision,recipe,message", [
+    ("int8", "fastest", "int8 recipe must be auto, or one or more (comma-separated, no repeats) of smooth, smooth-keep-down, plain"),
+    ("fp32", "smooth", "--int8-recipe smooth applies to --precision int8 only (got --precision fp32); drop it or export int8"),
+])
+def test_a_wrong_recipe_is_a_one_line_error(tmp_path, precision, recipe, message):
     result = subprocess.run(
         [sys.executable, "-m", "kvembed.export.cli", "--model", str(demo_model_path()), "--method", "kv-embedding",
-         "--precision", "int8", "--int8-recipe", "fastest", "--out", str(tmp_path / "x")],
-        capture_output=True, text=True, timeout=120,
+         "--precision", precision, "--int8-recipe", recipe, "--out", str(tmp_path / "x")],
+        capture_output=True, text=True, timeout=120, check=False,
     )
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "int8 recipe must be auto, or one or more (comma-separated, no repeats) of smooth, smooth-keep-down, plain" in lines[0]
+    assert len(lines) == 1 and message in lines[0], lines
     assert not (tmp_path / "x").exists()
+
+
+def test_keeping_down_proj_needs_no_calibration(fp32, tmp_path):
+    """A recipe that only keeps every SwiGLU down_proj fp32 (no smoothing, no ranges) runs without
+    calibration batches and keeps one MatMul per decoder layer."""
+    import dataclasses
+
+    layers = json.loads((demo_model_path() / "config.json").read_text())["num_hidden_layers"]
+    recipe = dataclasses.replace(INT8_RECIPES["plain"], name="plain-keep-down", keep_down=True)
+    facts = to_int8(fp32[1], tmp_path / "int8.onnx", recipe)
+    assert facts["fp32_matmuls"] == layers and "smoothquant_alpha" not in facts
 
 
 def test_the_exporter_falls_back_to_the_next_recipe_that_passes(tmp_path):

@@ -138,7 +138,7 @@ def export_command(
 ) -> None:
     """Export MODEL computing METHOD as an ONNX artifact in OUT, gated on parity with PyTorch."""
     from .core import check_output
-    from .precision import check_precision, int8_plan
+    from .precision import check_int8_recipe, check_precision
 
     options = method_options(locals())
     from .graph import resolve_attention
@@ -151,8 +151,7 @@ def export_command(
         get_method(method)
         for item in also or []:
             get_method(parse_also(item).method)
-        check_precision(precision)
-        int8_plan(int8_recipe)
+        check_int8_recipe(int8_recipe, check_precision(precision))
         check_output(out, force)
         resolve_attention(attention, opset)
         check_model(model, method, options, list(also or []))

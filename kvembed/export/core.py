@@ -29,7 +29,7 @@ from .graph import rms_norm_as_div, weight_matmuls
 from .graph import trace as trace_graph
 from .ops import ALLOWED_OPS, non_portable_ops, op_types
 from .parity import ParityReport, run_parity
-from .precision import INT8_RECIPES, check_precision, convert, int8_plan
+from .precision import INT8_RECIPES, check_int8_recipe, check_precision, convert, int8_plan
 from .smoothing import calibration_feeds
 
 Progress = Callable[[str, str], None]
@@ -499,7 +499,7 @@ def export_result(
 ) -> ExportResult:
     """:func:`export`, returning the manifest and parity report too."""
     precision = check_precision(precision)
-    int8_plan(int8_recipe)
+    check_int8_recipe(int8_recipe, precision)
     check_output(out, force)
     attention, opset = resolve_attention(attention, opset)
     progress = progress or _silent

@@ -383,11 +383,7 @@ def rms_norm_as_div(path: Path) -> dict[str, Any]:
 
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
-    producers = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    producers, consumers = node_edges(graph)
     graph_outputs = {o.name for o in graph.output}
     dropped: set[int] = set()
     for node in graph.node:
@@ -410,6 +406,16 @@ def rms_norm_as_div(path: Path) -> dict[str, Any]:
         graph.node.extend(kept)
         onnx.save(model, str(path))
     return record
+
+
+def node_edges(graph: Any) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """(value -> the node producing it, value -> the nodes reading it) of an ``onnx.GraphProto``."""
+    producers = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return producers, consumers
 
 
 def _is_external(tensor: Any) -> bool:

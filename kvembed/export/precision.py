@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .graph import save_model
+from .graph import node_edges, save_model
 from .smoothing import DEFAULT_ALPHA
 
 #: int8 keeps fp32 the MatMuls whose input's top channel exceeds this many times its median channel
@@ -122,10 +122,7 @@ def fp32_nodes(model: Any, float_values: set[str] | None = None) -> list[str]:
         if any(i in weights or i in active for i in node.input):
             active.update(node.output)
     keep: set[str] = set()
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
+    producer, consumers = node_edges(graph)
     for node in graph.node:
         produces_float = any(o in float_values for o in node.output)
         if node.op_type in FP32_OPS:
@@ -135,7 +132,6 @@ def fp32_nodes(model: Any, float_values: set[str] | None = None) -> list[str]:
         elif node.op_type == "Add" and any(c.op_type == "Softmax" for o in node.output for c in consumers.get(o, ())):
             keep.add(node.name)  # logits + mask
     # forward closure: cheap element-wise nodes fed only by fp32 nodes stay fp32
-    producer = {o: node for node in graph.node for o in node.output}
     changed = True
     while changed:
         changed = False
@@ -166,10 +162,7 @@ def to_fp16(source: Path, target: Path) -> dict[str, Any]:
     graph = model.graph
     floats = _float_values(model)
     keep = set(fp32_nodes(model, floats))
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    _, consumers = node_edges(graph)
     graph_outputs = {o.name for o in graph.output}
     # Cast(to=FLOAT) is fp32 when everything it feeds is (e.g. RMSNorm's upcast), else fp16
     for node in graph.node:
@@ -324,6 +317,16 @@ INT8_RECIPES: dict[str, Int8Recipe] = {r.name: r for r in (
 INT8_AUTO = ("smooth", "smooth-keep-down")
 
 
+def check_int8_recipe(recipe: str, precision: str) -> tuple[str, ...]:
+    """:func:`int8_plan` of ``recipe``; a recipe other than ``auto`` with another precision is an
+    error (it would be silently ignored)."""
+    plan = int8_plan(recipe)
+    if recipe != "auto" and precision != "int8":
+        raise ValueError(f"--int8-recipe {recipe} applies to --precision int8 only (got --precision {precision}); "
+                         "drop it or export int8")
+    return plan
+
+
 def int8_plan(recipe: str) -> tuple[str, ...]:
     """The recipes to try, in order, for ``--int8-recipe``: ``auto``, one name, or several
     separated by commas (tried in that order); ValueError naming the choices."""
@@ -354,15 +357,16 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
     facts: dict[str, Any] = {"recipe": plan.name, "recipe_summary": plan.summary}
     with tempfile.TemporaryDirectory(prefix=".kvembed-int8-", dir=target.parent) as work:
         quantize_from, keep = source, []
+        if plan.calibrated or plan.keep_down:
+            groups = smoothable_groups(onnx.load(str(source), load_external_data=False))
+        if plan.keep_down:
+            keep += [n for g in groups if g.fold_kind == "columns" for n in g.nodes]
         if plan.calibrated:
             if calibration is None:
                 raise ValueError(f"int8 recipe {plan.name} needs calibration batches")
-            groups = smoothable_groups(onnx.load(str(source), load_external_data=False))
             ranges = activation_ranges(source, groups, calibration)
             if plan.massive_spread is not None:
                 keep += massive_input_nodes(groups, ranges, plan.massive_spread)
-            if plan.keep_down:
-                keep += [n for g in groups if g.fold_kind == "columns" for n in g.nodes]
             if plan.smooth_alpha is not None:
                 model = onnx.load(str(source))
                 smooth(model, groups, ranges, plan.smooth_alpha)

@@ -52,13 +52,11 @@ class SmoothGroup:
 
 def smoothable_groups(model: Any) -> list[SmoothGroup]:
     """The groups of an fp32 ``onnx.ModelProto`` whose activation scale can be folded (module docstring)."""
+    from .graph import node_edges
+
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
-    producer = {o: node for node in graph.node for o in node.output}
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    producer, consumers = node_edges(graph)
     outputs = {o.name for o in graph.output}
 
     def weight_matmul(node: Any, activation: str) -> bool:
