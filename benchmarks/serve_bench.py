@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import random
 import statistics
@@ -27,6 +28,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from serve_util import ServerProcess, metric, metrics  # noqa: E402  (the tests' server helper)
@@ -77,15 +79,57 @@ async def drive(url: str, model: str, requests: list[list[str]], clients: int, f
 
 def in_process(embedder: Embedder, requests: list[list[str]], latency_requests: int) -> dict[str, Any]:
     texts = [text for request in requests for text in request]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     embedder.encode(texts, batch_size=64, max_tokens=16384)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     latencies = []
     for request in requests[:latency_requests]:
         start = time.perf_counter()
         embedder.encode(request, batch_size=64, max_tokens=16384)
         latencies.append(time.perf_counter() - start)
-    return {"wall": wall, "latencies": latencies}
+    return {"wall": wall, "latencies": latencies, "cpu": cpu}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (and its threads) so far."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def served(pid: int, cell: Any) -> dict[str, Any]:
+    """Run a server cell and add the server process's CPU seconds (clients excluded)."""
+    before = cpu_seconds(pid)
+    result = asyncio.run(cell)
+    result["cpu"] = cpu_seconds(pid) - before
+    return result
+
+
+def paired_overhead(url: str, model: str, embedder: Embedder, requests: list[list[str]]) -> dict[str, list[float]]:
+    """Server latency minus in-process latency of the same request, measured back to back per
+    request (one request at a time, kept-alive connections), so machine drift cancels out. Two
+    clients: the standard library's ``http.client`` (the least client-side work: the server's own
+    overhead plus the TCP round trip) and a synchronous ``httpx.Client`` (what the ``openai``
+    client is built on)."""
+    host, port = httpx.URL(url).host, httpx.URL(url).port
+    connection = http.client.HTTPConnection(host, port, timeout=600)
+    differences: dict[str, list[float]] = {"http.client": [], "httpx": []}
+    with httpx.Client(base_url=url, timeout=600) as client:
+        for texts in requests:
+            body = json.dumps({"model": model, "input": texts})
+            start = time.perf_counter()
+            embedder.encode(texts, batch_size=64, max_tokens=16384)
+            local = time.perf_counter() - start
+            start = time.perf_counter()
+            connection.request("POST", "/v1/embeddings", body=body, headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            assert response.status == 200, response.status
+            json.loads(response.read())
+            differences["http.client"].append(time.perf_counter() - start - local)
+            start = time.perf_counter()
+            client.post("/v1/embeddings", content=body, headers={"Content-Type": "application/json"}).raise_for_status().json()
+            differences["httpx"].append(time.perf_counter() - start - local)
+    connection.close()
+    return differences
 
 
 def bench_artifact(name: str, directory: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -101,9 +145,10 @@ def bench_artifact(name: str, directory: Path, args: argparse.Namespace, out: Pa
         in_process(embedder, requests[:16], 4)
         for _ in range(args.rounds):
             cells: dict[str, Any] = {"in-process": in_process(embedder, requests, args.latency_requests)}
-            cells["1 client"] = asyncio.run(drive(server.url, name, latency_set, 1))
+            cells["1 client"] = served(server.process.pid, drive(server.url, name, latency_set, 1))
+            cells["1 client"]["paired"] = paired_overhead(server.url, name, embedder, latency_set)
             for clients in args.clients:
-                cells[f"{clients} clients"] = asyncio.run(drive(server.url, name, requests, clients))
+                cells[f"{clients} clients"] = served(server.process.pid, drive(server.url, name, requests, clients))
             rounds.append(cells)
     finally:
         server.stop()
@@ -126,7 +171,16 @@ def bench_artifact(name: str, directory: Path, args: argparse.Namespace, out: Pa
             "tokens_per_s": statistics.median(n_tokens / w for w in walls),
             "p50_ms": statistics.median(p50), "p99_ms": statistics.median(p99),
             "throughput_vs_in_process": statistics.median(ratio), "p50_overhead_ms": statistics.median(overhead),
+            "texts_per_cpu_s": statistics.median(n_texts / r[cell]["cpu"] for r in rounds),
+            "cpu_efficiency_vs_in_process": statistics.median(
+                (n_texts / r[cell]["cpu"]) / (texts / r["in-process"]["cpu"]) for r in rounds),
         })
+        if "paired" in rounds[0][cell]:
+            rows[-1]["paired_overhead_ms"] = {}
+            for client in rounds[0][cell]["paired"]:
+                paired = [d * 1000 for r in rounds for d in r[cell]["paired"][client]]
+                rows[-1]["paired_overhead_ms"][client] = {
+                    "p50": percentile(paired, 50), "p10": percentile(paired, 10), "p90": percentile(paired, 90), "n": len(paired)}
     precision = embedder.manifest.get("precision")
     return {"name": name, "artifact": str(directory), "method": embedder.method.name, "precision": precision,
             "requests": len(requests), "texts": texts, "tokens": tokens, "rounds": args.rounds, "rows": rows}
@@ -212,15 +266,22 @@ def load_run(name: str, directory: Path, args: argparse.Namespace, out: Path) ->
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
-    lines = ["| artifact | cell | texts/s | tokens/s | p50 ms | p99 ms | throughput vs in-process | p50 overhead ms |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| artifact | cell | texts/s | tokens/s | p50 ms | p99 ms | throughput vs in-process | p50 overhead ms "
+             "| texts per CPU-s (server only) | vs in-process |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for result in results:
         label = f"{result['name']} ({result['method']}, {result['precision']})"
         for row in result["rows"]:
             lines.append(
                 f"| {label} | {row['cell']} | {row['texts_per_s']:.0f} | {row['tokens_per_s']:.0f} | {row['p50_ms']:.1f} | "
-                f"{row['p99_ms']:.1f} | {row['throughput_vs_in_process']:.2f}x | {row['p50_overhead_ms']:+.1f} |"
+                f"{row['p99_ms']:.1f} | {row['throughput_vs_in_process']:.2f}x | {row['p50_overhead_ms']:+.1f} | "
+                f"{row['texts_per_cpu_s']:.0f} | {row['cpu_efficiency_vs_in_process']:.2f}x |"
             )
+    for result in results:
+        for row in result["rows"]:
+            for client, p in row.get("paired_overhead_ms", {}).items():
+                lines.append(f"\n{result['name']}: 1-client overhead with {client}, paired per request (server minus in-process, "
+                             f"back to back, n={p['n']}): p50 {p['p50']:+.2f} ms (p10 {p['p10']:+.2f}, p90 {p['p90']:+.2f})")
     return "\n".join(lines)
 
 
