@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -40,6 +41,7 @@ class TorchEmbedder:
         padding_side: str = "right",
         source: str | None = None,
         also: Mapping[str, ResolvedMethod] | None = None,
+        context: "ContextParts | None" = None,
     ) -> None:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
@@ -52,8 +54,14 @@ class TorchEmbedder:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else fallback
         self.hf_tokenizer = tokenizer
         self.tokenizer: Tokenizer = Tokenizer.from_str(backend.to_str())
-        self.encoder = TextEncoder(self.tokenizer, method, max_length, fallback_id=fallback, pad_id=pad)
-        self.model = EmbeddingModel(model, method, self.encoder.placeholder_id, also).eval()
+        self.context = context
+        self.encoder = TextEncoder(
+            self.tokenizer, method, max_length, fallback_id=fallback, pad_id=pad,
+            **({} if context is None else context.encoder_kwargs()),
+        )
+        self.model = EmbeddingModel(
+            model, method, self.encoder.placeholder_id, also, None if context is None else context.module
+        ).eval()
         self.method = method
         self.max_length = max_length
         self.padding_side = padding_side
@@ -66,6 +74,8 @@ class TorchEmbedder:
         self.revision: str | None = None
         #: the GGUF file this model was dequantized from (file, sha256, quantization, ...), else None
         self.gguf: dict[str, Any] | None = None
+        #: Causal2Vec: what the checkpoint holds (encoder, projector sha256, adapter), else None
+        self.causal2vec: dict[str, Any] | None = None
 
     @classmethod
     def from_pretrained(
@@ -98,6 +108,10 @@ class TorchEmbedder:
         ``"va:layers=8-12"``, ``"last=kv-embedding:pooling=last"``; see
         :mod:`kvembed.methods.sharing`); ``encode(..., output=label)`` returns theirs.
         """
+        if get_method(method).contextual:  # a Causal2Vec checkpoint folder, not a bare model
+            if also:
+                raise ValueError("causal2vec cannot take --also: its Contextual token makes its forward pass its own")
+            return cls._from_causal2vec(model, method, max_length=max_length, padding_side=padding_side, dtype=dtype, **options)
         source = locate_model(model, revision)  # fails within seconds when nothing is there
         location, preset_id, text = source.location, source.preset_id, str(model)
         if source.gguf is not None:  # dequantized once into a cached Hugging Face folder
@@ -155,6 +169,48 @@ class TorchEmbedder:
         embedder.gguf = None if source.gguf is None else source.gguf.to_dict()
         return embedder
 
+    @classmethod
+    def _from_causal2vec(
+        cls, path: str | os.PathLike[str], method: str, *, max_length: int | None, padding_side: str,
+        dtype: torch.dtype | str, **options: Any,
+    ) -> "TorchEmbedder":
+        """Load a Causal2Vec checkpoint (:mod:`kvembed.causal2vec.layout`): its LLM (adapter merged),
+        encoder, projector and prompts; ``options`` override the checkpoint's ``causal2vec.json``."""
+        import hashlib
+
+        from .causal2vec import Causal2VecCheckpoint
+        from .patch.contextual import load_context_encoder, load_llm
+
+        checkpoint = Causal2VecCheckpoint.read(path)
+        config = AutoConfig.from_pretrained(str(checkpoint.llm))
+        architecture_of(config)
+        resolved = resolve(method, config.num_hidden_layers, None, **{**checkpoint.method_options(), **options})
+        tokenizer = AutoTokenizer.from_pretrained(str(checkpoint.llm))
+        limit = model_max_length(config, tokenizer)
+        if max_length is not None:
+            if int(max_length) < 1:
+                raise ValueError(f"max_length must be >= 1, got {max_length}")
+            limit = min(limit, int(max_length))
+        encoder_tokenizer = AutoTokenizer.from_pretrained(str(checkpoint.encoder))
+        encoder_config = AutoConfig.from_pretrained(str(checkpoint.encoder))
+        context = ContextParts(
+            module=load_context_encoder(checkpoint, _dtype(dtype)),
+            tokenizer=Tokenizer.from_file(str(checkpoint.encoder / "tokenizer.json")),
+            max_length=min(checkpoint.encoder_max_length, model_max_length(encoder_config, encoder_tokenizer)),
+            pad_id=int(encoder_tokenizer.pad_token_id or 0),
+        )
+        hf_model = load_llm(checkpoint, _dtype(dtype))
+        embedder = cls(hf_model, tokenizer, resolved, limit, padding_side=padding_side, source=str(path), context=context)
+        embedder.location = str(checkpoint.root.resolve())
+        embedder.causal2vec = {
+            "encoder_model_type": encoder_config.model_type,
+            "encoder_hidden_size": checkpoint.encoder_hidden,
+            "encoder_max_length": context.max_length,
+            "projector_sha256": hashlib.sha256(checkpoint.projector.read_bytes()).hexdigest(),
+            "adapter_merged": checkpoint.adapter is not None,
+        }
+        return embedder
+
     @property
     def dim(self) -> int:
         return self.model.output_dim
@@ -177,10 +233,10 @@ class TorchEmbedder:
         """A reference computing only ``output``'s method, in a pass of its own (shares weights)."""
         embedder = type(self)(
             self.model.decoder, self.hf_tokenizer, self._method_of(self._label(output)), self.max_length,
-            padding_side=self.padding_side, source=self.source,
+            padding_side=self.padding_side, source=self.source, context=self.context,
         )
         embedder.location, embedder.preset_id, embedder.revision = self.location, self.preset_id, self.revision
-        embedder.gguf = self.gguf
+        embedder.gguf, embedder.causal2vec = self.gguf, self.causal2vec
         return embedder
 
     def references(self) -> dict[str | None, "TorchEmbedder"]:
@@ -226,6 +282,29 @@ class TorchEmbedder:
         batch = {k: torch.from_numpy(v) for k, v in self.encoder.pad(items, self.padding_side).items()}
         embedding, pooled = self.model(**batch)[2 * index : 2 * index + 2]
         return (embedding if normalize else pooled).float().numpy()
+
+
+@dataclass(frozen=True)
+class ContextParts:
+    """Causal2Vec's context side: the encoder + projector module and the encoder's tokenizer."""
+
+    module: torch.nn.Module
+    tokenizer: Tokenizer
+    max_length: int
+    pad_id: int
+
+    def encoder_kwargs(self) -> dict[str, Any]:
+        """The :class:`TextEncoder` arguments for this context encoder (a copy of the tokenizer:
+        the encoder sets truncation on it)."""
+        return {
+            "context_tokenizer": Tokenizer.from_str(self.tokenizer.to_str()),
+            "context_max_length": self.max_length,
+            "context_pad_id": self.pad_id,
+        }
+
+
+def _dtype(dtype: torch.dtype | str) -> torch.dtype:
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
 def _is_auto(layers: Any) -> bool:

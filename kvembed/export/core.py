@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import __version__
-from ..runtime.artifact import MODEL, SCHEMA_VERSION, TOKENIZER, check_files, encoder_from_manifest, file_records
+from ..runtime.artifact import (
+    ENCODER_TOKENIZER, MODEL, SCHEMA_VERSION, TOKENIZER, check_files, encoder_from_manifest, file_records,
+)
 from ..runtime.artifact import read_manifest, write_manifest
 from ..methods.sharing import AlsoRequest, output_names
-from .graph import DATA_FILE, ExportError, decoder_layers_in_graph, input_names, optimize_with_onnxruntime
+from .graph import DATA_FILE, ExportError, decoder_layers_in_graph, input_axes, input_names, optimize_with_onnxruntime
 from .graph import resolve_attention
 from .graph import rms_norm_as_div, weight_matmuls
 from .graph import trace as trace_graph
@@ -104,6 +106,8 @@ def source_record(embedder: Any) -> dict[str, Any]:
     record["hidden_size"] = int(config.hidden_size)
     if getattr(embedder, "gguf", None):
         record["gguf"] = dict(embedder.gguf)  # file name, sha256, quantization type, architecture
+    if getattr(embedder, "causal2vec", None):
+        record["causal2vec"] = dict(embedder.causal2vec)  # encoder, projector sha256, adapter merged
     return record
 
 
@@ -269,6 +273,8 @@ class Exporter:
             traced = self.trace(workdir=out.parent)
             assert self._graph is not None
             embedder.tokenizer.save(str(staging / TOKENIZER))
+            if embedder.encoder.context_tokenizer is not None:  # Causal2Vec's encoder tokenizer
+                embedder.context.tokenizer.save(str(staging / ENCODER_TOKENIZER))
             recipes: list[str | None] = list(int8_plan(int8_recipe)) if precision == "int8" else [None]
             calibration = calibration_feeds(embedder.encoder) if any(r and INT8_RECIPES[r].calibrated for r in recipes) else None
             tried: list[dict[str, Any]] = []
@@ -324,6 +330,13 @@ class Exporter:
         self.progress("convert", f"converting to {precision}" + (f" (recipe {recipe})" if recipe else ""))
         return convert(traced, model_path, precision, int8_recipe=recipe or "plain", calibration=calibration)
 
+    def _context_matmuls(self) -> int:
+        """Weight matrix products of Causal2Vec's encoder and projector (one per ``nn.Linear``)."""
+        from torch import nn
+
+        encoder = self.embedder.model.context_encoder
+        return 0 if encoder is None else sum(isinstance(m, nn.Linear) for m in encoder.modules())
+
     def _check_graph(self, model_path: Path, precision: str) -> dict[str, Any]:
         import onnx
 
@@ -334,7 +347,7 @@ class Exporter:
             raise ExportError(
                 f"the {precision} graph contains operators outside the portable allow-list: {', '.join(bad)}"
             )
-        layers = decoder_layers_in_graph(model)
+        layers = decoder_layers_in_graph(model, self._context_matmuls())
         needed = self.embedder.model.layers_needed
         if layers != needed:
             raise ExportError(f"the graph holds the weights of {layers} decoder layers, the method needs {needed}")
@@ -391,7 +404,11 @@ class Exporter:
             "placeholder_id": encoder.placeholder_id,
             "pad_id": encoder.pad_id,
             "fallback_id": encoder.fallback_id,
-            "inputs": [{"name": n, "dtype": "int64", "shape": ["batch", "sequence"]} for n in names],
+            "inputs": [{"name": n, "dtype": "int64", "shape": list(input_axes(n))} for n in names],
+            # Causal2Vec: the context encoder's tokenizer file, length limit and pad id (else null)
+            "context_encoder": None if encoder.context_tokenizer is None else {
+                "tokenizer": ENCODER_TOKENIZER, "max_length": encoder.context_max_length, "pad_id": encoder.context_pad_id,
+            },
             # extra methods read from the same forward pass (--also): label -> method
             "also": {label: method.to_dict() for label, method in model.also.items()},
             "outputs": [

@@ -47,8 +47,10 @@ ATTENTION_FORMS = ("fused", "decomposed")
 #: ``Attention`` to IAttention from 10.14. The decomposed graph needs nothing past opset 18.
 FUSED_MIN_VERSIONS = {"onnxruntime": "1.23.1", "tensorrt": TENSORRT_OPS_SINCE["Attention"]}
 DECOMPOSED_MIN_VERSIONS = {"onnxruntime": "1.14", "tensorrt": "8.6"}
-INPUTS = ("input_ids", "attention_mask", "pool_mask")
-BATCH, SEQUENCE = "batch", "sequence"
+INPUTS = ("input_ids", "attention_mask", "pool_mask", "encoder_input_ids", "encoder_attention_mask")
+#: Causal2Vec's context encoder inputs, with a sequence axis of their own
+ENCODER_INPUTS = ("encoder_input_ids", "encoder_attention_mask")
+BATCH, SEQUENCE, ENCODER_SEQUENCE = "batch", "sequence", "encoder_sequence"
 
 #: Texts of the trace example: two rows of different lengths, so the example is padded.
 TRACE_TEXTS = ("A short example.", "A somewhat longer example sentence, traced with symbolic sizes.")
@@ -62,7 +64,14 @@ def input_names(embedder: Any) -> list[str]:
     names = ["input_ids", "attention_mask"]
     if embedder.model.uses_pool_mask:
         names.append("pool_mask")
+    if embedder.model.uses_context:
+        names.extend(ENCODER_INPUTS)
     return names
+
+
+def input_axes(name: str) -> tuple[str, str]:
+    """The symbolic (batch, sequence) axes of graph input ``name``."""
+    return (BATCH, ENCODER_SEQUENCE if name in ENCODER_INPUTS else SEQUENCE)
 
 
 def output_names(embedder: Any) -> list[str]:
@@ -166,7 +175,7 @@ def trace(
         warnings.simplefilter("ignore")
         example = embedder.encoder.pad(embedder.encoder.encode(list(TRACE_TEXTS), "document"), "right")
     args = tuple(torch.from_numpy(example[name]) for name in names)
-    dynamic = {name: {0: BATCH, 1: SEQUENCE} for name in names}
+    dynamic = {name: dict(enumerate(input_axes(name))) for name in names}
     model = embedder.model
     out = io.StringIO()
     redirect = (contextlib.redirect_stdout(out), contextlib.redirect_stderr(out)) if quiet else ()
@@ -451,15 +460,16 @@ def weight_matmuls(model: Any) -> int:
     return count
 
 
-def decoder_layers_in_graph(model: Any) -> int:
-    """Decoder layers whose weights the graph holds: ``ceil(weight matmuls / 7)``.
+def decoder_layers_in_graph(model: Any, other_matmuls: int = 0) -> int:
+    """Decoder layers whose weights the graph holds: ``ceil(weight matmuls / 7)``, not counting
+    ``other_matmuls`` that belong to something else (Causal2Vec's encoder and projector).
 
     Every layer but the last contributes all 7 projections; the last may contribute fewer, as the
     exporter drops what the readout does not use (``va`` keeps only the last layer's ``v_proj``).
     Counting weights rather than reading initializer names: the exporter renames transposed
     weights and de-duplicates identical tensors (e.g. the all-ones norm weights of a fresh model).
     """
-    return -(-weight_matmuls(model) // MATRICES_PER_LAYER)
+    return -(-(weight_matmuls(model) - other_matmuls) // MATRICES_PER_LAYER)
 
 
 def save_model(model: Any, path: Path) -> bool:

@@ -36,7 +36,9 @@ TENSORRT_OPS: frozenset[str] = frozenset(
 
 #: Standard ops TensorRT's parser takes only from a given version on (release notes of
 #: onnx-tensorrt 10.14: "Added support for the Attention operator", mapped to IAttention).
-TENSORRT_OPS_SINCE: dict[str, str] = {"Attention": "10.14"}
+#: Causal2Vec's BERT encoder brings LayerNormalization (opset 17, parsed since TensorRT 8.6) and
+#: Gelu (opset 20; listed "Y" in the 10.15 support matrix, the version given here).
+TENSORRT_OPS_SINCE: dict[str, str] = {"Attention": "10.14", "LayerNormalization": "8.6", "Gelu": "10.15"}
 
 #: Supported by TensorRT but not allowed in a kvembed graph (the issue's portability rules).
 BANNED_OPS: frozenset[str] = frozenset({"If", "Loop", "Scan", "ScatterND"})

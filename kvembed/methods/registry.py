@@ -7,9 +7,14 @@ from typing import Any, Mapping
 
 from .layers import AUTO, parse_layers
 from .models import presets_for
-from .spec import KINDS, PLACEHOLDER, MethodSpec, OptionSpec, ResolveContext, ResolvedMethod
+from .spec import CONTEXT, KINDS, PLACEHOLDER, MethodSpec, OptionSpec, ResolveContext, ResolvedMethod
 
-RAW = {"query": "{text}", "document": "{text}"}
+TEXT = "{text}"
+RAW = {"query": TEXT, "document": TEXT}
+#: Causal2Vec's default prompts (a checkpoint's causal2vec.json usually sets its own): the task
+#: instruction on queries only, as in the paper's training data (its appendix A.3)
+CAUSAL2VEC_QUERY = "Instruct: Retrieve semantically similar text\nQuery: {context}{text}"
+CAUSAL2VEC_DOCUMENT = "{context}{text}"
 PROMPTEOL = 'This sentence : "{text}" means in one word:"'
 FUTUREEOL = 'Forecasting the subsequent tokens "{text}" in one word:"'
 TP_PROMPTS = {
@@ -260,10 +265,42 @@ register(
     )
 )
 
+
+
+def _check_context_template(value: Any, ctx: ResolveContext) -> str | None:
+    if value.count(CONTEXT) != 1 or TEXT not in value:
+        return f"must contain {CONTEXT} once and {TEXT}, got {value!r}"
+    if value.index(CONTEXT) > value.index(TEXT):
+        return f"must put {CONTEXT} before {TEXT} (the Contextual token precedes the text), got {value!r}"
+    return None
+
+
+def _check_placeholder(value: Any, ctx: ResolveContext) -> str | None:
+    return None if value.strip() else "must name the token the Contextual token replaces (e.g. '<s>'); it comes from causal2vec.json"
+
+
+register(
+    MethodSpec(
+        name="causal2vec",
+        summary="Causal2Vec (trained): an encoder's Contextual token replaces a placeholder; concat of its and EOS's states.",
+        prompts={"checkpoint": {"query": CAUSAL2VEC_QUERY, "document": CAUSAL2VEC_DOCUMENT}},
+        default_prompt="checkpoint",
+        readout="hidden",
+        pooling="context-eos",
+        contextual=True,
+        paper="causal2vec.txt",
+        options=(
+            OptionSpec("placeholder", str, "", "the LLM token the Contextual token replaces (causal2vec.json)", check=_check_placeholder),
+            OptionSpec("query_template", str, CAUSAL2VEC_QUERY, f"query prompt with {CONTEXT} and {TEXT}", check=_check_context_template),
+            OptionSpec("document_template", str, CAUSAL2VEC_DOCUMENT, f"document prompt with {CONTEXT} and {TEXT}",
+                       check=_check_context_template),
+            OptionSpec("eos", str, "", "token text appended after the prompt (the LLM's EOS; '' appends nothing)"),
+        ),
+    )
+)
+
 #: Names reserved for later issues, so users get a precise message instead of "unknown".
-PLANNED: Mapping[str, str] = {
-    "causal2vec": "causal2vec needs a trained checkpoint layout and is not implemented yet",
-}
+PLANNED: Mapping[str, str] = {}
 
 
 def get_method(name: str) -> MethodSpec:
@@ -328,6 +365,8 @@ def resolve(
 
     prompt = resolved.get("prompt", spec.default_prompt)
     templates = dict(spec.prompts[prompt]) if prompt in spec.prompts else {kind: prompt for kind in KINDS}
+    if spec.contextual:  # the checkpoint's templates, EOS appended
+        templates = {kind: resolved[f"{kind}_template"] + resolved["eos"] for kind in KINDS}
     return ResolvedMethod(
         name=spec.name,
         options=resolved,
@@ -340,6 +379,7 @@ def resolve(
         preprocess=spec.preprocess,
         reroute=spec.reroute and bool(layers),
         placeholder=spec.placeholder,
+        contextual=spec.contextual,
     )
 
 

@@ -127,6 +127,8 @@ def sharing_problem(main: ResolvedMethod, other: ResolvedMethod) -> str | None:
             f"{who}: its prompt differs ({other.templates['document']!r} vs {main.templates['document']!r}), "
             "so the token ids differ"
         )
+    if main.contextual or other.contextual:
+        return f"{who}: Causal2Vec replaces an input embedding with its Contextual token, so its forward pass is its own"
     if main.preprocess != other.preprocess:
         return f"{who}: one cleans up the text before formatting (token-prepending/PromptEOL style) and the other does not"
     if main.placeholder != other.placeholder:

@@ -22,9 +22,14 @@ KINDS: tuple[str, ...] = ("query", "document")
 Readout = Literal["hidden", "values", "attention-output", "residual"]
 
 #: How hidden states are pooled over positions (``hidden`` readout only).
-#: ``span`` pools over the positions flagged in the ``pool_mask`` input (echo's second copy).
-Pooling = Literal["last-mean", "last", "mean", "span"]
-POOLINGS: tuple[str, ...] = ("last-mean", "last", "mean", "span")
+#: ``span`` pools over the positions flagged in the ``pool_mask`` input (echo's second copy);
+#: ``context-eos`` concatenates the states at the flagged position (Causal2Vec's Contextual token)
+#: and at the last real token (its EOS): twice the hidden width.
+Pooling = Literal["last-mean", "last", "mean", "span", "context-eos"]
+POOLINGS: tuple[str, ...] = ("last-mean", "last", "mean", "span", "context-eos")
+
+CONTEXT = "{context}"
+"""Where Causal2Vec's prompt templates put the placeholder token that the Contextual token replaces."""
 
 PLACEHOLDER = "<PST>"
 """Token-prepending's placeholder, registered as an added token on the tokenizer."""
@@ -78,6 +83,8 @@ class MethodSpec:
     """Prepend the last token's key/value in the ``layers`` set (kv-embedding)."""
     placeholder: bool = False
     """The prompt carries ``<PST>`` whose position is rewired per layer (token-prepending)."""
+    contextual: bool = False
+    """A bidirectional encoder's Contextual token replaces the prompt's ``{context}`` token (Causal2Vec)."""
     options: tuple[OptionSpec, ...] = ()
     paper: str = ""
 
@@ -113,6 +120,7 @@ class ResolvedMethod:
     preprocess: bool
     reroute: bool
     placeholder: bool
+    contextual: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -127,6 +135,7 @@ class ResolvedMethod:
             "preprocess": self.preprocess,
             "reroute": self.reroute,
             "placeholder": self.placeholder,
+            "contextual": self.contextual,
         }
 
     @classmethod
@@ -143,9 +152,10 @@ class ResolvedMethod:
             preprocess=bool(data["preprocess"]),
             reroute=bool(data["reroute"]),
             placeholder=bool(data["placeholder"]),
+            contextual=bool(data.get("contextual", False)),
         )
 
     @property
     def uses_pool_mask(self) -> bool:
         """Whether the forward pass needs a ``pool_mask`` input besides the attention mask."""
-        return self.readout == "hidden" and self.pooling == "span"
+        return self.readout == "hidden" and self.pooling in ("span", "context-eos")

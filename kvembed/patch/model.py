@@ -72,6 +72,7 @@ class EmbeddingModel(nn.Module):
         method: ResolvedMethod,
         placeholder_id: int | None = None,
         also: Mapping[str, ResolvedMethod] | None = None,
+        context_encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.decoder = base_model(model)
@@ -88,6 +89,10 @@ class EmbeddingModel(nn.Module):
                 raise ValueError(f"extra output {label!r}: {problem}")
         if method.placeholder and placeholder_id is None:
             raise ValueError(f"method {method.name!r} needs the placeholder token id")
+        if method.contextual and context_encoder is None:
+            raise ValueError(f"method {method.name!r} needs its context encoder (a Causal2Vec checkpoint)")
+        #: Causal2Vec's encoder + projector (kvembed.patch.contextual.ContextEncoder), else None
+        self.context_encoder = context_encoder if method.contextual else None
         self.method = method
         self.placeholder_id = placeholder_id
         #: readout label (None for the main method) -> tensors its hooks captured in this forward
@@ -113,6 +118,8 @@ class EmbeddingModel(nn.Module):
             return config.num_key_value_heads * head_dim
         if method.readout == "attention-output" and method.options.get("wva"):
             return config.num_attention_heads * head_dim
+        if method.pooling == "context-eos":
+            return 2 * config.hidden_size
         return config.hidden_size
 
     @property
@@ -122,6 +129,11 @@ class EmbeddingModel(nn.Module):
     @property
     def uses_pool_mask(self) -> bool:
         return any(method.uses_pool_mask for _, method in self.readouts)
+
+    @property
+    def uses_context(self) -> bool:
+        """Whether the forward pass takes the context encoder's ``encoder_input_ids`` / ``encoder_attention_mask``."""
+        return self.context_encoder is not None
 
     # -- patching ----------------------------------------------------------------------------
 
@@ -207,9 +219,14 @@ class EmbeddingModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         pool_mask: torch.Tensor | None = None,
+        encoder_input_ids: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
         """Return ``(embedding, pooled)``: the L2-normalised vector and the raw one it came from,
-        followed by the same pair for every ``also`` method."""
+        followed by the same pair for every ``also`` method.
+
+        Causal2Vec: ``pool_mask`` flags each row's placeholder, whose input embedding becomes the
+        context encoder's Contextual token for ``encoder_input_ids`` / ``encoder_attention_mask``."""
         if not self._active:
             raise RuntimeError("call EmbeddingModel inside `with model.patched():`")
         method = self.method
@@ -226,6 +243,11 @@ class EmbeddingModel(nn.Module):
         if is_placeholder is not None:  # the placeholder's input embedding is the zero vector
             embeds = embeds * (~is_placeholder)[..., None].to(embeds.dtype)
             self._rewire = {"last": last, "is_placeholder": is_placeholder}
+        if self.context_encoder is not None:
+            if pool_mask is None or encoder_input_ids is None or encoder_attention_mask is None:
+                raise ValueError(f"method {method.name!r} needs pool_mask, encoder_input_ids and encoder_attention_mask")
+            context = self.context_encoder(encoder_input_ids, encoder_attention_mask.to(torch.int64)).to(embeds.dtype)
+            embeds = torch.where(pool_mask.bool()[..., None], context[:, None, :], embeds)
 
         extra: dict[str, Any] = {}
         if method.reroute:
@@ -293,8 +315,10 @@ class EmbeddingModel(nn.Module):
             return masked_mean(hidden, mask)
         if pooling == "last-mean":
             return (gather_rows(hidden, last) + masked_mean(hidden, mask)) / 2
+        if pooling in ("span", "context-eos") and pool_mask is None:
+            raise ValueError(f"method {method.name!r} needs a pool_mask input")
         if pooling == "span":
-            if pool_mask is None:
-                raise ValueError(f"method {method.name!r} needs a pool_mask input")
             return masked_mean(hidden, pool_mask * mask)
+        if pooling == "context-eos":  # Causal2Vec: [h(Contextual token); h(EOS)]
+            return torch.cat([gather_rows(hidden, pool_mask.argmax(dim=-1)), gather_rows(hidden, last)], dim=-1)
         raise ValueError(f"unknown pooling {pooling!r}")

@@ -18,6 +18,8 @@ from .encoding import TextEncoder
 SCHEMA_VERSION = 1
 MANIFEST = "kvembed.json"
 TOKENIZER = "tokenizer.json"
+#: Causal2Vec artifacts: the context encoder's tokenizer
+ENCODER_TOKENIZER = "encoder_tokenizer.json"
 MODEL = "model.onnx"
 
 #: manifest keys every artifact has (tests and loaders rely on them)
@@ -125,12 +127,21 @@ def encoder_from_manifest(directory: str | os.PathLike[str], manifest: Mapping[s
 
     tokenizer = Tokenizer.from_file(str(Path(directory) / TOKENIZER))
     method = ResolvedMethod.from_dict(manifest["method"])
+    context: dict[str, Any] = {}
+    if manifest.get("context_encoder"):
+        spec = manifest["context_encoder"]
+        context = {
+            "context_tokenizer": Tokenizer.from_file(str(Path(directory) / spec["tokenizer"])),
+            "context_max_length": int(spec["max_length"]),
+            "context_pad_id": int(spec["pad_id"]),
+        }
     encoder = TextEncoder(
         tokenizer,
         method,
         int(manifest["max_length"]),
         fallback_id=int(manifest["fallback_id"]),
         pad_id=int(manifest["pad_id"]),
+        **context,
     )
     if method.placeholder and encoder.placeholder_id != manifest["placeholder_id"]:
         raise ValueError(

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 from tokenizers import AddedToken, Tokenizer
 
-from ..methods.spec import PLACEHOLDER, ResolvedMethod
+from ..methods.spec import CONTEXT, PLACEHOLDER, ResolvedMethod
 
 TEXT = "{text}"
 _EOL_ENDINGS = ('.', '?', '"', "'")
@@ -77,6 +77,8 @@ class EncodedText:
     ids: tuple[int, ...]
     pool: tuple[int, ...] | None
     truncated: bool
+    context: tuple[int, ...] | None = None
+    """The context encoder's token ids of the text (Causal2Vec), else None."""
 
 
 class TextEncoder:
@@ -86,6 +88,11 @@ class TextEncoder:
     ``backend_tokenizer``); its own special-token behaviour (BOS/EOS) is kept. For token-prepending
     the placeholder ``<PST>`` is added as a token that absorbs the space before it, matching the
     official code's ids with Llama 2's fast tokenizer.
+
+    Causal2Vec (``method.contextual``) also needs ``context_tokenizer``, the bidirectional
+    encoder's: it tokenises the bare text (cut to ``context_max_length`` by the tokenizer's own
+    truncation, which keeps its special tokens), and the prompt's ``{context}`` becomes the
+    checkpoint's placeholder token, whose position goes into ``pool``.
     """
 
     def __init__(
@@ -95,6 +102,9 @@ class TextEncoder:
         max_length: int,
         fallback_id: int = 0,
         pad_id: int | None = None,
+        context_tokenizer: Tokenizer | None = None,
+        context_max_length: int = 512,
+        context_pad_id: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
         self.method = method
@@ -106,11 +116,27 @@ class TextEncoder:
             self.placeholder_id = add_placeholder(tokenizer)
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
+        self.context_tokenizer = context_tokenizer
+        self.context_id: int | None = None
+        self.context_pad_id = int(context_pad_id)
+        self.context_max_length = int(context_max_length)
+        if method.contextual:
+            self.context_id = context_token_id(tokenizer, str(method.options["placeholder"]))
+            if context_tokenizer is None:
+                raise ValueError("causal2vec needs the context encoder's tokenizer (encoder/tokenizer.json)")
+            context_tokenizer.no_padding()
+            context_tokenizer.enable_truncation(self.context_max_length)
 
     # -- one text ----------------------------------------------------------------------------
 
     def encode_one(self, text: str, kind: str = "document") -> EncodedText:
         template = self.method.templates[kind]
+        context_span = None
+        if self.method.contextual:
+            placeholder = str(self.method.options["placeholder"])
+            start = template.index(CONTEXT)  # before {text}: the prompt up to it does not depend on the text
+            context_span = (start, start + len(placeholder))
+            template = template.replace(CONTEXT, placeholder)
         if self.method.preprocess:
             text = preprocess_text(text)
         encoding, span = self._encode(template, text)
@@ -136,7 +162,22 @@ class TextEncoder:
                 f"the prompt must contain {PLACEHOLDER} exactly once after tokenisation, found "
                 f"{ids.count(self.placeholder_id)}; does the text itself contain {PLACEHOLDER!r}?"
             )
-        return EncodedText(tuple(ids), None if pool is None else tuple(pool), truncated)
+        context = None
+        if context_span is not None:
+            pool = [self._context_position(encoding, context_span)]
+            assert self.context_tokenizer is not None
+            context = tuple(self.context_tokenizer.encode(text, add_special_tokens=True).ids) or (self.context_pad_id,)
+        return EncodedText(tuple(ids), None if pool is None else tuple(pool), truncated, context)
+
+    def _context_position(self, encoding: Any, span: tuple[int, int]) -> int:
+        """The token of the placeholder at character ``span`` of the prompt (Causal2Vec)."""
+        for index, (token, offsets) in enumerate(zip(encoding.ids, encoding.offsets)):
+            if token == self.context_id and tuple(offsets) == span:
+                return index
+        raise ValueError(
+            f"the placeholder {self.method.options['placeholder']!r} did not tokenise as one token at its place in "
+            f"the prompt; use a special token of the LLM's tokenizer (e.g. its BOS) as the placeholder"
+        )
 
     def encode(self, texts: Sequence[str], kind: str = "document", first_index: int = 0) -> list[EncodedText]:
         """Encode ``texts``; over-long ones are cut and named in one warning (indices counted from
@@ -191,7 +232,34 @@ class TextEncoder:
         batch = {"input_ids": input_ids, "attention_mask": attention}
         if pool is not None:
             batch["pool_mask"] = pool
+        if self.method.contextual:
+            batch.update(self._pad_context(items))
         return batch
+
+    def _pad_context(self, items: Sequence[EncodedText]) -> dict[str, np.ndarray]:
+        """The context encoder's ``encoder_input_ids`` / ``encoder_attention_mask`` (right-padded:
+        the encoder is bidirectional and mean-pools under its mask, so the side does not matter)."""
+        width = max((len(item.context or ()) for item in items), default=1)
+        ids = np.full((len(items), width), self.context_pad_id, dtype=np.int64)
+        mask = np.zeros((len(items), width), dtype=np.int64)
+        for row, item in enumerate(items):
+            if item.context is None:
+                raise ValueError("a Causal2Vec batch needs every item's context encoder ids (TextEncoder.encode_one)")
+            ids[row, : len(item.context)] = item.context
+            mask[row, : len(item.context)] = 1
+        return {"encoder_input_ids": ids, "encoder_attention_mask": mask}
+
+
+def context_token_id(tokenizer: Tokenizer, placeholder: str) -> int:
+    """The id of Causal2Vec's placeholder token, which must already be in the LLM's vocabulary (its
+    input embedding row is replaced, so an added token would have none)."""
+    token_id = tokenizer.token_to_id(placeholder)
+    if token_id is None:
+        raise ValueError(
+            f"the placeholder {placeholder!r} is not a token of the LLM's vocabulary; set causal2vec.json's "
+            "'placeholder' to one of its tokens (the paper uses the BOS, e.g. '<s>')"
+        )
+    return int(token_id)
 
 
 def add_placeholder(tokenizer: Tokenizer) -> int:
