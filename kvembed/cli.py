@@ -210,6 +210,7 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("embed-corpus", "kvembed.corpus.cli", "embed_corpus_command"),
     ("eval", "kvembed.eval.cli", "eval_command"),
     ("build-engine", "kvembed.export.engine_cli", "build_engine_command"),
+    ("causal2vec", "kvembed.causal2vec.cli", "app"),
 )
 
 

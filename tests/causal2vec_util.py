@@ -15,8 +15,10 @@ from kvembed.layers.calibration import builtin_calibration_path  # real English 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def build_bert(folder: Path, hidden: int = 32, seed: int = 0) -> Path:
-    """A 2-layer random BERT saved with save_pretrained, and its fast WordPiece tokenizer."""
+def build_bert(folder: Path, hidden: int = 32, seed: int = 0, layers: int = 2, heads: int = 4,
+               max_positions: int = 128) -> Path:
+    """A random BERT (2 layers by default; ``hidden=768, layers=12, heads=12, max_positions=512``
+    is BERT-base's shape) saved with save_pretrained, and its fast WordPiece tokenizer."""
     from tokenizers import BertWordPieceTokenizer, processors
     from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
@@ -28,13 +30,13 @@ def build_bert(folder: Path, hidden: int = 32, seed: int = 0) -> Path:
     )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=wordpiece._tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-        sep_token="[SEP]", mask_token="[MASK]", model_max_length=128,
+        sep_token="[SEP]", mask_token="[MASK]", model_max_length=max_positions,
     )
     fast.save_pretrained(folder)
     torch.manual_seed(seed)
     config = BertConfig(
-        vocab_size=fast.backend_tokenizer.get_vocab_size(), hidden_size=hidden, num_hidden_layers=2,
-        num_attention_heads=4, intermediate_size=2 * hidden, max_position_embeddings=128,
+        vocab_size=fast.backend_tokenizer.get_vocab_size(), hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, intermediate_size=(4 if layers > 2 else 2) * hidden, max_position_embeddings=max_positions,
     )
     BertModel(config, add_pooling_layer=False).save_pretrained(folder)
     return folder

@@ -30,6 +30,7 @@ from kvembed.methods import ResolvedMethod, demo_model_path
 
 STORIES = "stories260k"
 TEXTS = ["A man is playing a guitar.", "", "Ünïcödé café — 東京 🤖", "What is the capital of France?"]
+#: every training-free method; causal2vec needs a checkpoint (tests/test_causal2vec.py)
 METHODS = ("kv-embedding", "va", "aligned-wva", "token-prepending", "last-token", "mean", "prompteol", "echo")
 
 

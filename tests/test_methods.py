@@ -129,14 +129,16 @@ def test_resolved_method_round_trips_through_json():
 
     from kvembed.methods import ResolvedMethod
 
-    for name in METHODS:
-        resolved = resolve(name, 8)
+    for name, spec in METHODS.items():
+        resolved = resolve(name, 8, **({"placeholder": "<s>"} if spec.contextual else {}))
         assert ResolvedMethod.from_dict(json.loads(json.dumps(resolved.to_dict()))) == resolved
 
 
-def test_causal2vec_is_reserved_with_a_clear_message():
-    with pytest.raises(ValueError, match="causal2vec needs a trained checkpoint"):
+def test_causal2vec_needs_its_checkpoint_placeholder():
+    with pytest.raises(ValueError, match="placeholder of method 'causal2vec' must name the token"):
         resolve("causal2vec", 8)
+    method = resolve("causal2vec", 8, placeholder="<s>", eos="</s>")
+    assert method.contextual and method.uses_pool_mask and method.templates["document"] == "{context}{text}</s>"
 
 
 def test_token_prepending_accepts_the_official_settings_past_the_exit():

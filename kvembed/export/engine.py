@@ -261,6 +261,9 @@ def build_engine(
 
     artifact = Path(artifact).expanduser()
     manifest = read_manifest(artifact)
+    if manifest.get("context_encoder"):
+        raise ValueError("Causal2Vec artifacts have a second token sequence (the encoder's), which the engine's "
+                         "shape profiles do not cover yet; run them with onnxruntime (--provider cpu|cuda|tensorrt)")
     max_length = int(manifest["max_length"])
     ranges = [parse_shapes(s, max_length) for s in shapes] or [default_shapes(max_length)]
     workspace_bytes = parse_size(workspace)

@@ -65,6 +65,11 @@ def plan_entries(artifacts: Sequence[str | os.PathLike[str]], names: Sequence[st
         problems = check_files(path, manifest)
         if problems:
             raise ValueError(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
+        if manifest.get("context_encoder"):
+            raise ValueError(
+                f"artifact {str(path)!r} is a Causal2Vec artifact (two token sequences per text); kvembed triton does "
+                "not write repositories for it yet: serve it with `kvembed serve` or embed with the runtime"
+            )
         entries.append(Entry(path, ArtifactFacts.from_manifest(name, manifest)))
     return entries
 
