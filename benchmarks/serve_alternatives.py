@@ -31,6 +31,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -220,6 +221,8 @@ def main() -> None:
     parser.add_argument("--pooling", choices=sorted(POOLING), default="mean")
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads (kvembed: one per core, its default)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serve"))
+    parser.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "kvembed-serve-alternatives",
+                        help="where the servers' logs go (not the results folder: llama.cpp logs every request)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--max-texts", type=int, default=8)
@@ -228,6 +231,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    args.logs.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally below stops the servers
 
     import random
@@ -259,7 +263,7 @@ def main() -> None:
     rounds: list[dict[str, Any]] = []
     try:
         for name, model, command, health in commands:
-            servers.append(Server(name, model, command, health, args.out / f"alternatives-{name}.log"))
+            servers.append(Server(name, model, command, health, args.logs / f"alternatives-{name}.log"))
         for server in servers:
             server.wait_ready()
         probes = {}
