@@ -183,6 +183,16 @@ def preflight(
     from .methods.sharing import resolve_also
 
     spec = get_method(method)
+    if spec.contextual:  # a Causal2Vec checkpoint folder: its layout, then its LLM
+        from .causal2vec import Causal2VecCheckpoint
+
+        if also:
+            raise ValueError("causal2vec cannot take --also: its Contextual token makes its forward pass its own")
+        checkpoint = Causal2VecCheckpoint.read(model)
+        config = json.loads((checkpoint.llm / "config.json").read_text(encoding="utf-8"))
+        architecture_of(_Config(config.get("model_type"), config.get("hidden_act", "silu")))
+        resolve(spec, int(config.get("num_hidden_layers") or 0), None, **{**checkpoint.method_options(), **dict(options or {})})
+        return ModelSource(str(model), str(checkpoint.root), None)
     source = locate_model(model, revision)
     config = model_config(source, revision)
     architecture_of(_Config(config.get("model_type"), config.get("hidden_act", "silu")))

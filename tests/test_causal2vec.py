@@ -189,3 +189,21 @@ def test_assemble_refuses_an_occupied_folder_and_reads_back(checkpoints, bert, t
     assert checkpoint.config["placeholder"] == "<s>" and checkpoint.config["eos"] == "</s>"
     with pytest.raises(FileExistsError, match="--force"):
         assemble(bert, tiny_models["mistral"], target)
+
+
+def test_command_line_exports_and_embeds_a_checkpoint(checkpoints, tmp_path):
+    """kvembed-export --model CHECKPOINT --method causal2vec, then kvembed embed on the artifact."""
+    out = tmp_path / "artifact"
+    export = subprocess.run(
+        [sys.executable, "-m", "kvembed.export.cli", "--model", str(checkpoints["mistral"]), "--method", "causal2vec",
+         "--out", str(out)], capture_output=True, text=True, timeout=600,
+    )
+    assert export.returncode == 0, export.stderr
+    embed = subprocess.run(
+        [sys.executable, "-m", "kvembed.cli", "embed", str(out), "a cat sat", "--kind", "query", "--output",
+         str(tmp_path / "v.npy")], capture_output=True, text=True, timeout=300,
+    )
+    assert embed.returncode == 0, embed.stderr
+    got = np.load(tmp_path / "v.npy")[0]
+    want = independent_causal2vec(checkpoints["mistral"], ["a cat sat"], "query").numpy()[0]
+    assert float(got @ want) / float(np.linalg.norm(got) * np.linalg.norm(want)) >= 0.99999
