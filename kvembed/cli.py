@@ -91,7 +91,7 @@ def embed(
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="Read texts from a .txt (one per line) or .jsonl file, or - for standard input."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write embeddings to a .npy or .jsonl file."),
     batch_size: int = typer.Option(32, help="Rows per batch."),
-    provider: str = typer.Option("auto", help="Runtime provider: auto, cpu, cuda, tensorrt."),
+    provider: str = typer.Option("auto", help="Runtime provider: auto, cpu, cuda, tensorrt, openvino."),
     threads: Optional[int] = typer.Option(None, help="Runtime intra-op threads."),
     similarity: bool = typer.Option(False, "--similarity", help="Print the cosine similarity matrix."),
     use: Optional[str] = typer.Option(None, "--use", help="Artifact output to embed with: an --also label (default: the main method)."),

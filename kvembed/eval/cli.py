@@ -36,7 +36,7 @@ def eval_command(
     exit_layer: opt.ExitLayer = None,
     max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (model sources)."),
     batch_size: int = typer.Option(32, help="Texts per encode batch."),
-    provider: str = typer.Option("auto", help="Runtime provider for artifacts: auto, cpu, cuda, tensorrt."),
+    provider: str = typer.Option("auto", help="Runtime provider for artifacts: auto, cpu, cuda, tensorrt, openvino."),
     threads: Optional[int] = typer.Option(None, help="Runtime intra-op threads for artifacts."),
 ) -> None:
     """Score artifacts or models on local tasks (STS, retrieval, classification) with mteb.

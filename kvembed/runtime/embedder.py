@@ -48,6 +48,8 @@ class Embedder:
         trt_cache_dir: str | os.PathLike[str] | None = None,
         trt_fp16: bool = False,
         memory_arena: bool = True,
+        ov_precision: str | None = None,
+        ov_cache_dir: str | os.PathLike[str] | None = None,
     ) -> "Embedder":
         """Open an artifact directory.
 
@@ -57,6 +59,12 @@ class Embedder:
         against the manifest first (a corrupted or altered file is named in the error).
         ``memory_arena=False`` returns activation memory after each call (see
         :func:`kvembed.runtime.session.session_options`).
+
+        ``provider="openvino"`` runs the graph with OpenVINO's CPU plugin instead of onnxruntime
+        (``pip install 'kvembed[openvino]'``; never chosen by ``"auto"``): ``ov_precision`` is its
+        inference precision hint, ``"f32"`` or ``"bf16"`` (default: bf16 only where the CPU has
+        BF16, else f32), ``ov_cache_dir`` keeps compiled models between runs (default: no cache).
+        ``threads`` sets its inference threads; ``device_id``, ``trt_*`` and ``memory_arena`` do not apply.
         """
         path = Path(directory)
         manifest = read_manifest(path)
@@ -64,6 +72,11 @@ class Embedder:
             problems = check_files(path, manifest)
             if problems:
                 raise ValueError(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
+        if provider == "openvino":
+            from .openvino import create_session as create_openvino_session
+
+            session: Any = create_openvino_session(path / MODEL, threads, ov_precision, ov_cache_dir)
+            return cls(path, manifest, encoder_from_manifest(path, manifest), session)
         encoder = encoder_from_manifest(path, manifest)
         provider_options: dict[str, Any] = {"device_id": device_id}
         if provider == "tensorrt":

@@ -1,4 +1,5 @@
 """onnxruntime sessions: provider choice (CPU, CUDA, TensorRT), tuned options, IO binding.
+(``"openvino"`` runs through :mod:`kvembed.runtime.openvino`, not onnxruntime.)
 
 GPU paths are written against onnxruntime-gpu's real provider options and guarded: asking for
 them where onnxruntime-gpu (or its CUDA/TensorRT libraries) is missing raises a RuntimeError that
@@ -15,8 +16,9 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import MissingDependency
+from .openvino import OPENVINO  # the openvino package itself is imported only when a session is made
 
-PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
+PROVIDERS = ("auto", "cpu", "cuda", "tensorrt", "openvino")
 CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
 
 
@@ -30,6 +32,8 @@ def provider_chain(
     """The onnxruntime ``providers`` list for a kvembed provider name."""
     if provider not in PROVIDERS:
         raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+    if provider == "openvino":
+        raise ValueError("provider 'openvino' is not an onnxruntime provider: open it with Embedder.load(..., provider='openvino')")
     available = ort.get_available_providers()
     cuda = (CUDA, {"device_id": device_id})
     if provider == "cpu" or (provider == "auto" and CUDA not in available):
@@ -109,8 +113,9 @@ def open_session(model_path: str | os.PathLike[str], options: ort.SessionOptions
 def run_session(
     session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]
 ) -> list[np.ndarray]:
-    """Run ``session``; on a GPU provider through IO binding (inputs copied once, outputs to host)."""
-    if session.get_providers()[0] == CPU:
+    """Run ``session``; on a GPU provider through IO binding (inputs copied once, outputs to host).
+    An OpenVINO session (:mod:`kvembed.runtime.openvino`) runs directly."""
+    if session.get_providers()[0] in (CPU, OPENVINO):
         return session.run(list(outputs), dict(feeds))
     binding = session.io_binding()
     for name, array in feeds.items():

@@ -22,7 +22,7 @@ def serve_command(
     max_client_batch_size: int = typer.Option(2048, help="Inputs per request; more get 413."),
     payload_limit: str = typer.Option("2MB", help="Largest request body (e.g. 2MB, 512KiB); larger get 413."),
     threads: Optional[int] = typer.Option(None, help="onnxruntime intra-op threads per artifact (default: one per core)."),
-    provider: str = typer.Option("auto", help="auto, cpu, cuda or tensorrt."),
+    provider: str = typer.Option("auto", help="auto, cpu, cuda, tensorrt or openvino."),
     cors_origin: Optional[list[str]] = typer.Option(None, "--cors-origin", help="Allow browser calls from this origin (repeatable; default: no CORS)."),
     keep_alive: float = typer.Option(60.0, help="Seconds an idle kept-alive connection stays open (uvicorn's default, 5, races busy clients reusing it)."),
     graceful_timeout: Optional[float] = typer.Option(None, help="On SIGTERM, cancel requests still running after this many seconds (default: wait)."),
