@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_bench import cpu_seconds, drive, make_requests, percentile, random_text  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from serve_util import free_port  # noqa: E402
+from serve_util import free_port, stop_process  # noqa: E402
 
 LLAMA = "llama.cpp"
 POOLING = {"mean": 1, "cls": 2, "last": 3}
@@ -76,13 +76,7 @@ class Server:
         raise TimeoutError(f"{self.name} not ready after {timeout} s")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, 20)
 
     def rss_mib(self) -> float:
         return psutil.Process(self.process.pid).memory_info().rss / 2**20

@@ -65,13 +65,18 @@ class ServerProcess:
         raise RuntimeError("no VmRSS")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, 30)
+
+
+def stop_process(process: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds; waits for the exit either way."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -184,11 +184,17 @@ def test_bad_layouts_are_one_line_errors(checkpoints, tmp_path, how, message):
 
 def test_assemble_refuses_an_occupied_folder_and_reads_back(checkpoints, bert, tiny_models, tmp_path):
     target = tmp_path / "ck"
-    checkpoint = assemble(bert, tiny_models["mistral"], target, seed=3)
-    assert Causal2VecCheckpoint.read(target).method_options() == checkpoint.method_options()
-    assert checkpoint.config["placeholder"] == "<s>" and checkpoint.config["eos"] == "</s>"
+    assemble(bert, tiny_models["mistral"], target, seed=3)
+    written = json.loads((target / "causal2vec.json").read_text())
+    tokens = json.loads((tiny_models["mistral"] / "tokenizer_config.json").read_text())
+    assert written["placeholder"] == tokens["bos_token"] and written["eos"] == tokens["eos_token"]
+    options = Causal2VecCheckpoint.read(target).method_options()
+    assert options["query_template"] == written["templates"]["query"] and options["placeholder"] == written["placeholder"]
     with pytest.raises(FileExistsError, match="--force"):
         assemble(bert, tiny_models["mistral"], target)
+    with pytest.raises(ValueError, match="unsupported architecture 'bert'"):  # an encoder given as the LLM
+        assemble(bert, bert, tmp_path / "wrong")
+    assert not (tmp_path / "wrong").exists()
 
 
 def test_command_line_exports_and_embeds_a_checkpoint(checkpoints, tmp_path):

@@ -27,10 +27,12 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Mapping
 
 import numpy as np
 
+from ..methods.architectures import architecture_of
 from ..methods.registry import CAUSAL2VEC_DOCUMENT, CAUSAL2VEC_QUERY
 
 CONFIG = "causal2vec.json"
@@ -165,6 +167,11 @@ def assemble(
     for part, folder in (("encoder", encoder), ("llm", llm)):
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"--{part} {str(folder)!r} is not a Hugging Face model folder (no config.json)")
+    llm_config = json.loads((llm / "config.json").read_text(encoding="utf-8"))
+    try:
+        architecture_of(SimpleNamespace(model_type=llm_config.get("model_type"), hidden_act=llm_config.get("hidden_act", "silu")))
+    except ValueError as err:
+        raise ValueError(f"--llm {str(llm)!r}: {err}") from None
     if out.exists() and any(out.iterdir()):
         if not force:
             raise FileExistsError(f"{str(out)!r} exists and is not empty; pass --force to replace it")
