@@ -164,6 +164,22 @@ def stories_artifact(traces, tmp_path_factory) -> Callable[..., Path]:
 
 
 @pytest.fixture(scope="session")
+def stories_decomposed(traces, tmp_path_factory) -> Path:
+    """The demo model's kv-embedding fp32 artifact exported with ``attention="decomposed"`` (opset
+    18: MatMul/Softmax, K/V heads repeated in the graph), from the shared trace. Read-only."""
+    from kvembed.export.core import Exporter
+
+    fused = traces.get("stories260k", "kv-embedding")
+    with Exporter(fused.embedder, attention="decomposed") as exporter:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return exporter.write(tmp_path_factory.mktemp("decomposed") / "kv-embedding", "fp32").path
+        finally:
+            torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
 def llama2_tokenizer_path() -> Path:
     if not (LLAMA2_TOKENIZER / "tokenizer.json").is_file():
         pytest.skip(f"the Llama 2 tokenizer is not at {LLAMA2_TOKENIZER} (it lives in ../shared, not in the repo)")

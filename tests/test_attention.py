@@ -39,21 +39,10 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="module")
-def forms(traces, tmp_path_factory):
+def forms(traces, stories_artifact, stories_decomposed):
     """form -> fp32 artifact of stories260k kv-embedding (each written through the parity gate)."""
-    from kvembed.export.core import Exporter
-
-    root = tmp_path_factory.mktemp("attention")
-    fused = traces.get(STORIES, METHOD)
-    assert fused.attention == "fused"  # the default where onnxruntime runs the op
-    decomposed = Exporter(fused.embedder, attention="decomposed")
-    try:
-        yield {
-            "fused": fused.write(root / "fused", "fp32").path,
-            "decomposed": decomposed.write(root / "decomposed", "fp32").path,
-        }
-    finally:
-        decomposed.close()
+    assert traces.get(STORIES, METHOD).attention == "fused"  # the default where onnxruntime runs the op
+    return {"fused": stories_artifact(METHOD), "decomposed": stories_decomposed}
 
 
 def _manifest(path):

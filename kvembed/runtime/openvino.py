@@ -5,6 +5,13 @@ made, so the runtime imports without it. :class:`OpenVINOSession` offers exactly
 :class:`~kvembed.runtime.embedder.Embedder` uses of an onnxruntime session: ``get_inputs()``,
 ``get_providers()`` and ``run(output_names, feeds)``. Dynamic batch and sequence dimensions stay
 dynamic (the model is compiled as exported, never reshaped).
+
+OpenVINO 2026.4's ONNX frontend reads the opset-23 ``Attention`` op but gives its output the head
+count of K/V, so grouped-query graphs (fewer K/V heads than query heads: every modern LLM) fail to
+compile. :func:`repeat_kv_heads` mends the model OpenVINO read, before compiling: each attention
+node gets K and V with their heads repeated to the query's count, which is what grouped-query
+attention means, so the function is unchanged and OpenVINO compiles it. (Rewriting the ONNX graph
+instead would not do: OpenVINO refuses external data outside the directory of the graph it reads.)
 """
 
 from __future__ import annotations
@@ -32,6 +39,41 @@ def import_openvino() -> Any:
     except ImportError as err:
         raise MissingDependency(f"provider 'openvino' needs the openvino package: {INSTALL} ({err})") from None
     return openvino
+
+
+def repeat_kv_heads(model: Any) -> int:
+    """Give every ``ScaledDotProductAttention`` of ``model`` (an ``openvino.Model`` read from ONNX,
+    changed in place) K and V with as many heads as Q; return how many nodes were changed.
+
+    [B, Hkv, S, D] -> Unsqueeze(2) -> Broadcast [B, Hkv, Hq/Hkv, S, D] -> Reshape [B, Hq, S, D]:
+    head ``h`` of the result is K/V head ``h // (Hq/Hkv)``, the grouping of grouped-query
+    attention. Head counts are read at run time (Q's is dynamic after the ONNX frontend); where
+    they are equal the group is 1 and the result is K/V unchanged. Nodes of another rank are left."""
+    from openvino import opset13 as ops
+
+    def pick(shape: Any, *dims: int) -> Any:
+        return ops.gather(shape, ops.constant(np.array(dims, dtype=np.int64)), ops.constant(np.int64(0)))
+
+    changed = 0
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "ScaledDotProductAttention":
+            continue
+        ranks = [node.input_value(i).get_partial_shape().rank for i in range(3)]
+        if not all(rank.is_static and rank.get_length() == 4 for rank in ranks):
+            continue
+        q_heads = pick(ops.shape_of(node.input_value(0)), 1)
+        for slot in (1, 2):
+            source = node.input_value(slot)
+            shape = ops.shape_of(source)
+            group = ops.divide(q_heads, pick(shape, 1))
+            grouped = ops.concat([pick(shape, 0, 1), group, pick(shape, 2, 3)], 0)
+            repeated = ops.concat([pick(shape, 0), q_heads, pick(shape, 2, 3)], 0)
+            widened = ops.broadcast(ops.unsqueeze(source, ops.constant(np.int64(2))), grouped)
+            node.input(slot).replace_source_output(ops.reshape(widened, repeated, special_zero=False).output(0))
+        changed += 1
+    if changed:
+        model.validate_nodes_and_infer_types()
+    return changed
 
 
 def default_precision(core: Any) -> str:
@@ -74,14 +116,15 @@ class OpenVINOSession:
             config["CACHE_DIR"] = str(cache_dir)
         self.model_path = Path(model_path)
         try:
-            self.compiled = core.compile_model(str(self.model_path), "CPU", config)
+            model = core.read_model(str(self.model_path))
+            repeat_kv_heads(model)
+            self.compiled = core.compile_model(model, "CPU", config)
         except RuntimeError as err:
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
             detail = (lines[-1] if lines else type(err).__name__)[:300]  # OpenVINO puts the cause last
             raise ValueError(
-                f"OpenVINO cannot compile {self.model_path} ({detail}); a fused-attention artifact (opset-23 "
-                "Attention op with grouped-query heads) needs re-exporting with --attention decomposed for "
-                "OpenVINO, else the file is damaged: use provider='cpu'"
+                f"OpenVINO cannot compile {self.model_path} ({detail}); if the file is damaged re-export it, "
+                "else run it with provider='cpu' (onnxruntime)"
             ) from err
         self._inputs = [_Input(port.get_any_name()) for port in self.compiled.inputs]
 
