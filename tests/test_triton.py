@@ -67,16 +67,26 @@ def repositories(artifacts, tmp_path_factory):
         "query": write_repository(artifacts["kv"], root / "query", "kvq", kind="query", instances=2, max_batch_size=8),
         "ort": write_repository(artifacts["kv"], root / "ort", "kvort", backend="onnxruntime", tensorrt_accelerator=True, fp16=True),
         "trt": write_repository(artifacts["kv"], root / "trt", "kvtrt", backend="tensorrt", preferred_batch_sizes=[16]),
+        "ov": write_repository(artifacts["kv"], root / "ov", "kvov", provider="openvino", max_tokens=256),
     }
+
+
+def stub_has_openvino() -> bool:
+    return subprocess.run([str(stub_python()), "-c", "import openvino"], capture_output=True).returncode == 0
 
 
 @pytest.fixture(scope="module")
 def server(repositories, tmp_path_factory):
-    """One server on the python-backend repositories (the main one and the --kind query one)."""
+    """One server on the python-backend repositories (the main one, the --kind query one, and the
+    --provider openvino one where the stub environment has openvino)."""
     require_tritonserver()
     log_path = tmp_path_factory.mktemp("triton-log") / "tritonserver.log"
+    served = [*MODELS, "kvq"]
     extra = [f"--model-repository={repositories['query']}"]
-    extra += ["--model-control-mode=explicit", *(f"--load-model={name}" for name in [*MODELS, "kvq"])]
+    if stub_has_openvino():
+        extra.append(f"--model-repository={repositories['ov']}")
+        served.append("kvov")
+    extra += ["--model-control-mode=explicit", *(f"--load-model={name}" for name in served)]
     with open(log_path, "w") as log:
         instance = TritonServer(repositories["main"], python=stub_python(), log=log, extra_args=extra)
         instance.log_path = log_path
@@ -186,6 +196,12 @@ def test_write_repository_refuses_bad_input(artifacts, tmp_path):
         write_repository([artifacts["kv"], artifacts["va"]], tmp_path / "a", ["x"])
     with pytest.raises(FileNotFoundError, match="no artifact directory"):
         write_repository(tmp_path / "missing", tmp_path / "a")
+    with pytest.raises(ValueError, match="provider must be one of"):
+        write_repository(artifacts["kv"], tmp_path / "a", provider="rocm")
+    with pytest.raises(ValueError, match="python-backend option"):
+        write_repository(artifacts["kv"], tmp_path / "a", backend="onnxruntime", provider="openvino")
+    with pytest.raises(ValueError, match="max_tokens must be a positive integer"):
+        write_repository(artifacts["kv"], tmp_path / "a", max_tokens=0)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "file").write_text("x")
     with pytest.raises(FileExistsError, match="--force"):
@@ -268,6 +284,22 @@ def test_fixed_kind_repository(server, connect, oracles):
     assert_close(infer(client, "grpc", "kvq", TEXTS)["embedding"], oracles["kv"].encode(TEXTS, kind="query"), "kvq")
     with pytest.raises(InferenceServerException, match="KIND"):
         infer(client, "grpc", "kvq", TEXTS[:1], kind="query")
+
+
+def test_openvino_provider_repository(server, connect, oracles, repositories):
+    """--provider openvino --max-tokens 256: the graph model runs the copied runtime on OpenVINO."""
+    config = read_config(repositories["ov"] / "kvov_model" / "config.pbtxt")
+    assert config.parameters["provider"].string_value == "openvino"
+    assert config.parameters["max_tokens"].string_value == "256"
+    assert "pip install \"numpy<2\" onnxruntime tokenizers openvino" in (repositories["ov"] / "README.md").read_text()
+    if not stub_has_openvino():
+        pytest.skip(f"the Triton stub environment {stub_python()} has no openvino (.ci/run installs it)")
+    client = connect("grpc")
+    got = infer(client, "grpc", "kvov", TEXTS, kind="query")["embedding"]
+    want = oracles["kv"].encode(TEXTS, kind="query")
+    worst = float(np.min(np.sum(got * want, axis=1)))  # unit rows; >= 0.999 allows the bf16 hint on BF16 CPUs
+    assert got.shape == want.shape and worst >= 0.999, worst
+    assert "kvov_model: providers ['OpenVINO'" in server.log_path.read_text()
 
 
 def test_gpu_variants_fail_only_for_the_missing_backend(repositories, tmp_path):

@@ -14,6 +14,8 @@ from typing import Any, Mapping
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..runtime.session import PROVIDERS as PYTHON_PROVIDERS
+
 BACKENDS = ("python", "onnxruntime", "tensorrt")
 KIND_CHOICES = ("query", "document", "both")
 CONFIG = "config.pbtxt"
@@ -41,6 +43,10 @@ class ServingOptions:
     #: 1 by default: instances scale throughput, and several multi-threaded pools (plus the
     #: tokenizer stubs) on the same cores stall on their slowest thread (benchmarks/RESULTS.md).
     threads: int = 1
+    #: python backend: the runtime provider its model instances load the artifact with
+    provider: str = "auto"
+    #: python backend: padded tokens per graph call (None: rows only, up to max_batch_size)
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -63,13 +69,24 @@ class ServingOptions:
             )
         if self.tensorrt_accelerator and self.backend != "onnxruntime":
             raise ValueError("--tensorrt-accelerator is an onnxruntime-backend option; add --backend onnxruntime")
+        if self.provider not in PYTHON_PROVIDERS:
+            raise ValueError(f"provider must be one of {', '.join(PYTHON_PROVIDERS)}, got {self.provider!r}")
+        if self.provider != "auto" and self.backend != "python":
+            raise ValueError(f"--provider {self.provider} is a python-backend option (the {self.backend} backend picks its own); "
+                             "drop it or add --backend python")
+        if self.max_tokens is not None:
+            if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+                raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+            if self.backend != "python":
+                raise ValueError("--max-tokens is a python-backend option (graph backends run what the tokenizer batched); add --backend python")
         if self.fp16 and self.backend == "python":
             raise ValueError("--fp16 applies to TensorRT (--backend tensorrt, or onnxruntime with --tensorrt-accelerator)")
 
     @property
     def gpu(self) -> bool:
-        """onnxruntime / TensorRT model instances run on GPUs; python-backend ones on CPUs."""
-        return self.backend != "python"
+        """onnxruntime / TensorRT model instances run on GPUs; python-backend ones on CPUs unless
+        their provider is cuda or tensorrt."""
+        return self.backend != "python" or self.provider in ("cuda", "tensorrt")
 
 
 @dataclass(frozen=True)
@@ -161,8 +178,8 @@ def model_config(facts: ArtifactFacts, options: ServingOptions, sequence: int = 
     config = mc.ModelConfig(name=facts.model, max_batch_size=options.max_batch_size)
     if options.backend == "python":
         config.backend = "python"
-        _parameters(config, {"provider": "auto", "threads": str(options.threads) if options.threads else "",
-                             "batch_size": "32", "max_tokens": ""})
+        _parameters(config, {"provider": options.provider, "threads": str(options.threads) if options.threads else "",
+                             "batch_size": "32", "max_tokens": str(options.max_tokens or "")})
     elif options.backend == "onnxruntime":
         config.platform = "onnxruntime_onnx"
         config.default_model_filename = "model.onnx"

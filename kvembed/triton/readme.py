@@ -18,7 +18,11 @@ def repository_readme(models: Sequence[ArtifactFacts], options: ServingOptions) 
         for m in models
     )
     backend = {
-        "python": "python backend running the artifact's `model.onnx` with onnxruntime (CPU, or CUDA with onnxruntime-gpu)",
+        "python": (
+            "python backend running the artifact's `model.onnx` with OpenVINO's CPU plugin (`--provider openvino`)"
+            if options.provider == "openvino"
+            else "python backend running the artifact's `model.onnx` with onnxruntime (CPU, or CUDA with onnxruntime-gpu)"
+        ),
         "onnxruntime": "Triton's onnxruntime backend (`platform: onnxruntime_onnx`)"
         + (f", TensorRT accelerator ({'FP16' if options.fp16 else 'FP32'})" if options.tensorrt_accelerator else ""),
         "tensorrt": "Triton's TensorRT backend (`platform: tensorrt_plan`); build the plan first (below)",
@@ -35,6 +39,7 @@ def repository_readme(models: Sequence[ArtifactFacts], options: ServingOptions) 
         if kind_input
         else ""
     )
+    packages = '"numpy<2" onnxruntime tokenizers' + (" openvino" if options.provider == "openvino" else "")
     gpu = ""
     if options.backend != "python":
         gpu = (
@@ -75,7 +80,7 @@ Triton runs. Triton's python environment (the `python3` first on `PATH` when `tr
 inside the NGC container, its system python) needs the runtime's packages:
 
 ```bash
-pip install "numpy<2" onnxruntime tokenizers   # onnxruntime-gpu for CUDA
+pip install {packages}   # onnxruntime-gpu for CUDA
 ```
 
 Keep numpy's major version the one Triton's python backend stub was built against (numpy 1 for
@@ -85,7 +90,7 @@ Triton 2.51 / 24.10 and pytriton 0.7's bundled server; with numpy 2 such a stub 
 
 ```bash
 docker run --rm -p 8000:8000 -p 8001:8001 -p 8002:8002 -v "$PWD":/models {TRITON_IMAGE} \\
-  sh -c 'pip install "numpy<2" onnxruntime tokenizers && tritonserver --model-repository=/models'
+  sh -c 'pip install {packages} && tritonserver --model-repository=/models'
 # or, without docker, Triton from the nvidia-pytriton wheel (python backend only):
 kvembed triton serve .
 ```

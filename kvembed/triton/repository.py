@@ -89,6 +89,8 @@ def write_repository(
     tensorrt_accelerator: bool = False,
     fp16: bool = False,
     threads: int = 1,
+    provider: str = "auto",
+    max_tokens: int | None = None,
     force: bool = False,
 ) -> Path:
     """Write a Triton model repository serving ``artifacts`` to ``out``; returns its path.
@@ -103,7 +105,7 @@ def write_repository(
     options = ServingOptions(
         backend=backend, max_batch_size=max_batch_size, instances=instances, max_queue_delay_us=max_queue_delay_us,
         preferred_batch_sizes=tuple(int(size) for size in preferred_batch_sizes), kind=kind, warmup=warmup,
-        tensorrt_accelerator=tensorrt_accelerator, fp16=fp16, threads=threads,
+        tensorrt_accelerator=tensorrt_accelerator, fp16=fp16, threads=threads, provider=provider, max_tokens=max_tokens,
     )
     entries = plan_entries(list(artifacts), list(names) if names else None)
     target = Path(out)

@@ -5,7 +5,7 @@ manifest's sha256 at load) through the kvembed runtime copied beside it (``kvemb
 of every request the dynamic batcher merged (its inputs allow ragged batches, so requests of any
 width merge) are re-batched exactly as ``Embedder.encode`` batches: sorted by length, at most
 ``batch_size`` rows and ``max_tokens`` padded tokens per graph call. Results are split back so
-every caller gets its own rows. Config parameters: ``provider`` (auto | cpu | cuda | tensorrt),
+every caller gets its own rows. Config parameters: ``provider`` (auto | cpu | cuda | tensorrt | openvino),
 ``threads`` (onnxruntime intra-op threads; empty = onnxruntime's default), ``batch_size``,
 ``max_tokens`` (empty = no token budget).
 """
@@ -45,6 +45,7 @@ class TritonPythonModel:
         self.inputs = [tensor["name"] for tensor in config["input"]]
         self.outputs = {tensor["name"]: int(tensor["dims"][-1]) for tensor in config["output"]}
         pb_utils.Logger.log_info(f"{args['model_name']}: kvembed runtime from {Path(kvembed.__file__).parent}")
+        pb_utils.Logger.log_info(f"{args['model_name']}: providers {self.embedder.providers}, max_tokens {self.max_tokens}")
 
     def execute(self, requests):
         try:
