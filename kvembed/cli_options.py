@@ -21,7 +21,8 @@ ExitLayer = Annotated[Optional[int], typer.Option(help="token-prepending: early-
 Backends = Annotated[str, typer.Option(
     "--backends", help="Backends to compare the graph on, comma-separated: auto (every backend present; "
     "onnx-reference only for models under 50 MB) or names from onnxruntime-cpu, onnxruntime-cuda, "
-    "onnxruntime-tensorrt, tensorrt, onnx-reference (e.g. 'auto,onnx-reference').",
+    "onnxruntime-tensorrt, tensorrt, openvino-f32, openvino-bf16 (openvino: both), onnx-reference "
+    "(e.g. 'auto,onnx-reference'); each is compared with onnxruntime-cpu.",
 )]
 NoCompare = Annotated[bool, typer.Option("--no-compare", help="Skip the backend comparison (parity against PyTorch only).")]
 

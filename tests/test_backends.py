@@ -15,6 +15,7 @@ from kvembed.export import backends as bk
 runner = CliRunner()
 HAS_TENSORRT = bk.tensorrt_problem() is None
 HAS_CUDA = "CUDAExecutionProvider" in bk.ort_providers()
+HAS_OPENVINO = bk.openvino_problem() is None
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +147,7 @@ def test_cli_one_backend_says_so(artifact, capsys, monkeypatch):
     assert cli.run_compare(artifact, "onnxruntime-cpu") is None
     assert "only onnxruntime-cpu was selected: nothing to compare" in capsys.readouterr().out
     monkeypatch.setattr(bk, "REFERENCE_AUTO_LIMIT", 0)  # as for a large model: auto leaves the reference out
-    if not (HAS_TENSORRT or HAS_CUDA):
+    if not (HAS_TENSORRT or HAS_CUDA or HAS_OPENVINO):
         assert cli.run_compare(artifact, "auto") is None
         assert "only onnxruntime-cpu is present: nothing to compare" in capsys.readouterr().out
 
@@ -160,7 +161,7 @@ def test_cli_unknown_backend_exits_2(artifact, entry):
     result = runner.invoke(app if entry == "kvembed" else verify_app, args + ["--backends", "cpu,vulkan"])
     assert result.exit_code == 2, result.output
     assert "unknown backends 'cpu', 'vulkan'" in result.output
-    assert "onnxruntime-cpu, onnxruntime-cuda, onnxruntime-tensorrt, tensorrt, onnx-reference" in result.output
+    assert "onnxruntime-cpu, onnxruntime-cuda, onnxruntime-tensorrt, tensorrt, openvino-f32, openvino-bf16, onnx-reference, openvino" in result.output
     assert "Traceback" not in result.output and "parity" not in result.output  # refused before the slow part
 
 
@@ -181,3 +182,41 @@ def test_cli_absent_cuda_exits_2_with_install_hint(artifact):
     result = runner.invoke(app, ["verify", str(artifact), "--backends", "auto,onnxruntime-cuda"])
     assert result.exit_code == 2, result.output
     assert "pip install 'kvembed[gpu]'" in result.output
+
+
+def test_verify_backends_openvino(artifact):
+    """``kvembed verify --backends openvino``: OpenVINO f32 and bf16 against onnxruntime-cpu (added
+    as the baseline), f32 at the fp32 bar, bf16 at cosine >= 0.999."""
+    pytest.importorskip("openvino", reason="needs the openvino package (pip install 'kvembed[openvino]')")
+    from kvembed.cli import app
+
+    result = bk.compare_backends(artifact, "openvino")
+    assert result.backends == ["onnxruntime-cpu", "openvino-f32", "openvino-bf16"]
+    assert result.passed and not result.problems, result.summary()
+    f32, bf16 = result.pairs
+    assert f32.tolerance == {"atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.99999} and f32.worst_cosine >= 0.99999
+    assert bf16.tolerance["min_cosine"] == 0.999 and bf16.worst_cosine >= 0.999
+    assert set(f32.outputs) == {"embedding", "pooled"}
+    names, skipped = bk.resolve_backends(artifact)
+    assert "openvino-f32" in names and ("openvino-bf16" in names or "no BF16" in skipped["openvino-bf16"])
+    done = runner.invoke(app, ["verify", str(artifact), "--backends", "openvino"])
+    assert done.exit_code == 0, done.output
+    assert "onnxruntime-cpu vs openvino-f32" in done.output and "onnxruntime-cpu vs openvino-bf16" in done.output
+
+
+def test_openvino_missing_is_named(artifact):
+    code = (
+        "import sys; sys.modules['openvino'] = None\n"
+        "import kvembed.export.backends as b\n"
+        f"names, skipped = b.resolve_backends({str(artifact)!r})\n"
+        "print(skipped['openvino-f32'])\n"
+        "try:\n"
+        f"    b.resolve_backends({str(artifact)!r}, 'openvino')\n"
+        "except b.BackendUnavailableError as err:\n"
+        "    print(err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 2 and all("pip install 'kvembed[openvino]'" in line for line in lines), done.stdout
+    assert lines[1].startswith("backend openvino-f32 is not available here")

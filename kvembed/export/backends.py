@@ -10,6 +10,10 @@ machine has, through polygraphy's :class:`~polygraphy.comparator.Comparator`:
 - ``tensorrt``: polygraphy's ``TrtRunner`` on an engine built from ``model.onnx``, when
   ``import tensorrt`` works (PyPI has only stubs: TensorRT comes from NVIDIA). Not for int8
   artifacts, whose ``DynamicQuantizeLinear``/``MatMulInteger`` TensorRT's parser rejects;
+- ``openvino-f32`` / ``openvino-bf16``: OpenVINO's CPU plugin (the runtime's ``provider="openvino"``,
+  :mod:`kvembed.runtime.openvino`) under the f32 and bf16 precision hints, when ``import openvino``
+  works (``pip install 'kvembed[openvino]'``); ``openvino`` names both. ``auto`` runs bf16 only on
+  CPUs that list BF16 (elsewhere OpenVINO would run f32 again: ask for it by name);
 - ``onnx-reference``: ``onnx.reference.ReferenceEvaluator``, pure Python and slow, so ``auto``
   offers it only for models under 50 MB (ask for it by name otherwise). It is the independent
   one: it shares no kernel with onnxruntime. Three of its ops are replaced: ``GatherElements``
@@ -34,6 +38,10 @@ against PyTorch":
   1-ulp float difference before it (or onnxruntime's fused ``DynamicQuantizeMatMul`` computing the
   scale in another order) flips whole quantisation steps, which then propagate. The cosine bar
   stays much tighter than int8's 0.99 against PyTorch; the element bound is honest about steps.
+
+A pair whose second backend computes in lower precision than the artifact gets the looser of the
+two bars: ``openvino-bf16`` (bf16 matmuls, 8-bit mantissa) is held to fp16's bounds, cosine >= 0.999
+(:data:`PAIR_TOLERANCES`), the bar users check before trusting the bf16 fast path.
 
 Measured, onnxruntime-cpu vs onnx-reference on stories260k kv-embedding (max abs on ``embedding``,
 worst cosine): fp32 3e-7, 1.0000000; fp16 8e-4, 0.999998; int8 8e-3, 0.99981.
@@ -71,16 +79,21 @@ except ImportError as _err:  # pragma: no cover - only without the export extra
     _BaseRunner = object  # type: ignore[assignment,misc]
     POLYGRAPHY_ERROR = f"polygraphy is not installed (pip install 'kvembed[export]'): {_err}"
 
-CPU, CUDA, ORT_TENSORRT, TENSORRT, REFERENCE = (
-    "onnxruntime-cpu", "onnxruntime-cuda", "onnxruntime-tensorrt", "tensorrt", "onnx-reference",
+CPU, CUDA, ORT_TENSORRT, TENSORRT, OV_F32, OV_BF16, REFERENCE = (
+    "onnxruntime-cpu", "onnxruntime-cuda", "onnxruntime-tensorrt", "tensorrt", "openvino-f32", "openvino-bf16",
+    "onnx-reference",
 )
 #: every backend name, in the order they are run and reported (the first is the baseline)
-BACKENDS: tuple[str, ...] = (CPU, CUDA, ORT_TENSORRT, TENSORRT, REFERENCE)
+BACKENDS: tuple[str, ...] = (CPU, CUDA, ORT_TENSORRT, TENSORRT, OV_F32, OV_BF16, REFERENCE)
+#: names that stand for several backends
+ALIASES: dict[str, tuple[str, ...]] = {"openvino": (OV_F32, OV_BF16)}
 #: ``auto`` offers onnx-reference only below this model size (model.onnx + external data)
 REFERENCE_AUTO_LIMIT = 50 * 1024 * 1024
 
 GPU_HINT = "pip install 'kvembed[gpu]'"
 TENSORRT_HINT = "install TensorRT from NVIDIA, https://developer.nvidia.com/tensorrt"
+OPENVINO_HINT = "pip install 'kvembed[openvino]'"
+_OPENVINO_PRECISION = {OV_F32: "f32", OV_BF16: "bf16"}
 
 _ORT_PROVIDERS = {
     CPU: ["CPUExecutionProvider"],
@@ -102,6 +115,15 @@ BACKEND_TOLERANCES: dict[str, BackendTolerance] = {
     "fp16": BackendTolerance(atol=1e-2, rtol=1e-2, min_cosine=0.999),
     "int8": BackendTolerance(atol=2e-2, rtol=2e-2, min_cosine=0.999),
 }
+#: backends computing below fp32 whatever the artifact: their pairs get at least these bounds
+PAIR_TOLERANCES: dict[str, BackendTolerance] = {OV_BF16: BACKEND_TOLERANCES["fp16"]}
+
+
+def loosest(*tolerances: BackendTolerance) -> BackendTolerance:
+    return BackendTolerance(
+        atol=max(t.atol for t in tolerances), rtol=max(t.rtol for t in tolerances),
+        min_cosine=min(t.min_cosine for t in tolerances),
+    )
 
 #: (kind, text names) of the comparison batches; each is run right- and left-padded
 COMPARE_PLAN: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -127,6 +149,7 @@ class PairComparison:
     outputs: dict[str, dict[str, float]] = field(default_factory=dict)
     worst_row: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    tolerance: dict[str, float] = field(default_factory=dict)  # this pair's bar (PAIR_TOLERANCES)
 
     @property
     def name(self) -> str:
@@ -209,6 +232,23 @@ def tensorrt_problem() -> str | None:
     return None
 
 
+def openvino_problem() -> str | None:
+    """Why OpenVINO cannot be used here, or None."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return f"openvino is not installed ({OPENVINO_HINT})"
+    except Exception as err:  # a broken install
+        return f"import openvino failed ({type(err).__name__}); {OPENVINO_HINT}"
+    return None
+
+
+def cpu_has_bf16() -> bool:
+    from ..runtime.openvino import default_precision, import_openvino
+
+    return default_precision(import_openvino().Core()) == "bf16"
+
+
 def model_bytes(path: str | os.PathLike[str]) -> int:
     """Size of an ONNX file plus its external data (``model.onnx.data``) if any."""
     path = Path(path)
@@ -237,6 +277,9 @@ def backend_problems(manifest: Mapping[str, Any] | None = None) -> dict[str, str
     elif graph and not graph.get("tensorrt_ready", True):
         ops = ", ".join(graph.get("non_portable_ops", [])) or "non-portable ops"
         problems[TENSORRT] = f"TensorRT's parser does not take this graph ({ops}); export fp32 or fp16 for TensorRT"
+    openvino = openvino_problem()
+    if openvino is not None:
+        problems[OV_F32] = problems[OV_BF16] = openvino
     if POLYGRAPHY_ERROR is not None:
         for name in BACKENDS:
             problems.setdefault(name, POLYGRAPHY_ERROR)
@@ -271,12 +314,13 @@ def resolve_backends(
     names = [n for n in names if n]
     if not names:
         raise ValueError(f"--backends is empty; give 'auto' or a comma list of {', '.join(BACKENDS)}")
-    unknown = [n for n in names if n != "auto" and n not in BACKENDS]
+    unknown = [n for n in names if n != "auto" and n not in BACKENDS and n not in ALIASES]
     if unknown:
         raise ValueError(
             f"unknown backend{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-            f"valid: auto, {', '.join(BACKENDS)}"
+            f"valid: auto, {', '.join(BACKENDS)}, {', '.join(ALIASES)}"
         )
+    names = [member for n in names for member in ALIASES.get(n, (n,))]
     problems = backend_problems(manifest)
     chosen: set[str] = set()
     skipped: dict[str, str] = {}
@@ -290,6 +334,8 @@ def resolve_backends(
                     f"model is {_mb(size)} (auto takes it below {_mb(REFERENCE_AUTO_LIMIT)}: pure Python is slow); "
                     f"ask for it with --backends auto,{REFERENCE}"
                 )
+            elif name == OV_BF16 and OV_BF16 not in names and not cpu_has_bf16():
+                skipped[name] = f"this CPU has no BF16 (OpenVINO would run f32 again); ask for it with --backends auto,{OV_BF16}"
             else:
                 chosen.add(name)
     for name in names:
@@ -299,6 +345,8 @@ def resolve_backends(
             raise BackendUnavailableError(f"backend {name} is not available here: {problems[name]}")
         chosen.add(name)
         skipped.pop(name, None)
+    if CPU not in problems:  # the baseline every backend is compared with, asked for or not
+        chosen.add(CPU)
     return [name for name in BACKENDS if name in chosen], skipped
 
 
@@ -409,6 +457,41 @@ class OnnxReferenceRunner(_BaseRunner):  # type: ignore[misc,valid-type]
         del self._evaluator, self._inputs, self._outputs
 
 
+class OpenVINORunner(_BaseRunner):  # type: ignore[misc,valid-type]
+    """A polygraphy runner around the runtime's :class:`~kvembed.runtime.openvino.OpenVINOSession`
+    (polygraphy has no OpenVINO runner): the very session ``provider="openvino"`` runs."""
+
+    def __init__(self, model_path: str | os.PathLike[str], precision: str, name: str | None = None) -> None:
+        if POLYGRAPHY_ERROR is not None:
+            raise ImportError(POLYGRAPHY_ERROR)
+        super().__init__(name=name, prefix=f"openvino-{precision}-runner")
+        self.model_path, self.precision = str(model_path), precision
+
+    def activate_impl(self) -> None:
+        from ..runtime.openvino import OpenVINOSession
+
+        self._session = OpenVINOSession(self.model_path, precision=self.precision)
+        self._outputs = [port.get_any_name() for port in self._session.compiled.outputs]
+
+    def get_input_metadata_impl(self) -> Any:
+        from polygraphy.common import TensorMetadata
+
+        meta = TensorMetadata()
+        for port in self._session.compiled.inputs:
+            shape = [d.get_length() if d.is_static else None for d in port.get_partial_shape()]
+            meta.add(port.get_any_name(), dtype=np.dtype(port.get_element_type().to_dtype()), shape=shape)
+        return meta
+
+    def infer_impl(self, feed_dict: Mapping[str, Any]) -> "OrderedDict[str, np.ndarray]":
+        start = time.perf_counter()
+        outputs = self._session.run(self._outputs, {name: np.asarray(value) for name, value in feed_dict.items()})
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict(zip(self._outputs, outputs))
+
+    def deactivate_impl(self) -> None:
+        del self._session, self._outputs
+
+
 def make_runner(
     backend: str,
     model_path: str | os.PathLike[str],
@@ -464,6 +547,11 @@ def make_runner(
             config = CreateConfig(fp16=fp16, profiles=[profile])
             engine = EngineFromNetwork(NetworkFromOnnxPath(path), config=config)
         return TrtRunner(engine, name=name)
+    if backend in _OPENVINO_PRECISION:
+        problem = openvino_problem()
+        if problem is not None:
+            raise BackendUnavailableError(f"backend {backend} is not available here: {problem}")
+        return OpenVINORunner(path, _OPENVINO_PRECISION[backend], name=name)
     if backend == REFERENCE:
         return OnnxReferenceRunner(path, name=name)
     raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
@@ -556,21 +644,21 @@ def compare_runners(
     labels = kept
     base_iterations = results[0][1]
     # atol per output: as is for L2-normalised outputs, scaled by the largest row norm otherwise
-    atol: dict[str, float] = {}  # polygraphy takes per-output tolerances, "" being the default
+    scales: dict[str, float] = {}  # polygraphy takes per-output tolerances, "" being the default
     for iteration in base_iterations:
         for key, value in iteration.items():
             arr = np.asarray(value, dtype=np.float64)
             scale = float(np.linalg.norm(arr, axis=-1).max()) if arr.ndim >= 2 and arr.size else float(np.abs(arr).max(initial=0.0))
-            atol[key] = max(atol.get(key, 0.0), tolerance.atol * (scale if np.isfinite(scale) else 1.0))
+            scales[key] = max(scales.get(key, 0.0), scale if np.isfinite(scale) else 1.0)
     pairs = []
     for index in range(1, len(labels)):
+        bar = loosest(tolerance, PAIR_TOLERANCES[labels[index]]) if labels[index] in PAIR_TOLERANCES else tolerance
+        atol = {key: bar.atol * scale for key, scale in scales.items()}
         with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
             verdict = bool(
-                Comparator.compare_accuracy(
-                    results, comparisons=[(0, index)], compare_func=_compare_func(tolerance, atol)
-                )
+                Comparator.compare_accuracy(results, comparisons=[(0, index)], compare_func=_compare_func(bar, atol))
             )
-        pairs.append(_pair_numbers(labels[0], labels[index], base_iterations, results[index][1], batches, tolerance, verdict))
+        pairs.append(_pair_numbers(labels[0], labels[index], base_iterations, results[index][1], batches, bar, verdict))
     return pairs
 
 
@@ -620,7 +708,7 @@ def _pair_numbers(
     return PairComparison(
         first=first, second=second, worst_cosine=worst_cos, max_abs_diff=float(main["max_abs_diff"]),
         passed=bool(passed), polygraphy_passed=bool(polygraphy_passed), outputs=outputs,
-        worst_row=worst_row, problems=problems,
+        worst_row=worst_row, problems=problems, tolerance=asdict(tolerance),
     )
 
 
@@ -660,6 +748,7 @@ def compare_backends(
         return comparison
     feeds = [b.feed for b in batches]
     asked = {n.strip().lower() for n in (backends.split(",") if isinstance(backends, str) else backends)}
+    asked |= {member for alias, members in ALIASES.items() if alias in asked for member in members}
     failures: dict[str, BaseException] = {}
     runners, labels = [], []
     for name in names:
