@@ -15,14 +15,25 @@ import pytest
 from typer.testing import CliRunner
 
 from checks import run_without_torch
-from kvembed.bench.measure import Timing, cosine_rows, time_calls
+from kvembed.bench.measure import Timing, cosine_rows, default_backends, time_calls
 from kvembed.bench.peak import ModelShape, gemm_peak
 from kvembed.bench.workload import exact_rows, make_batch, mixed_corpus
 from kvembed.cli import app
 
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-QUICK_CELLS = {("runtime", "fp32"), ("runtime", "int8"), ("torch", "fp32")}
+#: openvino joins the default backends where the package is installed; its precision is ARTIFACT/HINT
+HAS_OPENVINO = "openvino" in default_backends()
+OPENVINO_PRECISION = None
+if HAS_OPENVINO:
+    from kvembed.runtime.openvino import default_precision, import_openvino
+
+    OPENVINO_PRECISION = "fp32/" + default_precision(import_openvino().Core())
+QUICK_CELLS = {("runtime", "fp32"), ("runtime", "int8"), ("torch", "fp32")} | (
+    {("openvino", OPENVINO_PRECISION)} if HAS_OPENVINO else set()
+)
+#: the bar of each row against torch: fp32 (and OpenVINO at f32) "the same", bf16 0.999, int8 0.99
+COSINE_BARS = {"fp32": 0.99999, "fp32/f32": 0.99999, "fp32/bf16": 0.999}
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +83,13 @@ def test_quick_run_reports_every_cell_consistently(quick_run):
             continue
         reference = torch[(cell["batch_size"], cell["seq_len"])]
         assert cell["speedup_vs_torch"] == pytest.approx(reference["p50_ms"] / cell["p50_ms"])
-        assert cell["cosine_vs_torch"] >= (0.99999 if cell["precision"] == "fp32" else 0.99)
+        assert cell["cosine_vs_torch"] >= COSINE_BARS.get(cell["precision"], 0.99), cell["precision"]
     # each backend/precision ran in its own process: torch's holds torch, the runtime's does not
     processes = {p["label"]: p for p in results["processes"]}
-    assert set(processes) == {"runtime fp32", "runtime int8", "torch fp32"}
+    assert set(processes) == {"runtime fp32", "runtime int8", "torch fp32"} | ({"openvino fp32"} if HAS_OPENVINO else set())
     assert processes["torch fp32"]["peak_rss_mb"] > processes["runtime fp32"]["peak_rss_mb"]
     assert processes["torch fp32"]["torch_loaded"]
-    assert not processes["runtime fp32"]["torch_loaded"] and not processes["runtime int8"]["torch_loaded"]
+    assert not any(p["torch_loaded"] for label, p in processes.items() if label != "torch fp32")
     assert results["setup"]["exported"] and results["setup"]["torch_precision"] == "fp32"
     assert set(results["artifacts"]) == {"fp32", "int8"}
     assert results["machine"]["threads"] == results["setup"]["threads"] == results["peak"]["threads"] == 1
@@ -94,6 +105,7 @@ def test_quick_run_writes_markdown_and_png_plots(quick_run):
     header = "| backend | precision | batch | seq | tokens/row | p50 ms | p95 ms | p99 ms | texts/s | tokens/s |"
     assert header in markdown
     assert markdown.count("\n| runtime |") == 8 and markdown.count("\n| torch |") == 4
+    assert markdown.count("\n| openvino |") == (4 if HAS_OPENVINO else 0)
     assert header in output and "results.json" in output and "latency_vs_batch.png" in output
     for precision in ("fp32", "int8"):
         assert (out / "artifacts" / precision / "kvembed.json").is_file()
@@ -111,7 +123,7 @@ def test_every_cell_reports_its_cv_and_noisy_flag(quick_run):
     assert "cv" in columns, header
     rows = {}
     for line in lines:
-        if line.startswith(("| runtime |", "| torch |")):
+        if line.startswith(("| runtime |", "| torch |", "| openvino |")):
             row = dict(zip(columns, (c.strip() for c in line.strip("|").split("|"))))
             rows[(row["backend"], row["precision"], int(row["batch"]), int(row["seq"]))] = row
     assert len(rows) == len(cells)
@@ -196,7 +208,8 @@ def test_artifact_is_reused_not_reexported(quick_run, tmp_path):
     before = {p.name: p.stat().st_mtime_ns for p in artifact.iterdir()}
     out = tmp_path / "reuse"
     args = ["bench", "--quick", "--threads", "1", "--artifact", str(artifact), "--batch-sizes", "2", "--seq-lens", "80",
-            "--warmup", "0", "--min-repeats", "2", "--min-seconds", "0", "--max-repeats", "3", "--out", str(out)]
+            "--warmup", "0", "--min-repeats", "2", "--min-seconds", "0", "--max-repeats", "3", "--out", str(out),
+            "--backends", "runtime,torch"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "trace" not in result.output and "export" not in result.output

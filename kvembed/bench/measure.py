@@ -20,7 +20,18 @@ import numpy as np
 
 from ..export.parity import cosine_rows  # noqa: F401  (torch-free; re-exported for the bench)
 
-BACKENDS = ("runtime", "torch")
+BACKENDS = ("runtime", "torch", "openvino")
+
+
+def default_backends() -> tuple[str, ...]:
+    """runtime and torch, plus openvino where the package is installed (``kvembed[openvino]``)."""
+    try:
+        import importlib.util
+
+        present = importlib.util.find_spec("openvino") is not None
+    except (ImportError, ValueError):
+        present = False
+    return BACKENDS if present else BACKENDS[:2]
 
 #: a cell whose repeats have a coefficient of variation above this is flagged noisy
 NOISY_CV = 0.25
@@ -216,6 +227,7 @@ class RuntimeBackend:
     :meth:`kvembed.runtime.Embedder.load` creates it for users, with ``threads`` intra-op threads."""
 
     name = "runtime"
+    provider = "cpu"
 
     @staticmethod
     def prepare() -> None:
@@ -228,7 +240,7 @@ class RuntimeBackend:
         from ..runtime import Embedder
 
         # hashes were checked by the orchestrator (or the exporter just wrote the files)
-        self.embedder = Embedder.load(artifact, provider="cpu", threads=threads, verify=False)
+        self.embedder = Embedder.load(artifact, provider=self.provider, threads=threads, verify=False)
         self.precision = str(self.embedder.manifest["precision"])
 
     def run(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -236,6 +248,23 @@ class RuntimeBackend:
 
     def close(self) -> None:
         self.embedder = None  # type: ignore[assignment]
+
+
+class OpenVINOBackend(RuntimeBackend):
+    """The runtime with ``provider="openvino"`` (OpenVINO's CPU plugin, its default precision hint:
+    bf16 where the CPU lists BF16, else f32). Its precision reads ``ARTIFACT/HINT``, e.g. ``fp32/bf16``."""
+
+    name = "openvino"
+    provider = "openvino"
+
+    @staticmethod
+    def prepare() -> None:
+        RuntimeBackend.prepare()
+        import openvino  # noqa: F401
+
+    def __init__(self, artifact: str | os.PathLike[str], threads: int) -> None:
+        super().__init__(artifact, threads)
+        self.precision = f"{self.precision}/{self.embedder.providers[1]}"
 
 
 class TorchBackend:

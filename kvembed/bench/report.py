@@ -162,7 +162,10 @@ def markdown(results: Mapping[str, Any]) -> str:
         "Notes:",
         "",
         "- The torch backend is the PyTorch reference in fp32 (it has no int8/fp16 variant); every "
-        "runtime row's cosine and speedup compare with the torch row of the same batch and length.",
+        "runtime and openvino row's cosine and speedup compare with the torch row of the same batch and length.",
+        "- runtime = onnxruntime's CPU provider; openvino = the runtime with provider='openvino' on the fp32 "
+        "artifact, its precision written ARTIFACT/HINT (fp32/bf16: bf16 matmuls on CPUs with BF16; "
+        "fp32/f32 where the CPU has none).",
         "- Latency is one graph (or module) call on a pre-padded batch; tokenisation is not timed. "
         "texts/s = batch / mean latency, tokens/s = real tokens / mean latency; speedup = torch p50 / runtime p50.",
         "- seq is the requested tokens per row, prompt and special tokens included; tokens/row is what "

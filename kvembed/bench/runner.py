@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..runtime.artifact import MODEL, check_files, encoder_from_manifest, read_manifest
-from .measure import BACKENDS, Timing, cosine_rows
+from .measure import BACKENDS, Timing, cosine_rows, default_backends
 from .peak import gemm_peak, model_shape
 from .report import SCHEMA, machine_info, usable_cores, write_json, write_markdown, write_plots
 from .worker import CellInput, WorkerSpec, run_isolated
@@ -57,7 +57,7 @@ class BenchConfig:
     precisions: tuple[str, ...] | None = None
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     seq_lens: tuple[int, ...] = (32, 128, 512)
-    backends: tuple[str, ...] = BACKENDS
+    backends: tuple[str, ...] = field(default_factory=default_backends)
     threads: int | None = None
     """Intra-op threads for both backends (default: every usable core)."""
     warmup: int = 1
@@ -92,7 +92,7 @@ class BenchConfig:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise ValueError(f"{name}: {value!r} is not a positive integer")
         if not self.backends:
-            raise ValueError("--backends: give at least one of runtime, torch")
+            raise ValueError(f"--backends: give at least one of {', '.join(BACKENDS)}")
         for backend in self.backends:
             if backend not in BACKENDS:
                 raise ValueError(f"--backends: unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
@@ -276,6 +276,10 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dic
         for precision, path in artifacts.items():
             specs.append(WorkerSpec("runtime", str(path), manifests[precision], threads, cells_in,
                                     label=f"runtime {precision}", **timing))
+    if "openvino" in config.backends:  # on the fp32 artifact where there is one: bf16 is its fast path
+        precision = "fp32" if "fp32" in artifacts else main_precision
+        specs.append(WorkerSpec("openvino", str(artifacts[precision]), manifests[precision], threads, cells_in,
+                                label=f"openvino {precision}", **timing))
     if "torch" in config.backends:
         specs.append(WorkerSpec("torch", str(artifacts[main_precision]), manifest, threads, cells_in,
                                 label="torch fp32", **timing))
@@ -414,7 +418,7 @@ def assemble_cells(
         cell_key(c["seq_len"], c["batch_size"]): c["noisy"] for c, label in zip(cells, labels) if label == torch_label
     }
     for cell, label in zip(cells, labels):
-        if cell["backend"] != "runtime":
+        if cell["backend"] == "torch":
             continue
         key = cell_key(cell["seq_len"], cell["batch_size"])
         cell["cosine_vs_torch"] = float(cosine_rows(outputs[(label, key)], outputs[(torch_label, key)]).min())

@@ -23,7 +23,10 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..errors import CheckFailed
-from .measure import RuntimeBackend, TorchBackend, current_rss_mb, peak_rss_mb, time_calls
+from .measure import BACKENDS, OpenVINOBackend, RuntimeBackend, TorchBackend, current_rss_mb, peak_rss_mb, time_calls
+
+#: backend name -> its class (torch's takes the manifest, the others the artifact directory)
+BACKEND_TYPES = {"runtime": RuntimeBackend, "torch": TorchBackend, "openvino": OpenVINOBackend}
 
 #: child exceptions re-raised as themselves in the parent (they carry a user-facing message)
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, FileNotFoundError, NotImplementedError)
@@ -46,7 +49,7 @@ class WorkerSpec:
     """Everything a child needs; picklable (sent to a spawned process)."""
 
     backend: str
-    """``runtime`` or ``torch``."""
+    """``runtime``, ``torch`` or ``openvino``."""
     artifact: str
     manifest: dict[str, Any]
     threads: int
@@ -58,7 +61,7 @@ class WorkerSpec:
     label: str = field(default="")
 
     def __post_init__(self) -> None:
-        if self.backend not in ("runtime", "torch"):
+        if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}")
         if not self.label:
             self.label = self.backend
@@ -66,11 +69,11 @@ class WorkerSpec:
 
 def measure_cells(spec: WorkerSpec, report: Callable[[str, Any], None]) -> dict[str, Any]:
     """Load the backend and time every cell (runs in the child; callable in-process for tests)."""
-    kind = RuntimeBackend if spec.backend == "runtime" else TorchBackend
+    kind = BACKEND_TYPES[spec.backend]
     kind.prepare()
     rss_imported = current_rss_mb()
     start = time.perf_counter()
-    backend = RuntimeBackend(spec.artifact, spec.threads) if spec.backend == "runtime" else TorchBackend(spec.manifest, spec.threads)
+    backend = TorchBackend(spec.manifest, spec.threads) if kind is TorchBackend else kind(spec.artifact, spec.threads)
     load_seconds = time.perf_counter() - start
     rss_loaded = current_rss_mb()
     report("loaded", {"label": spec.label, "load_seconds": load_seconds})
