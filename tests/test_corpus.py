@@ -234,6 +234,24 @@ def test_jsonl_input_with_ids_float16_output(tmp_path, artifact, embedder):
     assert manifest["rows"] == 500 and [i["lines"] for i in manifest["inputs"]] == [300, 201]
 
 
+def test_openvino_provider(tmp_path, artifact, embedder):
+    """--provider openvino: every worker runs OpenVINO; its vectors are onnxruntime's (f32 hint:
+    the fp32 bar; bf16 where the CPU has it: 0.999), and the manifest records the provider."""
+    pytest.importorskip("openvino", reason="needs the openvino package (pip install 'kvembed[openvino]')")
+    from kvembed.runtime.openvino import default_precision, import_openvino
+
+    texts = corpus_texts(200, seed=7)
+    (tmp_path / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    manifest = embed_corpus(CorpusOptions(artifact, [str(tmp_path / "docs.txt")], tmp_path / "out", provider="openvino",
+                                          rows_per_file=80, progress=False))
+    bar = 0.999 if default_precision(import_openvino().Core()) == "bf16" else 0.99999
+    expected = {f"docs.txt:{i + 1}": vector for i, vector in enumerate(encode(embedder, texts))}
+    assert_matches(read_output(tmp_path / "out"), expected, min_cosine=bar)
+    assert manifest["rows"] == 200 and manifest["options"]["provider"] == "openvino"
+    with pytest.raises(CorpusError, match="--provider"):
+        CorpusOptions(artifact, [str(tmp_path / "docs.txt")], tmp_path / "x", provider="vulkan")
+
+
 def test_txt_input_gets_file_and_line_ids(tmp_path, artifact, embedder):
     texts = ["first line", "", "  spaced  ", "Ünïcödé 東京 🎉", "last"]
     (tmp_path / "docs").mkdir()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KvembedError
+from ..runtime.session import PROVIDERS
 
 FORMATS = ("parquet", "jsonl", "txt")
 ENGINES = ("local", "ray")
@@ -53,6 +54,8 @@ class CorpusOptions:
     ray_address: str | None = None
     workers: int = 1
     threads: int | None = None
+    #: the runtime provider every worker loads the artifact with (kvembed.runtime.session.PROVIDERS)
+    provider: str = "auto"
     batch_tokens: int = 16384
     rows_per_file: int = 100_000
     resume: bool = False
@@ -77,6 +80,7 @@ class CorpusOptions:
         if self.format is not None:
             _choice("--format", self.format, FORMATS)
         _choice("--engine", self.engine, ENGINES)
+        _choice("--provider", self.provider, PROVIDERS)
         _choice("--output-dtype", self.output_dtype, OUTPUT_DTYPES)
         _choice("--on-error", self.on_error, ON_ERROR)
         _positive("--workers", self.workers)

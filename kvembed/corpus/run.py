@@ -34,7 +34,7 @@ def embed_corpus(options: CorpusOptions) -> dict[str, Any]:
     job = Job(
         artifact=str(Path(options.artifact).resolve()), threads=options.threads_per_worker, kind=options.kind,
         batch_tokens=options.batch_tokens, output_dtype=options.output_dtype, on_error=options.on_error,
-        columns=plan.columns, files=tuple(plan.files), output=str(Path(options.output).resolve()),
+        columns=plan.columns, files=tuple(plan.files), output=str(Path(options.output).resolve()), provider=options.provider,
     )
     stats = dict(done)
     total = sum(f.rows for f in plan.files)

@@ -38,6 +38,7 @@ class Job:
     columns: Columns
     files: tuple[InputFile, ...]
     output: str
+    provider: str = "auto"
 
 
 class ShardWorker:
@@ -45,7 +46,7 @@ class ShardWorker:
 
     def __init__(self, job: Job) -> None:
         self.job = job
-        self.embedder = Embedder.load(job.artifact, provider="auto", threads=job.threads)
+        self.embedder = Embedder.load(job.artifact, provider=job.provider, threads=job.threads)
 
     def embed(self, texts: list[str], progress: Progress) -> tuple[np.ndarray, int, int]:
         """``(vectors, tokens, truncated)`` of ``texts``, vectors in input order."""
