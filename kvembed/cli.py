@@ -92,6 +92,7 @@ def embed(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write embeddings to a .npy or .jsonl file."),
     batch_size: int = typer.Option(32, help="Rows per batch."),
     provider: str = typer.Option("auto", help="Runtime provider: auto, cpu, cuda, tensorrt, openvino."),
+    ov_precision: opt.OvPrecision = None,
     threads: Optional[int] = typer.Option(None, help="Runtime intra-op threads."),
     similarity: bool = typer.Option(False, "--similarity", help="Print the cosine similarity matrix."),
     use: Optional[str] = typer.Option(None, "--use", help="Artifact output to embed with: an --also label (default: the main method)."),
@@ -107,6 +108,7 @@ def embed(
 
     items = list(texts or [])
     options = method_options(locals())
+    opt.check_ov_precision(provider, ov_precision)
     if model is not None:
         source = model
     else:
@@ -124,7 +126,7 @@ def embed(
         check_artifact_options(source, method, options, max_length)
         from .runtime import Embedder
 
-        embedder: Any = Embedder.load(source, provider=provider, threads=threads)
+        embedder: Any = Embedder.load(source, provider=provider, threads=threads, ov_precision=ov_precision)
         embedder.dim_of(use)  # an unknown label fails here, naming the artifact's outputs
     else:
         if use is not None:

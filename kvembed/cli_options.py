@@ -34,3 +34,17 @@ METHOD_FLAGS = ("layers", "bias", "num_prefix", "prefix_rope", "pooling", "promp
 def method_options(values: Mapping[str, Any]) -> dict[str, Any]:
     """The method options the user set, from a command's arguments (``method_options(locals())``)."""
     return {name: values[name] for name in METHOD_FLAGS if values.get(name) is not None}
+
+OvPrecision = Annotated[Optional[str], typer.Option(
+    "--ov-precision", help="--provider openvino: precision hint f32 or bf16 (default: bf16 where the CPU has BF16).",
+)]
+
+
+def check_ov_precision(provider: str, ov_precision: Optional[str]) -> None:
+    """``--ov-precision`` only with ``--provider openvino``, and only f32/bf16."""
+    if ov_precision is None:
+        return
+    if provider != "openvino":
+        raise ValueError("--ov-precision applies to --provider openvino; add it or drop --ov-precision")
+    if ov_precision not in ("f32", "bf16"):
+        raise ValueError(f"--ov-precision must be f32 or bf16, got {ov_precision!r}")

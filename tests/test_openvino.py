@@ -225,3 +225,29 @@ def test_missing_openvino_is_one_line_error(artifact):
     assert done.returncode == 0, done.stderr
     message = done.stdout.strip()
     assert "\n" not in message and "pip install 'kvembed[openvino]'" in message and "openvino" in message
+
+
+def test_cli_embed_and_serve_take_ov_precision(artifact, tmp_path):
+    """``kvembed embed --provider openvino --ov-precision f32 --output F.npy`` writes onnxruntime's
+    vectors; ``--ov-precision`` without the provider, or a bad value, is a one-line error (exit 2)."""
+    from typer.testing import CliRunner
+
+    from kvembed.cli import app
+
+    path = artifact("stories260k", "kv-embedding")
+    runner = CliRunner()
+    texts = ["A man is playing a guitar.", "Why is the sky blue?"]
+    out = tmp_path / "vectors.npy"
+    done = runner.invoke(app, ["embed", str(path), *texts, "--provider", "openvino", "--ov-precision", "f32",
+                               "--threads", "1", "--output", str(out)])
+    assert done.exit_code == 0, done.output
+    expected = Embedder.load(path, provider="cpu", threads=1).encode(texts)
+    assert float(cosines(np.load(out), expected).min()) >= 0.99999
+    for args, message in (
+        (["embed", str(path), "hi", "--ov-precision", "f32"], "--ov-precision applies to --provider openvino"),
+        (["embed", str(path), "hi", "--provider", "openvino", "--ov-precision", "fp8"], "--ov-precision must be f32 or bf16"),
+        (["serve", str(path), "--ov-precision", "bf16"], "--ov-precision applies to --provider openvino"),
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, result.output

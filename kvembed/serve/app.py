@@ -39,7 +39,8 @@ INLINE_LIMIT = 16384
 
 def load_embedders(config: ServeConfig) -> dict[str, Embedder]:
     """Open every artifact (sha256-checked) with the configured provider and threads."""
-    return {name: Embedder.load(path, provider=config.provider, threads=config.threads) for name, path in config.artifacts}
+    return {name: Embedder.load(path, provider=config.provider, threads=config.threads, ov_precision=config.ov_precision)
+            for name, path in config.artifacts}
 
 
 @dataclass

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from .. import cli_options as opt
 from ..cli_support import fail
 
 
@@ -23,6 +24,7 @@ def serve_command(
     payload_limit: str = typer.Option("2MB", help="Largest request body (e.g. 2MB, 512KiB); larger get 413."),
     threads: Optional[int] = typer.Option(None, help="onnxruntime intra-op threads per artifact (default: one per core)."),
     provider: str = typer.Option("auto", help="auto, cpu, cuda, tensorrt or openvino."),
+    ov_precision: opt.OvPrecision = None,
     cors_origin: Optional[list[str]] = typer.Option(None, "--cors-origin", help="Allow browser calls from this origin (repeatable; default: no CORS)."),
     keep_alive: float = typer.Option(60.0, help="Seconds an idle kept-alive connection stays open (uvicorn's default, 5, races busy clients reusing it)."),
     graceful_timeout: Optional[float] = typer.Option(None, help="On SIGTERM, cancel requests still running after this many seconds (default: wait)."),
@@ -43,6 +45,7 @@ def serve_command(
 
     if provider not in PROVIDERS:  # checked before binding (the artifacts load after)
         raise ValueError(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+    opt.check_ov_precision(provider, ov_precision)
     if log_level not in LOG_LEVELS:
         raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
     if not 0 <= port <= 65535:
@@ -54,7 +57,8 @@ def serve_command(
         artifacts=tuple(parse_artifact(a) for a in artifacts), api_key=api_key or None,
         max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
         max_concurrent_requests=max_concurrent_requests, max_client_batch_size=max_client_batch_size,
-        payload_limit=parse_size(payload_limit), threads=threads, provider=provider, cors_origins=tuple(cors_origin or ()),
+        payload_limit=parse_size(payload_limit), threads=threads, provider=provider, ov_precision=ov_precision,
+        cors_origins=tuple(cors_origin or ()),
     )
     run(config, host, port, graceful_timeout, access_log, log_level, keep_alive)
 

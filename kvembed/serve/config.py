@@ -24,6 +24,8 @@ class ServeConfig:
     payload_limit: int = 2_000_000
     threads: int | None = None
     provider: str = "auto"
+    #: OpenVINO's precision hint (provider "openvino" only; None: bf16 where the CPU has it)
+    ov_precision: str | None = None
     cors_origins: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
