@@ -444,6 +444,33 @@ def test_cli_serve_runs_a_copied_repository(repositories, oracles, tmp_path):
     assert code == 0, (tmp_path / "serve.log").read_text()[-2000:]
 
 
+def test_cli_serve_stopped_while_loading_exits_cleanly(repositories, tmp_path):
+    """SIGTERM while Triton is still loading the models: the server is stopped too (its HTTP port
+    is released), and ``kvembed triton serve`` exits 0, as a supervisor expects."""
+    require_tritonserver()
+    import socket
+
+    ports = Ports.free()
+    command = [sys.executable, "-m", "kvembed.cli", "triton", "serve", str(repositories["query"]), "--http-port",
+               str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
+    env = dict(os.environ, KVEMBED_TRITON_PYTHON=str(stub_python()))
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+        try:
+            deadline = time.monotonic() + 120
+            while "loading: " not in log_path.read_text():  # Triton has begun loading models
+                assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
+                time.sleep(0.05)
+            assert "Triton ready" not in log_path.read_text()
+        finally:
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(90)
+    assert code == 0, log_path.read_text()[-2000:]
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", ports.http)) != 0, "tritonserver outlived kvembed triton serve"
+
+
 def _ready(client) -> bool:
     try:
         return client.is_server_ready()

@@ -91,32 +91,39 @@ def serve(
     import signal
     import sys
 
+    class Stopped(BaseException):
+        """SIGTERM/SIGINT: stop the server and exit 0, whether it is still loading or serving."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise Stopped
+
+    # installed before the server starts: a supervisor may stop us the moment Triton answers ready,
+    # before this process has printed its own "ready" line
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
+    server: Any = None
+
     def start() -> Any:
+        nonlocal server
         _needs_tritonclient()
         from .server import Ports, TritonServer
 
         server = TritonServer(repository, python=python, ports=Ports(http_port, grpc_port, metrics_port), log=sys.stderr)
         server.start()
-        try:
-            return server.wait_ready(timeout)
-        except BaseException:
-            server.stop()
-            raise
+        return server.wait_ready(timeout)
 
-    server = run_guarded(start)
-    console.print(f"Triton ready: HTTP {server.http_url}, gRPC {server.grpc_url} (Ctrl-C or SIGTERM stops it)")
-
-    def interrupt(signum: int, frame: Any) -> None:  # SIGTERM too, and SIGINT even where a shell ignored it
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, interrupt)
+    code = None
     try:
+        run_guarded(start)
+        console.print(f"Triton ready: HTTP {server.http_url}, gRPC {server.grpc_url} (Ctrl-C or SIGTERM stops it)")
         while server.alive():
             server.process.wait()
-    except KeyboardInterrupt:
+    except Stopped:
         pass
     finally:
-        code = server.stop()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stop() drains; a second signal must not cut it short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if server is not None:
+            code = server.stop()
     if code not in (0, None, -15):
         raise typer.Exit(1)
