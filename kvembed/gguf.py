@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .cache import cache_root
 from .errors import KvembedError, MissingDependency
 
 SUFFIX = ".gguf"
@@ -51,11 +52,6 @@ class GGUFInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def cache_root() -> Path:
-    """``KVEMBED_CACHE_DIR`` or ``~/.cache/kvembed``: where dequantized GGUF models are kept."""
-    return Path(os.environ.get("KVEMBED_CACHE_DIR") or Path.home() / ".cache" / "kvembed").expanduser()
 
 
 def find_gguf(path: str | os.PathLike[str]) -> Path | None:

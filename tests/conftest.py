@@ -10,7 +10,9 @@ shorter than most test prompts, so every Mistral test runs beyond it.
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,6 +36,16 @@ TEXTS = [
     "Why is the sky blue?",
     'She said "no" twice.',
 ]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """kvembed's cache (compiled OpenVINO blobs, dequantized GGUF) goes to a fresh directory, so
+    tests neither read what an earlier run left in ~/.cache nor leave their artifacts' blobs there."""
+    os.environ["KVEMBED_CACHE_DIR"] = config._kvembed_cache = tempfile.mkdtemp(prefix="kvembed-test-cache-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(getattr(config, "_kvembed_cache", ""), ignore_errors=True)
 
 
 def tiny_config(arch: str):

@@ -9,10 +9,14 @@ the model it read by repeating K/V heads (:func:`kvembed.runtime.openvino.repeat
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -195,19 +199,58 @@ def test_damaged_graph_is_one_line_value_error(artifact, tmp_path):
     assert "\n" not in str(caught.value) and "provider='cpu'" in str(caught.value)
 
 
-def test_provider_listing_cache_and_auto(artifact, tmp_path):
+def test_provider_listing_and_auto(artifact):
     from kvembed.runtime.session import PROVIDERS
 
     assert "openvino" in PROVIDERS
     path = artifact("stories260k", "kv-embedding")
-    cache = tmp_path / "ov-cache"
-    ov = Embedder.load(path, provider="openvino", threads=1, ov_cache_dir=cache)
+    ov = Embedder.load(path, provider="openvino", threads=1, ov_cache_dir=False)
     assert ov.providers[0] == "OpenVINO" and ov.providers[1] in ("f32", "bf16")
-    first = ov.encode(TEXTS)
-    assert any(cache.iterdir()), "OpenVINO wrote no compiled blob to ov_cache_dir"
-    again = Embedder.load(path, provider="openvino", threads=1, ov_cache_dir=cache)
-    np.testing.assert_allclose(again.encode(TEXTS), first, rtol=1e-5, atol=1e-6)
     assert Embedder.load(path, provider="auto").providers[0] != "OpenVINO"
+
+
+def test_compiled_model_cache(artifact, tmp_path):
+    """The second load imports the kept blob and gives the same vectors; a re-exported graph (new
+    mtime), a damaged blob or an unwritable cache recompile, the last two with a warning."""
+    source = artifact("qwen3", "kv-embedding")
+    path = shutil.copytree(source, tmp_path / "artifact")
+    cache = tmp_path / "ov-cache"
+    expected = Embedder.load(path, provider="cpu").encode(TEXTS)
+
+    def load(**options):
+        embedder = Embedder.load(path, provider="openvino", threads=1, ov_precision="f32", **options)
+        assert float(cosines(embedder.encode(TEXTS), expected).min()) >= 0.99999
+        return embedder.session
+
+    assert not load(ov_cache_dir=cache).from_cache
+    blobs = sorted(cache.glob("*.blob"))
+    assert len(blobs) == 1 and blobs[0].stat().st_size > 0
+    assert load(ov_cache_dir=cache).from_cache
+    os.utime(path / "model.onnx", ns=(time.time_ns(), time.time_ns() + 10**9))  # as a re-export would
+    assert not load(ov_cache_dir=cache).from_cache
+    assert load(ov_cache_dir=cache).from_cache and sorted(cache.glob("*.blob")) == blobs  # rebuilt in place
+    blobs[0].write_bytes(b"not a compiled model")
+    with pytest.warns(UserWarning, match="unusable, recompiling"):
+        assert not load(ov_cache_dir=cache).from_cache
+    assert load(ov_cache_dir=cache).from_cache
+    # the default place: $KVEMBED_CACHE_DIR/openvino
+    assert not load().from_cache
+    assert any((Path(os.environ["KVEMBED_CACHE_DIR"]) / "openvino").glob("*.blob"))
+    assert load().from_cache
+    # False: nothing kept
+    elsewhere = tmp_path / "never"
+    with_env = dict(os.environ)
+    try:
+        os.environ["KVEMBED_CACHE_DIR"] = str(elsewhere)
+        assert not load(ov_cache_dir=False).from_cache
+        assert not elsewhere.exists()
+    finally:
+        os.environ.clear()
+        os.environ.update(with_env)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.warns(UserWarning, match="not written"):
+        assert not load(ov_cache_dir=blocker / "cache").from_cache
 
 
 def test_missing_openvino_is_one_line_error(artifact):

@@ -16,17 +16,23 @@ instead would not do: OpenVINO refuses external data outside the directory of th
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from ..cache import cache_root
 from ..errors import MissingDependency
 
 OPENVINO = "OpenVINO"
 PRECISIONS = ("f32", "bf16")
 INSTALL = "pip install 'kvembed[openvino]'"
+MEND_VERSION = 1  # bump when repeat_kv_heads changes what it builds: kept blobs are then rebuilt
 
 
 class _Input(NamedTuple):
@@ -85,13 +91,73 @@ def default_precision(core: Any) -> str:
     return "bf16" if "BF16" in [str(c).upper() for c in capabilities] else "f32"
 
 
+class CompiledCache:
+    """Compiled models kept on disk, so a second load skips reading, mending and compiling the ONNX.
+
+    One slot per (model file, precision): ``<dir>/<slot>.blob`` is ``CompiledModel.export_model()``
+    and ``<slot>.json`` the fingerprint it was made from (OpenVINO's version, the precision, size
+    and mtime of every ``model*`` file beside the graph, external data included); a stale slot is
+    rebuilt in place, so the cache grows with the number of models, not of re-exports. The blob is
+    imported from a memory map (the weights stay file-backed pages). OpenVINO's own ``CACHE_DIR``
+    would need the mended model saved as IR beside its blob (twice the disk) or would hash the
+    model read from ONNX (no faster: measured 3.9 s vs 5.1 s uncached, 0.8 s here, SmolLM2-135M)."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory).expanduser()
+
+    def fingerprint(self, model_path: Path, precision: str, version: str) -> dict[str, Any]:
+        files = sorted(p for p in model_path.parent.iterdir() if p.is_file() and p.name.startswith(model_path.stem))
+        return {
+            "model": str(model_path.resolve()),
+            "openvino": version,
+            "precision": precision,
+            "mend": MEND_VERSION,
+            "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files],
+        }
+
+    def slot(self, fingerprint: Mapping[str, Any]) -> Path:
+        key = hashlib.sha256(f"{fingerprint['model']}|{fingerprint['precision']}".encode()).hexdigest()[:20]
+        return self.directory / key
+
+    def load(self, fingerprint: Mapping[str, Any]) -> Path | None:
+        """The blob made from exactly ``fingerprint``, or None."""
+        slot = self.slot(fingerprint)
+        try:
+            if json.loads(slot.with_suffix(".json").read_text()) == fingerprint and slot.with_suffix(".blob").is_file():
+                return slot.with_suffix(".blob")
+        except (OSError, ValueError):
+            pass
+        return None
+
+    def store(self, fingerprint: Mapping[str, Any], compiled: Any) -> None:
+        """Write the blob, then its fingerprint (each by atomic rename: readers never see half of one)."""
+        slot = self.slot(fingerprint)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for suffix, data in ((".blob", compiled.export_model().getbuffer()), (".json", json.dumps(fingerprint).encode())):
+            handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=slot.name, suffix=".part")
+            try:
+                with os.fdopen(handle, "wb") as out:
+                    out.write(data)
+                os.replace(temporary, slot.with_suffix(suffix))
+            except BaseException:
+                Path(temporary).unlink(missing_ok=True)
+                raise
+
+
+def default_cache_dir() -> Path:
+    """``KVEMBED_CACHE_DIR``/openvino (default ``~/.cache/kvembed/openvino``)."""
+    return cache_root() / "openvino"
+
+
 class OpenVINOSession:
     """A model compiled for OpenVINO's CPU device, used like an onnxruntime session.
 
     ``precision``: ``INFERENCE_PRECISION_HINT`` (``"f32"`` or ``"bf16"``; None = bf16 only where
     the CPU has it). ``threads``: ``INFERENCE_NUM_THREADS`` (None = OpenVINO's choice).
-    ``cache_dir``: OpenVINO's ``CACHE_DIR`` for compiled blobs (None = no cache). Each :meth:`run`
-    makes its own infer request, so concurrent calls from several threads are safe.
+    ``cache_dir``: where compiled models are kept (:class:`CompiledCache`; None = the default
+    :func:`default_cache_dir`, False = no cache). A cache that cannot be read or written is a
+    warning, never a failure. ``from_cache`` says whether this load imported a kept blob. Each
+    :meth:`run` makes its own infer request, so concurrent calls from several threads are safe.
     """
 
     def __init__(
@@ -99,26 +165,44 @@ class OpenVINOSession:
         model_path: str | os.PathLike[str],
         threads: int | None = None,
         precision: str | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
+        cache_dir: str | os.PathLike[str] | None | bool = None,
     ) -> None:
         if precision is not None and precision not in PRECISIONS:
             raise ValueError(f"ov_precision must be one of {', '.join(PRECISIONS)} (or None for automatic), got {precision!r}")
         if threads is not None and int(threads) < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         ov = import_openvino()
-        core = ov.Core()
-        self.precision = precision or default_precision(core)
-        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": self.precision}
+        self._ov = ov
+        self.core = ov.Core()
+        self.precision = precision or default_precision(self.core)
+        self.config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": self.precision}
         if threads is not None:
-            config["INFERENCE_NUM_THREADS"] = int(threads)
-        if cache_dir is not None:
-            Path(cache_dir).mkdir(parents=True, exist_ok=True)
-            config["CACHE_DIR"] = str(cache_dir)
+            self.config["INFERENCE_NUM_THREADS"] = int(threads)
         self.model_path = Path(model_path)
+        if not self.model_path.is_file():
+            raise FileNotFoundError(f"no ONNX graph at {str(self.model_path)!r}")
+        self.from_cache = False
+        self._blob: Any = None  # the memory-mapped blob an imported model reads from: kept alive with it
+        cache = None if cache_dir is False else CompiledCache(default_cache_dir() if cache_dir in (None, True) else cache_dir)
+        fingerprint = cache.fingerprint(self.model_path, self.precision, ov.get_version()) if cache else None
+        blob = cache.load(fingerprint) if cache else None
+        self.compiled = self._import(blob) if blob is not None else None
+        self.from_cache = self.compiled is not None
+        if self.compiled is None:
+            self.compiled = self._compile()
+            if cache is not None:
+                try:
+                    cache.store(fingerprint, self.compiled)
+                except OSError as err:
+                    warnings.warn(f"OpenVINO cache {str(cache.directory)!r} not written ({err}); loads stay uncached", stacklevel=4)
+        self._inputs = [_Input(port.get_any_name()) for port in self.compiled.inputs]
+
+    def _compile(self) -> Any:
+        """Read the ONNX, mend its attention, compile; OpenVINO's errors as one line."""
         try:
-            model = core.read_model(str(self.model_path))
+            model = self.core.read_model(str(self.model_path))
             repeat_kv_heads(model)
-            self.compiled = core.compile_model(model, "CPU", config)
+            return self.core.compile_model(model, "CPU", self.config)
         except RuntimeError as err:
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
             detail = (lines[-1] if lines else type(err).__name__)[:300]  # OpenVINO puts the cause last
@@ -126,7 +210,18 @@ class OpenVINOSession:
                 f"OpenVINO cannot compile {self.model_path} ({detail}); if the file is damaged re-export it, "
                 "else run it with provider='cpu' (onnxruntime)"
             ) from err
-        self._inputs = [_Input(port.get_any_name()) for port in self.compiled.inputs]
+
+    def _import(self, blob: Path) -> Any:
+        """The compiled model kept in ``blob``, or None (with a warning) when OpenVINO refuses it."""
+        try:
+            mapped = self._ov.Tensor(np.memmap(blob, dtype=np.uint8, mode="c"), shared_memory=True)
+            compiled = self.core.import_model(mapped, "CPU", self.config)
+        except (RuntimeError, OSError, ValueError) as err:
+            detail = (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
+            warnings.warn(f"OpenVINO cache blob {str(blob)!r} unusable, recompiling ({detail})", stacklevel=5)
+            return None
+        self._blob = mapped
+        return compiled
 
     def get_inputs(self) -> list[_Input]:
         return list(self._inputs)
@@ -144,6 +239,6 @@ def create_session(
     model_path: str | os.PathLike[str],
     threads: int | None = None,
     precision: str | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None | bool = None,
 ) -> OpenVINOSession:
     return OpenVINOSession(model_path, threads, precision, cache_dir)
