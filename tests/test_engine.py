@@ -19,11 +19,14 @@ import pytest
 
 from kvembed.errors import MissingDependency
 from kvembed.export.engine import (
-    DEFAULT_SHAPES, ENGINE_JSON, ENGINE_KEYS, ShapeRange, build_engine, check_engine_matches, check_feeds_fit,
-    check_tensorrt_supports, choose_precision, default_shapes, engine_record, parse_shapes, parse_size,
-    profile_limits, read_engine_json, sha256_file,
+    DEFAULT_SHAPES, ShapeRange, build_engine, check_tensorrt_supports, choose_precision, default_shapes, engine_record,
+    parse_shapes, parse_size,
 )
-from kvembed.runtime.session import EngineSession
+from kvembed.runtime.artifact import sha256_file
+from engine_util import STAND_IN_PLAN, make_engine_dir
+from kvembed.runtime.engine import (
+    ENGINE_JSON, ENGINE_KEYS, EngineSession, check_engine_matches, check_feeds_fit, profile_limits, read_engine_json,
+)
 
 NO_TENSORRT = importlib.util.find_spec("tensorrt") is None
 
@@ -217,3 +220,109 @@ def test_cli_exits_2_with_one_line(artifact, tmp_path, extra, message):
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+# -- an engine directory through the runtime and the Triton generator -----------------------------
+# TensorRT cannot run here, so the plan's execution is done by a stand-in runner that runs the
+# artifact's own model.onnx with onnxruntime and refuses any feed outside the active profile, as a
+# TensorRT execution context does; everything around it (loading, verification, profile choice,
+# padding to the profiles' minimum, splitting to their batch limit, truncation) is the real code.
+
+class OnnxRuntimeStandIn:
+    """polygraphy TrtRunner's set_profile/infer over onnxruntime, checking each feed against the
+    active profile; records the (profile, batch, sequence) of every call."""
+
+    def __init__(self, model, record):
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        self.record, self.profile, self.calls = record, 0, []
+
+    def set_profile(self, index):
+        self.profile = index
+
+    def infer(self, feeds):
+        batch, sequence = next(iter(feeds.values())).shape
+        p = self.record["profiles"][self.profile]
+        assert p["min"][0] <= batch <= p["max"][0] and p["min"][1] <= sequence <= p["max"][1], (self.profile, batch, sequence)
+        self.calls.append((self.profile, batch, sequence))
+        names = [o.name for o in self.session.get_outputs()]
+        return dict(zip(names, self.session.run(names, feeds)))
+
+    def deactivate(self):
+        pass
+
+
+def test_embedder_runs_an_engine_directory_within_its_profiles(artifact, manifest, tmp_path, monkeypatch):
+    from kvembed.runtime import Embedder
+
+    engine = make_engine_dir(artifact, tmp_path / "engine")
+    runners = []
+
+    def activate(self):
+        runners.append(OnnxRuntimeStandIn(artifact / "model.onnx", self.record))
+        self._runner = runners[-1]
+
+    monkeypatch.setattr(EngineSession, "_activate", activate)
+    embedder = Embedder.load(engine)
+    assert embedder.providers == ["TensorRT", "fp32"] and not embedder.session.active
+    assert embedder.encoder.min_width == 8 and embedder.max_length == min(512, manifest["max_length"])
+    reference = Embedder.load(artifact)
+    short = ["hi", "a cat", *(f"dog {i} and a ball" for i in range(9))]  # one padded batch of 11 rows, < 64 tokens
+    long = ["long " * 60, "x " * 150, "a shorter one among long ones " * 4]
+    tiny = ["hi", "ok"]  # fewer tokens than any profile's minimum: padded up to 8
+    for texts in (tiny, short, long):
+        assert np.abs(embedder.encode(texts, batch_size=32) - reference.encode(texts, batch_size=32)).max() <= 1e-5
+    calls = runners[0].calls
+    assert {profile for profile, _, _ in calls} == {0, 1}, calls  # short batches on 0, long ones on 1
+    assert calls[0][2] == 8 and all(sequence >= 8 for _, _, sequence in calls)  # padded to the profiles' minimum
+    assert max(batch for profile, batch, _ in calls if profile == 0) == 4  # 11 short rows split to 4 + 4 + 3
+
+
+def test_engine_directory_refusals(artifact, manifest, tmp_path):
+    from kvembed.runtime import Embedder
+
+    engine = make_engine_dir(artifact, tmp_path / "engine")
+    with pytest.raises(ValueError, match="TensorRT engine directory: it runs with provider 'tensorrt'"):
+        Embedder.load(engine, provider="cpu")
+    if NO_TENSORRT:
+        with pytest.raises(MissingDependency, match="running a TensorRT engine needs the tensorrt package"):
+            Embedder.load(engine, provider="tensorrt").encode(["a text"])
+    (engine / "engine.plan").write_bytes(STAND_IN_PLAN + b"!")
+    with pytest.raises(ValueError, match="engine.plan does not match its sha256 in engine.json; rebuild"):
+        Embedder.load(engine)
+    (engine / "engine.plan").write_bytes(STAND_IN_PLAN)
+    record = json.loads((engine / ENGINE_JSON).read_text())
+    record["source"]["model_sha256"] = "0" * 64
+    (engine / ENGINE_JSON).write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="files of two exports mixed"):
+        Embedder.load(engine)
+    Embedder.load(engine, verify=False)  # the user's call
+
+
+def test_triton_repository_serves_the_engine_plan(artifact, manifest, tmp_path):
+    """--backend tensorrt on an engine directory: the plan copied in, every config's max batch =
+    the largest profile batch, one instance profile per engine profile, the tokenizer cut and
+    padded to the profiles' sequence range. (Loading it needs Triton's TensorRT backend: the
+    real-server check of that is in test_triton.py.)"""
+    pytest.importorskip("tritonclient")
+    from kvembed.triton import write_repository
+    from kvembed.triton.configs import read_config
+
+    engine = make_engine_dir(artifact, tmp_path / "engine")
+    repo = write_repository(engine, tmp_path / "repo", "eng", backend="tensorrt", preferred_batch_sizes=[2, 16])
+    model, tokenize, ensemble = (read_config(repo / name) for name in ("eng_model", "eng_tokenize", "eng"))
+    assert model.platform == "tensorrt_plan" and (repo / "eng_model" / "1" / "model.plan").read_bytes() == STAND_IN_PLAN
+    assert not (repo / "eng_model" / "build_plan.sh").exists()
+    assert model.max_batch_size == tokenize.max_batch_size == ensemble.max_batch_size == 4
+    assert list(tokenize.dynamic_batching.preferred_batch_size) == [2]
+    assert list(model.instance_group[0].profile) == ["0", "1"]
+    assert tokenize.parameters["min_length"].string_value == "8"
+    assert tokenize.parameters["max_length"].string_value == str(min(512, manifest["max_length"]))
+    readme = (repo / "README.md").read_text()
+    assert "TensorRT 10.14.1, NVIDIA L4 (compute capability 8.9)" in readme and "build_plan.sh" not in readme
+    with pytest.raises(ValueError, match="served with --backend tensorrt"):
+        write_repository(engine, tmp_path / "repo2", "eng", backend="python")
+    (engine / "engine.plan").write_bytes(b"damaged")
+    with pytest.raises(ValueError, match="engine.plan does not match"):
+        write_repository(engine, tmp_path / "repo3", "eng", backend="tensorrt")

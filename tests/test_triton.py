@@ -23,10 +23,12 @@ import pytest
 from typer.testing import CliRunner
 
 from kvembed.runtime import Embedder, read_manifest
+from kvembed.runtime.artifact import encoder_from_manifest
 from kvembed.triton import write_repository
 from kvembed.triton.configs import read_config
 from kvembed.triton.rows import decode_strings, split_rows, unpad_rows
 from kvembed.triton.server import Ports, TritonServer
+from engine_util import make_engine_dir
 from triton_util import Clients, assert_close, infer, require_tritonserver, stub_python
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
@@ -68,7 +70,12 @@ def repositories(artifacts, tmp_path_factory):
         "ort": write_repository(artifacts["kv"], root / "ort", "kvort", backend="onnxruntime", tensorrt_accelerator=True, fp16=True),
         "trt": write_repository(artifacts["kv"], root / "trt", "kvtrt", backend="tensorrt", preferred_batch_sizes=[16]),
         "ov": write_repository(artifacts["kv"], root / "ov", "kvov", provider="openvino", max_tokens=256),
+        "engine": write_repository(make_engine_dir(artifacts["kv"], root / "engine-dir", ENGINE_SHAPES), root / "engine",
+                                   "kveng", backend="tensorrt", kind="query"),
     }
+
+
+ENGINE_SHAPES = ("1x64:4x64:4x128", "1x129:2x200:2x256")  # every batch padded to >= 64 tokens, cut at 256
 
 
 def stub_has_openvino() -> bool:
@@ -302,23 +309,40 @@ def test_openvino_provider_repository(server, connect, oracles, repositories):
     assert "kvov_model: providers ['OpenVINO'" in server.log_path.read_text()
 
 
-def test_gpu_variants_fail_only_for_the_missing_backend(repositories, tmp_path):
+def test_gpu_variants_fail_only_for_the_missing_backend(repositories, artifacts, tmp_path):
     """The pip wheel's Triton has no onnxruntime/TensorRT backends: loading fails on exactly that,
     which means the config itself passed Triton's checks. (A server of its own: a failed load
-    leaves a strict-readiness server not ready for good.)"""
+    leaves a strict-readiness server not ready for good.) The engine repository's tokenizer loads
+    and cuts/pads to the engine's profiles."""
     require_tritonserver()
     with open(tmp_path / "log", "w") as log, TritonServer(
         repositories["ort"], python=stub_python(), log=log,
-        extra_args=[f"--model-repository={repositories['trt']}", "--model-control-mode=explicit"],
+        extra_args=[f"--model-repository={repositories['trt']}", f"--model-repository={repositories['engine']}",
+                    "--model-control-mode=explicit"],
     ) as gpu_server:
         clients = Clients(gpu_server)
         client = clients("http")
-        for model, backend in (("kvort_model", "onnxruntime"), ("kvtrt_model", "tensorrt")):
+        for model, backend in (("kvort_model", "onnxruntime"), ("kvtrt_model", "tensorrt"), ("kveng_model", "tensorrt")):
             with pytest.raises(InferenceServerException) as failure:
                 client.load_model(model)
             assert f"unable to find backend library for backend '{backend}'" in failure.value.message(), failure.value.message()
+        client.load_model("kveng_tokenize")
+        encoder = encoder_from_manifest(artifacts["kv"], read_manifest(artifacts["kv"]))
+        encoder.max_length = 256  # where the engine's profiles stop
+        for text, width in (("hi", 64), ("word " * 400, 256)):
+            ids = client.infer("kveng_tokenize", httpclient_input(text)).as_numpy("input_ids")
+            want = encoder.encode([text], "query")[0].ids
+            assert ids.shape[1] == width and list(ids[0][: len(want)]) == list(want), (ids.shape, len(want))
         assert client.is_server_live()
         clients.close()
+
+
+def httpclient_input(text: str) -> list:
+    import tritonclient.http as httpclient
+
+    tensor = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[text.encode()]], dtype=object))
+    return [tensor]
 
 
 def test_dynamic_batching_merges_concurrent_requests(server, connect, oracles):

@@ -16,7 +16,6 @@ CPU-only machines (README says so).
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import re
 import shutil
@@ -25,17 +24,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..errors import MissingDependency
+from ..runtime.artifact import sha256_file
+from ..runtime.engine import ENGINE_JSON, ENGINE_SCHEMA_VERSION, PLAN, gpu_identity, require_tensorrt  # the loader's half
 from ..sizes import parse_size
 
-PLAN, ENGINE_JSON = "engine.plan", "engine.json"
-ENGINE_SCHEMA_VERSION = 1
 DEFAULT_SHAPES = "1x16:8x128:32x512"
 PRECISIONS = ("fp32", "fp16", "bf16")
-#: keys every engine.json has (loaders and the Triton generator rely on them)
-ENGINE_KEYS = ("schema_version", "tensorrt_version", "gpu", "profiles", "precision", "strongly_typed",
-               "source", "build", "inputs")
-INSTALL_HINT = "pip install tensorrt polygraphy (TensorRT >= 10 with an NVIDIA GPU and driver)"
 
 
 @dataclass(frozen=True)
@@ -135,14 +129,6 @@ def check_tensorrt_supports(manifest: Mapping[str, Any], tensorrt_version: str) 
         )
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def engine_record(
     manifest: Mapping[str, Any],
     model_sha256: str,
@@ -154,8 +140,10 @@ def engine_record(
     compute_capability: str,
     build_seconds: float,
     options: Mapping[str, Any],
+    plan_sha256: str | None = None,
 ) -> dict[str, Any]:
-    """engine.json: what the plan was built from (sha256 of model.onnx) and for (TensorRT, GPU)."""
+    """engine.json: what the plan was built from (sha256 of model.onnx) and for (TensorRT, GPU);
+    ``plan_sha256`` lets the loader tell a damaged plan from a good one."""
     return {
         "schema_version": ENGINE_SCHEMA_VERSION,
         "tensorrt_version": str(tensorrt_version),
@@ -169,75 +157,8 @@ def engine_record(
         "build": {"created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "seconds": round(float(build_seconds), 1), **dict(options)},
         "inputs": [i["name"] for i in manifest.get("inputs", [])],
+        **({"plan_sha256": plan_sha256} if plan_sha256 else {}),
     }
-
-
-def read_engine_json(directory: Path) -> dict[str, Any]:
-    """engine.json of ``directory``, with every :data:`ENGINE_KEYS` present (ValueError naming the first missing)."""
-    path = Path(directory) / ENGINE_JSON
-    if not path.is_file():
-        raise FileNotFoundError(f"{directory} has no {ENGINE_JSON}: not an engine directory (kvembed build-engine makes one)")
-    record = json.loads(path.read_text())
-    for key in ENGINE_KEYS:
-        if key not in record:
-            raise ValueError(f"{path} lacks {key}: rebuild the engine with kvembed build-engine")
-    if record["schema_version"] != ENGINE_SCHEMA_VERSION:
-        raise ValueError(f"{path} has schema_version {record['schema_version']!r}; this kvembed reads {ENGINE_SCHEMA_VERSION}")
-    return record
-
-
-def check_engine_matches(record: Mapping[str, Any], tensorrt_version: str, gpu_name: str, compute_capability: str) -> None:
-    """Refuse a plan built by another TensorRT or for another GPU (plans are not portable)."""
-    if str(record["tensorrt_version"]) != str(tensorrt_version):
-        raise ValueError(f"engine built with TensorRT {record['tensorrt_version']}, this is TensorRT {tensorrt_version}: "
-                         "rebuild it here with kvembed build-engine")
-    built = record["gpu"]
-    if str(built["compute_capability"]) != str(compute_capability) or built["name"] != gpu_name:
-        raise ValueError(f"engine built for {built['name']} (compute capability {built['compute_capability']}), "
-                         f"this GPU is {gpu_name} ({compute_capability}): rebuild it here with kvembed build-engine")
-
-
-def profile_limits(record: Mapping[str, Any]) -> dict[str, int]:
-    """The largest batch and sequence any profile takes (Triton's max_batch_size = profile max)."""
-    return {"max_batch_size": max(p["max"][0] for p in record["profiles"]),
-            "max_sequence": max(p["max"][1] for p in record["profiles"])}
-
-
-def check_feeds_fit(record: Mapping[str, Any], shape: tuple[int, int]) -> None:
-    """Refuse a (batch, sequence) no profile of the engine takes, naming the limits and the fix."""
-    batch, sequence = shape
-    for p in record["profiles"]:
-        if p["min"][0] <= batch <= p["max"][0] and p["min"][1] <= sequence <= p["max"][1]:
-            return
-    ranges = ", ".join(f"{p['min'][0]}x{p['min'][1]}..{p['max'][0]}x{p['max'][1]}" for p in record["profiles"])
-    raise ValueError(f"a batch of {batch} x {sequence} tokens is outside every profile of this engine ({ranges}): "
-                     "pass a smaller batch_size / max_tokens, or rebuild with a wider --shapes")
-
-
-def require_tensorrt() -> tuple[Any, Any]:
-    """``(tensorrt, polygraphy.backend.trt)``, or MissingDependency naming what to install."""
-    try:
-        import tensorrt as trt
-    except ImportError as err:
-        raise MissingDependency(f"building a TensorRT engine needs the tensorrt package ({err}): {INSTALL_HINT}") from err
-    try:
-        from polygraphy.backend import trt as poly_trt
-    except ImportError as err:
-        raise MissingDependency(f"building a TensorRT engine needs polygraphy ({err}): {INSTALL_HINT}") from err
-    return trt, poly_trt
-
-
-def gpu_identity() -> tuple[str, str]:
-    """(name, compute capability "major.minor") of CUDA device 0, from nvidia-smi."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader", "-i", "0"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError) as err:
-        raise MissingDependency(f"no NVIDIA GPU visible (nvidia-smi: {err}); TensorRT engines need one") from err
-    name, capability = (part.strip() for part in out.strip().splitlines()[0].rsplit(",", 1))
-    return name, capability
 
 
 def build_engine(
@@ -307,6 +228,7 @@ def build_engine(
         gpu_name=gpu_name, compute_capability=capability, build_seconds=seconds,
         options={"workspace_bytes": workspace_bytes, "opt_level": int(opt_level),
                  "timing_cache": str(timing_cache) if timing_cache else None},
+        plan_sha256=sha256_file(out / PLAN),
     )
     (out / ENGINE_JSON).write_text(json.dumps(record, indent=2) + "\n")
     return record

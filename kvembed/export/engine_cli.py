@@ -26,7 +26,8 @@ def build_engine_command(
     from rich.console import Console
 
     from ..cli_support import run_guarded
-    from .engine import build_engine, profile_limits
+    from ..runtime.engine import profile_limits
+    from .engine import build_engine
 
     def job() -> dict:
         if fp16 and bf16:

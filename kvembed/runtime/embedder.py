@@ -14,6 +14,7 @@ from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
 from .artifact import MODEL, check_files, encoder_from_manifest, read_manifest
 from .batching import plan_batches
+from .engine import EngineSession, check_engine_files, is_engine_dir
 from .encoding import EncodedText, TextEncoder, check_texts
 from .session import create_session, run_session
 
@@ -67,9 +68,16 @@ class Embedder:
         ``$KVEMBED_CACHE_DIR/openvino``, i.e. ``~/.cache/kvembed/openvino``; False: none), so a second
         load imports the compiled blob instead of compiling (SmolLM2-135M: 0.8 s instead of 5 s).
         ``threads`` sets its inference threads; ``device_id``, ``trt_*`` and ``memory_arena`` do not apply.
+
+        An engine directory (``kvembed build-engine``: ``engine.plan`` + ``engine.json`` beside the
+        artifact's tokenizer and manifest) runs its plan with TensorRT (``provider`` ``"auto"`` or
+        ``"tensorrt"``): batches are padded and cut to its profiles' sequence range and split to its
+        largest batch. TensorRT and the GPU check are needed only when the first batch runs.
         """
         path = Path(directory)
         manifest = read_manifest(path)
+        if is_engine_dir(path):
+            return cls._load_engine(path, manifest, provider, verify)
         if verify:
             problems = check_files(path, manifest)
             if problems:
@@ -84,6 +92,23 @@ class Embedder:
         if provider == "tensorrt":
             provider_options.update(trt_cache_dir=trt_cache_dir, trt_fp16=trt_fp16)
         session = create_session(path / MODEL, provider, threads, memory_arena, **provider_options)
+        return cls(path, manifest, encoder, session)
+
+    @classmethod
+    def _load_engine(cls, path: Path, manifest: Mapping[str, Any], provider: str, verify: bool) -> "Embedder":
+        if provider not in ("auto", "tensorrt"):
+            raise ValueError(
+                f"{str(path)!r} is a TensorRT engine directory: it runs with provider 'tensorrt' (or 'auto'); "
+                f"for provider {provider!r} load the artifact it was built from"
+            )
+        session = EngineSession(path)
+        if verify:
+            problems = check_engine_files(path, manifest, session.record)
+            if problems:
+                raise ValueError(f"engine directory {str(path)!r} is damaged: {'; '.join(problems)}; rebuild it with kvembed build-engine")
+        encoder = encoder_from_manifest(path, manifest)
+        encoder.max_length = min(encoder.max_length, session.limits.max_sequence)
+        encoder.min_width = session.limits.min_sequence
         return cls(path, manifest, encoder, session)
 
     # -- facts ---------------------------------------------------------------------------------
@@ -124,8 +149,15 @@ class Embedder:
         """Run one padded batch (``TextEncoder.pad`` output); returns ``(embedding, pooled)`` of
         the main method, or of the extra method ``output``."""
         feeds = {name: batch[name] for name in self._inputs}
-        embedding, pooled = run_session(self.session, feeds, output_names(self._label(output)))
-        return embedding, pooled
+        names = output_names(self._label(output))
+        max_rows = getattr(self.session, "max_rows", None)  # a TensorRT engine's profiles cap the rows per call
+        rows, width = next(iter(feeds.values())).shape[:2]
+        step = rows if max_rows is None else max_rows(width)
+        if rows <= step:
+            embedding, pooled = run_session(self.session, feeds, names)
+            return embedding, pooled
+        parts = [run_session(self.session, {k: v[i : i + step] for k, v in feeds.items()}, names) for i in range(0, rows, step)]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def encode(
         self,

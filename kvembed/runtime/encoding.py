@@ -109,6 +109,7 @@ class TextEncoder:
         self.tokenizer = tokenizer
         self.method = method
         self.max_length = int(max_length)
+        self.min_width = 1  # pad() pads every batch to at least this many tokens (a TensorRT profile's minimum)
         self.fallback_id = int(fallback_id)
         self.pad_id = int(pad_id if pad_id is not None else fallback_id)
         self.placeholder_id: int | None = None
@@ -218,7 +219,7 @@ class TextEncoder:
         """Stack encoded texts into int64 ``input_ids`` / ``attention_mask`` (and ``pool_mask``)."""
         if padding_side not in ("right", "left"):
             raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
-        width = max((len(item.ids) for item in items), default=1)
+        width = max(max((len(item.ids) for item in items), default=1), self.min_width)
         n = len(items)
         input_ids = np.full((n, width), self.pad_id, dtype=np.int64)
         attention = np.zeros((n, width), dtype=np.int64)

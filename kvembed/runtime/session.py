@@ -16,7 +16,6 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import MissingDependency
-from .openvino import OPENVINO  # the openvino package itself is imported only when a session is made
 
 PROVIDERS = ("auto", "cpu", "cuda", "tensorrt", "openvino")
 CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
@@ -114,8 +113,9 @@ def run_session(
     session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]
 ) -> list[np.ndarray]:
     """Run ``session``; on a GPU provider through IO binding (inputs copied once, outputs to host).
-    An OpenVINO session (:mod:`kvembed.runtime.openvino`) runs directly."""
-    if session.get_providers()[0] in (CPU, OPENVINO):
+    OpenVINO and TensorRT-engine sessions (:mod:`~kvembed.runtime.openvino`,
+    :mod:`~kvembed.runtime.engine`) have no IO binding and run directly."""
+    if session.get_providers()[0] == CPU or not hasattr(session, "io_binding"):
         return session.run(list(outputs), dict(feeds))
     binding = session.io_binding()
     for name, array in feeds.items():
@@ -124,49 +124,3 @@ def run_session(
         binding.bind_output(name, "cpu")
     session.run_with_iobinding(binding)
     return binding.copy_outputs_to_cpu()
-
-
-class EngineSession:
-    """Runs an engine directory's ``engine.plan`` (kvembed build-engine) with polygraphy's TrtRunner.
-
-    Construction reads only ``engine.json`` (no TensorRT needed); TensorRT, the GPU check (the
-    plan's TensorRT version and GPU must be this machine's) and the runner are set up on the first
-    :meth:`run`, so the runtime imports, and an engine directory can be inspected, anywhere.
-    Never run here: this project's machines have no GPU.
-    """
-
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        from ..export.engine import read_engine_json
-
-        self.directory = Path(directory)
-        self.record = read_engine_json(self.directory)
-        self._runner: Any = None
-
-    @property
-    def active(self) -> bool:
-        return self._runner is not None
-
-    def _activate(self) -> None:
-        from ..export.engine import PLAN, check_engine_matches, gpu_identity, require_tensorrt
-
-        trt, poly = require_tensorrt()
-        check_engine_matches(self.record, trt.__version__, *gpu_identity())
-        from polygraphy.backend.common import BytesFromPath
-
-        runner = poly.TrtRunner(poly.EngineFromBytes(BytesFromPath(str(self.directory / PLAN))))
-        runner.activate()
-        self._runner = runner
-
-    def run(self, outputs: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        from ..export.engine import check_feeds_fit
-
-        check_feeds_fit(self.record, tuple(next(iter(feeds.values())).shape[:2]))
-        if self._runner is None:
-            self._activate()
-        result = self._runner.infer({name: np.ascontiguousarray(a) for name, a in feeds.items()})
-        return [np.asarray(result[name]) for name in outputs]
-
-    def close(self) -> None:
-        if self._runner is not None:
-            self._runner.deactivate()
-            self._runner = None

@@ -7,13 +7,14 @@ own schema rather than by hand-formatted strings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..runtime.engine import engine_limits
 from ..runtime.session import PROVIDERS as PYTHON_PROVIDERS
 
 BACKENDS = ("python", "onnxruntime", "tensorrt")
@@ -97,10 +98,15 @@ class ArtifactFacts:
     inputs: tuple[str, ...]
     #: graph output name -> (ensemble output name, width): ``embedding`` and ``embedding.<label>``
     outputs: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    #: tokens per text (the artifact's max_length, or less where an engine's profiles stop sooner)
     max_length: int = 512
+    #: padded width of every tokenizer batch (an engine's shortest profile sequence; else 1)
+    min_sequence: int = 1
+    #: engine.json of an engine directory (kvembed build-engine), None for an ONNX artifact
+    engine: Mapping[str, Any] | None = None
 
     @classmethod
-    def from_manifest(cls, name: str, manifest: Mapping[str, Any]) -> "ArtifactFacts":
+    def from_manifest(cls, name: str, manifest: Mapping[str, Any], engine: Mapping[str, Any] | None = None) -> "ArtifactFacts":
         inputs = tuple(item["name"] for item in manifest["inputs"])
         unknown = [item for item in inputs if item not in TOKEN_INPUTS]
         if unknown:
@@ -116,7 +122,19 @@ class ArtifactFacts:
                     f"the --also label {label!r} would collide with the ensemble's main output; re-export with another label"
                 )
             outputs[graph_name] = (label or MAIN_OUTPUT, int(item["shape"][-1]))
-        return cls(name=name, inputs=inputs, outputs=outputs, max_length=int(manifest["max_length"]))
+        max_length, min_sequence = int(manifest["max_length"]), 1
+        if engine is not None:
+            limits = engine_limits(engine)
+            max_length, min_sequence = min(max_length, limits.max_sequence), limits.min_sequence
+        return cls(name=name, inputs=inputs, outputs=outputs, max_length=max_length, min_sequence=min_sequence, engine=engine)
+
+    def serving_options(self, options: "ServingOptions") -> "ServingOptions":
+        """``options`` for this artifact: an engine's largest profile batch is every config's max batch."""
+        if self.engine is None:
+            return options
+        top = engine_limits(self.engine).max_batch_size
+        return replace(options, max_batch_size=top,
+                       preferred_batch_sizes=tuple(size for size in options.preferred_batch_sizes if size <= top))
 
     @property
     def tokenize(self) -> str:
@@ -135,10 +153,10 @@ def _tensor(message: Any, name: str, dtype: int, dims: list[int], optional: bool
         tensor.allow_ragged_batch = True
 
 
-def _instances(config: mc.ModelConfig, count: int, gpu: bool, profile: bool = False) -> None:
+def _instances(config: mc.ModelConfig, count: int, gpu: bool, profiles: int = 0) -> None:
+    """``count`` instances; a TensorRT model's may use each of its plan's ``profiles``."""
     group = config.instance_group.add(count=count, kind=mc.ModelInstanceGroup.KIND_GPU if gpu else mc.ModelInstanceGroup.KIND_CPU)
-    if profile:
-        group.profile.append("0")
+    group.profile.extend(str(index) for index in range(profiles))
 
 
 def _parameters(config: mc.ModelConfig, values: Mapping[str, str]) -> None:
@@ -161,7 +179,8 @@ def tokenize_config(facts: ArtifactFacts, options: ServingOptions) -> mc.ModelCo
     config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
     config.dynamic_batching.preferred_batch_size.extend(options.preferred_batch_sizes)
     _instances(config, options.instances, gpu=False)
-    _parameters(config, {"kind": options.kind, "padding": "request" if options.backend == "python" else "execution"})
+    _parameters(config, {"kind": options.kind, "padding": "request" if options.backend == "python" else "execution",
+                         "max_length": str(facts.max_length), "min_length": str(facts.min_sequence)})
     if options.warmup:
         _warmup(config, options, {"TEXT": (mc.TYPE_STRING, [1], "text")})
     return config
@@ -198,7 +217,8 @@ def model_config(facts: ArtifactFacts, options: ServingOptions, sequence: int = 
     for graph_name, (_, width) in facts.outputs.items():
         _tensor(config.output, graph_name, mc.TYPE_FP32, [width])
     config.dynamic_batching.SetInParent()
-    _instances(config, options.instances, gpu=options.gpu, profile=options.backend == "tensorrt")
+    profiles = len(facts.engine["profiles"]) if facts.engine else 1
+    _instances(config, options.instances, gpu=options.gpu, profiles=profiles if options.backend == "tensorrt" else 0)
     if options.warmup:
         _warmup(config, options, {name: (mc.TYPE_INT64, [max(sequence, 1)], name) for name in facts.inputs})
     return config

@@ -25,7 +25,7 @@ def repository_readme(models: Sequence[ArtifactFacts], options: ServingOptions) 
         ),
         "onnxruntime": "Triton's onnxruntime backend (`platform: onnxruntime_onnx`)"
         + (f", TensorRT accelerator ({'FP16' if options.fp16 else 'FP32'})" if options.tensorrt_accelerator else ""),
-        "tensorrt": "Triton's TensorRT backend (`platform: tensorrt_plan`); build the plan first (below)",
+        "tensorrt": "Triton's TensorRT backend (`platform: tensorrt_plan`); where the plan comes from: below",
     }[options.backend]
     kind_text = (
         "`KIND` (optional BYTES, `[batch, 1]`: `query` or `document`, default `document`) selects the prompt."
@@ -49,13 +49,7 @@ def repository_readme(models: Sequence[ArtifactFacts], options: ServingOptions) 
             "do not exercise these variants (they only check that the configs parse and that Triton accepts them).\n"
         )
         if options.backend == "tensorrt":
-            gpu += (
-                "\nTensorRT engines are specific to a GPU and TensorRT version: build `1/model.plan` on the serving "
-                "host before starting Triton (the shapes match the config's `max_batch_size` and the artifact's "
-                "max_length):\n\n```bash\n"
-                + "\n".join(f"sh {m.model}/build_plan.sh   # {plan_build_command(m, options, 'onnx/model.onnx', '1/model.plan')}" for m in models)
-                + "\n```\n"
-            )
+            gpu += _plans_section(models, options)
     return f"""# Triton model repository (kvembed {__version__})
 
 Written by `kvembed triton build`. Query the ensemble; the other two models are its steps.
@@ -66,7 +60,7 @@ Written by `kvembed triton build`. Query the ensemble; the other two models are 
 
 - `*_tokenize`: kvembed's `TextEncoder` (prompt template, clean-up, truncation, query vs document
   prompt), exactly as `kvembed.runtime.Embedder` tokenises; dynamic batching (max batch
-  {options.max_batch_size}, queue delay {options.max_queue_delay_us} us) merges concurrent requests here.
+  {options.max_batch_size}{"; an engine directory's: its largest profile batch" if any(m.engine for m in models) else ""}, queue delay {options.max_queue_delay_us} us) merges concurrent requests here.
 - `*_model`: {backend}.
 - Input `TEXT`: BYTES (UTF-8), shape `[batch, 1]`. {kind_text}
   Invalid UTF-8 (or a bad `KIND`) fails that request with a message; other requests are unaffected.
@@ -114,3 +108,29 @@ inputs = [text]{kind_py}
 vectors = client.infer("{first.name}", inputs).as_numpy("embedding")   # float32 [2, dim]
 ```
 {gpu}"""
+
+
+def _plans_section(models: Sequence[ArtifactFacts], options: ServingOptions) -> str:
+    """Where each ``1/model.plan`` comes from: an engine directory's plan (copied in), or the build
+    script to run on the serving GPU."""
+    text = "\nTensorRT engines are specific to a GPU and a TensorRT version.\n"
+    engines = [m for m in models if m.engine is not None]
+    if engines:
+        text += "\nCopied from `kvembed build-engine` engine directories (serve them with a Triton whose TensorRT is " \
+                "exactly this version, on this GPU model; otherwise rebuild the engine there):\n\n"
+        for m in engines:
+            e = m.engine or {}
+            limits = ", ".join(f"{p['min'][0]}x{p['min'][1]}..{p['max'][0]}x{p['max'][1]}" for p in e["profiles"])
+            text += (f"- `{m.model}/1/model.plan`: TensorRT {e['tensorrt_version']}, {e['gpu']['name']} (compute "
+                     f"capability {e['gpu']['compute_capability']}), {e['precision']}, profiles {limits}; the configs' "
+                     f"max batch is the largest profile batch and `{m.tokenize}` cuts texts to {m.max_length} tokens "
+                     f"and pads batches to at least {m.min_sequence}.\n")
+    built = [m for m in models if m.engine is None]
+    if built:
+        text += (
+            "\nBuild `1/model.plan` on the serving host before starting Triton (the shapes match the config's "
+            "`max_batch_size` and the artifact's max_length):\n\n```bash\n"
+            + "\n".join(f"sh {m.model}/build_plan.sh   # {plan_build_command(m, options, 'onnx/model.onnx', '1/model.plan')}" for m in built)
+            + "\n```\n"
+        )
+    return text

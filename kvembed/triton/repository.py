@@ -2,7 +2,8 @@
 
 Per artifact ``<name>``: ``<name>_tokenize`` (python backend, the runtime's ``TextEncoder``),
 ``<name>_model`` (the graph: python backend running onnxruntime, Triton's onnxruntime backend, or
-a TensorRT plan built on the target GPU) and the ensemble ``<name>`` (TEXT [+ KIND] -> embedding).
+a TensorRT plan: an engine directory's from ``kvembed build-engine``, or built on the target GPU
+with the generated script) and the ensemble ``<name>`` (TEXT [+ KIND] -> embedding).
 The directory is self-contained (artifact files and the runtime code are copied in) and is
 written to ``<out>.partial`` first, so a failure never leaves a half-written repository.
 """
@@ -20,6 +21,7 @@ import numpy as np
 from tritonclient.utils import serialize_byte_tensor
 
 from ..runtime.artifact import MANIFEST, TOKENIZER, check_files, encoder_from_manifest, read_manifest
+from ..runtime.engine import PLAN, check_engine_files, is_engine_dir, read_engine_json
 from .configs import ArtifactFacts, ServingOptions, ensemble_config, model_config, plan_build_command, tokenize_config, write_config
 from .readme import repository_readme
 from .vendor import copy_runtime
@@ -62,15 +64,21 @@ def plan_entries(artifacts: Sequence[str | os.PathLike[str]], names: Sequence[st
     entries = []
     for path, name in zip(paths, chosen):
         manifest = read_manifest(path)
-        problems = check_files(path, manifest)
-        if problems:
-            raise ValueError(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
+        engine = read_engine_json(path) if is_engine_dir(path) else None
+        if engine is not None:
+            problems = check_engine_files(path, manifest, engine)
+            if problems:
+                raise ValueError(f"engine directory {str(path)!r} is damaged: {'; '.join(problems)}; rebuild it with kvembed build-engine")
+        else:
+            problems = check_files(path, manifest)
+            if problems:
+                raise ValueError(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
         if manifest.get("context_encoder"):
             raise ValueError(
                 f"artifact {str(path)!r} is a Causal2Vec artifact (two token sequences per text); kvembed triton does "
                 "not write repositories for it yet: serve it with `kvembed serve` or embed with the runtime"
             )
-        entries.append(Entry(path, ArtifactFacts.from_manifest(name, manifest)))
+        entries.append(Entry(path, ArtifactFacts.from_manifest(name, manifest, engine)))
     return entries
 
 
@@ -108,6 +116,10 @@ def write_repository(
         tensorrt_accelerator=tensorrt_accelerator, fp16=fp16, threads=threads, provider=provider, max_tokens=max_tokens,
     )
     entries = plan_entries(list(artifacts), list(names) if names else None)
+    engines = [str(entry.artifact) for entry in entries if entry.facts.engine is not None]
+    if engines and options.backend != "tensorrt":
+        raise ValueError(f"{', '.join(engines)}: a TensorRT engine directory is served with --backend tensorrt (its plan "
+                         f"is the model); for --backend {options.backend} give the artifact it was built from")
     target = Path(out)
     if target.exists() and not target.is_dir():  # even with --force: never replace a file
         raise NotADirectoryError(f"{str(target)!r} is a file; the repository is a directory: give --out a directory path")
@@ -131,8 +143,10 @@ def write_repository(
 
 def _write_entry(root: Path, entry: Entry, options: ServingOptions) -> None:
     facts = entry.facts
+    options = facts.serving_options(options)
     manifest = read_manifest(entry.artifact)
     encoder = encoder_from_manifest(entry.artifact, manifest)
+    encoder.max_length, encoder.min_width = facts.max_length, facts.min_sequence
     warm_batch = encoder.pad(encoder.encode([WARMUP_TEXT], "document"))
 
     tokenize = root / facts.tokenize
@@ -149,6 +163,9 @@ def _write_entry(root: Path, entry: Entry, options: ServingOptions) -> None:
         _python_model(model / VERSION, "onnx_model.py", entry.artifact, [*manifest["files"], MANIFEST])
     elif options.backend == "onnxruntime":
         _copy(entry.artifact, model / VERSION, graph_files)
+    elif facts.engine is not None:  # kvembed build-engine's plan, built on the serving GPU
+        (model / VERSION).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(entry.artifact / PLAN, model / VERSION / "model.plan")
     else:
         _copy(entry.artifact, model / "onnx", graph_files)
         (model / VERSION).mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,9 @@ class TritonPythonModel:
         artifact = HERE / "artifact"
         manifest = read_manifest(artifact)
         self.encoder = encoder_from_manifest(artifact, manifest)
+        # a TensorRT plan takes sequences only within its profiles: cut to, and pad to, their range
+        self.encoder.max_length = int(parameters.get("max_length") or self.encoder.max_length)
+        self.encoder.min_width = int(parameters.get("min_length") or 1)
         self.padding_side = str(manifest.get("padding_side", "right"))
         kind = parameters.get("kind", "both")
         self.fixed_kind = None if kind == "both" else kind

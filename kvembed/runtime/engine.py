@@ -1,0 +1,207 @@
+"""Engine directories (``kvembed build-engine``): reading ``engine.json`` and running ``engine.plan``.
+
+The loader's half of the TensorRT path, torch-free like the rest of the runtime: the record's
+schema and checks (same TensorRT, same GPU, shapes inside a profile) and :class:`EngineSession`,
+which runs the plan with polygraphy's ``TrtRunner``. The builder's half is
+:mod:`kvembed.export.engine`. tensorrt and polygraphy are imported only when a plan first runs;
+none of the GPU path has run on this project's CPU-only machines (README says so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from ..errors import MissingDependency
+from .artifact import MODEL, check_files, sha256_file
+
+PLAN, ENGINE_JSON = "engine.plan", "engine.json"
+ENGINE_SCHEMA_VERSION = 1
+#: keys every engine.json has (loaders and the Triton generator rely on them)
+ENGINE_KEYS = ("schema_version", "tensorrt_version", "gpu", "profiles", "precision", "strongly_typed",
+               "source", "build", "inputs")
+INSTALL_HINT = "pip install tensorrt polygraphy (TensorRT >= 10 with an NVIDIA GPU and driver)"
+TENSORRT = "TensorRT"
+
+
+class Limits(NamedTuple):
+    """The shapes an engine takes, over all its profiles: rows per call and padded sequence length."""
+
+    max_batch_size: int
+    min_sequence: int
+    max_sequence: int
+
+
+def is_engine_dir(directory: str | os.PathLike[str]) -> bool:
+    return (Path(directory) / ENGINE_JSON).is_file()
+
+
+def read_engine_json(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """``engine.json`` of ``directory``, checked for every key of :data:`ENGINE_KEYS` and the schema."""
+    path = Path(directory) / ENGINE_JSON
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} has no {ENGINE_JSON}: not an engine directory (kvembed build-engine makes one)")
+    try:
+        record = json.loads(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}): rebuild the engine with kvembed build-engine") from None
+    for key in ENGINE_KEYS:
+        if key not in record:
+            raise ValueError(f"{path} lacks {key}: rebuild the engine with kvembed build-engine")
+    if record["schema_version"] != ENGINE_SCHEMA_VERSION:
+        raise ValueError(f"{path} has schema_version {record['schema_version']!r}; this kvembed reads {ENGINE_SCHEMA_VERSION}")
+    return record
+
+
+def check_engine_files(directory: str | os.PathLike[str], manifest: Mapping[str, Any], record: Mapping[str, Any]) -> list[str]:
+    """Problems with an engine directory's files; empty when all is well: the artifact files it
+    carries (tokenizer, ...) against the manifest, the plan against engine.json's ``plan_sha256``,
+    and engine.json and the manifest naming the same source graph."""
+    directory = Path(directory)
+    carried = {name: entry for name, entry in manifest["files"].items() if not name.startswith(MODEL)}
+    problems = check_files(directory, {**manifest, "files": carried})
+    graph = (manifest["files"].get(MODEL) or {}).get("sha256")
+    built_from = (record.get("source") or {}).get("model_sha256")
+    if graph and built_from and graph != built_from:
+        problems.append(f"engine.json's plan was built from a {MODEL} with sha256 {built_from[:12]}..., kvembed.json "
+                        f"describes one with {graph[:12]}... (files of two exports mixed)")
+    plan = directory / PLAN
+    if not plan.is_file():
+        problems.append(f"{PLAN} is missing")
+    elif record.get("plan_sha256") and sha256_file(plan) != record["plan_sha256"]:
+        problems.append(f"{PLAN} does not match its sha256 in {ENGINE_JSON}")
+    return problems
+
+
+def check_engine_matches(record: Mapping[str, Any], tensorrt_version: str, gpu_name: str, compute_capability: str) -> None:
+    """Refuse a plan built by another TensorRT or for another GPU (plans are not portable)."""
+    if str(record["tensorrt_version"]) != str(tensorrt_version):
+        raise ValueError(f"engine built with TensorRT {record['tensorrt_version']}, this is TensorRT {tensorrt_version}: "
+                         "rebuild it here with kvembed build-engine")
+    built = record["gpu"]
+    if str(built["compute_capability"]) != str(compute_capability) or built["name"] != gpu_name:
+        raise ValueError(f"engine built for {built['name']} (compute capability {built['compute_capability']}), "
+                         f"this GPU is {gpu_name} ({compute_capability}): rebuild it here with kvembed build-engine")
+
+
+def profile_limits(record: Mapping[str, Any]) -> dict[str, int]:
+    """The largest batch and sequence any profile takes (Triton's max_batch_size = profile max)."""
+    return {"max_batch_size": max(p["max"][0] for p in record["profiles"]),
+            "max_sequence": max(p["max"][1] for p in record["profiles"])}
+
+
+def engine_limits(record: Mapping[str, Any]) -> Limits:
+    """:class:`Limits` of the record's profiles: what the Embedder batches, pads and cuts to."""
+    top = profile_limits(record)
+    return Limits(top["max_batch_size"], min(p["min"][1] for p in record["profiles"]), top["max_sequence"])
+
+
+def check_feeds_fit(record: Mapping[str, Any], shape: tuple[int, int]) -> int:
+    """The index of the first profile that takes a (batch, sequence) feed; a ValueError naming the
+    limits and the fix when none does."""
+    batch, sequence = shape
+    for index, p in enumerate(record["profiles"]):
+        if p["min"][0] <= batch <= p["max"][0] and p["min"][1] <= sequence <= p["max"][1]:
+            return index
+    ranges = ", ".join(f"{p['min'][0]}x{p['min'][1]}..{p['max'][0]}x{p['max'][1]}" for p in record["profiles"])
+    raise ValueError(f"a batch of {batch} x {sequence} tokens is outside every profile of this engine ({ranges}): "
+                     "pass a smaller batch_size / max_tokens, or rebuild with a wider --shapes")
+
+
+def require_tensorrt(purpose: str = "building a TensorRT engine") -> tuple[Any, Any]:
+    """``(tensorrt, polygraphy.backend.trt)``, or MissingDependency naming what to install."""
+    try:
+        import tensorrt as trt
+    except ImportError as err:
+        raise MissingDependency(f"{purpose} needs the tensorrt package ({err}): {INSTALL_HINT}") from err
+    try:
+        from polygraphy.backend import trt as poly_trt
+    except ImportError as err:
+        raise MissingDependency(f"{purpose} needs polygraphy ({err}): {INSTALL_HINT}") from err
+    return trt, poly_trt
+
+
+def gpu_identity() -> tuple[str, str]:
+    """(name, compute capability "major.minor") of CUDA device 0, from nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader", "-i", "0"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        raise MissingDependency(f"no NVIDIA GPU visible (nvidia-smi: {err}); TensorRT engines need one") from err
+    name, capability = (part.strip() for part in out.strip().splitlines()[0].rsplit(",", 1))
+    return name, capability
+
+
+class EngineSession:
+    """Runs an engine directory's ``engine.plan`` with polygraphy's TrtRunner, like an onnxruntime session.
+
+    Construction reads only ``engine.json`` (no TensorRT needed); TensorRT, the GPU check (the
+    plan's TensorRT version and GPU must be this machine's) and the runner are set up on the first
+    :meth:`run`, so the runtime imports, and an engine directory can be opened and inspected,
+    anywhere. Each feed runs under the first optimization profile that takes its shape.
+    Never run here: this project's machines have no GPU.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.record = read_engine_json(self.directory)
+        self.limits = engine_limits(self.record)
+        self._runner: Any = None
+        self._profile: int | None = None
+        self._lock = threading.Lock()  # one execution context: calls (and profile switches) take turns
+
+    @property
+    def active(self) -> bool:
+        return self._runner is not None
+
+    def max_rows(self, sequence: int) -> int:
+        """The most rows one call of ``sequence`` padded tokens may have: the largest batch among the
+        profiles that take that length (the overall largest where none does: run() then says why)."""
+        fitting = [p["max"][0] for p in self.record["profiles"] if p["min"][1] <= sequence <= p["max"][1]]
+        return max(fitting) if fitting else self.limits.max_batch_size
+
+    def get_inputs(self) -> list[Any]:
+        return [_Input(name) for name in self.record["inputs"]]
+
+    def get_providers(self) -> list[str]:
+        return [TENSORRT, str(self.record["precision"])]
+
+    def _activate(self) -> None:
+        trt, poly = require_tensorrt("running a TensorRT engine")
+        check_engine_matches(self.record, trt.__version__, *gpu_identity())
+        from polygraphy.backend.common import BytesFromPath
+
+        runner = poly.TrtRunner(poly.EngineFromBytes(BytesFromPath(str(self.directory / PLAN))))
+        runner.activate()
+        self._runner = runner
+
+    def run(self, outputs: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        profile = check_feeds_fit(self.record, tuple(next(iter(feeds.values())).shape[:2]))
+        with self._lock:
+            if self._runner is None:
+                self._activate()
+            if profile != self._profile:
+                self._runner.set_profile(profile)
+                self._profile = profile
+            result = self._runner.infer({name: np.ascontiguousarray(a) for name, a in feeds.items()})
+            return [np.array(result[name], copy=True) for name in outputs]  # the runner reuses its buffers
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._runner is not None:
+            self._runner.deactivate()
+            self._runner = None
+            self._profile = None
+
+
+class _Input(NamedTuple):
+    name: str
