@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -469,13 +470,15 @@ def test_cli_serve_runs_a_copied_repository(repositories, oracles, tmp_path):
 
 
 def test_cli_serve_stopped_while_loading_exits_cleanly(repositories, tmp_path):
-    """SIGTERM while Triton is still loading the models: the server is stopped too (its HTTP port
-    is released), and ``kvembed triton serve`` exits 0, as a supervisor expects."""
+    """SIGTERM while Triton is still loading the models: ``kvembed triton serve`` exits 0, as a
+    supervisor expects, and leaves nothing running: not the server (its HTTP port is free) and
+    not a python-backend stub (they outlive a server stopped mid-load unless killed)."""
     require_tritonserver()
     import socket
 
+    private = shutil.copytree(repositories["query"], tmp_path / "repo")  # its path names this test's processes
     ports = Ports.free()
-    command = [sys.executable, "-m", "kvembed.cli", "triton", "serve", str(repositories["query"]), "--http-port",
+    command = [sys.executable, "-m", "kvembed.cli", "triton", "serve", str(private), "--http-port",
                str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
     env = dict(os.environ, KVEMBED_TRITON_PYTHON=str(stub_python()))
     log_path = tmp_path / "serve.log"
@@ -493,6 +496,21 @@ def test_cli_serve_stopped_while_loading_exits_cleanly(repositories, tmp_path):
     assert code == 0, log_path.read_text()[-2000:]
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", ports.http)) != 0, "tritonserver outlived kvembed triton serve"
+    assert _processes_naming(private) == [], "processes of the stopped server are still running"
+
+
+def _processes_naming(path) -> list[str]:
+    """Command lines of running processes that mention ``path``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:  # gone meanwhile
+                continue
+            if str(path) in line:
+                found.append(line)
+    return found
 
 
 def _ready(client) -> bool:

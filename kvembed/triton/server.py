@@ -11,6 +11,7 @@ in its own process group and is stopped by its pid.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -235,8 +236,9 @@ class TritonServer:
 
     def stop(self, timeout: float | None = None) -> int | None:
         """SIGTERM the server (it drains for ``exit_timeout`` s, unloads models and ends its stubs),
-        SIGKILL its process group if it has not exited ``timeout`` s later (default: the exit
-        timeout + 30 s); returns the exit code."""
+        then SIGKILL what remains of its process group: the server if it has not exited ``timeout``
+        s later (default: the exit timeout + 30 s), and any stub it left behind; returns the
+        server's exit code."""
         process, self.process = self.process, None
         if process is None:
             return None
@@ -245,8 +247,12 @@ class TritonServer:
             try:
                 process.wait(self.exit_timeout + 30 if timeout is None else timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
+                pass
+        # whatever is left of its process group: the server itself past the timeout, or python
+        # backend stubs it started and did not end (stopped while loading models, they outlive it)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
         return process.returncode
 
     def alive(self) -> bool:
