@@ -100,6 +100,33 @@ def test_memory_arena_off_gives_memory_back_with_the_same_vectors(artifacts):
     np.testing.assert_allclose(lean.encode(texts), default.encode(texts), atol=1e-6)
 
 
+def test_call_token_budget_slices_rows_without_changing_vectors(artifacts):
+    """A padded batch runs in row slices of at most max_call_tokens padded tokens (CPU default
+    2048): the same vectors as one call, with the slices' sizes as planned."""
+    texts = random_texts(40, seed=4)
+    runtime = Embedder.load(artifacts["kv-embedding"], provider="cpu")
+    assert runtime.max_call_tokens == 2048 and runtime.rows_per_call(512) == 4 and runtime.rows_per_call(4096) == 1
+    whole = Embedder.load(artifacts["kv-embedding"], provider="cpu", max_call_tokens=None)
+    assert whole.rows_per_call(512) is None
+    batch = runtime.encoder.pad(runtime.encoder.encode(texts, "document"))
+    width = batch["input_ids"].shape[1]
+    one_row = Embedder.load(artifacts["kv-embedding"], provider="cpu", max_call_tokens=width)  # a row per call
+    assert one_row.rows_per_call(width) == 1
+    want = whole.run(batch)
+    for sliced in (runtime, one_row):
+        rows_seen, real_run = [], sliced.session.run
+        sliced.session.run = lambda names, feeds: rows_seen.append(len(feeds["input_ids"])) or real_run(names, feeds)
+        got = sliced.run(batch)
+        step = sliced.rows_per_call(width)
+        assert rows_seen == [min(step, 40 - i) for i in range(0, 40, step)], rows_seen
+        np.testing.assert_allclose(got[0], want[0], atol=1e-6)
+        np.testing.assert_allclose(got[1], want[1], atol=1e-5)
+    assert_same(one_row.encode(texts, batch_size=40), whole.encode(texts, batch_size=40))
+    for bad in (0, -5, 2.5, True, "many"):
+        with pytest.raises(ValueError, match="max_call_tokens must be a positive integer"):
+            Embedder.load(artifacts["kv-embedding"], provider="cpu", max_call_tokens=bad)
+
+
 def test_stream_of_10k_texts_reads_ahead_at_most_one_chunk_and_is_complete(artifacts):
     """Bounded memory, measured: the input generator is never more than one chunk ahead of the
     rows delivered, and the Python heap's peak while streaming stays below what the whole

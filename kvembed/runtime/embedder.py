@@ -20,6 +20,11 @@ from .session import create_session, run_session
 
 #: inputs with at least this many texts show a progress bar by default (when stderr is a terminal)
 PROGRESS_THRESHOLD = 1024
+#: padded tokens per graph call on CPU (onnxruntime, OpenVINO): bigger batches run in row slices.
+#: Measured at 16 x 512 (benchmarks/RESULTS.md, issue 14): slices of 4 rows instead of one call cut
+#: the peak RSS 3.2 -> 1.2 GB (Qwen3-0.6B-shaped, 8 layers) and 1.47 -> 0.83 GB (SmolLM2-135M)
+#: and were faster too (+8-18% tokens/s): the activations and attention scores stay cache-sized.
+CPU_CALL_TOKENS = 2048
 
 
 class Embedder:
@@ -29,13 +34,22 @@ class Embedder:
     (onnxruntime sessions and tokenizers are thread-safe; no state is shared between calls).
     """
 
-    def __init__(self, directory: Path, manifest: Mapping[str, Any], encoder: TextEncoder, session: Any) -> None:
+    def __init__(
+        self, directory: Path, manifest: Mapping[str, Any], encoder: TextEncoder, session: Any,
+        max_call_tokens: int | None | str = "auto",
+    ) -> None:
         self.directory = directory
         self.manifest = dict(manifest)
         self.encoder = encoder
         self.session = session
         self.padding_side = str(manifest.get("padding_side", "right"))
         self._inputs = [i.name for i in session.get_inputs()]
+        if max_call_tokens == "auto":
+            max_call_tokens = CPU_CALL_TOKENS if self.providers[0] in ("CPUExecutionProvider", "OpenVINO") else None
+        if max_call_tokens is not None and (not isinstance(max_call_tokens, int) or isinstance(max_call_tokens, bool) or max_call_tokens < 1):
+            raise ValueError(f"max_call_tokens must be a positive integer, None or 'auto', got {max_call_tokens!r}")
+        #: padded tokens per graph call (None: a padded batch runs as one call); see :data:`CPU_CALL_TOKENS`
+        self.max_call_tokens: int | None = max_call_tokens
 
     @classmethod
     def load(
@@ -51,6 +65,7 @@ class Embedder:
         memory_arena: bool = True,
         ov_precision: str | None = None,
         ov_cache_dir: str | os.PathLike[str] | None | bool = None,
+        max_call_tokens: int | None | str = "auto",
     ) -> "Embedder":
         """Open an artifact directory.
 
@@ -69,6 +84,10 @@ class Embedder:
         load imports the compiled blob instead of compiling (SmolLM2-135M: 0.8 s instead of 5 s).
         ``threads`` sets its inference threads; ``device_id``, ``trt_*`` and ``memory_arena`` do not apply.
 
+        ``max_call_tokens``: padded tokens per graph call; a bigger padded batch runs in slices of
+        whole rows (at least one). ``"auto"``: :data:`CPU_CALL_TOKENS` on the CPU and OpenVINO
+        (less memory and faster there), None (one call) on GPUs. Vectors do not depend on it.
+
         An engine directory (``kvembed build-engine``: ``engine.plan`` + ``engine.json`` beside the
         artifact's tokenizer and manifest) runs its plan with TensorRT (``provider`` ``"auto"`` or
         ``"tensorrt"``): batches are padded and cut to its profiles' sequence range and split to its
@@ -77,7 +96,7 @@ class Embedder:
         path = Path(directory)
         manifest = read_manifest(path)
         if is_engine_dir(path):
-            return cls._load_engine(path, manifest, provider, verify)
+            return cls._load_engine(path, manifest, provider, verify, max_call_tokens)
         if verify:
             problems = check_files(path, manifest)
             if problems:
@@ -86,16 +105,18 @@ class Embedder:
             from .openvino import create_session as create_openvino_session
 
             session: Any = create_openvino_session(path / MODEL, threads, ov_precision, ov_cache_dir)
-            return cls(path, manifest, encoder_from_manifest(path, manifest), session)
+            return cls(path, manifest, encoder_from_manifest(path, manifest), session, max_call_tokens)
         encoder = encoder_from_manifest(path, manifest)
         provider_options: dict[str, Any] = {"device_id": device_id}
         if provider == "tensorrt":
             provider_options.update(trt_cache_dir=trt_cache_dir, trt_fp16=trt_fp16)
         session = create_session(path / MODEL, provider, threads, memory_arena, **provider_options)
-        return cls(path, manifest, encoder, session)
+        return cls(path, manifest, encoder, session, max_call_tokens)
 
     @classmethod
-    def _load_engine(cls, path: Path, manifest: Mapping[str, Any], provider: str, verify: bool) -> "Embedder":
+    def _load_engine(
+        cls, path: Path, manifest: Mapping[str, Any], provider: str, verify: bool, max_call_tokens: int | None | str
+    ) -> "Embedder":
         if provider not in ("auto", "tensorrt"):
             raise ValueError(
                 f"{str(path)!r} is a TensorRT engine directory: it runs with provider 'tensorrt' (or 'auto'); "
@@ -109,7 +130,7 @@ class Embedder:
         encoder = encoder_from_manifest(path, manifest)
         encoder.max_length = min(encoder.max_length, session.limits.max_sequence)
         encoder.min_width = session.limits.min_sequence
-        return cls(path, manifest, encoder, session)
+        return cls(path, manifest, encoder, session, max_call_tokens)
 
     # -- facts ---------------------------------------------------------------------------------
 
@@ -147,17 +168,28 @@ class Embedder:
 
     def run(self, batch: Mapping[str, np.ndarray], output: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Run one padded batch (``TextEncoder.pad`` output); returns ``(embedding, pooled)`` of
-        the main method, or of the extra method ``output``."""
+        the main method, or of the extra method ``output``. Rows run in slices of
+        :meth:`rows_per_call` (rows are independent: the vectors do not change)."""
         feeds = {name: batch[name] for name in self._inputs}
         names = output_names(self._label(output))
-        max_rows = getattr(self.session, "max_rows", None)  # a TensorRT engine's profiles cap the rows per call
         rows, width = next(iter(feeds.values())).shape[:2]
-        step = rows if max_rows is None else max_rows(width)
+        step = self.rows_per_call(width) or rows
         if rows <= step:
             embedding, pooled = run_session(self.session, feeds, names)
             return embedding, pooled
         parts = [run_session(self.session, {k: v[i : i + step] for k, v in feeds.items()}, names) for i in range(0, rows, step)]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def rows_per_call(self, width: int) -> int | None:
+        """How many rows of ``width`` padded tokens one graph call takes (None: any number): the
+        :attr:`max_call_tokens` budget (at least one row), and a TensorRT engine's profile limit."""
+        caps = []
+        if self.max_call_tokens is not None:
+            caps.append(max(1, self.max_call_tokens // max(1, width)))
+        max_rows = getattr(self.session, "max_rows", None)  # a TensorRT engine's profiles cap the rows per call
+        if max_rows is not None:
+            caps.append(max_rows(width))
+        return min(caps) if caps else None
 
     def encode(
         self,
