@@ -16,7 +16,8 @@ from .artifact import MODEL, check_files, encoder_from_manifest, read_manifest
 from .batching import plan_batches
 from .engine import EngineSession, check_engine_files, is_engine_dir
 from .encoding import EncodedText, TextEncoder, check_texts
-from .session import create_session, run_session
+from .openvino import OPENVINO  # the openvino package itself is imported only when a session is made
+from .session import CPU, create_session, run_session
 
 #: inputs with at least this many texts show a progress bar by default (when stderr is a terminal)
 PROGRESS_THRESHOLD = 1024
@@ -45,7 +46,7 @@ class Embedder:
         self.padding_side = str(manifest.get("padding_side", "right"))
         self._inputs = [i.name for i in session.get_inputs()]
         if max_call_tokens == "auto":
-            max_call_tokens = CPU_CALL_TOKENS if self.providers[0] in ("CPUExecutionProvider", "OpenVINO") else None
+            max_call_tokens = CPU_CALL_TOKENS if self.providers[0] in (CPU, OPENVINO) else None
         if max_call_tokens is not None and (not isinstance(max_call_tokens, int) or isinstance(max_call_tokens, bool) or max_call_tokens < 1):
             raise ValueError(f"max_call_tokens must be a positive integer, None or 'auto', got {max_call_tokens!r}")
         #: padded tokens per graph call (None: a padded batch runs as one call); see :data:`CPU_CALL_TOKENS`
