@@ -4,7 +4,9 @@ Generated repositories are self-contained: each python-backend model carries the
 code it runs, so Triton's python environment needs only the runtime's third-party packages
 (numpy, onnxruntime, tokenizers), never a matching ``pip install kvembed``. Which modules to copy
 is found by following the model file's import statements (module level, transitively, with every
-parent package), so a runtime module that gains an import is still copied complete. The model
+parent package), so a runtime module that gains an import is still copied complete. Every module
+of ``kvembed.runtime`` is copied whatever the model imports: the runtime imports some of its own
+modules lazily (the OpenVINO and TensorRT-engine sessions), which the import walk cannot see. The model
 files put their own directory first on ``sys.path``, so this copy wins over any installed kvembed.
 """
 
@@ -65,7 +67,8 @@ def imported_modules(path: Path, module: str) -> set[str]:
 
 def required_modules(entry: Path) -> set[str]:
     """Every kvembed module (and parent package) that importing the model file ``entry`` loads."""
-    pending = sorted(imported_modules(entry, "__main__"))
+    runtime = sorted(f"{TOP}.runtime.{path.stem}" for path in (PACKAGE / "runtime").glob("*.py") if path.stem != "__init__")
+    pending = sorted(imported_modules(entry, "__main__")) + runtime
     seen: set[str] = set()
     while pending:
         name = pending.pop()
