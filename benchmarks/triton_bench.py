@@ -127,29 +127,43 @@ def triton_cell(server, args, texts: list[str], count: int) -> dict:
             "p50_ms": p50, "p99_ms": p99}
 
 
-def server_cpu_seconds(server) -> float:
-    """User + system CPU seconds of tritonserver and its python backend stubs so far."""
+def server_cpu_split(server) -> dict[str, float]:
+    """User + system CPU seconds so far of tritonserver (``tritonserver``) and of its python
+    backend stubs, summed per model (a stub's command line names its model instance)."""
     import psutil
 
     root = psutil.Process(server.process.pid)
-    total = 0.0
+    split: dict[str, float] = {}
     for process in [root, *root.children(recursive=True)]:
         try:
             times = process.cpu_times()
-            total += times.user + times.system
+            command = process.cmdline()
         except psutil.NoSuchProcess:
-            pass
-    return total
+            continue
+        role = "tritonserver"
+        if process.pid != root.pid:
+            instance = command[-2] if len(command) >= 2 else "stub"  # e.g. bench_model_0_1
+            role = instance.rsplit("_", 2)[0] if instance.count("_") >= 2 else instance
+        split[role] = split.get(role, 0.0) + times.user + times.system
+    return split
+
+
+def server_cpu_seconds(server) -> float:
+    """User + system CPU seconds of tritonserver and its python backend stubs so far."""
+    return sum(server_cpu_split(server).values())
 
 
 def with_cpu(cell_fn, server=None) -> dict:
     """Run a cell and add texts per CPU-second: this process's CPU (callers / clients), plus the
     server's when there is one. On a shared host, wall-clock rates mostly measure how many threads
     each side has runnable (the OS shares CPU per thread); CPU cost per text does not."""
-    own, theirs = time.process_time(), server_cpu_seconds(server) if server is not None else 0.0
+    own, split = time.process_time(), server_cpu_split(server) if server is not None else {}
     cell = cell_fn()
     own = time.process_time() - own
-    theirs = (server_cpu_seconds(server) - theirs) if server is not None else 0.0
+    after = server_cpu_split(server) if server is not None else {}
+    if server is not None:
+        cell["server_cpu_split"] = {role: round(after[role] - split.get(role, 0.0), 2) for role in after}
+    theirs = sum(after.values()) - sum(split.values())
     cell.update(cpu_seconds=own + theirs, server_cpu_seconds=theirs, texts_per_cpu_s=cell["requests"] / (own + theirs))
     if server is not None:
         cell["texts_per_server_cpu_s"] = cell["requests"] / theirs
@@ -161,6 +175,14 @@ def median_cell(cells: list[dict]) -> dict:
     keys = [key for key in ("texts_per_s", "p50_ms", "p99_ms", "texts_per_cpu_s", "texts_per_server_cpu_s") if key in cells[0]]
     cell = {"clients": cells[0]["clients"], "rounds": [round(c["texts_per_s"], 1) for c in cells]}
     cell.update({key: float(np.median([c[key] for c in cells])) for key in keys})
+    if "server_cpu_split" in cells[0]:  # CPU seconds per text, per server process role, summed over rounds
+        texts = sum(c["requests"] for c in cells)
+        roles = sorted({role for c in cells for role in c["server_cpu_split"]})
+        cell["server_cpu_per_text"] = {role: round(sum(c["server_cpu_split"].get(role, 0.0) for c in cells) / texts, 4)
+                                       for role in roles}
+        cell["client_cpu_per_text"] = round(sum(c["cpu_seconds"] - c["server_cpu_seconds"] for c in cells) / texts, 4)
+    else:
+        cell["cpu_per_text"] = round(sum(c["cpu_seconds"] for c in cells) / sum(c["requests"] for c in cells), 4)
     return cell
 
 
