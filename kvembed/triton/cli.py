@@ -55,7 +55,7 @@ def build(
     fp16: bool = typer.Option(False, "--fp16", help="TensorRT precision FP16 (tensorrt backend, or --tensorrt-accelerator)."),
     threads: int = typer.Option(1, "--threads", help="onnxruntime intra-op threads per model instance (python/onnxruntime backends; 0 = one per core)."),
     provider: str = typer.Option("auto", "--provider", help="python backend: runtime provider (auto, cpu, cuda, tensorrt, openvino; openvino needs the package in Triton's python env)."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="python backend: padded tokens per graph call (default: rows only)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="python backend: padded tokens per graph call (default: the runtime's call budget, 2048 on CPU, none on GPU)."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
 ) -> None:
     """Write a Triton model repository serving each artifact as an ensemble TEXT (+ KIND) -> embedding."""

@@ -46,7 +46,7 @@ class ServingOptions:
     threads: int = 1
     #: python backend: the runtime provider its model instances load the artifact with
     provider: str = "auto"
-    #: python backend: padded tokens per graph call (None: rows only, up to max_batch_size)
+    #: python backend: padded tokens per graph call (None: the runtime's Embedder.max_call_tokens)
     max_tokens: int | None = None
 
     def __post_init__(self) -> None:

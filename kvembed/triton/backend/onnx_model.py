@@ -41,7 +41,9 @@ class TritonPythonModel:
             threads=_int(parameters.get("threads", ""), None),
         )
         self.batch_size = _int(parameters.get("batch_size", ""), int(config.get("max_batch_size") or 32))
-        self.max_tokens = _int(parameters.get("max_tokens", ""), None)
+        # padded tokens per graph call: the config's max_tokens, else the runtime's own call budget
+        # (Embedder.max_call_tokens: 2,048 on CPU, none on GPUs)
+        self.max_tokens = _int(parameters.get("max_tokens", ""), None) or self.embedder.max_call_tokens
         self.inputs = [tensor["name"] for tensor in config["input"]]
         self.outputs = {tensor["name"]: int(tensor["dims"][-1]) for tensor in config["output"]}
         pb_utils.Logger.log_info(f"{args['model_name']}: kvembed runtime from {Path(kvembed.__file__).parent}")
