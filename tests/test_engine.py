@@ -25,7 +25,7 @@ from kvembed.export.engine import (
 from kvembed.runtime.artifact import sha256_file
 from engine_util import STAND_IN_PLAN, make_engine_dir
 from kvembed.runtime.engine import (
-    ENGINE_JSON, ENGINE_KEYS, EngineSession, check_engine_matches, check_feeds_fit, profile_limits, read_engine_json,
+    ENGINE_JSON, ENGINE_KEYS, EngineSession, check_engine_matches, check_feeds_fit, engine_limits, read_engine_json,
 )
 
 NO_TENSORRT = importlib.util.find_spec("tensorrt") is None
@@ -149,7 +149,7 @@ def test_engine_json_schema_round_trips(artifact, manifest, tmp_path):
     assert record["profiles"][0] == {"min": [1, 16], "opt": [8, 128], "max": [32, 512]}
     assert record["gpu"] == {"name": "NVIDIA L4", "compute_capability": "8.9"}
     assert record["inputs"] == ["input_ids", "attention_mask"]
-    assert profile_limits(record) == {"max_batch_size": 32, "max_sequence": 512}
+    assert engine_limits(record) == (32, 8, 512)  # profiles 1x16..32x512 and 1x8..1x64
     (tmp_path / ENGINE_JSON).write_text(json.dumps(record))
     assert read_engine_json(tmp_path) == record
     del record["gpu"]

@@ -268,7 +268,9 @@ class OpenVINOBackend(RuntimeBackend):
         # load (read ONNX, compile, write the blob) happens in a throwaway process, so its one-time
         # transient stays out of this process's peak RSS.
         warm = f"from kvembed.runtime import Embedder; Embedder.load({str(artifact)!r}, provider='openvino', threads=1, verify=False)"
-        subprocess.run([sys.executable, "-c", warm], check=True, capture_output=True, timeout=1800)
+        done = subprocess.run([sys.executable, "-c", warm], capture_output=True, text=True, timeout=1800)
+        if done.returncode:
+            raise RuntimeError(f"OpenVINO could not load {artifact}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
         super().__init__(artifact, threads)
         self.precision = f"{self.precision}/{self.embedder.providers[1]}"
 

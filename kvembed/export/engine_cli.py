@@ -26,7 +26,7 @@ def build_engine_command(
     from rich.console import Console
 
     from ..cli_support import run_guarded
-    from ..runtime.engine import profile_limits
+    from ..runtime.engine import engine_limits
     from .engine import build_engine
 
     def job() -> dict:
@@ -38,9 +38,9 @@ def build_engine_command(
         )
 
     record = run_guarded(job)
-    limits = profile_limits(record)
+    limits = engine_limits(record)
     Console().print(
         f"engine {out / 'engine.plan'}: TensorRT {record['tensorrt_version']}, {record['gpu']['name']}, "
-        f"{record['precision']}, {len(record['profiles'])} profile(s), max batch {limits['max_batch_size']} x "
-        f"{limits['max_sequence']} tokens, built in {record['build']['seconds']}s", highlight=False,
+        f"{record['precision']}, {len(record['profiles'])} profile(s), max batch {limits.max_batch_size} x "
+        f"{limits.max_sequence} tokens, built in {record['build']['seconds']}s", highlight=False,
     )

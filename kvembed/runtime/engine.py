@@ -90,16 +90,16 @@ def check_engine_matches(record: Mapping[str, Any], tensorrt_version: str, gpu_n
                          f"this GPU is {gpu_name} ({compute_capability}): rebuild it here with kvembed build-engine")
 
 
-def profile_limits(record: Mapping[str, Any]) -> dict[str, int]:
-    """The largest batch and sequence any profile takes (Triton's max_batch_size = profile max)."""
-    return {"max_batch_size": max(p["max"][0] for p in record["profiles"]),
-            "max_sequence": max(p["max"][1] for p in record["profiles"])}
-
-
 def engine_limits(record: Mapping[str, Any]) -> Limits:
-    """:class:`Limits` of the record's profiles: what the Embedder batches, pads and cuts to."""
-    top = profile_limits(record)
-    return Limits(top["max_batch_size"], min(p["min"][1] for p in record["profiles"]), top["max_sequence"])
+    """:class:`Limits` of the record's profiles: what the Embedder batches, pads and cuts to (and
+    Triton's max_batch_size: the largest profile batch)."""
+    profiles = record["profiles"]
+    return Limits(max(p["max"][0] for p in profiles), min(p["min"][1] for p in profiles), max(p["max"][1] for p in profiles))
+
+
+def describe_profiles(record: Mapping[str, Any]) -> str:
+    """``"1x16..32x512, 1x8..1x64"``: each profile's min and max batch x sequence."""
+    return ", ".join(f"{p['min'][0]}x{p['min'][1]}..{p['max'][0]}x{p['max'][1]}" for p in record["profiles"])
 
 
 def check_feeds_fit(record: Mapping[str, Any], shape: tuple[int, int]) -> int:
@@ -109,8 +109,7 @@ def check_feeds_fit(record: Mapping[str, Any], shape: tuple[int, int]) -> int:
     for index, p in enumerate(record["profiles"]):
         if p["min"][0] <= batch <= p["max"][0] and p["min"][1] <= sequence <= p["max"][1]:
             return index
-    ranges = ", ".join(f"{p['min'][0]}x{p['min'][1]}..{p['max'][0]}x{p['max'][1]}" for p in record["profiles"])
-    raise ValueError(f"a batch of {batch} x {sequence} tokens is outside every profile of this engine ({ranges}): "
+    raise ValueError(f"a batch of {batch} x {sequence} tokens is outside every profile of this engine ({describe_profiles(record)}): "
                      "pass a smaller batch_size / max_tokens, or rebuild with a wider --shapes")
 
 
@@ -194,13 +193,10 @@ class EngineSession:
 
     def close(self) -> None:
         with self._lock:
-            self._close()
-
-    def _close(self) -> None:
-        if self._runner is not None:
-            self._runner.deactivate()
-            self._runner = None
-            self._profile = None
+            if self._runner is not None:
+                self._runner.deactivate()
+                self._runner = None
+                self._profile = None
 
 
 class _Input(NamedTuple):

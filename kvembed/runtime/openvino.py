@@ -181,7 +181,6 @@ class OpenVINOSession:
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise FileNotFoundError(f"no ONNX graph at {str(self.model_path)!r}")
-        self.from_cache = False
         self._blob: Any = None  # the memory-mapped blob an imported model reads from: kept alive with it
         cache = None if cache_dir is False else CompiledCache(default_cache_dir() if cache_dir in (None, True) else cache_dir)
         fingerprint = cache.fingerprint(self.model_path, self.precision, ov.get_version()) if cache else None

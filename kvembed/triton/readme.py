@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .. import __version__
+from ..runtime.engine import describe_profiles
 from .configs import ArtifactFacts, ServingOptions, plan_build_command
 
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release kvembed tests against
@@ -120,7 +121,7 @@ def _plans_section(models: Sequence[ArtifactFacts], options: ServingOptions) -> 
                 "exactly this version, on this GPU model; otherwise rebuild the engine there):\n\n"
         for m in engines:
             e = m.engine or {}
-            limits = ", ".join(f"{p['min'][0]}x{p['min'][1]}..{p['max'][0]}x{p['max'][1]}" for p in e["profiles"])
+            limits = describe_profiles(e)
             text += (f"- `{m.model}/1/model.plan`: TensorRT {e['tensorrt_version']}, {e['gpu']['name']} (compute "
                      f"capability {e['gpu']['compute_capability']}), {e['precision']}, profiles {limits}; the configs' "
                      f"max batch is the largest profile batch and `{m.tokenize}` cuts texts to {m.max_length} tokens "
