@@ -151,8 +151,11 @@ def test_local_engine_interrupted_twice_then_resumed_equals_the_ray_run(tmp_path
             "--rows-per-file", str(SHARD_ROWS), "--threads-per-worker", "2", "--no-progress"]
 
     def interrupted_run(extra: list[str], shards_before_stop: int, sig: signal.Signals) -> subprocess.Popen:
+        # SIGINT at its default in the child: a shell starts background jobs (a CI script run with
+        # `&`) with SIGINT ignored, Python then keeps ignoring it, and Ctrl-C would not be tested
         process = subprocess.Popen([sys.executable, "-m", "kvembed.cli", "embed-corpus", *args, *extra],
-                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 120
         while len(list(out.glob("part-*.parquet"))) < shards_before_stop:
             assert process.poll() is None, f"the run ended before it could be interrupted: {process.communicate()}"

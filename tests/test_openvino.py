@@ -294,3 +294,53 @@ def test_cli_embed_and_serve_take_ov_precision(artifact, tmp_path):
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, result.output
+
+
+def mapped_rss_kb(path: Path) -> int:
+    """Resident kB of this process's mappings of ``path`` (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_release_pages_reclaims_without_losing_data(tmp_path):
+    """MADV_PAGEOUT drops a touched copy-on-write mapping's resident pages; reads still give the file."""
+    import mmap
+
+    from kvembed.runtime.openvino import release_pages
+
+    path = tmp_path / "blob"
+    data = np.random.default_rng(0).integers(0, 256, 32 << 20, dtype=np.uint8)
+    data.tofile(path)
+    with open(path, "rb") as handle:
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    view = np.frombuffer(mapped, dtype=np.uint8)
+    assert int(view.sum(dtype=np.int64)) == int(data.sum(dtype=np.int64))  # every page touched
+    touched = mapped_rss_kb(path)
+    assert touched >= 30 << 10
+    if not release_pages(mapped):
+        pytest.skip("this kernel refuses MADV_PAGEOUT (Linux < 5.4)")
+    assert mapped_rss_kb(path) < touched // 4
+    assert np.array_equal(view, data)  # read back from the file
+    del view
+    mapped.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_imported_blob_is_not_held_resident(artifact, tmp_path):
+    """A model imported from its kept blob leaves most of the blob out of RSS, and still computes."""
+    path = artifact("qwen3", "kv-embedding")
+    expected = Embedder.load(path, provider="cpu").encode(TEXTS)
+    cache = tmp_path / "ov-cache"
+    Embedder.load(path, provider="openvino", threads=1, ov_precision="f32", ov_cache_dir=cache)
+    loaded = Embedder.load(path, provider="openvino", threads=1, ov_precision="f32", ov_cache_dir=cache)
+    assert loaded.session.from_cache
+    (blob,) = cache.glob("*.blob")
+    assert mapped_rss_kb(blob) * 1024 < blob.stat().st_size / 2
+    assert float(cosines(loaded.encode(TEXTS), expected).min()) >= 0.99999

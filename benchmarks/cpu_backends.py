@@ -1,0 +1,103 @@
+"""The runtime's CPU backends against each other and PyTorch, interleaved in one process.
+
+    python benchmarks/cpu_backends.py --fp32 ART_FP32 [--int8 ART_INT8] --torch --out DIR
+
+Backends: onnxruntime fp32 (the artifact as users load it), onnxruntime int8 (a second artifact of
+the same model), OpenVINO with the ``bf16`` and ``f32`` precision hints (the fp32 artifact's own
+``model.onnx``), PyTorch fp32 (the reference). For every shape (``BxS``: B rows of S real tokens,
+the method's prompt included) the backends take turns call by call for ``--rounds`` rounds, so the
+per-round ratios see the same machine speed (this VM drifts 10-30% minute to minute); each ratio
+is the median of per-round ratios against onnxruntime fp32. Cosines are per row against PyTorch
+and against onnxruntime fp32 on the same padded batch. Peak RSS needs one process per backend:
+use ``kvembed bench`` for that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from kvembed.bench.measure import TorchBackend, cosine_rows, interleaved
+from kvembed.bench.report import machine_info
+from kvembed.bench.workload import exact_rows, make_batch
+from kvembed.runtime import Embedder
+from kvembed.runtime.artifact import read_manifest
+
+BASE = "onnxruntime fp32"
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    batch, _, seq = text.lower().partition("x")
+    if not (batch.isdigit() and seq.isdigit()):
+        raise SystemExit(f"--shapes: {text!r} is not BxS (e.g. 16x128)")
+    return int(batch), int(seq)
+
+
+def load_backends(args: argparse.Namespace) -> dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]]:
+    """name -> call(feeds) -> embeddings; each loaded the way a user loads it."""
+    load = lambda path, **kw: Embedder.load(path, threads=args.threads, verify=False, **kw)  # noqa: E731
+    runs: dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]] = {}
+    embedders = {BASE: load(args.fp32, provider="cpu")}
+    if args.int8:
+        embedders["onnxruntime int8"] = load(args.int8, provider="cpu")
+    for hint in args.ov:
+        embedders[f"OpenVINO {hint}"] = load(args.fp32, provider="openvino", ov_precision=hint)
+    for name, embedder in embedders.items():
+        runs[name] = lambda feeds, e=embedder: e.run(feeds)[0]
+    if args.torch:
+        reference = TorchBackend(read_manifest(args.fp32), args.threads)
+        runs["PyTorch fp32"] = reference.run
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fp32", type=Path, required=True, help="fp32 artifact (onnxruntime fp32, OpenVINO, PyTorch)")
+    parser.add_argument("--int8", type=Path, help="int8 artifact of the same model and method")
+    parser.add_argument("--ov", nargs="*", default=["bf16", "f32"], help="OpenVINO precision hints to run (none: skip)")
+    parser.add_argument("--torch", action="store_true", help="also run the PyTorch fp32 reference")
+    parser.add_argument("--shapes", default="1x32,16x128,16x512")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    shapes = [parse_shape(s) for s in args.shapes.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = load_backends(args)
+    encoder = Embedder.load(args.fp32, provider="cpu", threads=1, verify=False).encoder
+    results: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine_info(args.threads),
+        "fp32": str(args.fp32), "int8": str(args.int8 or ""), "rounds": args.rounds, "cells": []}
+    for batch, seq in shapes:
+        feeds = make_batch(encoder, exact_rows(encoder, seq, batch), batch).inputs
+        real = int(feeds["attention_mask"].sum())
+        outputs = {name: run(feeds) for name, run in runs.items()}
+        rounds = args.rounds * (6 if batch * seq <= 512 else 1)  # small calls: more rounds, same cost
+        times = interleaved({name: (lambda r=run: r(feeds)) for name, run in runs.items()}, rounds=rounds)
+        for name in runs:
+            cell = {
+                "shape": f"{batch}x{seq}", "backend": name, "real_tokens": real,
+                "p50_ms": 1e3 * statistics.median(times[name]),
+                "tokens_per_s": real / statistics.median(times[name]),
+                "speed_vs_ort_fp32": statistics.median(b / t for t, b in zip(times[name], times[BASE])),
+                "cos_vs_ort_fp32_min": float(cosine_rows(outputs[name], outputs[BASE]).min()),
+                "cos_vs_torch_min": (float(cosine_rows(outputs[name], outputs["PyTorch fp32"]).min())
+                                     if "PyTorch fp32" in outputs else None),
+                "seconds": times[name],
+            }
+            results["cells"].append(cell)
+            torch_cos = "-" if cell["cos_vs_torch_min"] is None else f"{cell['cos_vs_torch_min']:.6f}"
+            print(f"{cell['shape']:>7} {name:<18} p50 {cell['p50_ms']:8.1f} ms  {cell['tokens_per_s']:7.0f} tok/s  "
+                  f"x{cell['speed_vs_ort_fp32']:.2f} vs ort fp32  cos ort {cell['cos_vs_ort_fp32_min']:.6f} torch {torch_cos}",
+                  flush=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
