@@ -13,6 +13,10 @@ Recipes (the exporter's are kvembed.export.precision.INT8_RECIPES, run through i
 - plain-keep-down: plain with every SwiGLU down_proj left fp32, no smoothing
 - plain-keep-ends: plain with the first and last decoder layer left fp32
 - dyn-u8s8: quantize_dynamic with int8 weights (U8S8; saturates in int16 on CPUs without VNNI)
+- smooth-keep-down<X>-<u8|s7>: smooth-keep-down keeping only the down_projs whose input's top
+  channel exceeds X x its median (--down-spreads)
+- <exporter recipe>-<u8|s8|s7>: the exporter's recipe with other weights: uint8 (U8U8), int8 (U8S8),
+  int8 in a 7-bit range (U8S8 with reduce_range: no int16 saturation on any CPU)
 - nbits8 / nbits4: MatMulNBits block-wise weights (block 32), accuracy_level 4 (int8 compute on
   per-block quantized activations) -- a com.microsoft op: onnxruntime only
 """
@@ -92,6 +96,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--alphas", type=float, nargs="*", default=[0.5, 0.8], help="other SmoothQuant strengths to try")
+    parser.add_argument("--down-spreads", type=float, nargs="*", default=[10.0, 20.0],
+                        help="smooth-keep-down variants keeping only the down_projs whose input spread exceeds these")
     parser.add_argument("--only", nargs="*", help="run only these recipes (names as printed)")
     parser.add_argument("--torch", action="store_true", help="also time the PyTorch fp32 reference (loads the source model)")
     args = parser.parse_args()
@@ -110,6 +116,11 @@ def main() -> None:
         **{name: (lambda t, r=recipe: to_int8(source, t, r, calibration)) for name, recipe in INT8_RECIPES.items()},
         **{f"smooth-a{alpha:g}": (lambda t, a=alpha: to_int8(source, t, dataclasses.replace(smooth, smooth_alpha=a), calibration))
            for alpha in args.alphas},
+        **{f"{name}-{w}": (lambda t, r=recipe, w=w: to_int8(source, t, dataclasses.replace(r, name=f"{r.name}-{w}", weights=w), calibration))
+           for name, recipe in INT8_RECIPES.items() for w in ("u8", "s8", "s7") if w != recipe.weights},
+        **{f"smooth-keep-down{spread:g}-{w}": (lambda t, x=spread, w=w: to_int8(source, t, dataclasses.replace(
+            INT8_RECIPES["smooth-keep-down"], name=f"smooth-keep-down{x:g}-{w}", down_spread=x, weights=w), calibration))
+           for spread in args.down_spreads for w in ("u8", "s7")},
         "plain-keep-down": lambda t: to_int8(source, t, dataclasses.replace(INT8_RECIPES["plain"], name="plain-keep-down", keep_down=True)),
         "plain-keep-ends": lambda t: dynamic(source, t, "u8", lambda layer, shape: layer in (first, last)),
         "dyn-u8s8": lambda t: dynamic(source, t, "s8"),

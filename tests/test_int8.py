@@ -110,7 +110,7 @@ def test_the_int8_artifact_records_its_recipe(stories_artifact, fp32):
 
 
 @pytest.mark.parametrize("precision,recipe,message", [
-    ("int8", "fastest", "int8 recipe must be auto, or one or more (comma-separated, no repeats) of smooth, smooth-keep-down, plain"),
+    ("int8", "fastest", "int8 recipe must be auto, or one or more (comma-separated, no repeats) of smooth, smooth-keep-wide-down, smooth-keep-down, plain"),
     ("fp32", "smooth", "--int8-recipe smooth applies to --precision int8 only (got --precision fp32); drop it or export int8"),
 ])
 def test_a_wrong_recipe_is_a_one_line_error(tmp_path, precision, recipe, message):
@@ -164,3 +164,51 @@ def test_the_exporter_falls_back_to_the_next_recipe_that_passes(tmp_path):
     assert [(t["recipe"], t["passed"]) for t in tried] == [("plain", False), ("smooth", True)]
     assert tried[0]["worst_cosine"] < 0.99 <= tried[1]["worst_cosine"] == result.parity.worst_cosine
     assert conversion["recipe"] == "smooth" and conversion["fp32_matmuls"] == sum(n for _, n in damage.values())
+
+
+def test_int8_weights_are_signed_seven_bit(fp32, tmp_path):
+    """The exporter's weights are int8 held to 7 bits: a u8 x s8 pair then sums to at most
+    2 x 255 x 64 < 2**15, so onnxruntime's int16 pair sums on CPUs without VNNI never saturate."""
+    to_int8(fp32[1], tmp_path / "int8.onnx", "plain")
+    model = onnx.load(str(tmp_path / "int8.onnx"))
+    initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    weights = [initializers[n.input[1]] for n in model.graph.node if n.op_type == "MatMulInteger"]
+    assert weights and all(w.dtype == np.int8 for w in weights)
+    peak = max(int(np.abs(w.astype(np.int32)).max()) for w in weights)
+    assert 56 <= peak <= 64  # the 7-bit range is used, and not exceeded
+
+
+def test_keep_wide_down_keeps_the_down_projs_whose_inputs_spread_widest(fp32, tmp_path):
+    """down_spread keeps fp32 exactly the down_projs whose input's top channel exceeds that many
+    times its median channel, measured here by running the graph with those inputs as outputs."""
+    import dataclasses
+
+    artifact, graph = fp32
+    model = onnx.load(str(graph), load_external_data=False)
+    down = [g for g in smoothable_groups(model) if g.fold_kind == "columns"]
+    for group in down:
+        model.graph.output.append(onnx.helper.make_tensor_value_info(group.activation, onnx.TensorProto.FLOAT, None))
+    probe = graph.with_name("probe.onnx")
+    onnx.save(model, str(probe))
+    session = _session(probe)
+    names = {i.name for i in session.get_inputs()}
+    encoder = encoder_from_manifest(artifact, read_manifest(artifact))
+    feeds = calibration_feeds(encoder)
+    tops = {g.activation: 0.0 for g in down}
+    for batch in feeds:
+        real = batch["attention_mask"].astype(bool)
+        values = session.run([g.activation for g in down], {k: v for k, v in batch.items() if k in names})
+        for group, value in zip(down, values):
+            tops[group.activation] = np.maximum(tops[group.activation], np.abs(value[real]).max(axis=0))
+    probe.unlink()
+    spreads = {g.nodes[0]: float(tops[g.activation].max() / np.median(tops[g.activation])) for g in down}
+    threshold = float(np.median(list(spreads.values())))
+    wide = {node for node, spread in spreads.items() if spread > threshold}
+    assert 0 < len(wide) < len(down)
+    recipe = dataclasses.replace(INT8_RECIPES["smooth-keep-wide-down"], name="keep-wide-down-only", smooth_alpha=None,
+                                 massive_spread=None, down_spread=threshold)
+    facts = to_int8(graph, tmp_path / "int8.onnx", recipe, feeds)
+    quantized = onnx.load(str(tmp_path / "int8.onnx"))
+    initializers = {t.name for t in quantized.graph.initializer}
+    kept = {n.name for n in quantized.graph.node if n.op_type == "MatMul" and n.input[1] in initializers}
+    assert kept == wide and facts["fp32_matmuls"] == len(wide)

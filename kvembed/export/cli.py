@@ -123,8 +123,9 @@ def export_command(
     precision: str = typer.Option("fp32", "--precision", help="fp32, fp16 or int8."),
     int8_recipe: str = typer.Option(
         "auto", "--int8-recipe", help="int8 only: smooth (SmoothQuant, MatMuls with massive inputs kept fp32), "
-        "smooth-keep-down (also every down_proj fp32), plain (every MatMul int8), several of them comma-separated "
-        "(the first that passes the parity gate is written), or auto = smooth,smooth-keep-down.",
+        "smooth-keep-wide-down (also the down_projs with the widest inputs fp32), smooth-keep-down (every down_proj "
+        "fp32), plain (every MatMul int8), several of them comma-separated (the first that passes the parity gate "
+        "is written), or auto = smooth,smooth-keep-wide-down,smooth-keep-down.",
     ),
     max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (default: the model's limit)."),
     opset: Optional[int] = typer.Option(None, help="ONNX opset (default: 23 with fused attention, 18 with decomposed)."),

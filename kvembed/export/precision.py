@@ -16,23 +16,28 @@ blocked node an island, casting each output back to fp16 even when only fp32 nod
 the mask's float32-min constant becomes -inf on the way and fully padded rows turn into NaN; it
 also emits duplicate Cast outputs and unsorted nodes when a node block list is given.
 
-int8: ``onnxruntime.quantization.quantize_dynamic`` on MatMul weights (uint8 with a zero point,
-per output channel; activations uint8, dynamic per tensor), after a recipe of
-:data:`INT8_RECIPES`. Random weights quantise well as they are; trained LLMs do not (SmolLM2-135M:
-worst gate cosine 0.925 with every MatMul quantised), because a few channels carry activations
-tens to thousands of times the median. The default recipes calibrate on the built-in calibration
-texts, fold SmoothQuant into the weights (:mod:`kvembed.export.smoothing`) and keep fp32 the few
-MatMuls whose inputs hold massive activations ("smooth"; SmolLM2: 0.989, 5 of 210 MatMuls fp32),
-or also every ``down_proj`` ("smooth-keep-down"; 0.997); the exporter writes the first recipe that
-passes the parity gate (``--int8-recipe``). ``benchmarks/int8_options.py`` measures the
-alternatives (RESULTS.md).
+int8: ``onnxruntime.quantization.quantize_dynamic`` on MatMul weights (int8 per output channel,
+in a 7-bit range; activations uint8, dynamic per tensor), after a recipe of :data:`INT8_RECIPES`.
+Random weights quantise well as they are; trained LLMs do not (SmolLM2-135M: worst gate cosine
+0.92 with every MatMul quantised), because a few channels carry activations tens to thousands of
+times the median. The default recipes calibrate on the built-in calibration texts, fold
+SmoothQuant into the weights (:mod:`kvembed.export.smoothing`) and keep fp32 the few MatMuls whose
+inputs hold massive activations ("smooth"), then also the ``down_proj``s whose inputs spread over
+10x their median channel ("smooth-keep-wide-down"), then every ``down_proj``
+("smooth-keep-down"); the exporter writes the first recipe that passes the parity gate
+(``--int8-recipe``). ``benchmarks/int8_options.py`` measures the alternatives (RESULTS.md; on
+SmolLM2 with VNNI: 0.989 / 0.993 / 0.996 worst cosine against fp32 at 3.2x / 2.8x / 2.4x
+PyTorch fp32 at 16 x 128).
 
-Unsigned weights (U8U8), not int8 (U8S8): on x86 CPUs without VNNI (AVX2 / AVX-512F only)
-onnxruntime's U8S8 kernel sums pairs of u8 x s8 products in saturating int16 (``vpmaddubsw``) and
-loses precision. On an AVX2-only EPYC, ``benchmarks/int8_options.py`` (24 gate rows vs the fp32
-graph) gave the demo model's kv-embedding worst cosine 0.845 with int8 weights and 0.997 with
-uint8 weights; the same file must hold on every CPU it is copied to, so the export does not pick
-by the exporting machine. It yields ``DynamicQuantizeLinear``/``MatMulInteger``: standard ONNX ops
+Weights are int8 (U8S8, onnxruntime's fast kernel) quantised to 7 bits (``reduce_range``): on
+x86 CPUs without VNNI (AVX2 / AVX-512F only) onnxruntime's U8S8 kernel adds pairs of u8 x s8
+products in saturating int16 (``vpmaddubsw``), and full-range int8 weights overflow it (an
+AVX2-only EPYC gave the demo model's kv-embedding worst cosine 0.845, SmolLM2 -0.02); with 7-bit
+weights a pair stays within 2 x 255 x 64 = 32,640, below int16's limit, the remedy onnxruntime's
+quantization guide names. uint8 weights (U8U8) avoid saturation too but run a slower kernel: on a
+Zen 4 with VNNI 1.4x PyTorch fp32 against 3.2x for 7-bit int8 (and less accurate there: 0.980 vs
+0.989). The file must hold on every CPU it is copied to, so the export does not pick by the
+exporting machine. It yields ``DynamicQuantizeLinear``/``MatMulInteger``: standard ONNX ops
 that onnxruntime runs fast on CPU, but TensorRT does not support (build TensorRT engines from the
 fp32 or fp16 artifact and let TensorRT pick precisions).
 """
@@ -52,6 +57,8 @@ from .smoothing import DEFAULT_ALPHA
 
 #: int8 keeps fp32 the MatMuls whose input's top channel exceeds this many times its median channel
 MASSIVE_SPREAD = 50.0
+#: "smooth-keep-wide-down" also keeps fp32 the down_projs whose input spreads over this (SmolLM2: 15 of 30)
+WIDE_DOWN_SPREAD = 10.0
 
 PRECISIONS = ("fp32", "fp16", "int8")
 
@@ -299,6 +306,8 @@ class Int8Recipe:
     massive_spread: float | None  # keep fp32 the MatMuls whose input's top channel > spread x median
     keep_down: bool  # keep fp32 every SwiGLU down_proj (its input carries the widest activations)
     summary: str
+    weights: str = "s7"  # s7 (U8S8 in a 7-bit range: never saturates), s8 (U8S8: saturates without VNNI) or u8 (U8U8)
+    down_spread: float = 0.0  # with keep_down: only the down_projs whose input's top channel > this x median
 
     @property
     def calibrated(self) -> bool:
@@ -309,12 +318,15 @@ INT8_RECIPES: dict[str, Int8Recipe] = {r.name: r for r in (
     Int8Recipe("smooth", DEFAULT_ALPHA, MASSIVE_SPREAD, False,
                f"SmoothQuant (alpha {DEFAULT_ALPHA}) folded in; MatMuls with massive inputs (top channel > "
                f"{MASSIVE_SPREAD:g} x median) kept fp32"),
+    Int8Recipe("smooth-keep-wide-down", DEFAULT_ALPHA, MASSIVE_SPREAD, True,
+               f"as smooth, and the SwiGLU down_projs whose input's top channel > {WIDE_DOWN_SPREAD:g} x median kept fp32",
+               down_spread=WIDE_DOWN_SPREAD),
     Int8Recipe("smooth-keep-down", DEFAULT_ALPHA, MASSIVE_SPREAD, True,
                "as smooth, and every SwiGLU down_proj kept fp32"),
     Int8Recipe("plain", None, None, False, "every weight MatMul quantised, no calibration"),
 )}
 #: ``--int8-recipe auto``: tried in this order, the first that passes the parity gate is written
-INT8_AUTO = ("smooth", "smooth-keep-down")
+INT8_AUTO = ("smooth", "smooth-keep-wide-down", "smooth-keep-down")
 
 
 def check_int8_recipe(recipe: str, precision: str) -> tuple[str, ...]:
@@ -359,12 +371,14 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
         quantize_from, keep = source, []
         if plan.calibrated or plan.keep_down:
             groups = smoothable_groups(onnx.load(str(source), load_external_data=False))
-        if plan.keep_down:
-            keep += [n for g in groups if g.fold_kind == "columns" for n in g.nodes]
-        if plan.calibrated:
+        if plan.calibrated or (plan.keep_down and plan.down_spread):
             if calibration is None:
                 raise ValueError(f"int8 recipe {plan.name} needs calibration batches")
             ranges = activation_ranges(source, groups, calibration)
+        if plan.keep_down:
+            keep += massive_input_nodes([g for g in groups if g.fold_kind == "columns"], ranges, plan.down_spread) \
+                if plan.down_spread else [n for g in groups if g.fold_kind == "columns" for n in g.nodes]
+        if plan.calibrated:
             if plan.massive_spread is not None:
                 keep += massive_input_nodes(groups, ranges, plan.massive_spread)
             if plan.smooth_alpha is not None:
@@ -380,15 +394,18 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
                 str(quantize_from),
                 str(target),
                 op_types_to_quantize=["MatMul"],
-                weight_type=QuantType.QUInt8,  # U8U8: no int16 saturation on CPUs without VNNI (module docstring)
+                # int8 weights in 7 bits by default: no int16 saturation on CPUs without VNNI (module docstring)
+                weight_type=QuantType.QUInt8 if plan.weights == "u8" else QuantType.QInt8,
+                reduce_range=plan.weights == "s7",
                 per_channel=True,
                 nodes_to_exclude=sorted(set(keep)),
                 use_external_data_format=_needs_external(quantize_from),
                 extra_options={"MatMulConstBOnly": True},
             )
     facts.update({
-        "method": "onnxruntime.quantization.quantize_dynamic(MatMul, QUInt8 weights, per_channel=True)",
-        "weight_type": "uint8",
+        "method": "onnxruntime.quantization.quantize_dynamic(MatMul, per_channel=True, "
+                  f"{'QUInt8' if plan.weights == 'u8' else 'QInt8'} weights{', reduce_range=True' if plan.weights == 's7' else ''})",
+        "weight_type": {"u8": "uint8", "s8": "int8", "s7": "int8 (7-bit range)"}[plan.weights],
         "per_channel": True,
         "activations": "uint8, dynamic per-tensor (DynamicQuantizeLinear)",
         "fp32_matmuls": len(set(keep)),
