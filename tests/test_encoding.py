@@ -121,3 +121,27 @@ def test_plan_batches_respects_rows_and_token_budget():
     assert plan_batches([], batch_size=4) == []
     with pytest.raises(ValueError, match="max_tokens must be >= 1"):
         plan_batches([1], 4, max_tokens=0)
+
+
+def test_plan_batches_caps_padding():
+    """With max_padding, no row of a batch is more than that fraction padding; every index is kept
+    once, and batches stay as large as the cap allows (a row joins unless it would break it)."""
+    import random
+
+    from kvembed.runtime.batching import plan_batches
+
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 300) for _ in range(500)]
+    for cap in (0.0, 0.1, 0.3):
+        plan = plan_batches(lengths, batch_size=64, max_tokens=8192, max_padding=cap)
+        assert sorted(i for batch in plan for i in batch) == list(range(len(lengths)))
+        for batch, following in zip(plan, plan[1:] + [None]):
+            width = max(lengths[i] for i in batch)
+            assert all(lengths[i] >= (1 - cap) * width for i in batch)
+            if following and len(batch) < 64 and (len(batch) + 1) * width <= 8192:
+                assert lengths[following[0]] < (1 - cap) * width  # closed only because of padding
+    padded = lambda plan: sum(len(b) * max(lengths[i] for i in b) for b in plan) / sum(lengths)
+    assert padded(plan_batches(lengths, 64, 8192, max_padding=0.1)) <= 1.1
+    assert plan_batches([10, 9, 5], batch_size=8, max_padding=0.2) == [[0, 1], [2]]
+    with pytest.raises(ValueError, match=r"max_padding must be in \[0, 1\)"):
+        plan_batches([1], 4, max_padding=1.0)

@@ -198,7 +198,7 @@ def model_config(facts: ArtifactFacts, options: ServingOptions, sequence: int = 
     if options.backend == "python":
         config.backend = "python"
         _parameters(config, {"provider": options.provider, "threads": str(options.threads) if options.threads else "",
-                             "batch_size": "32", "max_tokens": str(options.max_tokens or "")})
+                             "batch_size": "32", "max_tokens": str(options.max_tokens or ""), "max_padding": ""})
     elif options.backend == "onnxruntime":
         config.platform = "onnxruntime_onnx"
         config.default_model_filename = "model.onnx"

@@ -7,7 +7,9 @@ width merge) are re-batched exactly as ``Embedder.encode`` batches: sorted by le
 ``batch_size`` rows and ``max_tokens`` padded tokens per graph call. Results are split back so
 every caller gets its own rows. Config parameters: ``provider`` (auto | cpu | cuda | tensorrt | openvino),
 ``threads`` (onnxruntime intra-op threads; empty = onnxruntime's default), ``batch_size``,
-``max_tokens`` (empty = no token budget).
+``max_tokens`` (empty = the runtime's call budget), ``max_padding`` (the largest fraction of a
+row that may be padding, default 0.1: one merge holds few rows of spread-out lengths, and padded
+4,096-token calls cost 1.42x the CPU per text of unpadded ones; benchmarks/RESULTS.md).
 """
 
 import json
@@ -27,6 +29,10 @@ from kvembed.runtime.session import run_session  # noqa: E402
 from kvembed.triton.rows import split_rows, unpad_rows  # noqa: E402
 
 
+#: rows of one merge whose padding would pass this fraction of the row go to another graph call
+DEFAULT_MAX_PADDING = 0.1
+
+
 def _int(text, default):
     return int(text) if str(text).strip() else default
 
@@ -44,10 +50,13 @@ class TritonPythonModel:
         # padded tokens per graph call: the config's max_tokens, else the runtime's own call budget
         # (Embedder.max_call_tokens: 2,048 on CPU, none on GPUs)
         self.max_tokens = _int(parameters.get("max_tokens", ""), None) or self.embedder.max_call_tokens
+        padding = str(parameters.get("max_padding", "")).strip()
+        self.max_padding = float(padding) if padding else DEFAULT_MAX_PADDING
         self.inputs = [tensor["name"] for tensor in config["input"]]
         self.outputs = {tensor["name"]: int(tensor["dims"][-1]) for tensor in config["output"]}
         pb_utils.Logger.log_info(f"{args['model_name']}: kvembed runtime from {Path(kvembed.__file__).parent}")
-        pb_utils.Logger.log_info(f"{args['model_name']}: providers {self.embedder.providers}, max_tokens {self.max_tokens}")
+        pb_utils.Logger.log_info(f"{args['model_name']}: providers {self.embedder.providers}, max_tokens {self.max_tokens}, "
+                                 f"max_padding {self.max_padding}")
 
     def execute(self, requests):
         try:
@@ -59,7 +68,7 @@ class TritonPythonModel:
                 counts.append(len(request_rows))
             results = {name: np.zeros((len(rows), width), dtype=np.float32) for name, width in self.outputs.items()}
             encoder, names = self.embedder.encoder, list(self.outputs)
-            for chunk in plan_batches([len(row.ids) for row in rows], self.batch_size, self.max_tokens):
+            for chunk in plan_batches([len(row.ids) for row in rows], self.batch_size, self.max_tokens, self.max_padding):
                 batch = encoder.pad([rows[i] for i in chunk], self.embedder.padding_side)
                 for name, array in zip(names, run_session(self.embedder.session, batch, names)):
                     results[name][chunk] = array
