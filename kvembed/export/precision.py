@@ -35,7 +35,7 @@ products in saturating int16 (``vpmaddubsw``), and full-range int8 weights overf
 AVX2-only EPYC gave the demo model's kv-embedding worst cosine 0.845, SmolLM2 -0.02); with 7-bit
 weights a pair stays within 2 x 255 x 64 = 32,640, below int16's limit, the remedy onnxruntime's
 quantization guide names. uint8 weights (U8U8) avoid saturation too but run a slower kernel: on a
-Zen 4 with VNNI 1.4x PyTorch fp32 against 3.2x for 7-bit int8 (and less accurate there: 0.980 vs
+Zen 4 with VNNI 1.8-2.0x PyTorch fp32 against 3.2x for 7-bit int8 (and less accurate there: 0.980 vs
 0.989). The file must hold on every CPU it is copied to, so the export does not pick by the
 exporting machine. It yields ``DynamicQuantizeLinear``/``MatMulInteger``: standard ONNX ops
 that onnxruntime runs fast on CPU, but TensorRT does not support (build TensorRT engines from the
