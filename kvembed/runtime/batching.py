@@ -14,7 +14,7 @@ def plan_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None
     Sorting by length keeps texts of similar length together, so padding waste stays small when
     there are many texts. A few texts of spread-out lengths (one dynamic-batcher merge) still pad
     a lot: ``max_padding`` starts a new batch where a row would be more than that fraction padding
-    (Qwen3-0.6B-shaped, 48 texts of 62-239 tokens in 4,096-token calls: 29% padded tokens, 1.42x
+    (Qwen3-0.6B-shaped, 48 texts of 62-239 tokens in 4,096-token calls: 29% padded tokens, 1.48x
     the CPU per text of one text per call; benchmarks/RESULTS.md).
     """
     if batch_size < 1:

@@ -9,7 +9,7 @@ every caller gets its own rows. Config parameters: ``provider`` (auto | cpu | cu
 ``threads`` (onnxruntime intra-op threads; empty = onnxruntime's default), ``batch_size``,
 ``max_tokens`` (empty = the runtime's call budget), ``max_padding`` (the largest fraction of a
 row that may be padding, default 0.1: one merge holds few rows of spread-out lengths, and padded
-4,096-token calls cost 1.42x the CPU per text of unpadded ones; benchmarks/RESULTS.md).
+4,096-token calls cost 1.48x the CPU per text of unpadded ones; benchmarks/RESULTS.md).
 """
 
 import json
