@@ -109,7 +109,7 @@ def offline_tokens(server_name: str, directory: str | None, texts: list[str], ar
 def probe(server: Server, requests: list[list[str]], latency_set: list[list[str]], offline: list[int]) -> dict[str, Any]:
     """Warm up, then send the latency set once, one request at a time: its usage.prompt_tokens (must
     match the offline count) and the vectors' sanity (finite, norms, one text alone vs in a batch of 8)."""
-    asyncio.run(drive(server.url, server.model, requests[:8], 4))
+    asyncio.run(drive(server.url, server.model, requests[:8], 4, client="httpx"))
     latency_tokens, norms, finite = [], [], True
     with httpx.Client(base_url=server.url, timeout=600) as client:
         for texts in latency_set:
@@ -138,7 +138,7 @@ def probe(server: Server, requests: list[list[str]], latency_set: list[list[str]
 def run_cell(servers: list[Server], index: int, requests: list[list[str]], clients: int) -> dict[str, Any]:
     """Drive ``servers[index]`` and record its CPU seconds and the idle servers' CPU seconds."""
     before = [cpu_seconds(s.process.pid) for s in servers]
-    result = asyncio.run(drive(servers[index].url, servers[index].model, requests, clients))
+    result = asyncio.run(drive(servers[index].url, servers[index].model, requests, clients, client="httpx"))
     after = [cpu_seconds(s.process.pid) for s in servers]
     result["cpu"] = after[index] - before[index]
     result["idle_servers_cpu"] = sum(a - b for i, (a, b) in enumerate(zip(after, before)) if i != index)

@@ -20,6 +20,7 @@ import asyncio
 import http.client
 import json
 import random
+import shlex
 import statistics
 import sys
 import time
@@ -56,24 +57,47 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
-async def drive(url: str, model: str, requests: list[list[str]], clients: int, fmt: str = "float") -> dict[str, Any]:
-    """``clients`` closed-loop clients send ``requests`` (shared queue); latency of each, wall time of all."""
+async def drive(url: str, model: str, requests: list[list[str]], clients: int, fmt: str = "float",
+                client: str = "aiohttp") -> dict[str, Any]:
+    """``clients`` closed-loop clients send ``requests`` (shared queue); latency of each, wall time of all.
+
+    ``client`` is the HTTP library: aiohttp (the default: it costs the shared cores least, ~0.1 ms
+    of CPU per request) or httpx's AsyncClient (what the ``openai`` client's async API is built on;
+    ~8x aiohttp's CPU per request here, taken from the server's cores)."""
     queue = list(enumerate(requests))[::-1]
     latencies: list[float] = []
 
-    async def client(http: httpx.AsyncClient) -> None:
+    async def post(send: Any) -> None:
         while queue:
             _, texts = queue.pop()
             start = time.perf_counter()
-            response = await http.post("/v1/embeddings", json={"model": model, "input": texts, "encoding_format": fmt})
-            response.raise_for_status()
-            response.json()
+            await send({"model": model, "input": texts, "encoding_format": fmt})
             latencies.append(time.perf_counter() - start)
 
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=clients)) as http:
-        start = time.perf_counter()
-        await asyncio.gather(*(client(http) for _ in range(clients)))
-        wall = time.perf_counter() - start
+    start = time.perf_counter()
+    if client == "aiohttp":
+        import aiohttp
+
+        async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=clients),
+                                         timeout=aiohttp.ClientTimeout(total=600)) as session:
+            async def send(body: dict[str, Any]) -> None:
+                async with session.post("/v1/embeddings", json=body) as response:
+                    response.raise_for_status()
+                    await response.json()
+
+            start = time.perf_counter()
+            await asyncio.gather(*(post(send) for _ in range(clients)))
+            wall = time.perf_counter() - start
+    elif client == "httpx":
+        async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=clients)) as http:
+            async def send(body: dict[str, Any]) -> None:
+                (await http.post("/v1/embeddings", json=body)).raise_for_status().json()
+
+            start = time.perf_counter()
+            await asyncio.gather(*(post(send) for _ in range(clients)))
+            wall = time.perf_counter() - start
+    else:
+        raise ValueError(f"client must be aiohttp or httpx, got {client!r}")
     return {"wall": wall, "latencies": latencies}
 
 
@@ -132,31 +156,49 @@ def paired_overhead(url: str, model: str, embedder: Embedder, requests: list[lis
     return differences
 
 
+def parse_variant(value: str) -> tuple[str, list[str]]:
+    """``LABEL:ARGS`` -> (label, extra ``kvembed serve`` arguments), e.g. ``w2:--workers 2``."""
+    label, sep, extra = value.partition(":")
+    if not sep or not label:
+        raise argparse.ArgumentTypeError(f"--server takes LABEL:ARGS (e.g. 'w2:--workers 2'), got {value!r}")
+    return label, shlex.split(extra)
+
+
 def bench_artifact(name: str, directory: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """In-process cells and, for each server variant (its own ``kvembed serve`` process, all up at
+    once), the 1-client and N-client cells, interleaved round by round."""
     embedder = Embedder.load(directory, provider="cpu")
     requests = make_requests(args.requests, args.max_texts, args.max_chars, seed=1)
     texts = sum(map(len, requests))
     tokens = sum(len(embedder.encoder.encode_one(t).ids) for request in requests for t in request)
     latency_set = requests[: args.latency_requests]
-    server = ServerProcess([f"{name}={directory}", "--provider", "cpu"], out / f"server-{name}.log").wait_healthy()
+    variants = args.server or [("serve", [])]
+    servers: dict[str, ServerProcess] = {}
     rounds: list[dict[str, Any]] = []
     try:
-        asyncio.run(drive(server.url, name, requests[:16], 4))  # warm-up
+        for label, extra in variants:
+            servers[label] = ServerProcess([f"{name}={directory}", "--provider", "cpu", *extra], out / f"server-{name}-{label}.log")
+        for server in servers.values():
+            server.wait_healthy()
+            asyncio.run(drive(server.url, name, requests[:16], 4, client=args.client))  # warm-up
         in_process(embedder, requests[:16], 4)
         for _ in range(args.rounds):
             cells: dict[str, Any] = {"in-process": in_process(embedder, requests, args.latency_requests)}
-            cells["1 client"] = served(server.process.pid, drive(server.url, name, latency_set, 1))
-            cells["1 client"]["paired"] = paired_overhead(server.url, name, embedder, latency_set)
-            for clients in args.clients:
-                cells[f"{clients} clients"] = served(server.process.pid, drive(server.url, name, requests, clients))
+            for label, server in servers.items():
+                tag = "" if len(servers) == 1 else f" [{label}]"
+                cells[f"1 client{tag}"] = served(server.process.pid, drive(server.url, name, latency_set, 1, client=args.client))
+                cells[f"1 client{tag}"]["paired"] = paired_overhead(server.url, name, embedder, latency_set)
+                for clients in args.clients:
+                    cells[f"{clients} clients{tag}"] = served(server.process.pid, drive(server.url, name, requests, clients, client=args.client))
             rounds.append(cells)
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
     latency_texts = sum(map(len, latency_set))
     latency_tokens = sum(len(embedder.encoder.encode_one(t).ids) for request in latency_set for t in request)
     rows = []
     for cell in rounds[0]:
-        n_texts, n_tokens = (latency_texts, latency_tokens) if cell == "1 client" else (texts, tokens)
+        n_texts, n_tokens = (latency_texts, latency_tokens) if cell.startswith("1 client") else (texts, tokens)
         walls = [r[cell]["wall"] for r in rounds]
         p50 = [percentile(r[cell]["latencies"], 50) * 1000 for r in rounds]
         p99 = [percentile(r[cell]["latencies"], 99) * 1000 for r in rounds]
@@ -183,6 +225,7 @@ def bench_artifact(name: str, directory: Path, args: argparse.Namespace, out: Pa
                     "p50": percentile(paired, 50), "p10": percentile(paired, 10), "p90": percentile(paired, 90), "n": len(paired)}
     precision = embedder.manifest.get("precision")
     return {"name": name, "artifact": str(directory), "method": embedder.method.name, "precision": precision,
+            "servers": {label: extra for label, extra in variants}, "client": args.client,
             "requests": len(requests), "texts": texts, "tokens": tokens, "rounds": args.rounds, "rows": rows}
 
 
@@ -280,7 +323,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
     for result in results:
         for row in result["rows"]:
             for client, p in row.get("paired_overhead_ms", {}).items():
-                lines.append(f"\n{result['name']}: 1-client overhead with {client}, paired per request (server minus in-process, "
+                lines.append(f"\n{result['name']} {row['cell']}: overhead with {client}, paired per request (server minus in-process, "
                              f"back to back, n={p['n']}): p50 {p['p50']:+.2f} ms (p10 {p['p10']:+.2f}, p90 {p['p90']:+.2f})")
     return "\n".join(lines)
 
@@ -293,6 +336,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=128, help="requests per throughput cell")
     parser.add_argument("--latency-requests", type=int, default=48, help="requests of the 1-client / in-process latency cells")
     parser.add_argument("--clients", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--server", type=parse_variant, action="append",
+                        help="a server variant LABEL:ARGS (extra kvembed serve arguments), repeatable; each runs in its own process")
+    parser.add_argument("--client", choices=("aiohttp", "httpx"), default="aiohttp", help="HTTP library of the N-client cells")
     parser.add_argument("--max-texts", type=int, default=8)
     parser.add_argument("--max-chars", type=int, default=128)
     parser.add_argument("--load", action="store_true", help="run the 64-client load test instead")

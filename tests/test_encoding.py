@@ -145,3 +145,50 @@ def test_plan_batches_caps_padding():
     assert plan_batches([10, 9, 5], batch_size=8, max_padding=0.2) == [[0, 1], [2]]
     with pytest.raises(ValueError, match=r"max_padding must be in \[0, 1\)"):
         plan_batches([1], 4, max_padding=1.0)
+
+
+def _set_partitions(items: list[int]):
+    """Every partition of ``items`` into non-empty groups (Bell(n) of them)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for partition in _set_partitions(rest):
+        yield [[first], *partition]
+        for k in range(len(partition)):
+            yield [*partition[:k], [first, *partition[k]], *partition[k + 1 :]]
+
+
+def test_plan_batches_with_a_call_cost_is_the_cheapest_plan():
+    """With call_cost, the plan's padded tokens + call_cost per call equal the minimum over every
+    partition of the inputs into batches that respect the row and token limits (brute force over
+    all set partitions, not only cuts of the sorted order), and every index appears once."""
+    import random
+
+    from kvembed.runtime.batching import plan_batches
+
+    rng = random.Random(3)
+    for trial in range(12):
+        lengths = [rng.randint(1, 40) for _ in range(8)]
+        batch_size, max_tokens, call_cost = rng.choice([2, 3, 8]), rng.choice([None, 60, 100]), rng.choice([0, 5, 20, 200])
+
+        def allowed(batch: list[int]) -> bool:
+            return len(batch) <= batch_size and (
+                max_tokens is None or len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= max_tokens)
+
+        def cost(plan: list[list[int]]) -> int:
+            return sum(len(b) * max(lengths[i] for i in b) + call_cost for b in plan)
+
+        best = min(cost(p) for p in _set_partitions(list(range(8))) if all(map(allowed, p)))
+        plan = plan_batches(lengths, batch_size, max_tokens, call_cost=call_cost)
+        assert sorted(i for batch in plan for i in batch) == list(range(8)), (trial, plan)
+        assert all(map(allowed, plan)), (trial, plan)
+        assert cost(plan) == best, (trial, lengths, batch_size, max_tokens, call_cost)
+    # a long text over the budget still runs (alone); zero cost never pads; a huge cost makes the fewest calls
+    assert plan_batches([500, 3, 3], 4, max_tokens=100, call_cost=10) == [[0], [1, 2]]
+    assert all(len({[9, 9, 4, 4, 4, 1][i] for i in b}) == 1 for b in plan_batches([9, 9, 4, 4, 4, 1], 8, call_cost=0))
+    assert len(plan_batches(list(range(1, 11)), 4, call_cost=10**6)) == 3  # the fewest calls of <= 4 rows
+    with pytest.raises(ValueError, match="call_cost must be >= 0"):
+        plan_batches([1], 4, call_cost=-1)
+    with pytest.raises(ValueError, match="not both"):
+        plan_batches([1], 4, max_padding=0.1, call_cost=8)

@@ -39,7 +39,7 @@ INLINE_LIMIT = 16384
 
 def load_embedders(config: ServeConfig) -> dict[str, Embedder]:
     """Open every artifact (sha256-checked) with the configured provider and threads."""
-    return {name: Embedder.load(path, provider=config.provider, threads=config.threads, ov_precision=config.ov_precision)
+    return {name: Embedder.load(path, provider=config.provider, threads=config.threads_per_call, ov_precision=config.ov_precision)
             for name, path in config.artifacts}
 
 
@@ -124,7 +124,7 @@ async def _load(state: ServerState, loader: Loader, on_load_error: Callable[[str
         return
     c = state.config
     for name, embedder in embedders.items():
-        batcher = Batcher(embedder, name, state.metrics, c.max_batch_tokens, c.max_batch_size, c.max_wait_ms)
+        batcher = Batcher(embedder, name, state.metrics, c.max_batch_tokens, c.max_batch_size, c.max_wait_ms, c.workers, c.call_cost)
         batcher.start()
         state.batchers[name] = batcher
     state.ready = True

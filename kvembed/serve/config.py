@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..runtime.artifact import MANIFEST
 from ..sizes import parse_size  # noqa: F401  (re-exported: kvembed.serve.parse_size)
+
+#: what one more graph call is worth in padded tokens when the batcher cuts a window into calls
+#: (kvembed/serve/batcher.py says why, with the numbers)
+CALL_COST = 32
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,12 @@ class ServeConfig:
     max_client_batch_size: int = 2048
     payload_limit: int = 2_000_000
     threads: int | None = None
+    """Intra-op threads per artifact, shared out among its workers (None: one per core)."""
+    workers: int = 1
+    """Graph calls of one artifact running at once, each on ``threads // workers`` threads."""
+    call_cost: int | None = CALL_COST
+    """Padded tokens one more graph call is worth when the batcher cuts a window (None: cut every
+    ``max_batch_size`` rows, whatever the padding)."""
     provider: str = "auto"
     #: OpenVINO's precision hint (provider "openvino" only; None: bf16 where the CPU has it)
     ov_precision: str | None = None
@@ -34,6 +45,10 @@ class ServeConfig:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.call_cost is not None and self.call_cost < 0:
+            raise ValueError(f"call-cost must be >= 0 tokens, got {self.call_cost}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max-wait-ms must be >= 0, got {self.max_wait_ms}")
         if not self.artifacts:
@@ -42,6 +57,14 @@ class ServeConfig:
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"served model names must be unique, {', '.join(duplicates)} repeats; name them NAME=DIR")
+
+
+    @property
+    def threads_per_call(self) -> int | None:
+        """Intra-op threads of each graph call: ``threads`` (or the cores) split among ``workers``."""
+        if self.workers == 1:
+            return self.threads
+        return max(1, (self.threads or os.cpu_count() or 1) // self.workers)
 
 
 def parse_artifact(value: str) -> tuple[str, Path]:
