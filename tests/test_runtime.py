@@ -127,6 +127,29 @@ def test_call_token_budget_slices_rows_without_changing_vectors(artifacts):
             Embedder.load(artifacts["kv-embedding"], provider="cpu", max_call_tokens=bad)
 
 
+def test_call_cost_cuts_encode_batches_by_padding_without_changing_vectors(artifacts):
+    """encode plans batches with the call cost (CPU default 32): the padded tokens it sends are
+    those of the cheapest plan, fewer than greedy cuts on spread-out lengths, and the vectors
+    equal greedy cuts' (rows are independent)."""
+    texts = random_texts(60, seed=8)
+    planned = Embedder.load(artifacts["kv-embedding"], provider="cpu")
+    greedy = Embedder.load(artifacts["kv-embedding"], provider="cpu", call_cost=None)
+    assert planned.call_cost == 32 and greedy.call_cost is None
+    sent: dict[str, list[int]] = {}
+    for name, runtime in (("planned", planned), ("greedy", greedy)):
+        real_run, sent[name] = runtime.run, []
+        runtime.run = lambda batch, output=None, real_run=real_run, name=name: sent[name].append(batch["input_ids"].size) or real_run(batch, output)
+    assert_same(planned.encode(texts, batch_size=32), greedy.encode(texts, batch_size=32))
+    lengths = [len(item.ids) for item in planned.encoder.encode(texts, "document")]
+    order = sorted(lengths, reverse=True)
+    assert sum(sent["greedy"]) == sum(len(order[i : i + 32]) * order[i] for i in range(0, 60, 32))
+    assert sum(sent["planned"]) < sum(sent["greedy"])
+    assert sum(sent["planned"]) + 32 * len(sent["planned"]) <= sum(sent["greedy"]) + 32 * len(sent["greedy"])
+    for bad in (-1, 2.5, True, "cheap"):
+        with pytest.raises(ValueError, match="call_cost must be an integer >= 0"):
+            Embedder.load(artifacts["kv-embedding"], provider="cpu", call_cost=bad)
+
+
 def test_stream_of_10k_texts_reads_ahead_at_most_one_chunk_and_is_complete(artifacts):
     """Bounded memory, measured: the input generator is never more than one chunk ahead of the
     rows delivered, and the Python heap's peak while streaming stays below what the whole

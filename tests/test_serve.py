@@ -300,7 +300,8 @@ def test_command_line_failures_are_one_line_and_exit_2(artifacts, tmp_path, serv
         ([str(artifacts["va"]), "--port", "70000"], "--port must be in 0-65535"),
         ([str(artifacts["va"]), "--log-level", "loud"], "--log-level must be one of"),
         ([str(artifacts["va"]), "--workers", "0"], "workers must be >= 1"),
-        ([str(artifacts["va"]), "--call-cost", "-5"], "call-cost must be >= 0"),
+        ([str(artifacts["va"]), "--call-cost", "-5"], "call-cost must be auto, none or an integer >= 0"),
+        ([str(artifacts["va"]), "--call-cost", "cheap"], "call-cost must be auto, none or an integer >= 0"),
         ([str(artifacts["va"]), "--port", str(server.port)], f"cannot serve on 127.0.0.1:{server.port}"),
         ([str(damaged), "--port", "0"], "damaged"),
     ]

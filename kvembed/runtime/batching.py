@@ -6,6 +6,13 @@ from typing import Sequence
 
 import numpy as np
 
+#: padded tokens one more graph call is worth on the CPU (``call_cost`` of :func:`plan_batches`):
+#: a call's fixed cost is small there (stories260k: 0.3 ms for 1 x 16 tokens, ~13 us per token in a
+#: 64 x 64 batch, so a call is worth ~15-25 tokens) and small calls run as fast per token as big ones
+#: (SmolLM2-135M, a 256-text window of 1-400 characters: 1.21x faster than greedy cuts at 16, 1.13x at
+#: 64). Unmeasured on GPUs, where launches cost more: greedy cuts there (benchmarks/RESULTS.md).
+CPU_CALL_COST = 32
+
 
 def plan_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None,
                  max_padding: float | None = None, call_cost: int | None = None) -> list[list[int]]:

@@ -13,7 +13,7 @@ import numpy as np
 from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
 from .artifact import MODEL, check_files, encoder_from_manifest, read_manifest
-from .batching import plan_batches
+from .batching import CPU_CALL_COST, plan_batches
 from .engine import EngineSession, check_engine_files, is_engine_dir
 from .encoding import EncodedText, TextEncoder, check_texts
 from .openvino import OPENVINO  # the openvino package itself is imported only when a session is made
@@ -38,6 +38,7 @@ class Embedder:
     def __init__(
         self, directory: Path, manifest: Mapping[str, Any], encoder: TextEncoder, session: Any,
         max_call_tokens: int | None | str = "auto",
+        call_cost: int | None | str = "auto",
     ) -> None:
         self.directory = directory
         self.manifest = dict(manifest)
@@ -51,6 +52,13 @@ class Embedder:
             raise ValueError(f"max_call_tokens must be a positive integer, None or 'auto', got {max_call_tokens!r}")
         #: padded tokens per graph call (None: a padded batch runs as one call); see :data:`CPU_CALL_TOKENS`
         self.max_call_tokens: int | None = max_call_tokens
+        if call_cost == "auto":
+            call_cost = CPU_CALL_COST if self.providers[0] in (CPU, OPENVINO) else None
+        if call_cost is not None and (not isinstance(call_cost, int) or isinstance(call_cost, bool) or call_cost < 0):
+            raise ValueError(f"call_cost must be an integer >= 0 (tokens), None or 'auto', got {call_cost!r}")
+        #: padded tokens one more batch is worth when texts are planned into batches (None: cut
+        #: every ``batch_size`` rows); see :data:`~kvembed.runtime.batching.CPU_CALL_COST`
+        self.call_cost: int | None = call_cost
 
     @classmethod
     def load(
@@ -67,6 +75,7 @@ class Embedder:
         ov_precision: str | None = None,
         ov_cache_dir: str | os.PathLike[str] | None | bool = None,
         max_call_tokens: int | None | str = "auto",
+        call_cost: int | None | str = "auto",
     ) -> "Embedder":
         """Open an artifact directory.
 
@@ -89,6 +98,11 @@ class Embedder:
         whole rows (at least one). ``"auto"``: :data:`CPU_CALL_TOKENS` on the CPU and OpenVINO
         (less memory and faster there), None (one call) on GPUs. Vectors do not depend on it.
 
+        ``call_cost``: padded tokens one more batch is worth when :meth:`encode` plans texts into
+        batches: sorted texts are cut where the padding saved is worth more (see
+        :func:`~kvembed.runtime.batching.plan_batches`). ``"auto"``: :data:`CPU_CALL_COST` on the CPU
+        and OpenVINO, None (cut every ``batch_size`` rows) on GPUs.
+
         An engine directory (``kvembed build-engine``: ``engine.plan`` + ``engine.json`` beside the
         artifact's tokenizer and manifest) runs its plan with TensorRT (``provider`` ``"auto"`` or
         ``"tensorrt"``): batches are padded and cut to its profiles' sequence range and split to its
@@ -97,7 +111,7 @@ class Embedder:
         path = Path(directory)
         manifest = read_manifest(path)
         if is_engine_dir(path):
-            return cls._load_engine(path, manifest, provider, verify, max_call_tokens)
+            return cls._load_engine(path, manifest, provider, verify, max_call_tokens, call_cost)
         if verify:
             problems = check_files(path, manifest)
             if problems:
@@ -106,17 +120,18 @@ class Embedder:
             from .openvino import create_session as create_openvino_session
 
             session: Any = create_openvino_session(path / MODEL, threads, ov_precision, ov_cache_dir)
-            return cls(path, manifest, encoder_from_manifest(path, manifest), session, max_call_tokens)
+            return cls(path, manifest, encoder_from_manifest(path, manifest), session, max_call_tokens, call_cost)
         encoder = encoder_from_manifest(path, manifest)
         provider_options: dict[str, Any] = {"device_id": device_id}
         if provider == "tensorrt":
             provider_options.update(trt_cache_dir=trt_cache_dir, trt_fp16=trt_fp16)
         session = create_session(path / MODEL, provider, threads, memory_arena, **provider_options)
-        return cls(path, manifest, encoder, session, max_call_tokens)
+        return cls(path, manifest, encoder, session, max_call_tokens, call_cost)
 
     @classmethod
     def _load_engine(
-        cls, path: Path, manifest: Mapping[str, Any], provider: str, verify: bool, max_call_tokens: int | None | str
+        cls, path: Path, manifest: Mapping[str, Any], provider: str, verify: bool, max_call_tokens: int | None | str,
+        call_cost: int | None | str = "auto",
     ) -> "Embedder":
         if provider not in ("auto", "tensorrt"):
             raise ValueError(
@@ -131,7 +146,7 @@ class Embedder:
         encoder = encoder_from_manifest(path, manifest)
         encoder.max_length = min(encoder.max_length, session.limits.max_sequence)
         encoder.min_width = session.limits.min_sequence
-        return cls(path, manifest, encoder, session, max_call_tokens)
+        return cls(path, manifest, encoder, session, max_call_tokens, call_cost)
 
     # -- facts ---------------------------------------------------------------------------------
 
@@ -267,7 +282,7 @@ class Embedder:
         show_progress_bar: bool | None,
     ) -> np.ndarray:
         out = np.zeros((len(encoded), self.dim_of(label)), dtype=np.float32)
-        plan = plan_batches([len(item.ids) for item in encoded], batch_size, max_tokens)
+        plan = plan_batches([len(item.ids) for item in encoded], batch_size, max_tokens, call_cost=self.call_cost)
         with _progress(len(encoded), show_progress_bar) as advance:
             for chunk in plan:
                 embedding, pooled = self.run(self.encoder.pad([encoded[i] for i in chunk], self.padding_side), label)

@@ -10,10 +10,9 @@ thread (off the event loop), and each request's rows are written back at their i
 A window of several batches lets the planner sort lengths across more inputs: on serve_bench's
 mix (1-8 texts of 1-128 characters, kv-embedding prompt) padded tokens are 1.55x the real ones
 with one-batch windows, 1.16x with four (1.09x sorting all texts at once). Cutting the sorted
-window where padding costs more than a call (``call_cost``, :func:`cheapest_cuts`) instead of
-every ``max_batch_size`` rows takes the 64-client padding from 1.2x to 1.04x: on CPU a call's
-fixed cost is small (stories260k: ~0.2 ms, ~15 tokens' worth) and small calls run as fast per
-token as big ones (SmolLM2, a 256-text window: 1.21x faster at call cost 16, 1.13x at 64).
+window where padding costs more than a call (``call_cost``: the embedder's by default, see
+:data:`~kvembed.runtime.batching.CPU_CALL_COST`) instead of every ``max_batch_size`` rows takes
+the 64-client padding from 1.2x to 1.04x (benchmarks/RESULTS.md).
 
 The worker waits up to ``max_wait_ms`` for more inputs only while requests that were already
 accepted for this model are still being tokenised: a lone client never pays the wait.
@@ -42,7 +41,6 @@ import numpy as np
 from ..runtime import Embedder
 from ..runtime.batching import plan_batches
 from ..runtime.encoding import EncodedText
-from .config import CALL_COST
 from .metrics import Metrics
 
 #: a window holds up to this many batches' worth of inputs (see the module docstring)
@@ -77,14 +75,14 @@ class Batcher:
         max_batch_size: int = 64,
         max_wait_ms: float = 5.0,
         workers: int = 1,
-        call_cost: int | None = CALL_COST,
+        call_cost: int | None | str = "auto",
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.embedder, self.name, self.metrics = embedder, name, metrics
         self.max_batch_tokens, self.max_batch_size = max_batch_tokens, max_batch_size
         self.max_wait = max_wait_ms / 1000
-        self.call_cost = call_cost
+        self.call_cost = embedder.call_cost if call_cost == "auto" else call_cost
         self.quantum = max(1, math.ceil(max_batch_size / 4))
         self._jobs: deque[_Job] = deque()
         self._queued_items = self._queued_tokens = self._arriving = 0

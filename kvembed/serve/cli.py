@@ -9,7 +9,6 @@ import typer
 
 from .. import cli_options as opt
 from ..cli_support import fail
-from .config import CALL_COST
 
 
 def serve_command(
@@ -20,7 +19,7 @@ def serve_command(
     max_batch_tokens: int = typer.Option(16384, help="Padded tokens per graph call."),
     max_batch_size: int = typer.Option(64, help="Rows per graph call."),
     max_wait_ms: float = typer.Option(5.0, help="Longest wait for requests being tokenised to join a batch."),
-    call_cost: int = typer.Option(CALL_COST, help="Padded tokens one more graph call is worth: batches are cut where padding costs more (-1: cut only at --max-batch-size)."),
+    call_cost: str = typer.Option("auto", help="Padded tokens one more graph call is worth: batches are cut where padding costs more (auto: 32 on the CPU, none on GPUs; none: cut only at --max-batch-size)."),
     max_concurrent_requests: int = typer.Option(512, help="Requests served at once; more get 429."),
     max_client_batch_size: int = typer.Option(2048, help="Inputs per request; more get 413."),
     payload_limit: str = typer.Option("2MB", help="Largest request body (e.g. 2MB, 512KiB); larger get 413."),
@@ -39,7 +38,7 @@ def serve_command(
         from uvicorn.config import LOG_LEVELS
 
         from ..runtime.session import PROVIDERS
-        from .config import ServeConfig, parse_artifact, parse_size
+        from .config import ServeConfig, parse_artifact, parse_call_cost, parse_size
         from .server import DrainingServer  # noqa: F401  (fail here, not later, without the serve extra)
     except ImportError as err:
         from ..errors import MissingDependency
@@ -60,7 +59,7 @@ def serve_command(
         artifacts=tuple(parse_artifact(a) for a in artifacts), api_key=api_key or None,
         max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
         max_concurrent_requests=max_concurrent_requests, max_client_batch_size=max_client_batch_size,
-        payload_limit=parse_size(payload_limit), threads=threads, workers=workers, call_cost=None if call_cost == -1 else call_cost, provider=provider, ov_precision=ov_precision,
+        payload_limit=parse_size(payload_limit), threads=threads, workers=workers, call_cost=parse_call_cost(call_cost), provider=provider, ov_precision=ov_precision,
         cors_origins=tuple(cors_origin or ()),
     )
     run(config, host, port, graceful_timeout, access_log, log_level, keep_alive)

@@ -9,10 +9,6 @@ from pathlib import Path
 from ..runtime.artifact import MANIFEST
 from ..sizes import parse_size  # noqa: F401  (re-exported: kvembed.serve.parse_size)
 
-#: what one more graph call is worth in padded tokens when the batcher cuts a window into calls
-#: (kvembed/serve/batcher.py says why, with the numbers)
-CALL_COST = 32
-
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -31,9 +27,9 @@ class ServeConfig:
     """Intra-op threads per artifact, shared out among its workers (None: one per core)."""
     workers: int = 1
     """Graph calls of one artifact running at once, each on ``threads // workers`` threads."""
-    call_cost: int | None = CALL_COST
+    call_cost: int | None | str = "auto"
     """Padded tokens one more graph call is worth when the batcher cuts a window (None: cut every
-    ``max_batch_size`` rows, whatever the padding)."""
+    ``max_batch_size`` rows, whatever the padding; "auto": the runtime's, 32 on the CPU)."""
     provider: str = "auto"
     #: OpenVINO's precision hint (provider "openvino" only; None: bf16 where the CPU has it)
     ov_precision: str | None = None
@@ -47,8 +43,8 @@ class ServeConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
-        if self.call_cost is not None and self.call_cost < 0:
-            raise ValueError(f"call-cost must be >= 0 tokens, got {self.call_cost}")
+        if self.call_cost != "auto" and self.call_cost is not None and (not isinstance(self.call_cost, int) or self.call_cost < 0):
+            raise ValueError(f"call-cost must be auto, none or an integer >= 0 (tokens), got {self.call_cost!r}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max-wait-ms must be >= 0, got {self.max_wait_ms}")
         if not self.artifacts:
@@ -78,3 +74,14 @@ def parse_artifact(value: str) -> tuple[str, Path]:
     if not (directory / MANIFEST).is_file():
         raise FileNotFoundError(f"{str(directory)!r} is not a kvembed artifact (no {MANIFEST}); export one with kvembed-export")
     return name, directory
+
+
+def parse_call_cost(value: str) -> int | None | str:
+    """``--call-cost``: ``auto``, ``none`` or a number of tokens."""
+    text = value.strip().lower()
+    if text in ("auto", "none"):
+        return None if text == "none" else "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"--call-cost must be auto, none or an integer >= 0 (tokens), got {value!r}") from None
