@@ -56,7 +56,7 @@ class ShardWorker:
             encoded = encoder.encode(texts, self.job.kind)
         lengths = [len(item.ids) for item in encoded]
         vectors = np.zeros((len(texts), embedder.dim), dtype=np.float32)
-        for batch in plan_batches(lengths, self.job.batch_tokens, self.job.batch_tokens):
+        for batch in plan_batches(lengths, self.job.batch_tokens, self.job.batch_tokens, call_cost=embedder.call_cost):
             vectors[batch] = embedder.run(encoder.pad([encoded[i] for i in batch], embedder.padding_side))[0]
             progress(len(batch), sum(lengths[i] for i in batch))
         return vectors, sum(lengths), sum(item.truncated for item in encoded)
