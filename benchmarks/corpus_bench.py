@@ -28,20 +28,22 @@ from pathlib import Path
 FILES = 5
 
 
-def corpus_texts(count: int, sentences: tuple[int, int], seed: int = 0) -> list[str]:
-    """``count`` texts of ``sentences[0]..[1]`` calibration sentences each."""
+def corpus_texts(count: int, sentences: tuple[int, int], seed: int = 0, words: tuple[int, int] | None = None) -> list[str]:
+    """``count`` texts of ``sentences[0]..[1]`` calibration sentences each, cut to ``words[0]..[1]`` words if given."""
     pool = (Path(__file__).resolve().parents[1] / "kvembed" / "data" / "calibration.txt").read_text().split("\n")
     pool = [line for line in pool if line.strip()]
     rng = random.Random(seed)
-    return [" ".join(rng.choice(pool) for _ in range(rng.randint(*sentences))) for _ in range(count)]
+    texts = [" ".join(rng.choice(pool) for _ in range(rng.randint(*sentences))) for _ in range(count)]
+    return [" ".join(text.split()[:rng.randint(*words)]) for text in texts] if words else texts
 
 
-def make_corpus(folder: Path, count: int, sentences: tuple[int, int], seed: int = 0) -> str:
+def make_corpus(folder: Path, count: int, sentences: tuple[int, int], seed: int = 0,
+                words: tuple[int, int] | None = None) -> str:
     """``corpus_texts`` in 5 Parquet files; returns a glob."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    texts = corpus_texts(count, sentences, seed)
+    texts = corpus_texts(count, sentences, seed, words)
     folder.mkdir(parents=True, exist_ok=True)
     start = 0
     for f in range(FILES):
@@ -121,10 +123,25 @@ def markdown(results: dict) -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
+def span(text: str) -> tuple[int, int]:
+    """``"1-4"`` -> (1, 4); ``"3"`` -> (3, 3)."""
+    low, _, high = text.partition("-")
+    try:
+        bounds = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO-HI (e.g. 1-4), got {text!r}") from None
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, got {text!r}")
+    return bounds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--artifact", required=True)
-    parser.add_argument("--texts", type=int, default=2000, help="Texts of 1-4 sentences for the throughput runs.")
+    parser.add_argument("--texts", type=int, default=2000, help="Texts for the throughput runs (see --sentences, --words).")
+    parser.add_argument("--sentences", type=span, default=(1, 4), help="Calibration sentences a throughput text, LO-HI.")
+    parser.add_argument("--words", type=span, default=None,
+                        help="Cut every throughput text to LO-HI words (short, title-like texts).")
     parser.add_argument("--configs", default="local:1x2,ray:1x2,ray:2x1", help="engine:WORKERSxTHREADS, comma-separated.")
     parser.add_argument("--rounds", type=int, default=1, help="Run every config this many times, interleaved.")
     parser.add_argument("--memory", default="", help="Comma list of short-text corpus sizes for the memory runs (local).")
@@ -138,13 +155,14 @@ def main() -> None:
     if args.one:
         print(json.dumps(run_one(args.one, args.artifact, args.input, args.output, args.rows_per_file)))
         return
-    results: dict = {"artifact": os.path.abspath(args.artifact), "texts": args.texts, "throughput": [], "memory": []}
+    results: dict = {"artifact": os.path.abspath(args.artifact), "texts": args.texts, "sentences": args.sentences,
+                     "words": args.words, "rows_per_file": args.rows_per_file, "throughput": [], "memory": []}
     if args.tokenize:
         results["tokenize"] = tokenize_rate(args.artifact, args.tokenize)
         print(json.dumps(results["tokenize"]), flush=True)
     with tempfile.TemporaryDirectory(prefix="corpus-bench-") as tmp:
         root = Path(tmp)
-        inputs = make_corpus(root / "mixed", args.texts, (1, 4))
+        inputs = make_corpus(root / "mixed", args.texts, args.sentences, words=args.words)
         for round_ in range(args.rounds):
             for config in [c for c in args.configs.split(",") if c]:
                 results["throughput"].append(spawn(config, args.artifact, inputs, root / f"out-{config}-{round_}".replace(":", "-"), args.rows_per_file))
