@@ -1,7 +1,7 @@
 """Corpus embedding throughput and memory: ``--engine local`` vs ``--engine ray`` at equal cores.
 
 Builds a Parquet corpus (5 files) of mixed-length texts from kvembed's calibration sentences
-(1-4 sentences per text), then runs ``embed_corpus`` once per engine configuration, each in a
+(1-4 sentences per text; ``--sentences`` / ``--words`` change that), then runs ``embed_corpus`` once per engine configuration, each in a
 fresh process: texts/s and tokens/s over the embedding call (Ray: after ``ray.init``, which a
 cluster has already done; actor start and model load are included), and the worker's peak RSS
 from the manifest. ``--memory`` runs the local engine on growing corpora of short texts to show
