@@ -15,6 +15,7 @@ use ``kvembed bench`` for that.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import statistics
@@ -39,8 +40,9 @@ def parse_shape(text: str) -> tuple[int, int]:
     return int(batch), int(seq)
 
 
-def load_backends(args: argparse.Namespace) -> dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]]:
-    """name -> call(feeds) -> embeddings; each loaded the way a user loads it."""
+def load_backends(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]]:
+    """name -> call(feeds) -> embeddings; each loaded the way a user loads it (PyTorch's reference
+    closed, its patches restored, when ``stack`` closes)."""
     load = lambda path, **kw: Embedder.load(path, threads=args.threads, verify=False, **kw)  # noqa: E731
     runs: dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]] = {}
     embedders = {BASE: load(args.fp32, provider="cpu")}
@@ -51,7 +53,7 @@ def load_backends(args: argparse.Namespace) -> dict[str, Callable[[dict[str, np.
     for name, embedder in embedders.items():
         runs[name] = lambda feeds, e=embedder: e.run(feeds)[0]
     if args.torch:
-        reference = TorchBackend(read_manifest(args.fp32), args.threads)
+        reference = stack.enter_context(TorchBackend(read_manifest(args.fp32), args.threads))
         runs["PyTorch fp32"] = reference.run
     return runs
 
@@ -69,7 +71,12 @@ def main() -> None:
     args = parser.parse_args()
     shapes = [parse_shape(s) for s in args.shapes.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = load_backends(args)
+    with contextlib.ExitStack() as stack:
+        measure(args, shapes, load_backends(args, stack))
+
+
+def measure(args: argparse.Namespace, shapes: list[tuple[int, int]], runs: dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]]) -> None:
+    """Every shape, the backends interleaved; writes ``results.json``."""
     encoder = Embedder.load(args.fp32, provider="cpu", threads=1, verify=False).encoder
     results: dict[str, Any] = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine_info(args.threads),

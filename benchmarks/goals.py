@@ -1,4 +1,4 @@
-"""Issue 5's performance goals P1-P6 on a Qwen3-0.6B-shaped random model, each a ratio in one run.
+"""Performance goals P1-P8 on a Qwen3-0.6B-shaped model (issues 5 and 14), each a ratio in one run.
 
     python benchmarks/goals.py --layers 8 --out benchmarks/results/goals
 
@@ -7,12 +7,18 @@ is measured *interleaved*: the calls being compared take turns, round after roun
 reports the median over rounds of the per-round ratio. Inputs are real token ids of exact
 lengths (a byte-level tokenizer on English text), identical for every backend.
 
-P1 batch 1 x 32: runtime fp32 latency <= PyTorch eager fp32 / 1.5
+Every timed call starts after a settle gap (``interleaved``'s ``gap``): onnxruntime's spinning pool
+would otherwise slow the PyTorch call after it by ~20% and flatter P1. The runtime is called
+through ``Embedder.run`` (row slices included), as users call it.
+
+P1 batch 1 x 32: runtime fp32 latency / PyTorch eager fp32 <= 1 / 1.5 (issue 5), <= 0.5 (issue 14)
 P2 kv-embedding (layer set) vs the same model exported with --layers none: <= +3%
-P3 int8 throughput at 16 x 128 >= 2.5 x PyTorch fp32; cosine int8 vs fp32 >= 0.99
+P3 int8 throughput at 16 x 128 / PyTorch fp32 >= 2.5 (5), >= 3.0 (14); cosine int8 vs fp32 >= 0.99
 P4 early exit: va / token-prepending graph cost <= 1.05 x (layers kept / all) x full-depth graph
-P5 fp32 throughput at 16 x 128 >= 75% of the fp32 GEMM peak (a 2048^3 onnxruntime MatMul)
+P5 fp32 throughput at 16 x 128 / the fp32 GEMM peak (a 2048^3 onnxruntime MatMul) >= 0.75 (5), >= 0.85 (14)
 P6 mixed lengths 8..512: token-budget batching >= 1.5 x texts/s of fixed batches in input order
+P7 runtime fp32 tokens/s at 16 x 512 / tokens/s at 16 x 128 >= 0.75 (14)
+P8 runtime fp32 peak RSS / PyTorch's, one 16 x 512 batch, each in a fresh process: <= 1.0 (14)
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from kvembed.bench.measure import TorchBackend, cosine_rows, interleaved, peak_rss_mb, ratio
+from kvembed.bench.worker import CellInput, WorkerSpec, run_isolated
 from kvembed.bench.peak import gemm_call, model_shape
 from kvembed.bench.report import machine_info
 from kvembed.bench.synthetic import build_random_model
@@ -62,10 +69,35 @@ def artifacts_for(model: Path, root: Path, layers: int) -> dict[str, Path]:
     return paths
 
 
+#: goal -> issue -> (comparison, threshold); a goal is met for an issue when measured <op> threshold
+TARGETS: dict[str, dict[str, tuple[str, float]]] = {
+    "P1": {"5": ("<=", 1 / 1.5), "14": ("<=", 0.5)},
+    "P2": {"5": ("<=", 1.03)},
+    "P3": {"5": (">=", 2.5), "14": (">=", 3.0)},
+    "P4-va": {"5": ("<=", 1.05)},
+    "P4-tp": {"5": ("<=", 1.05)},
+    "P5": {"5": (">=", 0.75), "14": (">=", 0.85)},
+    "P6": {"5": (">=", 1.5)},
+    "P7": {"14": (">=", 0.75)},
+    "P8": {"14": ("<=", 1.0)},
+}
+
+
+def verdicts(key: str, measured: float, also: bool = True) -> dict[str, bool]:
+    """issue -> met, for ``measured`` against each issue's threshold of goal ``key`` (and ``also``)."""
+    compare = {"<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b}
+    return {issue: bool(also and compare[op](measured, bound)) for issue, (op, bound) in TARGETS[key].items()}
+
+
 def runner(embedder: Embedder, feeds: dict[str, np.ndarray]) -> Callable[[], Any]:
-    names = {i.name for i in embedder.session.get_inputs()}
-    feeds = {k: v for k, v in feeds.items() if k in names}
-    return lambda: embedder.session.run(["embedding"], feeds)
+    return lambda: embedder.run(feeds)
+
+
+def isolated_peak_rss(backend: str, artifact: Path, threads: int, feeds: dict[str, np.ndarray]) -> float:
+    """Peak RSS (MB) of a fresh process that loads ``backend`` and runs ``feeds`` once."""
+    spec = WorkerSpec(backend, str(artifact), read_manifest(artifact), threads, [CellInput("rss", feeds)],
+                      warmup=0, min_repeats=1, min_seconds=0.0)
+    return float(run_isolated(spec)["peak_rss_mb"])
 
 
 def main() -> None:
@@ -91,15 +123,17 @@ def main() -> None:
                                "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "goals": {}}
     goals = results["goals"]
 
-    def report(key: str, measured: float, target: str, met: bool, **detail: Any) -> None:
-        goals[key] = {"measured": measured, "target": target, "met": bool(met), **detail}
-        print(f"{key}: {measured:.3f} (target {target}) {'met' if met else 'NOT met'} {detail}", flush=True)
+    def report(key: str, measured: float, what: str, also: bool = True, **detail: Any) -> None:
+        met = verdicts(key, measured, also)
+        goals[key] = {"measured": measured, "what": what, "met": met, **detail}
+        said = ", ".join(f"issue {i}: {TARGETS[key][i][0]} {TARGETS[key][i][1]:.3g} {'met' if ok else 'NOT met'}" for i, ok in met.items())
+        print(f"{key}: {measured:.3f} ({what}; {said}) {detail}", flush=True)
 
     # P1: batch 1 x 32
     small = raw_token_batch(kv.encoder, 1, 32)
     t = interleaved({"runtime": runner(kv, small), "torch": lambda: torch_kv.run(small)}, rounds=30, warmup=3)
     r = ratio(t, "runtime", "torch")
-    report("P1", r, "<= 0.667 (runtime / torch latency, 1 x 32)", r <= 1 / 1.5,
+    report("P1", r, "runtime / torch latency, 1 x 32",
            runtime_p50_ms=1e3 * statistics.median(t["runtime"]), torch_p50_ms=1e3 * statistics.median(t["torch"]))
 
     big = raw_token_batch(kv.encoder, 16, 128)
@@ -110,20 +144,20 @@ def main() -> None:
              "torch": lambda: torch_kv.run(big), "gemm": gemm}
     t = interleaved(calls, rounds=args.rounds)
     r = ratio(t, "kv", "kv-none")
-    report("P2", r, "<= 1.03 (kv-embedding / --layers none, 16 x 128)", r <= 1.03,
+    report("P2", r, "kv-embedding / --layers none, 16 x 128",
            kv_tokens_per_s=tokens / statistics.median(t["kv"]), none_tokens_per_s=tokens / statistics.median(t["kv-none"]))
     speed = 1 / ratio(t, "int8", "torch")
-    fp32_out, int8_out = kv.session.run(["embedding"], big)[0], kv_int8.session.run(["embedding"], big)[0]
+    fp32_out, int8_out = kv.run(big)[0], kv_int8.run(big)[0]
     cos_bench = float(cosine_rows(int8_out, fp32_out).min())
     cos_parity = float(read_manifest(paths["kv-int8"])["parity"]["worst_cosine"])
-    report("P3", speed, ">= 2.5 (int8 / torch fp32 throughput, 16 x 128); cosine >= 0.99",
-           speed >= 2.5 and min(cos_bench, cos_parity) >= 0.99,
+    report("P3", speed, "int8 / torch fp32 throughput, 16 x 128; and cosine >= 0.99",
+           min(cos_bench, cos_parity) >= 0.99,
            int8_tokens_per_s=tokens / statistics.median(t["int8"]), torch_tokens_per_s=tokens / statistics.median(t["torch"]),
            cosine_int8_vs_fp32_bench=cos_bench, cosine_int8_vs_torch_parity_texts=cos_parity)
     shape = model_shape(read_manifest(paths["kv-fp32"]), paths["kv-fp32"])
     flops = shape.flops([128] * 16)
     share = statistics.median((flops / a) / (gemm_flops / g) for a, g in zip(t["kv"], t["gemm"]))
-    report("P5", share, ">= 0.75 (achieved GFLOP/s / GEMM peak, fp32 16 x 128)", share >= 0.75,
+    report("P5", share, "achieved GFLOP/s / GEMM peak, fp32 16 x 128",
            model_gflops=flops / statistics.median(t["kv"]) / 1e9, gemm_gflops=gemm_flops / statistics.median(t["gemm"]) / 1e9,
            flops_per_batch=flops, shape=shape.to_dict())
 
@@ -135,7 +169,7 @@ def main() -> None:
         t = interleaved({"part": runner(part, big), "full": runner(full, big)}, rounds=args.rounds)
         r = ratio(t, "part", "full")
         bound = kept / all_layers
-        report(f"P4-{method}", r / bound, f"<= 1.05 (cost / ({kept}/{all_layers} x full-depth cost))", r / bound <= 1.05,
+        report(f"P4-{method}", r / bound, f"cost / ({kept}/{all_layers} x full-depth cost)",
                cost_ratio=r, layers_kept=kept, layers_full=all_layers)
 
     # P6: mixed lengths through the runtime's encode (token-budget batching) vs fixed batches in input order
@@ -149,13 +183,37 @@ def main() -> None:
     t = interleaved({"budget": lambda: kv.encode(corpus, batch_size=16, max_tokens=16 * 128), "fixed": fixed_batches},
                     rounds=2, warmup=0)
     r = 1 / ratio(t, "budget", "fixed")
-    report("P6", r, ">= 1.5 (texts/s, token-budget vs fixed 16-row batches in input order)", r >= 1.5,
+    report("P6", r, "texts/s, token-budget vs fixed 16-row batches in input order",
            budget_texts_per_s=len(corpus) / statistics.median(t["budget"]), fixed_texts_per_s=len(corpus) / statistics.median(t["fixed"]))
 
+    # P7: long rows keep their rate (the runtime slices long batches into row groups)
+    long = raw_token_batch(kv.encoder, 16, 512)
+    t = interleaved({"512": runner(kv, long), "128": runner(kv, big)}, rounds=args.rounds)
+    r = statistics.median((4 * b) / a for a, b in zip(t["512"], t["128"]))
+    report("P7", r, "runtime fp32 tokens/s at 16 x 512 / at 16 x 128",
+           tokens_per_s_512=16 * 512 / statistics.median(t["512"]), tokens_per_s_128=tokens / statistics.median(t["128"]))
+    torch_kv.close()
+
+    # P8: memory of one 16 x 512 batch, each backend in a fresh process (its peak is its own)
+    rss = {backend: isolated_peak_rss(backend, paths["kv-fp32"], args.threads, long) for backend in ("runtime", "torch")}
+    report("P8", rss["runtime"] / rss["torch"], "runtime fp32 / PyTorch peak RSS, 16 x 512, fresh processes",
+           runtime_peak_rss_mb=rss["runtime"], torch_peak_rss_mb=rss["torch"])
+
     results["peak_rss_mb"] = peak_rss_mb()
+    results["targets"] = TARGETS
     (args.out / "goals.json").write_text(json.dumps(results, indent=2, default=str))
-    lines = ["| goal | measured | target | met |", "|---|---|---|---|"]
-    lines += [f"| {k} | {v['measured']:.3f} | {v['target']} | {'yes' if v['met'] else 'no'} |" for k, v in goals.items()]
+    issues = sorted({i for t in TARGETS.values() for i in t}, key=int)
+    lines = ["| goal | measured | what | " + " | ".join(f"issue {i}" for i in issues) + " |",
+             "|---|---|---|" + "---|" * len(issues)]
+    for key, goal in goals.items():
+        cells = []
+        for issue in issues:
+            if issue in TARGETS[key]:
+                op, bound = TARGETS[key][issue]
+                cells.append(f"{op} {bound:.3g}: {'met' if goal['met'][issue] else '**no**'}")
+            else:
+                cells.append("-")
+        lines.append(f"| {key} | {goal['measured']:.3f} | {goal['what']} | " + " | ".join(cells) + " |")
     (args.out / "goals.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     sys.exit(0)

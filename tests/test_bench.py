@@ -331,6 +331,25 @@ def test_interleaved_calls_take_turns_and_ratio_is_the_median_per_round():
     assert ratio({"a": [2.0, 9.0, 3.0], "b": [1.0, 3.0, 1.0]}, "a", "b") == 3.0  # per round: 2, 3, 3
 
 
+def test_interleaved_leaves_the_gap_idle_before_every_timed_call():
+    import time
+
+    from kvembed.bench.measure import interleaved
+
+    ended: list[float] = []
+    idle: list[float] = []
+
+    def call() -> None:
+        if ended:
+            idle.append(time.perf_counter() - ended[-1])
+        ended.append(time.perf_counter())
+
+    interleaved({"a": call, "b": call}, rounds=2, warmup=0, gap=0.03)
+    assert len(idle) == 3 and min(idle) >= 0.03
+    with pytest.raises(ValueError, match="gap"):
+        interleaved({"a": call}, rounds=1, gap=-1)
+
+
 def test_raw_token_batch_has_exact_lengths_of_real_tokens(quick_run):
     from kvembed.bench.workload import raw_token_batch, word_stream
     from kvembed.runtime import Embedder

@@ -79,16 +79,31 @@ def time_calls(
     return samples
 
 
-def interleaved(calls: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
+#: idle seconds before each interleaved call. onnxruntime's intra-op workers keep spinning for a
+#: while after a call returns: with 0.02 s, a PyTorch 1 x 32 call right after the runtime's took
+#: 117-119 ms against 96-98 ms after its own (Zen 4, 2 threads, 20 rounds; equal with the pool's
+#: spinning off); with 0.05 s the two were within 3%.
+SETTLE_SECONDS = 0.05
+
+
+def interleaved(
+    calls: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1, gap: float = SETTLE_SECONDS
+) -> dict[str, list[float]]:
     """Seconds per call of each entry, the calls taking turns for ``rounds`` rounds: on a machine
-    whose speed drifts, the calls of one round see the same conditions, so per-round ratios hold."""
+    whose speed drifts, the calls of one round see the same conditions, so per-round ratios hold.
+
+    Every timed call starts ``gap`` seconds after the previous one ended, so the previous call's
+    spinning thread pool does not take the cores of the one being timed.
+    """
+    if gap < 0:
+        raise ValueError(f"gap must be >= 0 seconds, got {gap}")
     for call in calls.values():
         for _ in range(warmup):
             call()
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
         for name, call in calls.items():
-            time.sleep(0.02)  # let the other pool's spinning threads go to sleep
+            time.sleep(gap)
             start = time.perf_counter()
             call()
             times[name].append(time.perf_counter() - start)
@@ -223,7 +238,24 @@ def current_rss_mb() -> float:
 # -- backends -----------------------------------------------------------------------------------
 
 
-class RuntimeBackend:
+class Backend:
+    """What the timed backends share: ``run(batch)`` and ``close()``, usable as a context manager so
+    a script's backend is closed (torch's patches restored) before the interpreter tears down."""
+
+    def run(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the backend holds."""
+
+    def __enter__(self) -> "Backend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RuntimeBackend(Backend):
     """The torch-free runtime: the artifact's onnxruntime CPU session, created exactly as
     :meth:`kvembed.runtime.Embedder.load` creates it for users, with ``threads`` intra-op threads."""
 
@@ -275,7 +307,7 @@ class OpenVINOBackend(RuntimeBackend):
         self.precision = f"{self.precision}/{self.embedder.providers[1]}"
 
 
-class TorchBackend:
+class TorchBackend(Backend):
     """The PyTorch reference of the artifact (always fp32): its ``EmbeddingModel`` called directly
     under ``torch.inference_mode`` with the method's patches applied once, on ``threads`` threads."""
 
