@@ -528,3 +528,23 @@ def test_missing_model_folder(tmp_path):
 def test_wrong_kind(model_paths):
     with pytest.raises(ValueError, match="kind must be one of query, document"):
         embedder(model_paths["stories260k"], "mean").encode(["x"], kind="passage")
+
+
+def test_a_patched_block_left_open_at_exit_ends_quietly(model_paths):
+    """A script that enters ``patched()`` (e.g. through an ExitStack) and never closes it: the
+    block is closed while the interpreter tears torch down; no 'Exception ignored' noise."""
+    import subprocess
+    import sys
+
+    script = (
+        "import contextlib\n"
+        "from kvembed.reference import TorchEmbedder\n"
+        f"embedder = TorchEmbedder.from_pretrained({str(model_paths['stories260k'])!r}, 'kv-embedding')\n"
+        "stack = contextlib.ExitStack()\n"
+        "stack.enter_context(embedder.model.patched())\n"
+        "print('patched', embedder.model.decoder.layers is not None)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "patched True" in done.stdout
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr

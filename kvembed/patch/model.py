@@ -9,6 +9,7 @@ afterwards. The PyTorch reference runs it eagerly; the exporter traces the very 
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import weakref
 from typing import Any, Iterator, Mapping
@@ -175,13 +176,16 @@ class EmbeddingModel(nn.Module):
             self._active = True
             yield self
         finally:
-            self._active = False
-            for handle in handles:
-                handle.remove()
-            for module in rerouted:
-                del module.kvembed_reroute
-            decoder.layers = full_layers
-            config._attn_implementation = saved_attn
+            # a block left open until the interpreter exits is closed while torch is torn down:
+            # nothing is left to restore then (and torch's setattr would fail)
+            if not sys.is_finalizing():
+                self._active = False
+                for handle in handles:
+                    handle.remove()
+                for module in rerouted:
+                    del module.kvembed_reroute
+                decoder.layers = full_layers
+                config._attn_implementation = saved_attn
 
     @staticmethod
     def _install_readout_hooks(kept: list[nn.Module], method: ResolvedMethod, sink: list[torch.Tensor]) -> list[Any]:
