@@ -100,15 +100,29 @@ def isolated_peak_rss(backend: str, artifact: Path, threads: int, feeds: dict[st
     return float(run_isolated(spec)["peak_rss_mb"])
 
 
+def positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="model folder (default: build a random Qwen3-0.6B-shaped one)")
-    parser.add_argument("--layers", type=int, default=8, help="decoder layers of the built model (28 in Qwen3-0.6B)")
+    parser.add_argument("--layers", type=positive, default=8, help="decoder layers of the built model (28 in Qwen3-0.6B)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/goals"))
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of the 16 x 128 comparisons")
-    parser.add_argument("--corpus", type=int, default=96, help="texts in P6's mixed-length corpus")
+    parser.add_argument("--threads", type=positive, default=2)
+    parser.add_argument("--rounds", type=positive, default=5, help="rounds of the 16 x 128 comparisons")
+    parser.add_argument("--corpus", type=positive, default=96, help="texts in P6's mixed-length corpus")
     args = parser.parse_args()
+    if args.model and not (args.model / "config.json").is_file():
+        parser.error(f"--model {args.model} has no config.json: give a Hugging Face model folder, or leave "
+                     "--model out to build a random Qwen3-0.6B-shaped one")
     args.out.mkdir(parents=True, exist_ok=True)
     model = args.model or args.out / f"qwen3-0.6b-shaped-{args.layers}l"
     if not (Path(model) / "config.json").exists():

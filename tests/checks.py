@@ -72,12 +72,18 @@ assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers
 """
 
 
+def run_python(script: str, cwd: Any = None, timeout: float = 120) -> Any:
+    """Run ``script`` in a fresh interpreter (``python -c``); returns the CompletedProcess with
+    text stdout/stderr. For what only a new process shows: imports, exit-time behaviour."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+
+
 def run_without_torch(body: str, cwd: Any = None, timeout: float = 120) -> Any:
     """Run the Python ``body`` in a fresh interpreter where importing torch or transformers fails,
     and check afterwards that neither got loaded; returns the CompletedProcess."""
-    import subprocess
-    import sys
     import textwrap
 
-    script = _BLOCK_TORCH + textwrap.dedent(body) + _NO_TORCH_LOADED
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    return run_python(_BLOCK_TORCH + textwrap.dedent(body) + _NO_TORCH_LOADED, cwd=cwd, timeout=timeout)

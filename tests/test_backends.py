@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from checks import run_python
 from typer.testing import CliRunner
 
 from kvembed.export import backends as bk
@@ -60,7 +59,7 @@ def test_module_imports_without_tensorrt_or_gpu():
         "assert b.tensorrt_problem().startswith('not installed'), b.tensorrt_problem()\n"
         "print(sorted(b.BACKENDS))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = run_python(code)
     assert done.returncode == 0, done.stderr
     assert "onnx-reference" in done.stdout
 
@@ -215,7 +214,7 @@ def test_openvino_missing_is_named(artifact):
         "except b.BackendUnavailableError as err:\n"
         "    print(err)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = run_python(code)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 2 and all("pip install 'kvembed[openvino]'" in line for line in lines), done.stdout

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from checks import cosines
+from checks import cosines, run_python
 
 from kvembed.corpus import CorpusError, CorpusOptions, embed_corpus
 from kvembed.runtime import Embedder
@@ -387,5 +387,5 @@ def test_cli_unreachable_ray_address_fails_at_once_without_touching_the_output(t
 
 def test_corpus_imports_without_torch():
     script = "import sys, kvembed.corpus, kvembed.corpus.cli; assert 'torch' not in sys.modules and 'ray' not in sys.modules"
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    result = run_python(script, cwd=ROOT)
     assert result.returncode == 0, result.stderr

@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from checks import run_python
 from conftest import TEXTS
 
 pytest.importorskip("openvino", reason="the OpenVINO backend needs the openvino package (pip install 'kvembed[openvino]')")
@@ -264,7 +263,7 @@ def test_missing_openvino_is_one_line_error(artifact):
         "except MissingDependency as err:\n"
         "    print(err)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = run_python(script)
     assert done.returncode == 0, done.stderr
     message = done.stdout.strip()
     assert "\n" not in message and "pip install 'kvembed[openvino]'" in message and "openvino" in message

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import independent
-from checks import assert_matches_oracle, assert_same
+from checks import assert_matches_oracle, assert_same, run_python
 from conftest import ARCHITECTURES, MISTRAL_WINDOW, TEXTS
 from kvembed.reference import TorchEmbedder
 
@@ -533,9 +533,6 @@ def test_wrong_kind(model_paths):
 def test_a_patched_block_left_open_at_exit_ends_quietly(model_paths):
     """A script that enters ``patched()`` (e.g. through an ExitStack) and never closes it: the
     block is closed while the interpreter tears torch down; no 'Exception ignored' noise."""
-    import subprocess
-    import sys
-
     script = (
         "import contextlib\n"
         "from kvembed.reference import TorchEmbedder\n"
@@ -544,7 +541,7 @@ def test_a_patched_block_left_open_at_exit_ends_quietly(model_paths):
         "stack.enter_context(embedder.model.patched())\n"
         "print('patched', embedder.model.decoder.layers is not None)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    done = run_python(script, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "patched True" in done.stdout
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
