@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -22,6 +23,7 @@ from causal2vec_util import build_bert, independent_causal2vec
 from conftest import TEXTS
 from kvembed.causal2vec import Causal2VecCheckpoint, assemble
 from kvembed.export.core import Exporter
+from kvembed.export.ops import op_types
 from kvembed.reference import TorchEmbedder
 from kvembed.runtime import Embedder
 from serve_util import ServerProcess
@@ -88,6 +90,10 @@ def test_export_passes_the_gate_and_the_runtime_matches(checkpoints, tmp_path):
     assert manifest["context_encoder"]["tokenizer"] == "encoder_tokenizer.json"
     assert manifest["source"]["causal2vec"]["adapter_merged"] is False
     assert manifest["graph"]["tensorrt_ready"]
+    # the BERT encoder's ops need a newer TensorRT than the decoder's Attention (10.14): Gelu, from 10.15
+    ops = op_types(onnx.load(str(tmp_path / "fp32" / "model.onnx"), load_external_data=False))
+    assert {"Gelu", "LayerNormalization", "Attention"} <= set(ops)
+    assert manifest["graph"]["attention"]["min_versions"]["tensorrt"] == "10.15"
     want = independent_causal2vec(checkpoints["llama"], TEXTS, "query").numpy()
     floors = {"fp32": 0.99999, "fp16": 0.999, "int8": 0.99}
     for precision, result in results.items():

@@ -22,6 +22,8 @@ from kvembed.export.engine import (
     DEFAULT_SHAPES, ShapeRange, build_engine, check_tensorrt_supports, choose_precision, default_shapes, engine_record,
     parse_shapes, parse_size,
 )
+from kvembed.export.graph import min_tensorrt
+from kvembed.export.ops import version_key
 from kvembed.runtime.artifact import sha256_file
 from engine_util import STAND_IN_PLAN, make_engine_dir
 from kvembed.runtime.engine import (
@@ -121,8 +123,18 @@ def test_fused_attention_needs_tensorrt_10_14(manifest):
     with pytest.raises(ValueError, match=r"needs TensorRT >= 10.14 \(installed: 10.13.0\).*--attention decomposed"):
         check_tensorrt_supports(manifest, "10.13.0")
     decomposed = {**manifest, "graph": {**manifest["graph"], "attention": {"form": "decomposed",
-                  "min_versions": {"tensorrt": "8.6"}}}}
-    check_tensorrt_supports(decomposed, "10.0")
+                  "min_versions": {"tensorrt": "10.15"}}}}  # e.g. Causal2Vec's Gelu: no re-export helps
+    check_tensorrt_supports(decomposed, "10.15")
+    with pytest.raises(ValueError, match=r"needs TensorRT >= 10.15 \(installed: 10.0\); upgrade TensorRT"):
+        check_tensorrt_supports(decomposed, "10.0")
+
+
+def test_minimum_tensorrt_is_the_newest_any_op_needs():
+    assert min_tensorrt({"MatMul", "Softmax"}) == "8.6"
+    assert min_tensorrt({"MatMul", "Attention"}) == "10.14"
+    assert min_tensorrt({"Attention", "Gelu", "LayerNormalization"}) == "10.15"
+    assert min_tensorrt({"RotaryEmbedding", "Gelu"}) == "10.15.1"
+    assert version_key("10.9.0.34") < version_key("10.14")  # as text, "10.9" > "10.14" < version_key("10.15") < version_key("10.15.1")
 
 
 # -- engine.json ---------------------------------------------------------------------------------

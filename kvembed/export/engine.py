@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 from ..runtime.artifact import sha256_file
 from ..runtime.engine import ENGINE_JSON, ENGINE_SCHEMA_VERSION, PLAN, gpu_identity, require_tensorrt  # the loader's half
 from ..sizes import parse_size
+from .ops import version_key
 
 DEFAULT_SHAPES = "1x16:8x128:32x512"
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -75,10 +76,6 @@ def default_shapes(max_length: int) -> ShapeRange:
     return ShapeRange((b0, min(s0, max_length)), (b1, min(s1, max_length)), (b2, min(s2, max_length)))
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", str(text))[:3])
-
-
 @dataclass(frozen=True)
 class PrecisionPlan:
     """How to get ``precision`` out of TensorRT ``tensorrt_version`` from an artifact of
@@ -98,7 +95,7 @@ def choose_precision(precision: str, tensorrt_version: str, artifact_precision: 
     if artifact_precision == "int8":
         raise ValueError("an int8 artifact (MatMulInteger/DynamicQuantizeLinear) cannot become a TensorRT engine: "
                          "build from the fp32 or fp16 artifact (kvembed-export --precision fp32|fp16)")
-    major = _version(tensorrt_version)[:1] or (0,)
+    major = version_key(tensorrt_version)[:1] or (0,)
     if major[0] < 10:
         raise ValueError(f"TensorRT {tensorrt_version} is too old: kvembed builds engines with TensorRT >= 10")
     if major[0] >= 11:  # strongly typed only: the graph's own types are the precision
@@ -119,14 +116,15 @@ def choose_precision(precision: str, tensorrt_version: str, artifact_precision: 
 
 
 def check_tensorrt_supports(manifest: Mapping[str, Any], tensorrt_version: str) -> None:
-    """Refuse a graph whose ops this TensorRT's parser lacks (fused attention before 10.14)."""
+    """Refuse a graph whose ops this TensorRT's parser lacks (Attention before 10.14, RotaryEmbedding
+    before 10.15.1: the fused form)."""
     attention = (manifest.get("graph") or {}).get("attention") or {}
     needed = (attention.get("min_versions") or {}).get("tensorrt")
-    if needed and _version(tensorrt_version) < _version(needed):
-        raise ValueError(
-            f"this artifact's {attention.get('form', 'fused')} attention needs TensorRT >= {needed} "
-            f"(installed: {tensorrt_version}); re-export with kvembed-export --attention decomposed"
-        )
+    if needed and version_key(tensorrt_version) < version_key(needed):
+        form = attention.get("form", "fused")
+        fix = "re-export with kvembed-export --attention decomposed" if form == "fused" else "upgrade TensorRT"
+        raise ValueError(f"this artifact's graph ({form} attention) needs TensorRT >= {needed} "
+                         f"(installed: {tensorrt_version}); {fix}")
 
 
 def engine_record(

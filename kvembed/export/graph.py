@@ -14,8 +14,14 @@ Add(mask) -> Softmax -> MatMul, with an Expand repeating K/V for grouped-query a
 needs no rewrite: torch.onnx's opset-23 translation of ``scaled_dot_product_attention`` emits
 ``Attention`` by itself; we only make transformers call SDPA with ``enable_gqa=True`` instead of
 repeating K/V first (its ``TRANSFORMERS_SDPA_FORCE_GQA`` switch, set for the trace only), and run
-onnxscript's optimizer without its opset-23 fusions (RMSNormalization, RotaryEmbedding), so that
-``Attention`` is the only op the fused graph adds (TensorRT's parser takes it from 10.14 on).
+onnxscript's optimizer without its opset-23 fusions, so that ``Attention`` is the only op the fused
+graph adds. RMSNormalization is not needed (onnxruntime fuses the decomposed RMSNorm at load).
+RotaryEmbedding was tried (onnxscript's rule fuses every query and key rotation; 0.96x the time of
+a 1 x 32 call on the Qwen3-0.6B-shaped model, no gain at 16 x 128) and left out: OpenVINO 2026.4's
+CPU plugin computes such a graph wrongly (worst row cosine 0.64 against onnxruntime at f32, on
+stories260k kv-embedding; each op alone, and the pair in a small graph, is exact), and TensorRT parses it only from 10.15.1.
+The manifest's minimum TensorRT version is the newest any op in the graph needs
+(``TENSORRT_OPS_SINCE``).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckFailed
-from .ops import ALLOWED_OPS, STANDARD_DOMAINS, TENSORRT_OPS_SINCE, non_portable_ops
+from .ops import ALLOWED_OPS, STANDARD_DOMAINS, TENSORRT_OPS_SINCE, non_portable_ops, version_key
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -42,11 +48,13 @@ MIN_OPSET = 18
 #: the first opset with the standard ``Attention`` operator
 FUSED_OPSET = 23
 ATTENTION_FORMS = ("fused", "decomposed")
-#: the oldest runtimes that run the fused graph: onnxruntime's CPU Attention(23) kernel shipped in
-#: 1.23 (microsoft/onnxruntime#25156; its GQA fix #26057 in 1.23.1); TensorRT's ONNX parser maps
-#: ``Attention`` to IAttention from 10.14. The decomposed graph needs nothing past opset 18.
-FUSED_MIN_VERSIONS = {"onnxruntime": "1.23.1", "tensorrt": TENSORRT_OPS_SINCE["Attention"]}
-DECOMPOSED_MIN_VERSIONS = {"onnxruntime": "1.14", "tensorrt": "8.6"}
+#: the oldest onnxruntime that runs the fused graph: its CPU Attention(23) kernel shipped in 1.23
+#: (microsoft/onnxruntime#25156; its GQA fix #26057 in 1.23.1). The decomposed graph needs nothing
+#: past opset 18.
+FUSED_MIN_ONNXRUNTIME = "1.23.1"
+DECOMPOSED_MIN_ONNXRUNTIME = "1.14"
+#: TensorRT older than this is refused by build-engine whatever the graph holds
+BASE_MIN_TENSORRT = "8.6"
 INPUTS = ("input_ids", "attention_mask", "pool_mask", "encoder_input_ids", "encoder_attention_mask")
 #: Causal2Vec's context encoder inputs, with a sequence axis of their own
 ENCODER_INPUTS = ("encoder_input_ids", "encoder_attention_mask")
@@ -254,8 +262,15 @@ def _check_attention_form(graph: Any, attention: str) -> dict[str, Any]:
                     )
     elif fused:
         raise ExportError(f"the decomposed trace has {len(fused)} Attention nodes")
-    versions = FUSED_MIN_VERSIONS if attention == "fused" else DECOMPOSED_MIN_VERSIONS
-    return {"form": attention, "attention_nodes": len(fused), "min_versions": dict(versions)}
+    return {"form": attention, "attention_nodes": len(fused),
+            "min_versions": {"onnxruntime": FUSED_MIN_ONNXRUNTIME if attention == "fused" else DECOMPOSED_MIN_ONNXRUNTIME,
+                             "tensorrt": min_tensorrt({node.op_type for node in graph if node.domain in STANDARD_DOMAINS})}}
+
+
+def min_tensorrt(op_types: set[str]) -> str:
+    """The oldest TensorRT whose ONNX parser takes every op in ``op_types`` (``TENSORRT_OPS_SINCE``)."""
+    needed = [TENSORRT_OPS_SINCE[op] for op in op_types if op in TENSORRT_OPS_SINCE] + [BASE_MIN_TENSORRT]
+    return max(needed, key=version_key)
 
 
 def _fed_by_expand(value: Any, producers: dict[str, Any], depth: int = 3) -> bool:

@@ -8,6 +8,7 @@ has historically been a plugin-backed, slow path). Torch-free.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any, Iterable
 
@@ -35,10 +36,13 @@ TENSORRT_OPS: frozenset[str] = frozenset(
 )
 
 #: Standard ops TensorRT's parser takes only from a given version on (release notes of
-#: onnx-tensorrt 10.14: "Added support for the Attention operator", mapped to IAttention).
-#: Causal2Vec's BERT encoder brings LayerNormalization (opset 17, parsed since TensorRT 8.6) and
-#: Gelu (opset 20; listed "Y" in the 10.15 support matrix, the version given here).
-TENSORRT_OPS_SINCE: dict[str, str] = {"Attention": "10.14", "LayerNormalization": "8.6", "Gelu": "10.15"}
+#: onnx-tensorrt 10.14: "Added support for the Attention operator", mapped to IAttention; the
+#: TensorRT guide "Working with Transformers": IRotaryEmbeddingLayer "added in version 10.15.1",
+#: for RoPE imported from ONNX). Causal2Vec's BERT encoder brings LayerNormalization (opset 17,
+#: parsed since TensorRT 8.6) and Gelu (opset 20; listed "Y" in the 10.15 support matrix, the
+#: version given here). Not verified here: no TensorRT on this project's machines.
+TENSORRT_OPS_SINCE: dict[str, str] = {
+    "Attention": "10.14", "RotaryEmbedding": "10.15.1", "LayerNormalization": "8.6", "Gelu": "10.15"}
 
 #: Supported by TensorRT but not allowed in a kvembed graph (the issue's portability rules).
 BANNED_OPS: frozenset[str] = frozenset({"If", "Loop", "Scan", "ScatterND"})
@@ -48,6 +52,11 @@ ALLOWED_OPS: frozenset[str] = (TENSORRT_OPS | frozenset(TENSORRT_OPS_SINCE)) - B
 
 #: Domains a portable graph may use ("" and "ai.onnx" are the same standard domain).
 STANDARD_DOMAINS: frozenset[str] = frozenset({"", "ai.onnx"})
+
+
+def version_key(text: str) -> tuple[int, ...]:
+    """``"10.15.1"`` -> ``(10, 15, 1)``: the first three numbers of a version, for comparisons."""
+    return tuple(int(x) for x in re.findall(r"\d+", str(text))[:3])
 
 
 def op_types(model: Any) -> Counter:
