@@ -11,7 +11,8 @@ Every timed call starts after a settle gap (``interleaved``'s ``gap``): onnxrunt
 would otherwise slow the PyTorch call after it by ~20% and flatter P1. The runtime is called
 through ``Embedder.run`` (row slices included), as users call it.
 
-P1 batch 1 x 32: runtime fp32 latency / PyTorch eager fp32 <= 1 / 1.5 (issue 5), <= 0.5 (issue 14)
+P1 batch 1 x 32: runtime fp32 latency / PyTorch eager fp32 <= 1 / 1.5 (issue 5), <= 0.5 (issue 14); also reported:
+   the ratio a call of only its FLOPs at the GEMM peak would reach (the floor for any fp32 graph)
 P2 kv-embedding (layer set) vs the same model exported with --layers none: <= +3%
 P3 int8 throughput at 16 x 128 / PyTorch fp32 >= 2.5 (5), >= 3.0 (14); cosine int8 vs fp32 >= 0.99
 P4 early exit: va / token-prepending graph cost <= 1.05 x (layers kept / all) x full-depth graph
@@ -143,17 +144,24 @@ def main() -> None:
         said = ", ".join(f"issue {i}: {TARGETS[key][i][0]} {TARGETS[key][i][1]:.3g} {'met' if ok else 'NOT met'}" for i, ok in met.items())
         print(f"{key}: {measured:.3f} ({what}; {said}) {detail}", flush=True)
 
-    # P1: batch 1 x 32
+    gemm, gemm_flops = gemm_call(args.threads, 2048)
+    shape = model_shape(read_manifest(paths["kv-fp32"]), paths["kv-fp32"])
+
+    # P1: batch 1 x 32; with it, where the ratio would be if the call were nothing but its FLOPs at
+    # the GEMM peak (the same round's 2048^3 MatMul rate): the floor no fp32 graph can go below
     small = raw_token_batch(kv.encoder, 1, 32)
-    t = interleaved({"runtime": runner(kv, small), "torch": lambda: torch_kv.run(small)}, rounds=30, warmup=3)
+    t = interleaved({"runtime": runner(kv, small), "torch": lambda: torch_kv.run(small), "gemm": gemm},
+                    rounds=30, warmup=3)
     r = ratio(t, "runtime", "torch")
+    flops = shape.flops([32])
+    floor = statistics.median((flops / (gemm_flops / g)) / b for g, b in zip(t["gemm"], t["torch"]))
     report("P1", r, "runtime / torch latency, 1 x 32",
-           runtime_p50_ms=1e3 * statistics.median(t["runtime"]), torch_p50_ms=1e3 * statistics.median(t["torch"]))
+           runtime_p50_ms=1e3 * statistics.median(t["runtime"]), torch_p50_ms=1e3 * statistics.median(t["torch"]),
+           ratio_at_gemm_peak=floor, flops_per_call=flops)
 
     big = raw_token_batch(kv.encoder, 16, 128)
     tokens = 16 * 128
     # P2 + P3 + P5 in one interleaved set
-    gemm, gemm_flops = gemm_call(args.threads, 2048)
     calls = {"kv": runner(kv, big), "kv-none": runner(kv_none, big), "int8": runner(kv_int8, big),
              "torch": lambda: torch_kv.run(big), "gemm": gemm}
     t = interleaved(calls, rounds=args.rounds)
@@ -168,7 +176,6 @@ def main() -> None:
            min(cos_bench, cos_parity) >= 0.99,
            int8_tokens_per_s=tokens / statistics.median(t["int8"]), torch_tokens_per_s=tokens / statistics.median(t["torch"]),
            cosine_int8_vs_fp32_bench=cos_bench, cosine_int8_vs_torch_parity_texts=cos_parity)
-    shape = model_shape(read_manifest(paths["kv-fp32"]), paths["kv-fp32"])
     flops = shape.flops([128] * 16)
     share = statistics.median((flops / a) / (gemm_flops / g) for a, g in zip(t["kv"], t["gemm"]))
     report("P5", share, "achieved GFLOP/s / GEMM peak, fp32 16 x 128",
