@@ -17,9 +17,10 @@ repeating K/V first (its ``TRANSFORMERS_SDPA_FORCE_GQA`` switch, set for the tra
 onnxscript's optimizer without its opset-23 fusions, so that ``Attention`` is the only op the fused
 graph adds. RMSNormalization is not needed (onnxruntime fuses the decomposed RMSNorm at load).
 RotaryEmbedding was tried (onnxscript's rule fuses every query and key rotation; 0.96x the time of
-a 1 x 32 call on the Qwen3-0.6B-shaped model, no gain at 16 x 128) and left out: OpenVINO 2026.4's
-CPU plugin computes such a graph wrongly (worst row cosine 0.64 against onnxruntime at f32, on
-stories260k kv-embedding; each op alone, and the pair in a small graph, is exact), and TensorRT parses it only from 10.15.1.
+a 1 x 32 call on the Qwen3-0.6B-shaped model, no gain at 16 x 128) and left out: OpenVINO 2026.4
+runs such a graph wrongly even after kvembed's mend of its grouped-query fault (worst row cosine 0.64
+against onnxruntime at f32 on stories260k kv-embedding; ``RotaryEmbedding`` -> ``Attention`` alone in
+a small graph is exact), and TensorRT parses it only from 10.15.1.
 The manifest's minimum TensorRT version is the newest any op in the graph needs
 (``TENSORRT_OPS_SINCE``).
 """
