@@ -54,6 +54,7 @@ def test_parity_tolerances_are_methods_md_s():
     assert TOLERANCES == {
         "fp32": {"min_cosine": 0.99999, "max_abs": 1e-4},
         "fp16": {"min_cosine": 0.999},
+        "bf16": {"min_cosine": 0.999},  # "fp16/bf16 graph: cosine >= 0.999" (TensorRT bf16 engines)
         "int8": {"min_cosine": 0.99},
     }
     assert MIN_COSINE == {"fp32": 0.99999, "fp16": 0.999, "int8": 0.99} and MAX_ABS_FP32 == 1e-4

@@ -17,11 +17,13 @@ import sys
 import numpy as np
 import pytest
 
-from kvembed.errors import MissingDependency
+from kvembed.errors import CheckFailed, MissingDependency
+from kvembed.export.core import staged
 from kvembed.export.engine import (
-    DEFAULT_SHAPES, ShapeRange, build_engine, check_tensorrt_supports, choose_precision, default_shapes, engine_record,
-    parse_shapes, parse_size,
+    DEFAULT_SHAPES, EngineParityError, ShapeRange, build_engine, check_engine_parity, check_tensorrt_supports,
+    choose_precision, default_shapes, engine_parity, engine_record, parse_shapes, parse_size,
 )
+from kvembed.export.parity import PARITY_TEXTS
 from kvembed.export.graph import min_tensorrt
 from kvembed.export.ops import version_key
 from kvembed.runtime.artifact import sha256_file
@@ -289,6 +291,66 @@ def test_embedder_runs_an_engine_directory_within_its_profiles(artifact, manifes
     assert {profile for profile, _, _ in calls} == {0, 1}, calls  # short batches on 0, long ones on 1
     assert calls[0][2] == 8 and all(sequence >= 8 for _, _, sequence in calls)  # padded to the profiles' minimum
     assert max(batch for profile, batch, _ in calls if profile == 0) == 4  # 11 short rows split to 4 + 4 + 3
+
+
+def _stand_in_plan(monkeypatch, model):
+    """Make every EngineSession run ``model`` (an ONNX file) through :class:`OnnxRuntimeStandIn`."""
+    def activate(self):
+        self._runner = OnnxRuntimeStandIn(model, self.record)
+
+    monkeypatch.setattr(EngineSession, "_activate", activate)
+
+
+def test_build_engines_parity_check_passes_a_faithful_plan(artifact, tmp_path, monkeypatch):
+    """build-engine's check, as it runs after the build: the engine directory (profile padding and
+    row limits included) against onnxruntime on the artifact, over the gate's texts and batches."""
+    engine = make_engine_dir(artifact, tmp_path / "engine")
+    _stand_in_plan(monkeypatch, artifact / "model.onnx")
+    record = json.loads((engine / ENGINE_JSON).read_text())
+    check_engine_parity(engine, artifact, record)
+    written = json.loads((engine / ENGINE_JSON).read_text())["parity"]
+    assert written == record["parity"] and written["passed"] and written["precision"] == "fp32"
+    assert written["rows"] == 4 * (len(PARITY_TEXTS) + 3 + 1) and written["worst_cosine"] >= 0.99999
+    assert written["reference"]["runtime"] == "onnxruntime CPU"
+    # independent of the code under test: one of the checked batches, recomputed with numpy
+    from kvembed.runtime import Embedder
+
+    ours, theirs = Embedder.load(engine), Embedder.load(artifact)
+    batch = ours.encoder.pad(ours.encoder.encode(list(PARITY_TEXTS.values()), "query"), "right")
+    a, b = ours.run(batch)[0], theirs.run(batch)[0]
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert written["by_case"]["query/right"]["worst_cosine"] <= cos.min() + 1e-9
+
+
+def test_build_engines_parity_check_refuses_a_plan_off_by_more_than_its_precision(artifact, stories_artifact, tmp_path, monkeypatch):
+    """A plan that computes in fp16 (the fp16 artifact's graph stands in) misses an fp32 engine's
+    bound, and EngineParityError (exit 1, a check that failed) says what to do; as fp16 it passes."""
+    engine = make_engine_dir(artifact, tmp_path / "engine")
+    _stand_in_plan(monkeypatch, stories_artifact("mean", "fp16") / "model.onnx")
+    record = json.loads((engine / ENGINE_JSON).read_text())
+    with pytest.raises(EngineParityError, match=r"parity FAILED \(fp32\).*--no-parity") as caught:
+        check_engine_parity(engine, artifact, record)
+    assert isinstance(caught.value, CheckFailed)
+    report = caught.value.report
+    assert report.worst_cosine < 0.99999 or report.max_abs_diff > 1e-4
+    assert report.worst_cosine >= 0.999  # fp16 is close, just not fp32-close
+    assert json.loads((engine / ENGINE_JSON).read_text())["parity"]["passed"] is False  # recorded either way
+    assert engine_parity(engine, artifact, "fp16").passed
+
+
+def test_staged_output_appears_only_when_its_block_succeeds(tmp_path):
+    """build-engine and the exporter write beside OUT and rename: a failed build leaves OUT as it was."""
+    out = tmp_path / "engine"
+    out.mkdir()
+    (out / "kept.txt").write_text("the previous engine")
+    with pytest.raises(EngineParityError):
+        with staged(out) as staging:
+            (staging / "engine.plan").write_text("a plan that missed its check")
+            raise EngineParityError(type("R", (), {"summary": lambda self: "parity FAILED"})())
+    assert [p.name for p in tmp_path.iterdir()] == ["engine"] and (out / "kept.txt").read_text() == "the previous engine"
+    with staged(out) as staging:
+        (staging / "engine.plan").write_text("a good plan")
+    assert [p.name for p in out.iterdir()] == ["engine.plan"] and [p.name for p in tmp_path.iterdir()] == ["engine"]
 
 
 def test_engine_directory_refusals(artifact, manifest, tmp_path):

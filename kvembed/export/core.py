@@ -7,6 +7,7 @@ looks like a valid artifact.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -17,7 +18,7 @@ import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from .. import __version__
 from ..runtime.artifact import (
@@ -144,6 +145,21 @@ def _guard_source(out: Path, embedder: Any) -> None:
             raise ValueError(f"output {str(out)!r} would replace the model folder {str(src)!r}")
 
 
+@contextlib.contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A hidden directory beside ``out`` to write into: renamed to ``out`` (replacing what is
+    there; the caller checked ``force``) when the block ends without an error, removed otherwise,
+    so a failed or interrupted run never leaves a directory that looks finished."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f".{out.name}.partial-{uuid.uuid4().hex[:8]}")
+    staging.mkdir()
+    try:
+        yield staging
+        _commit(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already after the commit
+
+
 def _commit(staging: Path, out: Path) -> None:
     """Move ``staging`` to ``out``, replacing what is there (the caller checked ``force``)."""
     old = None
@@ -265,11 +281,7 @@ class Exporter:
                 padding_side=embedder.padding_side, **options,
             )
         reference = reference or embedder
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = out.with_name(f".{out.name}.partial-{uuid.uuid4().hex[:8]}")
-        staging.mkdir()
-        committed = False
-        try:
+        with staged(out) as staging:
             traced = self.trace(workdir=out.parent)
             assert self._graph is not None
             embedder.tokenizer.save(str(staging / TOKENIZER))
@@ -311,12 +323,7 @@ class Exporter:
             self.progress("write", f"writing {out}")
             manifest["files"] = file_records(staging)
             write_manifest(staging, manifest)
-            _commit(staging, out)
-            committed = True
-            return ExportResult(out, manifest, report, manifest["files"])
-        finally:
-            if not committed:
-                shutil.rmtree(staging, ignore_errors=True)
+        return ExportResult(out, manifest, report, manifest["files"])
 
     # -- steps ------------------------------------------------------------------------------
 

@@ -5,7 +5,11 @@ optimization profile per shape range (``Profile``: batch x sequence, min/opt/max
 precision and memory (``CreateConfig``), builds (``EngineFromNetwork``) and saves
 (``SaveEngine``) ``engine.plan`` beside a copy of the artifact's ``tokenizer.json`` and
 ``kvembed.json`` plus ``engine.json`` (what the plan was built from and for), so the engine
-directory is itself loadable.
+directory is itself loadable. Then the plan is checked before the directory is renamed into
+place: :func:`engine_parity` runs the gate's texts through the engine directory and through
+onnxruntime on the artifact's ``model.onnx`` (same padded batches), held to METHODS.md's tolerance
+for the engine's precision, like polygraphy's ``run --trt --onnxrt`` but per row cosine; the report
+goes into engine.json (``parity``).
 
 Everything but the build itself (shape rules, the version-dependent precision choice, the
 engine.json schema, refusals) is plain Python and runs without TensorRT; tensorrt and polygraphy
@@ -24,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..errors import CheckFailed
 from ..runtime.artifact import sha256_file
 from ..runtime.engine import ENGINE_JSON, ENGINE_SCHEMA_VERSION, PLAN, gpu_identity, require_tensorrt  # the loader's half
 from ..sizes import parse_size
@@ -116,8 +121,8 @@ def choose_precision(precision: str, tensorrt_version: str, artifact_precision: 
 
 
 def check_tensorrt_supports(manifest: Mapping[str, Any], tensorrt_version: str) -> None:
-    """Refuse a graph whose ops this TensorRT's parser lacks (Attention before 10.14, RotaryEmbedding
-    before 10.15.1: the fused form)."""
+    """Refuse a graph whose ops this TensorRT's parser lacks (the manifest's minimum: Attention needs
+    10.14, Causal2Vec's Gelu 10.15)."""
     attention = (manifest.get("graph") or {}).get("attention") or {}
     needed = (attention.get("min_versions") or {}).get("tensorrt")
     if needed and version_key(tensorrt_version) < version_key(needed):
@@ -169,14 +174,17 @@ def build_engine(
     workspace: str = "4GiB",
     opt_level: int = 3,
     force: bool = False,
+    parity: bool = True,
 ) -> dict[str, Any]:
     """Build ``engine.plan`` for ``artifact`` into ``out``; return engine.json's record.
 
     Checks everything that needs no GPU first (manifest, shapes, sizes, output directory), then
-    imports TensorRT (MissingDependency when absent).
+    imports TensorRT (MissingDependency when absent). The directory is written beside ``out`` and
+    renamed into place only when done; with ``parity`` (the default) only if the plan also passes
+    :func:`engine_parity` (EngineParityError otherwise, nothing left at ``out``).
     """
     from ..runtime.artifact import MODEL, TOKENIZER, read_manifest
-    from .core import check_output
+    from .core import check_output, staged
 
     artifact = Path(artifact).expanduser()
     manifest = read_manifest(artifact)
@@ -213,20 +221,62 @@ def build_engine(
         builder_optimization_level=int(opt_level),
         load_timing_cache=str(timing_cache) if timing_cache and Path(timing_cache).exists() else None,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    engine = poly.EngineFromNetwork(network, config=config,
-                                    save_timing_cache=str(timing_cache) if timing_cache else None)
-    poly.SaveEngine(engine, path=str(out / PLAN))()
-    seconds = time.monotonic() - start
-    for name in (TOKENIZER, "kvembed.json"):
-        shutil.copyfile(artifact / name, out / name)
-    record = engine_record(
-        manifest, sha256_file(artifact / MODEL), ranges, plan, tensorrt_version=trt.__version__,
-        gpu_name=gpu_name, compute_capability=capability, build_seconds=seconds,
-        options={"workspace_bytes": workspace_bytes, "opt_level": int(opt_level),
-                 "timing_cache": str(timing_cache) if timing_cache else None},
-        plan_sha256=sha256_file(out / PLAN),
-    )
-    (out / ENGINE_JSON).write_text(json.dumps(record, indent=2) + "\n")
+    with staged(out) as staging:
+        start = time.monotonic()
+        engine = poly.EngineFromNetwork(network, config=config,
+                                        save_timing_cache=str(timing_cache) if timing_cache else None)
+        poly.SaveEngine(engine, path=str(staging / PLAN))()
+        seconds = time.monotonic() - start
+        for name in (TOKENIZER, "kvembed.json"):
+            shutil.copyfile(artifact / name, staging / name)
+        record = engine_record(
+            manifest, sha256_file(artifact / MODEL), ranges, plan, tensorrt_version=trt.__version__,
+            gpu_name=gpu_name, compute_capability=capability, build_seconds=seconds,
+            options={"workspace_bytes": workspace_bytes, "opt_level": int(opt_level),
+                     "timing_cache": str(timing_cache) if timing_cache else None},
+            plan_sha256=sha256_file(staging / PLAN),
+        )
+        write_engine_json(staging, record)
+        if parity:
+            check_engine_parity(staging, artifact, record)
     return record
+
+
+def write_engine_json(directory: Path, record: Mapping[str, Any]) -> None:
+    (directory / ENGINE_JSON).write_text(json.dumps(record, indent=2) + "\n")
+
+
+class EngineParityError(CheckFailed):
+    """The built plan's vectors are further from the artifact's than its precision allows."""
+
+    def __init__(self, report: Any) -> None:
+        self.report = report
+        super().__init__(f"the engine missed its parity check against onnxruntime on the artifact: {report.summary()}; "
+                         "nothing was written (rebuild at a higher precision, or pass --no-parity to keep it anyway)")
+
+
+def engine_parity(engine_dir: str | Path, artifact: str | Path, precision: str) -> Any:
+    """An engine directory against onnxruntime's CPU run of its source ``model.onnx`` (which passed
+    the PyTorch gate at export): the gate's texts, batches and padding sides, each padded batch fed
+    to both through the runtime's own loaders (the engine as users load it: profile padding and
+    row limits included), held to METHODS.md's tolerance for the engine's ``precision``."""
+    from ..runtime import Embedder
+    from .parity import compare_runs
+
+    engine = Embedder.load(engine_dir, provider="tensorrt")
+    reference = Embedder.load(artifact, provider="cpu")
+    try:
+        return compare_runs(engine.run, lambda batch, _case: reference.run(batch), engine.encoder, precision)
+    finally:
+        close = getattr(engine.session, "close", None)  # frees the execution context before the rename
+        if close is not None:
+            close()
+
+
+def check_engine_parity(engine_dir: Path, artifact: Path, record: dict[str, Any]) -> None:
+    """Run :func:`engine_parity`, record it in ``record`` and engine.json; EngineParityError on a miss."""
+    report = engine_parity(engine_dir, artifact, str(record["precision"]))
+    record["parity"] = {**report.to_dict(), "reference": {"runtime": "onnxruntime CPU", "graph": "the artifact's model.onnx"}}
+    write_engine_json(engine_dir, record)
+    if not report.passed:
+        raise EngineParityError(report)

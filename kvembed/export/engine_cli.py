@@ -21,6 +21,8 @@ def build_engine_command(
     workspace: str = typer.Option("4GiB", "--workspace", help="Builder workspace limit (e.g. 4GiB, 512MiB)."),
     opt_level: int = typer.Option(3, "--opt-level", help="TensorRT builder optimization level, 0-5."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out."),
+    parity: bool = typer.Option(True, "--parity/--no-parity", help="Check the plan against onnxruntime on the "
+                                "artifact (the gate's texts, METHODS.md's tolerance) before writing OUT."),
 ) -> None:
     """Build a TensorRT engine (polygraphy) from ARTIFACT into OUT; needs tensorrt and an NVIDIA GPU."""
     from rich.console import Console
@@ -34,7 +36,7 @@ def build_engine_command(
             raise ValueError("--fp16 and --bf16 exclude each other: pick one")
         return build_engine(
             artifact, out, shapes=list(shapes or []), precision="fp16" if fp16 else "bf16" if bf16 else "fp32",
-            timing_cache=timing_cache, workspace=workspace, opt_level=opt_level, force=force,
+            timing_cache=timing_cache, workspace=workspace, opt_level=opt_level, force=force, parity=parity,
         )
 
     record = run_guarded(job)
@@ -42,5 +44,7 @@ def build_engine_command(
     Console().print(
         f"engine {out / 'engine.plan'}: TensorRT {record['tensorrt_version']}, {record['gpu']['name']}, "
         f"{record['precision']}, {len(record['profiles'])} profile(s), max batch {limits.max_batch_size} x "
-        f"{limits.max_sequence} tokens, built in {record['build']['seconds']}s", highlight=False,
+        f"{limits.max_sequence} tokens, built in {record['build']['seconds']}s; "
+        + (f"parity vs onnxruntime: worst cosine {record['parity']['worst_cosine']:.7f}" if "parity" in record
+           else "parity not checked (--no-parity)"), highlight=False,
     )

@@ -54,7 +54,7 @@ ATTENTION_FORMS = ("fused", "decomposed")
 #: past opset 18.
 FUSED_MIN_ONNXRUNTIME = "1.23.1"
 DECOMPOSED_MIN_ONNXRUNTIME = "1.14"
-#: TensorRT older than this is refused by build-engine whatever the graph holds
+#: the minimum TensorRT recorded for a graph of long-supported ops only (what decomposed graphs said before)
 BASE_MIN_TENSORRT = "8.6"
 INPUTS = ("input_ids", "attention_mask", "pool_mask", "encoder_input_ids", "encoder_attention_mask")
 #: Causal2Vec's context encoder inputs, with a sequence axis of their own

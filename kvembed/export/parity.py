@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence, Tuple
 
 import numpy as np
 
@@ -18,6 +18,7 @@ import numpy as np
 TOLERANCES: dict[str, dict[str, float]] = {
     "fp32": {"min_cosine": 0.99999, "max_abs": 1e-4},
     "fp16": {"min_cosine": 0.999},
+    "bf16": {"min_cosine": 0.999},  # TensorRT bf16 engines (kvembed-export writes no bf16 artifact)
     "int8": {"min_cosine": 0.99},
 }
 
@@ -97,6 +98,10 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return cos
 
 
+#: ``batch -> (embedding, pooled)``: one side of a comparison, run on a padded batch
+RunBatch = Callable[[Mapping[str, np.ndarray]], Tuple[np.ndarray, np.ndarray]]
+
+
 def run_parity(
     session: Any,
     encoder: Any,
@@ -116,10 +121,47 @@ def run_parity(
     """
     import torch
 
+    feeds = {i.name for i in session.get_inputs()}
+
+    def ours(batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        got = session.run(list(outputs), {k: v for k, v in batch.items() if k in feeds})
+        return got[0], got[1]
+
+    def theirs(batch: Mapping[str, np.ndarray], key: tuple) -> tuple[np.ndarray, np.ndarray]:
+        key = (outputs, *key)
+        if cache is not None and key in cache:
+            return cache[key]
+        with torch.inference_mode(), reference.model.patched():
+            want = reference.model(**{k: torch.from_numpy(v) for k, v in batch.items()})
+        pair = tuple(w.float().numpy() for w in want[:2])
+        if cache is not None:
+            cache[key] = pair
+        return pair  # type: ignore[return-value]
+
+    def same_tokens(items: list[str], kind: str, ours_encoded: Any) -> bool:
+        theirs_encoded = reference.encoder.encode(items, kind)
+        return ([e.ids for e in ours_encoded] == [e.ids for e in theirs_encoded]
+                and [e.pool for e in ours_encoded] == [e.pool for e in theirs_encoded])
+
+    return compare_runs(ours, theirs, encoder, precision, texts, same_tokens)
+
+
+def compare_runs(
+    run: RunBatch,
+    reference: Callable[[Mapping[str, np.ndarray], tuple], Tuple[np.ndarray, np.ndarray]],
+    encoder: Any,
+    precision: str,
+    texts: dict[str, str] | None = None,
+    same_tokens: Callable[[list[str], str, Any], bool] | None = None,
+) -> ParityReport:
+    """The gate's comparison, for any two ways of running a padded batch: the parity texts through
+    ``encoder`` in the gate's batches (:func:`batch_plan`), as queries and documents, right- and
+    left-padded; ``run(batch)`` against ``reference(batch, key)`` (``key`` names the case, for
+    caching) by METHODS.md's tolerance for ``precision``. ``same_tokens(items, kind, encoded)``,
+    when given, must hold for a batch to be compared (the reference tokenises on its own)."""
     texts = dict(PARITY_TEXTS if texts is None else texts)
     tolerance = TOLERANCES[precision]
     min_cos, max_abs = tolerance["min_cosine"], tolerance.get("max_abs")
-    feeds = {i.name for i in session.get_inputs()}
     worst_cos, worst_abs, worst_pooled = 1.0, 0.0, 1.0
     worst_row: dict[str, Any] = {}
     by_case: dict[str, dict[str, float]] = {}
@@ -136,22 +178,12 @@ def run_parity(
                 for names in plan:
                     items = [texts[n] for n in names]
                     ours = encoder.encode(items, kind)
-                    theirs = reference.encoder.encode(items, kind)
-                    if [e.ids for e in ours] != [e.ids for e in theirs] or [e.pool for e in ours] != [e.pool for e in theirs]:
+                    if same_tokens is not None and not same_tokens(items, kind, ours):
                         problems.append(f"token ids differ from the reference's for {case} batch {names}")
                         continue
                     batch = encoder.pad(ours, side)
-                    got = session.run(list(outputs), {k: v for k, v in batch.items() if k in feeds})
-                    key = (outputs, kind, side, tuple(names), tuple(texts[n] for n in names))
-                    if cache is not None and key in cache:
-                        want_e, want_p = cache[key]
-                    else:
-                        with torch.inference_mode(), reference.model.patched():
-                            want = reference.model(**{k: torch.from_numpy(v) for k, v in batch.items()})
-                        want_e, want_p = (w.float().numpy() for w in want[:2])
-                        if cache is not None:
-                            cache[key] = (want_e, want_p)
-                    got_e, got_p = (np.asarray(g, dtype=np.float32) for g in got)
+                    want_e, want_p = reference(batch, (kind, side, tuple(names), tuple(items)))
+                    got_e, got_p = (np.asarray(g, dtype=np.float32) for g in run(batch))
                     if got_e.shape != want_e.shape:
                         problems.append(f"output shape {got_e.shape} != reference {want_e.shape}")
                         continue
