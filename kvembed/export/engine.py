@@ -33,6 +33,7 @@ from ..runtime.artifact import sha256_file
 from ..runtime.engine import ENGINE_JSON, ENGINE_SCHEMA_VERSION, PLAN, gpu_identity, require_tensorrt  # the loader's half
 from ..sizes import parse_size
 from .ops import version_key
+from .parity import ParityReport, compare_runs
 
 DEFAULT_SHAPES = "1x16:8x128:32x512"
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -249,19 +250,18 @@ def write_engine_json(directory: Path, record: Mapping[str, Any]) -> None:
 class EngineParityError(CheckFailed):
     """The built plan's vectors are further from the artifact's than its precision allows."""
 
-    def __init__(self, report: Any) -> None:
+    def __init__(self, report: ParityReport) -> None:
         self.report = report
         super().__init__(f"the engine missed its parity check against onnxruntime on the artifact: {report.summary()}; "
                          "nothing was written (rebuild at a higher precision, or pass --no-parity to keep it anyway)")
 
 
-def engine_parity(engine_dir: str | Path, artifact: str | Path, precision: str) -> Any:
+def engine_parity(engine_dir: str | Path, artifact: str | Path, precision: str) -> ParityReport:
     """An engine directory against onnxruntime's CPU run of its source ``model.onnx`` (which passed
     the PyTorch gate at export): the gate's texts, batches and padding sides, each padded batch fed
     to both through the runtime's own loaders (the engine as users load it: profile padding and
     row limits included), held to METHODS.md's tolerance for the engine's ``precision``."""
     from ..runtime import Embedder
-    from .parity import compare_runs
 
     engine = Embedder.load(engine_dir, provider="tensorrt")
     reference = Embedder.load(artifact, provider="cpu")
