@@ -12,7 +12,8 @@ would otherwise slow the PyTorch call after it by ~20% and flatter P1. The runti
 through ``Embedder.run`` (row slices included), as users call it.
 
 P1 batch 1 x 32: runtime fp32 latency / PyTorch eager fp32 <= 1 / 1.5 (issue 5), <= 0.5 (issue 14); also reported:
-   the ratio a call of only its FLOPs at the GEMM peak would reach (the floor for any fp32 graph)
+   the ratio a call of only its FLOPs at the GEMM peak would reach (the floor for any fp32 graph), and
+   the ratio of the graph's weight MatMuls alone at 32 rows in onnxruntime (its kernels' small-M floor)
 P2 kv-embedding (layer set) vs the same model exported with --layers none: <= +3%
 P3 int8 throughput at 16 x 128 / PyTorch fp32 >= 2.5 (5), >= 3.0 (14); cosine int8 vs fp32 >= 0.99
 P4 early exit: va / token-prepending graph cost <= 1.05 x (layers kept / all) x full-depth graph
@@ -36,7 +37,7 @@ import numpy as np
 
 from kvembed.bench.measure import TorchBackend, cosine_rows, interleaved, peak_rss_mb, ratio
 from kvembed.bench.worker import CellInput, WorkerSpec, run_isolated
-from kvembed.bench.peak import gemm_call, model_shape
+from kvembed.bench.peak import gemm_call, model_shape, weight_gemms_call
 from kvembed.bench.report import machine_info
 from kvembed.bench.synthetic import build_random_model
 from kvembed.bench.workload import mixed_corpus, raw_token_batch
@@ -147,17 +148,20 @@ def main() -> None:
     gemm, gemm_flops = gemm_call(args.threads, 2048)
     shape = model_shape(read_manifest(paths["kv-fp32"]), paths["kv-fp32"])
 
-    # P1: batch 1 x 32; with it, where the ratio would be if the call were nothing but its FLOPs at
-    # the GEMM peak (the same round's 2048^3 MatMul rate): the floor no fp32 graph can go below
+    # P1: batch 1 x 32; with it two floors, each against the same round's PyTorch call: the call
+    # as nothing but its FLOPs at the GEMM peak (the 2048^3 MatMul's rate), and the call as nothing
+    # but its weight MatMuls at 32 rows with onnxruntime's kernels (small-M GEMMs run below peak)
     small = raw_token_batch(kv.encoder, 1, 32)
-    t = interleaved({"runtime": runner(kv, small), "torch": lambda: torch_kv.run(small), "gemm": gemm},
-                    rounds=30, warmup=3)
+    weights_only, _ = weight_gemms_call(paths["kv-fp32"] / "model.onnx", 32, args.threads)
+    t = interleaved({"runtime": runner(kv, small), "torch": lambda: torch_kv.run(small), "gemm": gemm,
+                     "weight_gemms": weights_only}, rounds=30, warmup=3)
     r = ratio(t, "runtime", "torch")
     flops = shape.flops([32])
     floor = statistics.median((flops / (gemm_flops / g)) / b for g, b in zip(t["gemm"], t["torch"]))
     report("P1", r, "runtime / torch latency, 1 x 32",
            runtime_p50_ms=1e3 * statistics.median(t["runtime"]), torch_p50_ms=1e3 * statistics.median(t["torch"]),
-           ratio_at_gemm_peak=floor, flops_per_call=flops)
+           weight_gemms_p50_ms=1e3 * statistics.median(t["weight_gemms"]),
+           ratio_at_gemm_peak=floor, ratio_weight_gemms_only=ratio(t, "weight_gemms", "torch"), flops_per_call=flops)
 
     big = raw_token_batch(kv.encoder, 16, 128)
     tokens = 16 * 128

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from checks import run_without_torch
 from kvembed.bench.measure import Timing, cosine_rows, default_backends, time_calls
-from kvembed.bench.peak import ModelShape, gemm_peak
+from kvembed.bench.peak import ModelShape, gemm_peak, weight_gemms_call
 from kvembed.bench.workload import exact_rows, make_batch, mixed_corpus
 from kvembed.cli import app
 
@@ -299,6 +299,52 @@ def test_flop_count_and_gemm_peak():
     assert peak["gflops"] > 0 and peak["size"] == 128 and peak["threads"] == 1
     a = np.array([[1.0, 0.0], [1.0, 1.0]])
     assert cosine_rows(a, a * 3) == pytest.approx([1.0, 1.0])
+
+
+def _graph_with_weights(path, nodes, initializers):
+    """Save an ONNX graph of ``nodes`` with ``initializers`` (only read, never run)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info(n.output[0], TensorProto.FLOAT, None) for n in nodes],
+        [numpy_helper.from_array(a, name) for name, a in initializers.items()],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    return path
+
+
+def test_weight_gemms_call_runs_every_fp32_matmul_weight_once_per_use(tmp_path):
+    from onnx import helper
+
+    rng = np.random.default_rng(3)
+    w1 = rng.standard_normal((8, 4), dtype=np.float32)
+    w2 = rng.standard_normal((4, 6), dtype=np.float32)
+    q = rng.integers(-5, 5, (8, 5), dtype=np.int8)
+    bias = rng.standard_normal((8, 3), dtype=np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("MatMul", ["h", "w2"], ["a"]),
+        helper.make_node("MatMul", ["h", "w2"], ["b"]),  # one weight used twice: counted twice
+        helper.make_node("MatMul", ["x", "x_t"], ["c"]),  # activation @ activation: not a weight
+        helper.make_node("MatMulInteger", ["xq", "q"], ["d"]),  # int8: not an fp32 weight
+        helper.make_node("Gemm", ["x", "bias"], ["e"]),
+    ]
+    path = _graph_with_weights(tmp_path / "m.onnx", nodes, {"w1": w1, "w2": w2, "q": q, "bias": bias})
+    call, flops = weight_gemms_call(path, tokens=5, threads=1)
+    outputs = call()
+    assert sorted(o.shape for o in outputs) == [(5, 4), (5, 6), (5, 6)]
+    assert flops == 2 * 5 * (8 * 4 + 4 * 6 + 4 * 6)
+    # the two uses of w2 multiply the same 4-wide input by the same weight
+    six_wide = [o for o in outputs if o.shape == (5, 6)]
+    np.testing.assert_array_equal(six_wide[0], six_wide[1])
+
+    int8_only = _graph_with_weights(tmp_path / "q.onnx", [nodes[4]], {"q": q})
+    with pytest.raises(ValueError, match="no fp32 MatMul weights"):
+        weight_gemms_call(int8_only, tokens=5, threads=1)
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        weight_gemms_call(path, tokens=0, threads=1)
 
 
 def test_build_random_model_is_a_loadable_qwen3(tmp_path):

@@ -32,36 +32,76 @@ MATMUL_OPS = ("MatMul", "MatMulInteger", "Gemm")
 # -- the machine --------------------------------------------------------------------------------
 
 
-def gemm_call(threads: int, size: int = 2048) -> tuple[Callable[[], Any], float]:
-    """A ``size x size @ size x size`` onnxruntime fp32 MatMul as a no-argument call, and its FLOPs.
-
-    The right matrix is an initializer, like model weights (onnxruntime pre-packs both); the
-    session is built with the runtime's own options and ``threads`` intra-op threads. Benchmarks
-    that compare against the peak interleave this call with the model's (the machine is noisy).
-    """
+def _matmuls_call(
+    weights: Sequence[np.ndarray], rows: int, threads: int, name: str
+) -> tuple[Callable[[], Any], float]:
+    """One onnxruntime session of independent ``[rows, K] @ W`` MatMuls, one per weight, as a
+    no-argument call, and its FLOPs. The weights are initializers, as in a model (onnxruntime
+    pre-packs them); the session has the runtime's own options and ``threads`` intra-op threads."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     from ..runtime.session import session_options
 
-    if size < 1:
-        raise ValueError(f"size must be >= 1, got {size}")
-    rng = np.random.default_rng(0)
-    weight = rng.standard_normal((size, size), dtype=np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["a", "w"], ["y"])],
-        "gemm_peak",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [size, size])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])],
-        [numpy_helper.from_array(weight, "w")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    if not weights:
+        raise ValueError("no weights to multiply by")
+    widths = sorted({int(w.shape[0]) for w in weights})
+    nodes, outputs, initializers = [], [], []
+    for i, weight in enumerate(weights):
+        initializers.append(numpy_helper.from_array(np.ascontiguousarray(weight, dtype=np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [f"x{weight.shape[0]}", f"w{i}"], [f"y{i}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [rows, int(weight.shape[1])]))
+    inputs = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [rows, k]) for k in widths]
+    model = helper.make_model(helper.make_graph(nodes, name, inputs, outputs, initializers),
+                              opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = min(model.ir_version, 9)  # readable by older onnxruntime builds too
     session = ort.InferenceSession(
         model.SerializeToString(), sess_options=session_options(threads), providers=["CPUExecutionProvider"]
     )
-    a = rng.standard_normal((size, size), dtype=np.float32)
-    return (lambda: session.run(["y"], {"a": a})), 2.0 * size**3
+    rng = np.random.default_rng(0)
+    feed = {f"x{k}": rng.standard_normal((rows, k), dtype=np.float32) for k in widths}
+    flops = 2.0 * rows * sum(int(w.shape[0]) * int(w.shape[1]) for w in weights)
+    return (lambda: session.run(None, feed)), flops
+
+
+def gemm_call(threads: int, size: int = 2048) -> tuple[Callable[[], Any], float]:
+    """A ``size x size @ size x size`` onnxruntime fp32 MatMul as a no-argument call, and its FLOPs.
+
+    Benchmarks that compare against the peak interleave this call with the model's (the machine
+    is noisy).
+    """
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    weight = np.random.default_rng(1).standard_normal((size, size), dtype=np.float32)
+    return _matmuls_call([weight], size, threads, "gemm_peak")
+
+
+def weight_gemms_call(
+    model_path: str | os.PathLike[str], tokens: int, threads: int
+) -> tuple[Callable[[], Any], float]:
+    """The graph's fp32 weight MatMuls alone, each on ``tokens`` rows, as one onnxruntime call.
+
+    What a call of ``tokens`` tokens would cost if everything but its weight GEMMs (attention,
+    norms, RoPE, the framework's per-node work) were free, with onnxruntime's own kernels at that
+    row count: a tighter floor than the large-GEMM peak, because small-M GEMMs run below it.
+    Reads every 2-D float initializer that is a MatMul's right operand (once per use).
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(model_path))
+    initializers = {t.name: t for t in model.graph.initializer if len(t.dims) == 2}
+    weights = [
+        numpy_helper.to_array(initializers[node.input[1]])
+        for node in model.graph.node
+        if node.op_type == "MatMul" and node.input[1] in initializers
+        and initializers[node.input[1]].data_type == onnx.TensorProto.FLOAT
+    ]
+    if not weights:
+        raise ValueError(f"{model_path} has no fp32 MatMul weights (an int8 or fp16 graph?): use an fp32 artifact")
+    return _matmuls_call(weights, tokens, threads, "weight_gemms")
 
 
 def gemm_peak(threads: int, size: int = 2048, repeats: int = 5, warmup: int = 2) -> dict[str, Any]:
