@@ -154,7 +154,7 @@ def materialize(path: Path, info: GGUFInfo | None = None) -> Path:
         raise MissingDependency(f"GGUF models need accelerate: pip install 'kvembed[gguf]' ({err})") from None
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from .reference import quiet_transformers
+    from .hf_loading import quiet_transformers
 
     folder, name = str(path.parent), path.name
     print(f"kvembed: dequantizing {name} once into {target} (later loads read the cache)", file=sys.stderr, flush=True)

@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
-from transformers import AutoConfig, AutoModel, AutoTokenizer
-from transformers.utils import logging as hf_logging
+from transformers import AutoConfig, AutoTokenizer
 
+from .hf_loading import find_model, input_limit, model_max_length
 from .methods import ResolvedMethod, get_method, resolve
 from .methods.layers import AUTO
 from .methods.sharing import AlsoRequest, output_label, resolve_also
 from .patch import EmbeddingModel, architecture_of
 from .runtime.batching import plan_batches
 from .runtime.encoding import EncodedText, TextEncoder, check_texts
-from .sources import locate_model
-
-#: tokenizers report "no limit" as a huge number; anything above this is not a real bound
-_UNBOUNDED = 10**8
 
 
 class TorchEmbedder:
@@ -112,45 +107,24 @@ class TorchEmbedder:
             if also:
                 raise ValueError("causal2vec cannot take --also: its Contextual token makes its forward pass its own")
             return cls._from_causal2vec(model, method, max_length=max_length, padding_side=padding_side, dtype=dtype, **options)
-        source = locate_model(model, revision)  # fails within seconds when nothing is there
-        location, preset_id, text = source.location, source.preset_id, str(model)
-        if source.gguf is not None:  # dequantized once into a cached Hugging Face folder
-            from .gguf import materialize
-
-            location = str(materialize(Path(source.location), source.gguf))
-        try:
-            config = AutoConfig.from_pretrained(location, revision=revision, trust_remote_code=trust_remote_code)
-        except OSError as err:
-            raise FileNotFoundError(
-                f"cannot load a model config from {text!r}: not a local model folder, and the hub is "
-                f"unreachable or has no such model ({err.__class__.__name__})"
-            ) from err
-        architecture_of(config)
+        found = find_model(model, revision, trust_remote_code)
+        config, preset_id, text = found.config, found.preset_id, found.text
         auto = _is_auto(options.get("layers")) and get_method(method).name == "kv-embedding"
         if not auto and calibration is not None:
             raise ValueError("calibration is only used with layers='auto' (kv-embedding)")
         if auto:  # a missing or too short calibration set fails before the weights load
-            from .layers import load_calibration
+            from .layers.calibration import load_calibration
 
             calibration_texts = load_calibration(calibration, num_calibration_texts)
         # with auto, check every other option now (cheaply); the layer set comes after loading
         resolved = resolve(method, config.num_hidden_layers, preset_id, **{**options, **({"layers": "none"} if auto else {})})
         if not auto:  # refuse an extra output that cannot share the pass before loading weights
             resolve_also(resolved, list(also), preset_id)
-        tokenizer = AutoTokenizer.from_pretrained(location, revision=revision, trust_remote_code=trust_remote_code)
-        with quiet_transformers():  # a causal-LM checkpoint's unused lm_head is expected, not news
-            hf_model = AutoModel.from_pretrained(
-                location, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
-            )
-        limit = model_max_length(config, tokenizer)
-        if max_length is not None:
-            if int(max_length) < 1:
-                raise ValueError(f"max_length must be >= 1, got {max_length}")
-            limit = min(limit, int(max_length))
+        tokenizer, hf_model = found.load(dtype)
+        limit = input_limit(config, tokenizer, max_length)
         selection = None
         if auto:
-            from .layers import select_layers_for_model
-            from .layers.selection import calibration_label
+            from .layers.selection import calibration_label, select_layers_for_model
 
             selection = select_layers_for_model(
                 hf_model,
@@ -165,8 +139,8 @@ class TorchEmbedder:
         extra = resolve_also(resolved, list(also), preset_id)
         embedder = cls(hf_model, tokenizer, resolved, limit, padding_side=padding_side, source=text, also=extra)
         embedder.layer_selection = None if selection is None else selection.to_dict()
-        embedder.location, embedder.preset_id, embedder.revision = location, preset_id, revision
-        embedder.gguf = None if source.gguf is None else source.gguf.to_dict()
+        embedder.location, embedder.preset_id, embedder.revision = found.location, preset_id, revision
+        embedder.gguf = None if found.gguf is None else found.gguf.to_dict()
         return embedder
 
     @classmethod
@@ -186,11 +160,7 @@ class TorchEmbedder:
         architecture_of(config)
         resolved = resolve(method, config.num_hidden_layers, None, **{**checkpoint.method_options(), **options})
         tokenizer = AutoTokenizer.from_pretrained(str(checkpoint.llm))
-        limit = model_max_length(config, tokenizer)
-        if max_length is not None:
-            if int(max_length) < 1:
-                raise ValueError(f"max_length must be >= 1, got {max_length}")
-            limit = min(limit, int(max_length))
+        limit = input_limit(config, tokenizer, max_length)
         encoder_tokenizer = AutoTokenizer.from_pretrained(str(checkpoint.encoder))
         encoder_config = AutoConfig.from_pretrained(str(checkpoint.encoder))
         context = ContextParts(
@@ -309,24 +279,3 @@ def _dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 def _is_auto(layers: Any) -> bool:
     return isinstance(layers, str) and layers.strip().lower() == AUTO
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' load report, warnings and progress bars for the duration of the block."""
-    previous, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(previous)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-def model_max_length(config: Any, tokenizer: Any) -> int:
-    """The longest input both the model's positions and the tokenizer's declared limit allow."""
-    limits = [getattr(config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
-    usable = [int(x) for x in limits if x is not None and 0 < int(x) < _UNBOUNDED]
-    return min(usable) if usable else 2048

@@ -239,27 +239,31 @@ def compute_layer_selection(
     batch_size: int = 32,
     max_length: int | None = None,
     progress: Progress | None = None,
-    **load_options: Any,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    dtype: Any = "float32",
 ) -> LayerSelection:
-    """Load ``model`` (folder, alias or hub id, as for ``TorchEmbedder``) and select its layers.
+    """Load ``model`` (folder, alias, hub id or ``.gguf`` file, as for ``TorchEmbedder``) and
+    select its layers; the plain decoder runs, no method patched in.
 
     ``calibration``: a list of texts, a file with one text per line, or ``None`` for the
     built-in set; its first ``num_texts`` distinct texts are used.
     """
-    from ..reference import TorchEmbedder
+    from ..hf_loading import find_model, input_limit
     from .calibration import load_calibration
 
     template = prompt_template(prompt)
+    found = find_model(model, revision, trust_remote_code)
     texts = load_calibration(calibration, num_texts)
-    embedder = TorchEmbedder.from_pretrained(model, "kv-embedding", layers="none", max_length=max_length, **load_options)
+    tokenizer, decoder = found.load(dtype)
     source = calibration_label(calibration)
     return select_layers_for_model(
-        embedder.model.decoder,
-        embedder.hf_tokenizer,
+        decoder,
+        tokenizer,
         texts,
         template=template,
         batch_size=batch_size,
-        max_length=embedder.max_length,
+        max_length=input_limit(found.config, tokenizer, max_length),
         progress=progress,
         model_name=str(model),
         calibration=source,

@@ -35,7 +35,7 @@ def load_context_encoder(checkpoint: Causal2VecCheckpoint, dtype: torch.dtype = 
     from safetensors.torch import load_file
     from transformers import AutoModel
 
-    from ..reference import quiet_transformers
+    from ..hf_loading import quiet_transformers
 
     extra = {"add_pooling_layer": False} if _is_bert_like(checkpoint) else {}
     with quiet_transformers():  # a pre-training checkpoint's unused heads are expected
@@ -60,7 +60,7 @@ def load_llm(checkpoint: Causal2VecCheckpoint, dtype: torch.dtype = torch.float3
     """The checkpoint's decoder, with ``adapter/`` (a peft LoRA) merged into it when present."""
     from transformers import AutoModel, AutoModelForCausalLM
 
-    from ..reference import quiet_transformers
+    from ..hf_loading import quiet_transformers
 
     with quiet_transformers():
         if checkpoint.adapter is None:

@@ -1,0 +1,103 @@
+"""Loading a Hugging Face decoder for kvembed: find it, read its config, then its weights, quietly.
+
+One place for what the reference embedder (:mod:`kvembed.reference`) and layer selection
+(:mod:`kvembed.layers`) both need, so that neither imports the other. The config is read on its
+own first: callers refuse an unsupported architecture or bad options before any weights load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from transformers import AutoConfig, AutoModel, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from .patch import architecture_of
+from .sources import locate_model
+
+#: tokenizers report "no limit" as a huge number; anything above this is not a real bound
+_UNBOUNDED = 10**8
+
+
+@dataclass(frozen=True)
+class FoundModel:
+    """A model located and its config read (architecture checked); weights not loaded yet."""
+
+    text: str
+    """What the caller named (folder, alias, hub id or ``.gguf`` file)."""
+    location: str
+    """The Hugging Face folder or hub id the weights load from (a GGUF file's dequantized cache)."""
+    preset_id: str | None
+    gguf: Any
+    """The GGUF source (:class:`kvembed.sources.GGUFSource`) when the model is a ``.gguf`` file."""
+    config: Any
+    revision: str | None = None
+    trust_remote_code: bool = False
+
+    def load(self, dtype: torch.dtype | str = torch.float32) -> tuple[Any, Any]:
+        """The tokenizer and the bare decoder (``AutoModel``, no LM head), in eval mode."""
+        tokenizer = AutoTokenizer.from_pretrained(
+            self.location, revision=self.revision, trust_remote_code=self.trust_remote_code
+        )
+        with quiet_transformers():  # a causal-LM checkpoint's unused lm_head is expected, not news
+            model = AutoModel.from_pretrained(
+                self.location, dtype=dtype, revision=self.revision, trust_remote_code=self.trust_remote_code
+            )
+        return tokenizer, model.eval()
+
+
+def find_model(
+    model: str | os.PathLike[str], revision: str | None = None, trust_remote_code: bool = False
+) -> FoundModel:
+    """Locate ``model`` and read its config; an unsupported architecture raises here."""
+    source = locate_model(model, revision)  # fails within seconds when nothing is there
+    location = source.location
+    if source.gguf is not None:  # dequantized once into a cached Hugging Face folder
+        from .gguf import materialize
+
+        location = str(materialize(Path(source.location), source.gguf))
+    try:
+        config = AutoConfig.from_pretrained(location, revision=revision, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"cannot load a model config from {str(model)!r}: not a local model folder, and the hub is "
+            f"unreachable or has no such model ({err.__class__.__name__})"
+        ) from err
+    architecture_of(config)
+    return FoundModel(str(model), location, source.preset_id, source.gguf, config, revision, trust_remote_code)
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' load report, warnings and progress bars for the duration of the block."""
+    previous, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(previous)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def model_max_length(config: Any, tokenizer: Any) -> int:
+    """The longest input both the model's positions and the tokenizer's declared limit allow."""
+    limits = [getattr(config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    usable = [int(x) for x in limits if x is not None and 0 < int(x) < _UNBOUNDED]
+    return min(usable) if usable else 2048
+
+
+def input_limit(config: Any, tokenizer: Any, max_length: int | None) -> int:
+    """:func:`model_max_length`, lowered to the caller's ``max_length`` (which must be >= 1)."""
+    limit = model_max_length(config, tokenizer)
+    if max_length is None:
+        return limit
+    if int(max_length) < 1:
+        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    return min(limit, int(max_length))
