@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from kvembed.bench.args import positive
 from kvembed.bench.measure import TorchBackend, cosine_rows, interleaved, peak_rss_mb, ratio
 from kvembed.bench.worker import CellInput, WorkerSpec, run_isolated
 from kvembed.bench.peak import gemm_call, model_shape, weight_gemms_call
@@ -100,17 +101,6 @@ def isolated_peak_rss(backend: str, artifact: Path, threads: int, feeds: dict[st
     spec = WorkerSpec(backend, str(artifact), read_manifest(artifact), threads, [CellInput("rss", feeds)],
                       warmup=0, min_repeats=1, min_seconds=0.0)
     return float(run_isolated(spec)["peak_rss_mb"])
-
-
-def positive(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
 
 
 def main() -> None:

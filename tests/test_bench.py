@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from checks import run_without_torch
 from kvembed.bench.measure import Timing, cosine_rows, default_backends, time_calls
-from kvembed.bench.peak import ModelShape, gemm_peak, weight_gemms_call
+from kvembed.bench.peak import ModelShape, fp32_matmul_weights, gemm_peak, matmul_params, weight_gemms_call
 from kvembed.bench.workload import exact_rows, make_batch, mixed_corpus
 from kvembed.cli import app
 
@@ -332,13 +332,15 @@ def test_weight_gemms_call_runs_every_fp32_matmul_weight_once_per_use(tmp_path):
         helper.make_node("Gemm", ["x", "bias"], ["e"]),
     ]
     path = _graph_with_weights(tmp_path / "m.onnx", nodes, {"w1": w1, "w2": w2, "q": q, "bias": bias})
+    weights = fp32_matmul_weights(path)
+    assert len(weights) == 3
+    for got, want in zip(weights, (w1, w2, w2)):
+        np.testing.assert_array_equal(got, want)
+    # every 2-D weight of a MatMul-like node counts for the FLOP model, int8 and Gemm included
+    assert matmul_params(path) == w1.size + 2 * w2.size + q.size + bias.size
     call, flops = weight_gemms_call(path, tokens=5, threads=1)
-    outputs = call()
-    assert sorted(o.shape for o in outputs) == [(5, 4), (5, 6), (5, 6)]
+    assert [o.shape for o in call()] == [(5, 4), (5, 6), (5, 6)]
     assert flops == 2 * 5 * (8 * 4 + 4 * 6 + 4 * 6)
-    # the two uses of w2 multiply the same 4-wide input by the same weight
-    six_wide = [o for o in outputs if o.shape == (5, 6)]
-    np.testing.assert_array_equal(six_wide[0], six_wide[1])
 
     int8_only = _graph_with_weights(tmp_path / "q.onnx", [nodes[4]], {"q": q})
     with pytest.raises(ValueError, match="no fp32 MatMul weights"):

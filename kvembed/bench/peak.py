@@ -32,7 +32,7 @@ MATMUL_OPS = ("MatMul", "MatMulInteger", "Gemm")
 # -- the machine --------------------------------------------------------------------------------
 
 
-def _matmuls_call(
+def matmuls_call(
     weights: Sequence[np.ndarray], rows: int, threads: int, name: str
 ) -> tuple[Callable[[], Any], float]:
     """One onnxruntime session of independent ``[rows, K] @ W`` MatMuls, one per weight, as a
@@ -75,33 +75,20 @@ def gemm_call(threads: int, size: int = 2048) -> tuple[Callable[[], Any], float]
     if size < 1:
         raise ValueError(f"size must be >= 1, got {size}")
     weight = np.random.default_rng(1).standard_normal((size, size), dtype=np.float32)
-    return _matmuls_call([weight], size, threads, "gemm_peak")
+    return matmuls_call([weight], size, threads, "gemm_peak")
 
 
 def weight_gemms_call(
     model_path: str | os.PathLike[str], tokens: int, threads: int
 ) -> tuple[Callable[[], Any], float]:
-    """The graph's fp32 weight MatMuls alone, each on ``tokens`` rows, as one onnxruntime call.
+    """The graph's fp32 weight MatMuls alone (:func:`fp32_matmul_weights`), each on ``tokens``
+    rows, as one onnxruntime call, and its FLOPs.
 
     What a call of ``tokens`` tokens would cost if everything but its weight GEMMs (attention,
     norms, RoPE, the framework's per-node work) were free, with onnxruntime's own kernels at that
     row count: a tighter floor than the large-GEMM peak, because small-M GEMMs run below it.
-    Reads every 2-D float initializer that is a MatMul's right operand (once per use).
     """
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(model_path))
-    initializers = {t.name: t for t in model.graph.initializer if len(t.dims) == 2}
-    weights = [
-        numpy_helper.to_array(initializers[node.input[1]])
-        for node in model.graph.node
-        if node.op_type == "MatMul" and node.input[1] in initializers
-        and initializers[node.input[1]].data_type == onnx.TensorProto.FLOAT
-    ]
-    if not weights:
-        raise ValueError(f"{model_path} has no fp32 MatMul weights (an int8 or fp16 graph?): use an fp32 artifact")
-    return _matmuls_call(weights, tokens, threads, "weight_gemms")
+    return matmuls_call(fp32_matmul_weights(model_path), tokens, threads, "weight_gemms")
 
 
 def gemm_peak(threads: int, size: int = 2048, repeats: int = 5, warmup: int = 2) -> dict[str, Any]:
@@ -130,18 +117,39 @@ def gemm_peak(threads: int, size: int = 2048, repeats: int = 5, warmup: int = 2)
 # -- the model ----------------------------------------------------------------------------------
 
 
+def _weight_uses(model: Any) -> list[tuple[Any, int, Any]]:
+    """``(node, operand position, initializer)`` for every 2-D initializer that is one of the two
+    operands of a MatMul-like node, once per use."""
+    initializers = {t.name: t for t in model.graph.initializer if len(t.dims) == 2}
+    return [
+        (node, position, initializers[name])
+        for node in model.graph.node if node.op_type in MATMUL_OPS
+        for position, name in enumerate(list(node.input)[:2]) if name in initializers
+    ]
+
+
 def matmul_params(model_path: str | os.PathLike[str]) -> int:
     """Weights the graph multiplies by: elements of 2-D initializers feeding a MatMul-like node
     (once per use). Reads only the graph structure (external weight data is not loaded)."""
     import onnx
 
     model = onnx.load(str(model_path), load_external_data=False)
-    sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer if len(t.dims) == 2}
-    total = 0
-    for node in model.graph.node:
-        if node.op_type in MATMUL_OPS:
-            total += sum(sizes.get(name, 0) for name in list(node.input)[:2])
-    return total
+    return sum(int(np.prod(tensor.dims)) for _, _, tensor in _weight_uses(model))
+
+
+def fp32_matmul_weights(model_path: str | os.PathLike[str]) -> list[np.ndarray]:
+    """The ``[K, N]`` fp32 weights the graph's MatMul nodes multiply by on the right, once per use."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(model_path))
+    weights = [
+        numpy_helper.to_array(tensor) for node, position, tensor in _weight_uses(model)
+        if node.op_type == "MatMul" and position == 1 and tensor.data_type == onnx.TensorProto.FLOAT
+    ]
+    if not weights:
+        raise ValueError(f"{model_path} has no fp32 MatMul weights (an int8 or fp16 graph?): use an fp32 artifact")
+    return weights
 
 
 @dataclass(frozen=True)
