@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .errors import CheckFailed, KvembedError
+from .extras import missing_extra_message
 
 EXIT_FAILED, EXIT_USER, EXIT_INTERRUPTED = 1, 2, 130
 DEBUG_FLAG, DEBUG_ENV = "--debug", "KVEMBED_DEBUG"
@@ -71,6 +72,11 @@ def run_guarded(job: Callable[[], Any]) -> Any:
             raise
         except CheckFailed as err:
             raise fail(one_line(err), EXIT_FAILED) from None
+        except ModuleNotFoundError as err:
+            message = missing_extra_message(err, _command_path())
+            if message is None:
+                raise fail(f"unexpected {one_line(err)} (a broken install? rerun with {DEBUG_FLAG} for the traceback)", EXIT_FAILED) from None
+            raise fail(message, EXIT_USER) from None
         except USER_ERRORS as err:
             raise fail(one_line(err), EXIT_USER) from None
         except KeyboardInterrupt:
@@ -81,6 +87,16 @@ def run_guarded(job: Callable[[], Any]) -> Any:
                 f"or {DEBUG_ENV}=1 for the traceback)",
                 EXIT_FAILED,
             ) from None
+
+
+def _command_path() -> str | None:
+    """``kvembed serve`` etc. while a command runs (the click context typer vendors), else None."""
+    try:
+        from typer._click.globals import get_current_context
+    except ImportError:  # a typer that uses click itself
+        get_current_context = click.get_current_context
+    context = get_current_context(silent=True)
+    return context.command_path if context is not None else None
 
 
 def guarded(command: F) -> F:
@@ -97,7 +113,10 @@ def guarded(command: F) -> F:
 
 
 def guard_app(app: typer.Typer) -> typer.Typer:
-    """Apply :func:`guarded` to every command registered on ``app`` (and its sub-groups)."""
+    """Apply :func:`guarded` to every command registered on ``app`` (and its sub-groups), and
+    print help as plain text: Rich's help panels cut long option names (``--max-concurrent-re…``)
+    and help cells on an 80-column terminal, where click's plain layout wraps them."""
+    app.rich_markup_mode = None
     for info in app.registered_commands:
         if info.callback is not None:
             info.callback = guarded(info.callback)

@@ -44,6 +44,32 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["KVEMBED_CACHE_DIR"] = config._kvembed_cache = tempfile.mkdtemp(prefix="kvembed-test-cache-")
 
 
+#: the Triton python-backend stub's environment: the wheel's stub is built against numpy 1 and the
+#: system libpython3.11, so its models run in a venv of the system Python 3.11 with numpy<2
+TRITON_STUB_VENV = Path(__file__).resolve().parents[1] / ".venv-triton"
+TRITON_STUB_PACKAGES = ("numpy<2", "onnxruntime", "tokenizers", "openvino")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Build .venv-triton once (the README's test command is all a new machine runs) when Triton
+    tests are collected, tritonserver is installed, and no stub Python is named."""
+    import importlib.util
+    import subprocess
+
+    wanted = any(item.path.name == "test_triton.py" for item in items)
+    if not wanted or os.environ.get("KVEMBED_TRITON_PYTHON") or importlib.util.find_spec("pytriton") is None:
+        return
+    python = TRITON_STUB_VENV / "bin" / "python"
+    if not python.is_file():  # built beside, renamed when complete: a failed build leaves no half venv
+        base = os.environ.get("KVEMBED_TRITON_BASE_PYTHON", "/usr/bin/python3.11")
+        partial = TRITON_STUB_VENV.with_name(TRITON_STUB_VENV.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        subprocess.run([base, "-m", "venv", str(partial)], check=True)
+        subprocess.run([str(partial / "bin" / "python"), "-m", "pip", "install", "-q", *TRITON_STUB_PACKAGES], check=True)
+        partial.rename(TRITON_STUB_VENV)
+    os.environ["KVEMBED_TRITON_PYTHON"] = str(python)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(getattr(config, "_kvembed_cache", ""), ignore_errors=True)
 

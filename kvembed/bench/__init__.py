@@ -9,7 +9,7 @@ runtime``) stays torch-free, and benchmark processes load only what they measure
 first use, so ``kvembed --help`` does not pay for numpy or onnxruntime.
 """
 
-from typing import Any
+from ..lazy import lazy_exports
 
 _EXPORTS = {
     "BenchConfig": "runner",
@@ -19,14 +19,5 @@ _EXPORTS = {
     "time_calls": "measure",
     "build_random_model": "synthetic",
 }
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        from importlib import import_module
-
-        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

@@ -8,7 +8,8 @@ shard plan, so an interrupted run resumes on either engine. Torch-free: it embed
     manifest = embed_corpus(CorpusOptions("artifact/", ["docs/*.parquet"], "vectors/"))
 """
 
-from .options import CorpusError, CorpusOptions
-from .run import embed_corpus
+from ..lazy import lazy_exports
 
-__all__ = ["CorpusError", "CorpusOptions", "embed_corpus"]
+_EXPORTS = {"CorpusError": "options", "CorpusOptions": "options", "embed_corpus": "run"}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -1,11 +1,13 @@
 """``kvembed serve``: an OpenAI-compatible embeddings server on the torch-free runtime.
 
 FastAPI + uvicorn (the ``serve`` extra). Importing this package never imports torch or
-transformers (a test proves it): ``pip install 'kvembed[serve]'`` plus an artifact directory is a
+transformers (a test proves it), and FastAPI loads on first use of a name, so the command
+line can read ``kvembed serve``'s options without the extra: ``pip install 'kvembed[serve]'`` plus an artifact directory is a
 whole deployment.
 """
 
-from .app import create_app
-from .config import ServeConfig, parse_artifact, parse_size
+from ..lazy import lazy_exports
 
-__all__ = ["ServeConfig", "create_app", "parse_artifact", "parse_size"]
+_EXPORTS = {"create_app": "app", "ServeConfig": "config", "parse_artifact": "config", "parse_size": "config"}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)
