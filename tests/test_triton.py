@@ -30,7 +30,7 @@ from kvembed.triton.configs import read_config
 from kvembed.triton.rows import decode_strings, split_rows, unpad_rows
 from kvembed.triton.server import Ports, TritonServer
 from engine_util import make_engine_dir
-from triton_util import Clients, assert_close, infer, require_tritonserver, stub_python
+from triton_util import Clients, assert_close, client_module, infer, require_tritonserver, stub_python
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
@@ -439,6 +439,60 @@ def test_bad_input_gets_an_error_or_a_defined_embedding(server, connect, oracles
     with ThreadPoolExecutor(len(texts)) as pool:
         assert_close(np.stack(list(pool.map(call, range(len(texts))))), want, "good rows beside bad requests")
     assert client.is_server_ready() and all(client.is_model_ready(m) for m in [*MODELS, "kvq"])
+
+
+#: a caller's mistakes through the ensemble: (model, texts, KIND, the message it names)
+CLIENT_MISTAKES = [
+    ("kv", ["fine"], "foo", r"KIND\[0\] is 'foo'; use one of query, document"),
+    ("kv", [b"ok", b"\xff\xfebroken"], None, r"TEXT\[1\] is not valid UTF-8"),
+    ("tp", ["a <PST> b"], None, "<PST>"),
+]
+STATUS = {"http": ("400", "500"), "grpc": ("StatusCode.INVALID_ARGUMENT", "StatusCode.INTERNAL")}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_client_mistakes_are_400_and_server_faults_500(server, connect, protocol):
+    """A bad KIND, invalid UTF-8 or a text holding <PST> is the caller's mistake: HTTP 400 / gRPC
+    INVALID_ARGUMENT with the reason, through the ensemble. A failure inside the graph model (here
+    a token id past the vocabulary, sent to ``kv_model`` directly) stays a server fault: 500 / INTERNAL."""
+    client, (mistake, fault) = connect(protocol), STATUS[protocol]
+    for model, texts, kind, message in CLIENT_MISTAKES:
+        with pytest.raises(InferenceServerException, match=message) as failure:
+            infer(client, protocol, model, texts, kind=kind)
+        assert failure.value.status() == mistake, (model, texts, kind, failure.value.status(), failure.value.message())
+    with pytest.raises(InferenceServerException) as failure:
+        infer_tokens(client, protocol, "kv_model", np.array([[1, 10**9]], dtype=np.int64))
+    assert failure.value.status() == fault, failure.value.message()
+
+
+def infer_tokens(client, protocol: str, model: str, ids: np.ndarray):
+    """Call a graph model directly with ``ids`` (attention mask all ones)."""
+    module = client_module(protocol)
+    inputs = []
+    for name, array in (("input_ids", ids), ("attention_mask", np.ones_like(ids))):
+        tensor = module.InferInput(name, list(array.shape), "INT64")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return client.infer(model, inputs)
+
+
+def test_bad_kind_over_plain_http_is_a_400_with_the_reason(server):
+    """What a curl user sees: the KServe JSON request with KIND "foo" answers 400 and a JSON error."""
+    import http.client
+    import json
+
+    body = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["hello"]},
+                       {"name": "KIND", "shape": [1, 1], "datatype": "BYTES", "data": ["foo"]}]}
+    host, port = server.http_url.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=30)
+    try:
+        connection.request("POST", "/v2/models/kv/infer", json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        status, answer = response.status, json.loads(response.read())
+    finally:
+        connection.close()
+    assert status == 400, (status, answer)
+    assert "KIND[0] is 'foo'; use one of query, document" in answer["error"], answer
 
 
 def test_cli_serve_runs_a_copied_repository(repositories, oracles, tmp_path):

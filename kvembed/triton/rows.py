@@ -54,6 +54,13 @@ def parse_kinds(values: Sequence[str] | None, rows: int, fixed: str | None) -> l
     return list(values)
 
 
+def is_client_error(err: BaseException) -> bool:
+    """Whether ``err``, raised while reading and tokenising a request, is the caller's mistake
+    (invalid UTF-8, a bad KIND, a text holding ``<PST>``: ValueErrors, which ``kvembed serve``
+    answers with 400 too) rather than a fault of the server, which must stay a 500."""
+    return isinstance(err, ValueError)
+
+
 def encode_rows(encoder: Any, texts: Sequence[str], kinds: Sequence[str]) -> list[Any]:
     """``TextEncoder.encode`` per kind, rows back in input order (one call per kind keeps the
     runtime's truncation warning and checks)."""

@@ -3,7 +3,9 @@
 Tokenisation is kvembed's own ``TextEncoder`` (prompt template, clean-up, truncation, query vs
 document, ``<PST>``), loaded from the artifact files in ``artifact/`` beside this file, with the
 kvembed runtime copied beside it too (``kvembed/``), so the repository needs no kvembed install.
-Bad input fails only the request that sent it, with a message naming the row.
+Bad input fails only the request that sent it, with a message naming the row and the status of
+a caller's mistake (INVALID_ARG: HTTP 400, gRPC INVALID_ARGUMENT; the ensemble passes the code on);
+any other failure is the server's (INTERNAL: 500).
 """
 
 import json
@@ -18,7 +20,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 import kvembed  # noqa: E402
 from kvembed.runtime.artifact import encoder_from_manifest, read_manifest  # noqa: E402
-from kvembed.triton.rows import decode_strings, encode_rows, parse_kinds  # noqa: E402
+from kvembed.triton.rows import decode_strings, encode_rows, is_client_error, parse_kinds  # noqa: E402
 
 
 class TritonPythonModel:
@@ -49,7 +51,7 @@ class TritonPythonModel:
         responses, start = [], 0
         for result in encoded:
             if not isinstance(result, list):
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(result)))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=result))
                 continue
             stop = start + len(result)
             if shared is not None:
@@ -63,11 +65,17 @@ class TritonPythonModel:
         return responses
 
     def _encode(self, request):
-        """This request's encoded rows, or the error message to answer it with."""
+        """This request's encoded rows, or the TritonError to answer it with."""
         try:
             texts = decode_strings(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy(), "TEXT")
             kind_tensor = pb_utils.get_input_tensor_by_name(request, "KIND")
             kinds = None if kind_tensor is None else decode_strings(kind_tensor.as_numpy(), "KIND")
             return encode_rows(self.encoder, texts, parse_kinds(kinds, len(texts), self.fixed_kind))
         except Exception as err:  # any failure answers this request only; the others go on
-            return f"{type(err).__name__}: {err}"
+            return _error(err)
+
+
+def _error(err):
+    """``err`` as a TritonError: INVALID_ARG (400) for the caller's mistakes, INTERNAL (500) otherwise."""
+    code = pb_utils.TritonError.INVALID_ARG if is_client_error(err) else pb_utils.TritonError.INTERNAL
+    return pb_utils.TritonError(f"{type(err).__name__}: {err}", code)
