@@ -92,8 +92,25 @@ def eval_command(
     for r in results:
         table.add_row(r.config.label, *(f"{r.scores[d['name']]['main_score']:.4f}" if d["name"] in r.scores else "—" for d in described))
     console.print(table)
+    demo = [c.label for c in configurations if _is_demo_model(c)]
+    if demo:
+        console.print(f"note: {', '.join(demo)} ran on stories260k, the built-in 260K-parameter demo model trained on "
+                      f"children's stories: it shows the pipeline works, and scores near zero are expected from it "
+                      f"(retrieval especially); for quality, evaluate a real LLM (e.g. smollm2-135m)",
+                      highlight=False, soft_wrap=True)
     console.print(f"wrote {paths['json']}, {paths['markdown']}, {paths['chart']} and mteb's result files in {out / 'mteb'}",
                   highlight=False, soft_wrap=True)
+
+
+def _is_demo_model(config: Any) -> bool:
+    """Whether a configuration embeds with the built-in demo model (a model alias or its artifact)."""
+    from ..methods.models import DEMO_MODEL
+
+    if not config.artifact:
+        return str(config.source) == DEMO_MODEL
+    from ..runtime.artifact import read_manifest
+
+    return read_manifest(config.source).get("source", {}).get("model") == DEMO_MODEL
 
 
 def _describe(task: Any, local: list[Any]) -> dict[str, Any]:
