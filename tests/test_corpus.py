@@ -75,6 +75,24 @@ def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kvembed.cli", "embed-corpus", *args], capture_output=True, text=True, cwd=ROOT, **kwargs)
 
 
+def interrupted_run(args: list[str], out: Path, shards_before_stop: int, sig: signal.Signals) -> subprocess.Popen:
+    """``kvembed embed-corpus *args`` sent ``sig`` once ``out`` holds ``shards_before_stop`` shards."""
+    # SIGINT at its default in the child: a shell starts background jobs (a CI script run with
+    # `&`) with SIGINT ignored, Python then keeps ignoring it, and Ctrl-C would not be tested
+    process = subprocess.Popen([sys.executable, "-m", "kvembed.cli", "embed-corpus", *args],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("part-*.parquet"))) < shards_before_stop:
+        assert process.poll() is None, f"the run ended before it could be interrupted: {process.communicate()}"
+        assert time.monotonic() < deadline, "no shard appeared in 120 s"
+        time.sleep(0.05)
+    assert process.poll() is None, "the run finished before the interruption"
+    process.send_signal(sig)
+    process.wait(60)
+    return process
+
+
 # -- fixtures ------------------------------------------------------------------------------------------
 
 
@@ -150,28 +168,12 @@ def test_local_engine_interrupted_twice_then_resumed_equals_the_ray_run(tmp_path
     args = [str(artifact), "-i", str(folder / "*.parquet"), "-o", str(out), "--text-column", "body",
             "--rows-per-file", str(SHARD_ROWS), "--threads-per-worker", "2", "--no-progress"]
 
-    def interrupted_run(extra: list[str], shards_before_stop: int, sig: signal.Signals) -> subprocess.Popen:
-        # SIGINT at its default in the child: a shell starts background jobs (a CI script run with
-        # `&`) with SIGINT ignored, Python then keeps ignoring it, and Ctrl-C would not be tested
-        process = subprocess.Popen([sys.executable, "-m", "kvembed.cli", "embed-corpus", *args, *extra],
-                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        deadline = time.monotonic() + 120
-        while len(list(out.glob("part-*.parquet"))) < shards_before_stop:
-            assert process.poll() is None, f"the run ended before it could be interrupted: {process.communicate()}"
-            assert time.monotonic() < deadline, "no shard appeared in 120 s"
-            time.sleep(0.05)
-        assert process.poll() is None, "the run finished before the interruption"
-        process.send_signal(sig)
-        process.wait(60)
-        return process
-
     # Ctrl-C: the run stops cleanly, keeps finished shards and says how to resume
-    first = interrupted_run([], 2, signal.SIGINT)
+    first = interrupted_run(args, out, 2, signal.SIGINT)
     assert first.returncode == 130 and "--resume" in first.stderr.read()
     assert not list(out.glob("*.partial-*")) and not (out / "_SUCCESS").exists()
     # a crash (SIGKILL) while resuming: no cleanup at all
-    second = interrupted_run(["--resume"], 6, signal.SIGKILL)
+    second = interrupted_run([*args, "--resume"], out, 6, signal.SIGKILL)
     assert second.returncode == -signal.SIGKILL and not (out / "_SUCCESS").exists()
     kept = {p.name for p in out.glob("part-*.parquet")}
     assert 6 <= len(kept) < FILES * ROWS_PER_FILE // SHARD_ROWS
@@ -355,7 +357,7 @@ def test_output_of_an_earlier_run_needs_resume_with_the_same_options(tmp_path, a
     (tmp_path / "docs.txt").write_text("one\ntwo\nthree\n")
     base = dict(artifact=artifact, inputs=[str(tmp_path / "docs.txt")], output=tmp_path / "out", progress=False)
     first = embed_corpus(CorpusOptions(**base, rows_per_file=2))
-    with pytest.raises(CorpusError, match="holds an earlier run; pass --resume"):
+    with pytest.raises(CorpusError, match="holds an earlier, finished run; pass --overwrite to replace it"):
         embed_corpus(CorpusOptions(**base, rows_per_file=2))
     with pytest.raises(CorpusError, match=r"--resume: .* different rows per file \(2 vs now 3\)"):
         embed_corpus(CorpusOptions(**base, rows_per_file=3, resume=True))
@@ -373,6 +375,108 @@ def test_cli_bad_input_is_one_line_on_stderr_with_exit_2(tmp_path, artifact):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
     assert "docs.jsonl:2: 'text' is null" in result.stderr
+
+
+def test_cli_run_stopped_by_early_bad_input_leaves_no_trace(tmp_path, artifact):
+    """A bad record among the first ones, or a --text-column typo, fails before the run records
+    itself: once the input or the option is fixed, a plain rerun just works."""
+    source, out = tmp_path / "docs.jsonl", tmp_path / "out"
+    source.write_text('{"text": "fine"}\n{"text": null}\n')
+    bad_record = run_cli(str(artifact), "-i", str(source), "-o", str(out), timeout=120)
+    assert bad_record.returncode == 2 and "docs.jsonl:2: 'text' is null" in bad_record.stderr
+    assert not out.exists()
+    source.write_text('{"text": "fine"}\n{"text": "fixed"}\n')
+    typo = run_cli(str(artifact), "-i", str(source), "-o", str(out), "--text-column", "txt", timeout=120)
+    assert typo.returncode == 2 and "has no 'txt' key in its first 2 objects (keys: text); pass --text-column" in typo.stderr
+    assert not out.exists()
+    fixed = run_cli(str(artifact), "-i", str(source), "-o", str(out), timeout=120)
+    assert fixed.returncode == 0 and "embedded 2 rows" in fixed.stdout, fixed.stderr
+
+
+def test_text_column_typo_fails_even_when_skipping_bad_records(tmp_path, artifact):
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"body": f"x{i}", "id": i}) + "\n" for i in range(300)))
+    with pytest.raises(CorpusError, match=r"docs\.jsonl has no 'text' key in its first 100 objects \(keys: body, id\)"):
+        embed_corpus(CorpusOptions(artifact, [str(tmp_path / "docs.jsonl")], tmp_path / "out", on_error="skip", progress=False))
+    assert not (tmp_path / "out").exists()
+
+
+def late_bad_corpus(folder: Path) -> Path:
+    """a.jsonl (150 good lines) and b.jsonl whose line 120 has a null text: past the records
+    checked up front, so the run has started (a.jsonl's shard finished) when it stops."""
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps({"text": f"a {i}"}) + "\n" for i in range(150)))
+    lines = [json.dumps({"text": None if i == 119 else f"b {i}"}) for i in range(150)]
+    (folder / "b.jsonl").write_text("\n".join(lines) + "\n")
+    return folder / "b.jsonl"
+
+
+def test_run_stopped_by_a_later_bad_record_says_how_to_go_on(tmp_path, artifact, embedder):
+    bad = late_bad_corpus(tmp_path / "docs")
+    out = tmp_path / "out"
+    options = dict(artifact=artifact, inputs=[str(tmp_path / "docs")], progress=False)
+    with pytest.raises(CorpusError, match=r"b\.jsonl:120: .*null.*--on-error skip \(then rerun with --resume to keep the 1 finished "
+                                          r"shard, or --overwrite to start again\)"):
+        embed_corpus(CorpusOptions(**options, output=out, rows_per_file=200))
+    assert sorted(p.name for p in out.iterdir()) == ["_run.json", "part-00000-00000.parquet"]
+    with pytest.raises(CorpusError, match=r"holds an earlier, unfinished run \(1 finished shard\); pass --resume to finish it, "
+                                          "--overwrite to delete it and start again"):
+        embed_corpus(CorpusOptions(**options, output=out, rows_per_file=200))
+    kept = (out / "part-00000-00000.parquet").stat().st_mtime_ns
+    shutil.copytree(out, tmp_path / "out2")
+
+    # the record fixed: b.jsonl has no finished shard, so its change does not stop the resume
+    bad.write_text(bad.read_text().replace("null", '"b 119"'))
+    fixed = embed_corpus(CorpusOptions(**options, output=out, rows_per_file=200, resume=True))
+    assert fixed["shards_resumed"] == 1 and fixed["rows"] == 300 and fixed["skipped"]["count"] == 0
+    assert (out / "part-00000-00000.parquet").stat().st_mtime_ns == kept
+    texts = [f"a {i}" for i in range(150)] + [f"b {i}" for i in range(150)]
+    ids = [f"a.jsonl:{i + 1}" for i in range(150)] + [f"b.jsonl:{i + 1}" for i in range(150)]
+    assert_matches(read_output(out), dict(zip(ids, encode(embedder, texts))))
+
+    # or the bad record skipped: the finished shard holds no bad record, so --on-error may become skip
+    bad.write_text(bad.read_text().replace('"b 119"', "null"))
+    skipped = embed_corpus(CorpusOptions(**options, output=tmp_path / "out2", rows_per_file=200, resume=True, on_error="skip"))
+    assert skipped["shards_resumed"] == 1 and skipped["rows"] == 299 and skipped["skipped"]["count"] == 1
+    with pytest.raises(CorpusError, match="different on error"):  # skip -> fail is refused: shards may hold skips
+        embed_corpus(CorpusOptions(**options, output=tmp_path / "out2", rows_per_file=200, resume=True))
+
+
+def test_resume_refuses_a_changed_input_with_finished_shards_and_overwrite_starts_again(tmp_path, artifact):
+    bad = late_bad_corpus(tmp_path / "docs")
+    out = tmp_path / "out"
+    options = dict(artifact=artifact, inputs=[str(tmp_path / "docs")], output=out, rows_per_file=100, progress=False)
+    with pytest.raises(CorpusError, match="keep the 3 finished shards"):  # a.jsonl: 2 shards, b.jsonl: 1
+        embed_corpus(CorpusOptions(**options))
+    bad.write_text(bad.read_text().replace("null", '"b 119"'))
+    with pytest.raises(CorpusError, match=r"--resume: .* different inputs: .*b\.jsonl changed \(2,587 -> 2,590 bytes, 150 -> 150 "
+                                          r"rows\) and some of its shards are finished; .* --overwrite to delete its 3 finished shards"):
+        embed_corpus(CorpusOptions(**options, resume=True))
+    with pytest.raises(CorpusError, match="--resume keeps an earlier run and --overwrite deletes it"):
+        CorpusOptions(**options, resume=True, overwrite=True)
+    again = embed_corpus(CorpusOptions(**options, overwrite=True))
+    assert again["shards_replaced"] == 3 and again["shards_resumed"] == 0 and again["rows"] == 300
+    assert len(list(out.glob("part-*.parquet"))) == 4 and (out / "_SUCCESS").is_file()
+
+
+def test_output_with_only_a_run_record_does_not_block_a_new_run(tmp_path, artifact):
+    """A run killed before its first shard leaves only _run.json (for other inputs, here): nothing
+    finished, nothing to protect. Files that are not kvembed's are never deleted, even by --overwrite."""
+    (tmp_path / "docs.txt").write_text("one\ntwo\n")
+    base = dict(artifact=artifact, inputs=[str(tmp_path / "docs.txt")], progress=False)
+    for resume in (False, True):
+        out = tmp_path / f"out-{resume}"
+        out.mkdir()
+        (out / "_run.json").write_text(json.dumps({"inputs": [{"path": "/elsewhere.txt", "bytes": 1, "rows": 1}]}))
+        (out / "part-00000-00000.parquet.partial-dead").write_bytes(b"half a shard")
+        manifest = embed_corpus(CorpusOptions(**base, output=out, resume=resume))
+        assert manifest["rows"] == 2 and manifest["shards_resumed"] == 0 and not list(out.glob("*.partial-*"))
+        assert json.loads((out / "_run.json").read_text())["inputs"][0]["path"] == str(tmp_path / "docs.txt")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    pq.write_table(pa.table({"x": [1]}), foreign / "part-0.parquet")
+    with pytest.raises(CorpusError, match=r"holds part-0\.parquet, a part-\*\.parquet file not written by kvembed"):
+        embed_corpus(CorpusOptions(**base, output=foreign, overwrite=True))
+    assert (foreign / "part-0.parquet").is_file()
 
 
 def test_cli_unreachable_ray_address_fails_at_once_without_touching_the_output(tmp_path, artifact):

@@ -32,6 +32,7 @@ def embed_corpus_command(
     batch_tokens: int = typer.Option(16384, "--batch-tokens", help="Padded tokens per batch (length-sorted batching)."),
     rows_per_file: int = typer.Option(100_000, "--rows-per-file", help="Input rows per output shard (shards never span two input files)."),
     resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run in --output: finished shards are kept."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Delete an earlier run in --output (its shards and records) and start again."),
     output_dtype: str = typer.Option("float32", "--output-dtype", help="float32 or float16 vectors."),
     on_error: str = typer.Option("fail", "--on-error", help="fail on the first bad record, or skip and count bad records in the manifest."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: when stderr is a terminal)."),
@@ -54,7 +55,7 @@ def embed_corpus_command(
             artifact=artifact, inputs=tuple(input), output=output, text_column=text_column, id_column=id_column,
             kind=kind, format=format, engine=engine, ray_address=ray_address, workers=workers,
             threads=threads_per_worker, provider=provider, batch_tokens=batch_tokens, rows_per_file=rows_per_file, resume=resume,
-            output_dtype=output_dtype, on_error=on_error, progress=progress,
+            overwrite=overwrite, output_dtype=output_dtype, on_error=on_error, progress=progress,
         )
         try:
             return embed_corpus(options)
@@ -64,9 +65,11 @@ def embed_corpus_command(
     manifest = run_guarded(run)
     seconds = manifest["wall_time_s"]
     resumed = f", {manifest['shards_resumed']} shards from an earlier run" if manifest["shards_resumed"] else ""
+    resumed += f", {manifest['shards_replaced']} shards of an earlier run deleted" if manifest["shards_replaced"] else ""
     console.print(
         f"embedded {manifest['rows']:,} rows ({manifest['tokens']:,} tokens, {manifest['truncated']:,} truncated, "
         f"{manifest['skipped']['count']:,} skipped) into {len(manifest['shards'])} shards in {output}{resumed}; "
         f"{seconds:.1f}s",
         highlight=False, soft_wrap=True,
     )
+

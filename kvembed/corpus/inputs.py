@@ -23,6 +23,8 @@ SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson
 CHUNK_ROWS = 4096
 #: examples of skipped records kept per shard (all of them are counted)
 SKIP_EXAMPLES = 20
+#: records of every input read before a run records itself in --output (:func:`check_first_records`)
+FIRST_RECORDS = 100
 
 
 @dataclass(frozen=True)
@@ -205,19 +207,29 @@ def _has_column(file: InputFile, column: str, text: str) -> bool:
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
             raise CorpusError(f"column {text!r} of {file.path} is {kind}, expected strings; pass the text column as --text-column")
         return column in schema.names
-    first = _first_json_record(file)
-    return isinstance(first, dict) and column in first
+    sample = _json_sample(file, FIRST_RECORDS)
+    objects = [item for item in sample if isinstance(item, dict)]
+    if objects and not any(text in item for item in objects):
+        keys = sorted({key for item in objects for key in item})
+        raise CorpusError(
+            f"{file.path} has no {text!r} key in its first {len(objects)} objects (keys: {', '.join(keys[:20])}); pass --text-column"
+        )
+    return bool(sample) and isinstance(sample[0], dict) and column in sample[0]  # the first record decides
 
 
-def _first_json_record(file: InputFile) -> Any:
+def _json_sample(file: InputFile, count: int) -> list[Any]:
+    """The first ``count`` records of a JSONL file, parsed (None for a line that is not JSON)."""
+    records: list[Any] = []
     with open(file.path, "rb") as handle:
         for line in handle:
             if line.strip():
                 try:
-                    return json.loads(line)
+                    records.append(json.loads(line))
                 except (ValueError, UnicodeDecodeError):
-                    return None
-    return None
+                    records.append(None)
+                if len(records) == count:
+                    break
+    return records
 
 
 def _parquet_id_kind(file: InputFile, column: str) -> str:
@@ -229,6 +241,15 @@ def _parquet_id_kind(file: InputFile, column: str) -> str:
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
         return "string"
     raise CorpusError(f"id column {column!r} of {file.path} is {kind}; ids must be strings or integers")
+
+
+def check_first_records(files: list[InputFile], columns: Columns, on_error: str) -> None:
+    """Read the first :data:`FIRST_RECORDS` records of every file under the ``--on-error`` policy,
+    so a bad record near the top fails before the run writes anything to --output."""
+    for file in files:
+        policy = RecordPolicy(on_error)
+        for _ in read_rows(file, 0, min(FIRST_RECORDS, file.rows), 0, columns, policy):
+            pass
 
 
 # -- reading a shard's rows -----------------------------------------------------------------------

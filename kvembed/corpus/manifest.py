@@ -22,9 +22,11 @@ def build_manifest(
     artifact_sha256: str,
     stats: Mapping[str, Mapping[str, Any]],
     resumed: int,
+    replaced: int,
     wall_time: float,
 ) -> dict[str, Any]:
-    """The run's record. ``stats``: shard name -> the statistics stored in that shard."""
+    """The run's record. ``stats``: shard name -> the statistics stored in that shard; ``resumed``
+    shards were kept from an earlier run, ``replaced`` ones of an earlier run deleted (--overwrite)."""
     shards = [stats[shard.name] for shard in plan.shards]
     per_input: dict[str, dict[str, int]] = {f.path: {"embedded": 0, "skipped": 0} for f in plan.files}
     for item in shards:
@@ -60,6 +62,7 @@ def build_manifest(
         "skipped": {"count": sum(item["skipped"] for item in shards), "empty_files": len(plan.empty_files), "examples": examples},
         "worker_peak_rss_mb": max((item.get("worker_peak_rss_mb") or 0 for item in shards), default=0),
         "shards_resumed": resumed,
+        "shards_replaced": replaced,
         "wall_time_s": round(wall_time, 3),
     }
 

@@ -59,6 +59,8 @@ class CorpusOptions:
     batch_tokens: int = 16384
     rows_per_file: int = 100_000
     resume: bool = False
+    #: delete an earlier run in ``output`` (this tool's shards and records) once the inputs pass their checks
+    overwrite: bool = False
     output_dtype: str = "float32"
     on_error: str = "fail"
     progress: bool | None = None
@@ -90,6 +92,8 @@ class CorpusOptions:
             _positive("--threads-per-worker", self.threads)
         if self.engine == "local" and self.workers != 1:
             raise CorpusError("--engine local runs one worker; use --threads-per-worker, or --engine ray for --workers > 1")
+        if self.resume and self.overwrite:
+            raise CorpusError("--resume keeps an earlier run and --overwrite deletes it: pass one of them")
         if self.engine == "local" and self.ray_address is not None:
             raise CorpusError("--ray-address needs --engine ray")
 

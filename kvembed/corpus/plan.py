@@ -3,14 +3,12 @@
 A shard is a fixed range of one input file's rows, so the plan depends only on the inputs and
 ``--rows-per-file``: a resumed run, on either engine, recomputes the same shards, skips those
 already on disk (written atomically, so present means complete) and embeds the rest. ``_run.json``
-records what the first run was asked to do; resuming with different inputs, artifact or
-content-changing options fails instead of mixing two corpora in one output.
+records what the run was asked to do; :mod:`.output` refuses a resume whose inputs, artifact or
+content-changing options would mix two corpora in one output.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -85,42 +83,3 @@ def artifact_sha256(artifact: Path) -> str:
     if not path.is_file():
         raise CorpusError(f"{str(artifact)!r} is not a kvembed artifact (no {ARTIFACT_MANIFEST}); give the directory kvembed-export wrote")
     return sha256_file(path)
-
-
-def prepare_output(output: Path, identity: dict[str, Any], resume: bool) -> None:
-    """Create ``output`` for a fresh run, or check that a resumed one matches the first run.
-
-    Without ``--resume`` an output holding an earlier run is refused (nothing is overwritten).
-    Leftover partial shards of an interrupted run are removed either way.
-    """
-    run_file = output / RUN_FILE
-    if output.exists() and not output.is_dir():
-        raise CorpusError(f"--output {str(output)!r} is a file; give a directory")
-    if run_file.is_file():
-        if not resume:
-            raise CorpusError(
-                f"{str(output)!r} holds an earlier run; pass --resume to finish it, or choose an empty --output"
-            )
-        previous = json.loads(run_file.read_text(encoding="utf-8"))
-        for key, value in identity.items():
-            if previous.get(key) != value:
-                raise CorpusError(
-                    f"--resume: {str(output)!r} was started with a different {key.replace('_', ' ')} "
-                    f"({_short(previous.get(key))} vs now {_short(value)}); resume with the same inputs, artifact "
-                    "and options, or choose a new --output"
-                )
-    elif output.is_dir() and any(output.glob(SHARD_GLOB)):
-        raise CorpusError(f"{str(output)!r} already holds part-*.parquet shards not written by this tool; choose an empty --output")
-    output.mkdir(parents=True, exist_ok=True)
-    for stale in output.glob(f"*{PARTIAL_MARK}*"):
-        stale.unlink(missing_ok=True)
-    (output / SUCCESS).unlink(missing_ok=True)
-    if not run_file.is_file():
-        partial = output / (RUN_FILE + PARTIAL_MARK + str(os.getpid()))
-        partial.write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
-        os.replace(partial, run_file)
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 120 else text[:117] + "..."

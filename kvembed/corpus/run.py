@@ -1,16 +1,19 @@
-"""``embed_corpus``: plan, prepare the output, run the engine on the pending shards, write the manifest."""
+"""``embed_corpus``: plan, check the inputs and the output, run the engine on the pending shards, write the manifest."""
 
 from __future__ import annotations
 
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..runtime.artifact import read_manifest
-from .manifest import build_manifest, write_manifest
 from ..errors import MissingDependency
-from .options import CorpusOptions
-from .plan import Plan, Shard, artifact_sha256, make_plan, prepare_output
+from ..runtime.artifact import read_manifest
+from .inputs import check_first_records
+from .manifest import build_manifest, write_manifest
+from .options import CorpusError, CorpusOptions
+from .output import abandon_output, check_output, start_output
+from .plan import Plan, Shard, artifact_sha256, make_plan
 from .progress import CorpusProgress
 from .shards import read_stats
 from .worker import Job
@@ -20,7 +23,9 @@ def embed_corpus(options: CorpusOptions) -> dict[str, Any]:
     """Embed every record of ``options.inputs`` into Parquet shards under ``options.output``.
 
     Returns the manifest (also written to ``_manifest.json``, followed by ``_SUCCESS``). Bad
-    input raises :class:`kvembed.corpus.CorpusError` naming the file and row.
+    input raises :class:`kvembed.corpus.CorpusError` naming the file and row. Everything that can
+    be checked up front (inputs, columns, the first records, ``--output``) is checked before the
+    run writes its record, so such a failure leaves ``--output`` as it was.
     """
     started = time.monotonic()
     if options.engine == "ray":  # a missing Ray or an unreachable --ray-address fails before the output is touched
@@ -28,7 +33,29 @@ def embed_corpus(options: CorpusOptions) -> dict[str, Any]:
     sha256 = artifact_sha256(options.artifact)
     artifact = read_manifest(options.artifact)
     plan = make_plan(options)
-    prepare_output(options.output, plan.identity(options, sha256), options.resume)
+    check_first_records(plan.files, plan.columns, options.on_error)
+    identity = plan.identity(options, sha256)
+    state = check_output(options, identity)
+    created = not options.output.exists()
+    replaced = start_output(options.output, identity, state, options.overwrite)
+    try:
+        stats, resumed = _embed(options, plan)
+    except BaseException as err:
+        kept = abandon_output(options.output, created)
+        if isinstance(err, CorpusError) and kept:
+            raise CorpusError(f"{err} (then rerun with --resume to keep the {_count(kept)}, or --overwrite to start again)") from err
+        raise
+    manifest = build_manifest(options, plan, artifact, sha256, stats, resumed, replaced, time.monotonic() - started)
+    write_manifest(options.output, manifest)
+    return manifest
+
+
+def _count(shards: int) -> str:
+    return f"{shards} finished shard{'s' if shards != 1 else ''}"
+
+
+def _embed(options: CorpusOptions, plan: Plan) -> tuple[dict[str, dict[str, Any]], int]:
+    """Run the engine on the shards not finished yet: (every shard's statistics, shards resumed)."""
     done = finished_shards(options.output, plan)
     pending = [shard for shard in plan.shards if shard.name not in done]
     job = Job(
@@ -39,11 +66,10 @@ def embed_corpus(options: CorpusOptions) -> dict[str, Any]:
     stats = dict(done)
     total = sum(f.rows for f in plan.files)
     with CorpusProgress(total, sum(s.stop - s.start for s in plan.shards if s.name in done), options.progress) as progress:
-        for item in _engine(options, job, pending, progress):
-            stats[item["shard"]] = item
-    manifest = build_manifest(options, plan, artifact, sha256, stats, len(done), time.monotonic() - started)
-    write_manifest(options.output, manifest)
-    return manifest
+        with closing(_engine(options, job, pending, progress)) as items:  # the engine stops before any cleanup
+            for item in items:
+                stats[item["shard"]] = item
+    return stats, len(done)
 
 
 def finished_shards(output: Path, plan: Plan) -> dict[str, dict[str, Any]]:
