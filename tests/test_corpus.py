@@ -190,6 +190,28 @@ def test_local_engine_interrupted_twice_then_resumed_equals_the_ray_run(tmp_path
         assert manifest[key] == ray_output[1][key]
 
 
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_cli_sigterm_stops_like_ctrl_c_and_dies_by_sigterm(tmp_path, artifact, engine):
+    """Schedulers (Slurm, Kubernetes, systemd) stop jobs with SIGTERM: the same cleanup and message
+    as Ctrl-C, then death by SIGTERM itself (shell status 143). ``ray``: a local Ray the CLI starts,
+    whose ``ray.init`` would otherwise turn SIGTERM into ``sys.exit(15)``."""
+    texts = corpus_texts(8000, seed=11)
+    (tmp_path / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = tmp_path / "vectors"
+    args = [str(artifact), "-i", str(tmp_path / "docs.txt"), "-o", str(out), "--rows-per-file", "400", "--engine", engine,
+            "--threads-per-worker", "1", "--no-progress"]
+    stopped = interrupted_run(args, out, 2, signal.SIGTERM)
+    stderr = stopped.stderr.read()
+    assert stopped.returncode == -signal.SIGTERM, stderr
+    assert "error: interrupted (SIGTERM): finished shards are kept; run again with --resume" in stderr
+    assert "Traceback" not in stderr and "SIGTERM received" not in stderr  # nor Ray's C++ stack dump
+    assert not list(out.glob("*.partial-*")) and not (out / "_SUCCESS").exists()
+    kept = len(list(out.glob("part-*.parquet")))
+    manifest = embed_corpus(CorpusOptions(artifact, [str(tmp_path / "docs.txt")], out, rows_per_file=400, threads=2,
+                                          resume=True, progress=False))
+    assert manifest["rows"] == len(texts) and manifest["shards_resumed"] == kept >= 2
+
+
 def test_ray_engine_resumes_only_missing_shards(tmp_path, corpus, ray_output, artifact, ray_session):
     folder, expected = corpus
     out = tmp_path / "vectors"

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from ..cli_support import EXIT_INTERRUPTED, fail, run_guarded
+from .signals import Terminated, die_by_signal, sigterm_as_interrupt
 
 console = Console()
 
@@ -58,9 +59,13 @@ def embed_corpus_command(
             overwrite=overwrite, output_dtype=output_dtype, on_error=on_error, progress=progress,
         )
         try:
-            return embed_corpus(options)
-        except KeyboardInterrupt:
-            raise fail("interrupted: finished shards are kept; run again with --resume to finish", EXIT_INTERRUPTED) from None
+            with sigterm_as_interrupt():  # a scheduler's stop is handled like Ctrl-C
+                return embed_corpus(options)
+        except KeyboardInterrupt as err:
+            stop = fail(f"{_stopped_by(err)}: finished shards are kept; run again with --resume to finish", EXIT_INTERRUPTED)
+            if isinstance(err, Terminated):
+                die_by_signal(err.signum)
+            raise stop from None
 
     manifest = run_guarded(run)
     seconds = manifest["wall_time_s"]
@@ -73,3 +78,6 @@ def embed_corpus_command(
         highlight=False, soft_wrap=True,
     )
 
+
+def _stopped_by(err: KeyboardInterrupt) -> str:
+    return "interrupted (SIGTERM)" if isinstance(err, Terminated) else "interrupted"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import socket
 import threading
 import time
@@ -113,17 +114,34 @@ def ray_session(address: str | None) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    try:
-        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
-    except ConnectionError as err:
-        raise CorpusError(
-            f"cannot connect to a Ray cluster at --ray-address {address} ({err}); start one with `ray start --head` "
-            "or leave --ray-address out for a local Ray"
-        ) from None
+    with _keep_sigterm_handler():
+        try:
+            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
+        except ConnectionError as err:
+            raise CorpusError(
+                f"cannot connect to a Ray cluster at --ray-address {address} ({err}); start one with `ray start --head` "
+                "or leave --ray-address out for a local Ray"
+            ) from None
     try:
         yield
     finally:
         ray.shutdown()
+
+
+@contextmanager
+def _keep_sigterm_handler() -> Iterator[None]:
+    """``ray.init`` makes SIGTERM ``sys.exit(15)`` in the driver (and Ray's C++ failure handler
+    prints a stack dump for it): put back a Python handler the caller had set, such as the CLI's
+    SIGTERM-as-Ctrl-C, so the run still stops through its cleanup. Ray's stays in place of the default."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if callable(previous):
+            signal.signal(signal.SIGTERM, previous)
 
 
 def run_ray(job: Job, shards: Sequence[Shard], workers: int, progress: CorpusProgress) -> Iterator[dict[str, Any]]:
