@@ -9,9 +9,11 @@ artifact in this process, the independent oracle.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +32,8 @@ from kvembed.triton.configs import read_config
 from kvembed.triton.rows import decode_strings, split_rows, unpad_rows
 from kvembed.triton.server import Ports, TritonServer
 from engine_util import make_engine_dir
-from triton_util import Clients, assert_close, client_module, infer, require_tritonserver, stub_python
+from triton_util import (Clients, announced_endpoints, assert_close, child_pids, client_module, infer, listening_sockets,
+                         require_tritonserver, stub_python)
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
@@ -41,6 +44,7 @@ LONG = "The quick brown fox jumps over the lazy dog. " * 4445  # 200,025 charact
 LOAD_REQUESTS = int(os.environ.get("KVEMBED_TRITON_LOAD_REQUESTS", "25"))
 LOAD_CLIENTS = 32
 MODELS = {"kv": "kv-embedding", "va": "va", "tp": "token-prepending"}
+LOOPBACK = "127.0.0.1"
 
 
 # -- fixtures -----------------------------------------------------------------------------------
@@ -175,7 +179,7 @@ def test_gpu_variant_configs(repositories, artifacts):
 def test_repository_readme_says_how_to_serve_and_query(repositories):
     readme = (repositories["main"] / "README.md").read_text()
     for needle in ("tritonserver --model-repository", "curl -s localhost:8000/v2/models/kv/infer", "tritonclient",
-                   'pip install "numpy<2" onnxruntime tokenizers', "kvembed triton serve"):
+                   'pip install "numpy<2" onnxruntime tokenizers', "kvembed triton serve", "--host 0.0.0.0", "HTTP 400"):
         assert needle in readme
 
 
@@ -243,6 +247,27 @@ def test_cli_build_and_its_one_line_errors(artifacts, tmp_path):
     assert result.exit_code == 2 and "no model repository" in result.output
     result = runner.invoke(app, ["triton", "serve", str(artifacts["va"])])  # an artifact, not a repository
     assert result.exit_code == 2 and "is not a model repository" in result.output
+
+
+def test_cli_serve_refuses_what_it_cannot_bind_in_one_line(repositories):
+    """An address not on this machine (198.51.100.7 is TEST-NET-2), a port already listened on and
+    one port for two services fail before tritonserver starts: exit 2, one line naming them."""
+    require_tritonserver()
+    from kvembed.cli import app
+
+    ports = Ports.free()
+    serve = ["triton", "serve", str(repositories["query"]), "--python", str(stub_python())]
+    with socket.socket() as taken:
+        taken.bind((LOOPBACK, ports.http))
+        taken.listen()
+        for args, message in [
+            (["--host", "198.51.100.7", "--http-port", str(ports.grpc)], f"cannot serve HTTP on 198.51.100.7:{ports.grpc}"),
+            (["--http-port", str(ports.http)], f"cannot serve HTTP on 127.0.0.1:{ports.http}: Address already in use"),
+            (["--grpc-port", "8000"], "HTTP, gRPC and metrics need three different ports"),
+        ]:
+            result = CliRunner().invoke(app, [*serve, *args])
+            assert result.exit_code == 2, result.output
+            assert message in " ".join(result.output.split()) and "Traceback" not in result.output, result.output
 
 
 def test_row_helpers():
@@ -495,32 +520,104 @@ def test_bad_kind_over_plain_http_is_a_400_with_the_reason(server):
     assert "KIND[0] is 'foo'; use one of query, document" in answer["error"], answer
 
 
+def test_server_listens_on_loopback_only_by_default(server):
+    """TritonServer binds HTTP, gRPC and metrics to 127.0.0.1 alone (tritonserver's own default
+    is every interface), as the kernel's socket tables show."""
+    ports = server.ports
+    assert listening_sockets(server.process.pid) == {(LOOPBACK, port) for port in (ports.http, ports.grpc, ports.metrics)}
+
+
+@contextlib.contextmanager
+def cli_serve(repository: Path, log_path: Path, *options: str):
+    """``kvembed triton serve REPOSITORY OPTIONS`` until its ready line; yields (process, its
+    tritonserver's pid); then SIGTERM, which must end it with exit code 0."""
+    command = [sys.executable, "-m", "kvembed.cli", "triton", "serve", str(repository), *options]
+    env = dict(os.environ, KVEMBED_TRITON_PYTHON=str(stub_python()))
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=log_path.parent)
+        try:
+            deadline = time.monotonic() + 240
+            while "Triton ready" not in log_path.read_text():
+                assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
+                time.sleep(0.25)
+            (triton,) = [pid for pid in child_pids(process.pid) if "tritonserver" in _cmdline(pid)]
+            yield process, triton
+        finally:
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(90)
+    assert code == 0, log_path.read_text()[-2000:]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:  # gone meanwhile
+        return ""
+
+
+def _port_options(ports: Ports) -> list[str]:
+    return ["--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
+
+
 def test_cli_serve_runs_a_copied_repository(repositories, oracles, tmp_path):
     """``kvembed triton serve`` on a copy of a repository (moved away from where it was written),
-    queried over HTTP, stopped by SIGTERM with exit code 0."""
+    queried over HTTP, stopped by SIGTERM with exit code 0. By default it listens on 127.0.0.1
+    only (HTTP, gRPC and metrics), and its ready line names exactly the sockets it listens on."""
     require_tritonserver()
     import tritonclient.http as httpclient
 
     moved = shutil.copytree(repositories["query"], tmp_path / "elsewhere" / "repo")
     ports = Ports.free()
-    command = [sys.executable, "-m", "kvembed.cli", "triton", "serve", str(moved), "--http-port", str(ports.http),
-               "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
-    env = dict(os.environ, KVEMBED_TRITON_PYTHON=str(stub_python()))
-    with open(tmp_path / "serve.log", "w") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    log_path = tmp_path / "serve.log"
+    with cli_serve(moved, log_path, *_port_options(ports)) as (_, triton):
+        bound = listening_sockets(triton)
+        assert bound == {(LOOPBACK, port) for port in (ports.http, ports.grpc, ports.metrics)}, bound
+        assert announced_endpoints(log_path.read_text()) == bound, log_path.read_text()[-2000:]
+        client = httpclient.InferenceServerClient(f"{LOOPBACK}:{ports.http}")
         try:
-            deadline = time.monotonic() + 240
-            while not _ready(client):
-                assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-2000:]
-                time.sleep(0.5)
             got = infer(client, "http", "kvq", TEXTS[:3])["embedding"]
-            assert_close(got, oracles["kv"].encode(TEXTS[:3], kind="query"), "served copy")
         finally:
             client.close()
-            process.send_signal(signal.SIGTERM)
-            code = process.wait(90)
-    assert code == 0, (tmp_path / "serve.log").read_text()[-2000:]
+        assert_close(got, oracles["kv"].encode(TEXTS[:3], kind="query"), "served copy")
+
+
+def has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("host", ["127.0.0.2", "::1"])
+def test_cli_serve_listens_where_host_says(repositories, oracles, tmp_path, host):
+    """``--host``: HTTP, gRPC and metrics listen on that address alone, the ready line says so, a
+    client reaches it there and not on 127.0.0.1. (127.0.0.2 is on lo's 127/8 too and ::1 is
+    IPv6's loopback: the test exposes nothing beyond this machine.)"""
+    require_tritonserver()
+    if ":" in host and not has_ipv6_loopback():
+        pytest.skip("this machine has no IPv6 loopback")
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    repository = shutil.copytree(repositories["query"], tmp_path / "repo")
+    ports = Ports.free()
+    log_path = tmp_path / "serve.log"
+    with cli_serve(repository, log_path, "--host", host, *_port_options(ports)) as (_, triton):
+        bound = listening_sockets(triton)
+        assert bound == {(host, port) for port in (ports.http, ports.grpc, ports.metrics)}, bound
+        assert announced_endpoints(log_path.read_text()) == bound, log_path.read_text()[-2000:]
+        url = f"[{host}]" if ":" in host else host
+        http, grpc = httpclient.InferenceServerClient(f"{url}:{ports.http}"), grpcclient.InferenceServerClient(f"{url}:{ports.grpc}")
+        try:
+            assert_close(infer(http, "http", "kvq", TEXTS[:2])["embedding"], oracles["kv"].encode(TEXTS[:2], kind="query"), host)
+            assert grpc.is_server_live()
+        finally:
+            http.close()
+            grpc.close()
+        with socket.socket() as probe:
+            assert probe.connect_ex((LOOPBACK, ports.http)) != 0, "the server also answers on 127.0.0.1"
 
 
 def test_cli_serve_stopped_while_loading_exits_cleanly(repositories, tmp_path):
@@ -528,12 +625,9 @@ def test_cli_serve_stopped_while_loading_exits_cleanly(repositories, tmp_path):
     supervisor expects, and leaves nothing running: not the server (its HTTP port is free) and
     not a python-backend stub (they outlive a server stopped mid-load unless killed)."""
     require_tritonserver()
-    import socket
-
     private = shutil.copytree(repositories["query"], tmp_path / "repo")  # its path names this test's processes
     ports = Ports.free()
-    command = [sys.executable, "-m", "kvembed.cli", "triton", "serve", str(private), "--http-port",
-               str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
+    command = [sys.executable, "-m", "kvembed.cli", "triton", "serve", str(private), *_port_options(ports)]
     env = dict(os.environ, KVEMBED_TRITON_PYTHON=str(stub_python()))
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
@@ -549,29 +643,14 @@ def test_cli_serve_stopped_while_loading_exits_cleanly(repositories, tmp_path):
             code = process.wait(90)
     assert code == 0, log_path.read_text()[-2000:]
     with socket.socket() as probe:
-        assert probe.connect_ex(("127.0.0.1", ports.http)) != 0, "tritonserver outlived kvembed triton serve"
+        assert probe.connect_ex((LOOPBACK, ports.http)) != 0, "tritonserver outlived kvembed triton serve"
     assert _processes_naming(private) == [], "processes of the stopped server are still running"
 
 
 def _processes_naming(path) -> list[str]:
     """Command lines of running processes that mention ``path``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:  # gone meanwhile
-                continue
-            if str(path) in line:
-                found.append(line)
-    return found
-
-
-def _ready(client) -> bool:
-    try:
-        return client.is_server_ready()
-    except Exception:  # not listening yet
-        return False
+    lines = (_cmdline(int(entry.name)) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+    return [line for line in lines if str(path) in line]
 
 
 def test_models_ran_the_copied_runtime_and_no_stub_died(server, repositories):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -96,3 +98,54 @@ class Clients:
         for client in self.made:
             client.close()
         self.made.clear()
+
+
+def listening_sockets(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket process ``pid`` listens on: its socket inodes matched in
+    its /proc/net/tcp and tcp6, so what the kernel has bound, not what the server says it bound."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                address, port = fields[1].split(":")
+                found.add((_proc_address(address), int(port, 16)))
+    return found
+
+
+def _proc_address(text: str) -> str:
+    """/proc/net/tcp's hex address (32-bit words in host order, little-endian here) -> its text
+    form; an IPv4-mapped IPv6 one (gRPC binds 127.0.0.1 as ::ffff:127.0.0.1) as the IPv4 it is."""
+    raw = bytes.fromhex(text)
+    address = ipaddress.ip_address(b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4)))
+    return str(getattr(address, "ipv4_mapped", None) or address)
+
+
+def child_pids(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (read from /proc/*/stat)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(entry.name))
+    return children
+
+
+def announced_endpoints(output: str) -> set[tuple[str, int]]:
+    """(address, port) of every "HTTP/gRPC/metrics ADDRESS:PORT" in ``kvembed triton serve``'s
+    output (lines joined first: the console may wrap them)."""
+    text = " ".join(output.split())
+    return {(address.strip("[]"), int(port)) for address, port in
+            re.findall(r"(?:HTTP|gRPC|metrics) (\[[0-9a-fA-F:.]+\]|[0-9.]+):(\d+)", text)}

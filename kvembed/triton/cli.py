@@ -79,15 +79,17 @@ def build(
 @app.command()
 def serve(
     repository: Path = typer.Argument(..., help="Model repository written by kvembed triton build."),
-    http_port: int = typer.Option(8000, "--http-port"),
-    grpc_port: int = typer.Option(8001, "--grpc-port"),
-    metrics_port: int = typer.Option(8002, "--metrics-port"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind HTTP, gRPC and metrics to (default: this machine only; 0.0.0.0 for every interface)."),
+    http_port: int = typer.Option(8000, "--http-port", help="HTTP (KServe v2) port."),
+    grpc_port: int = typer.Option(8001, "--grpc-port", help="gRPC port."),
+    metrics_port: int = typer.Option(8002, "--metrics-port", help="Prometheus metrics port."),
     python: Optional[Path] = typer.Option(
         None, "--python", help="Python of the stub environment (numpy<2, onnxruntime, tokenizers); default $KVEMBED_TRITON_PYTHON, else this Python."
     ),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for every model to load."),
 ) -> None:
-    """Run the tritonserver bundled in nvidia-pytriton (python backend only) on REPOSITORY until Ctrl-C."""
+    """Run the tritonserver bundled in nvidia-pytriton (python backend only) on REPOSITORY until Ctrl-C;
+    HTTP, gRPC and metrics listen on --host, this machine only (127.0.0.1) by default."""
     import signal
     import sys
 
@@ -108,14 +110,15 @@ def serve(
         _needs_tritonclient()
         from .server import Ports, TritonServer
 
-        server = TritonServer(repository, python=python, ports=Ports(http_port, grpc_port, metrics_port), log=sys.stderr)
+        ports = Ports(http_port, grpc_port, metrics_port)
+        server = TritonServer(repository, python=python, ports=ports, host=host, log=sys.stderr)
         server.start()
         return server.wait_ready(timeout)
 
     code = None
     try:
         run_guarded(start)
-        console.print(f"Triton ready: HTTP {server.http_url}, gRPC {server.grpc_url} (Ctrl-C or SIGTERM stops it)")
+        console.print(f"Triton ready: {server.endpoints()} (Ctrl-C or SIGTERM stops it)", markup=False, highlight=False, soft_wrap=True)
         while server.alive():
             server.process.wait()
     except Stopped:

@@ -64,7 +64,8 @@ Written by `kvembed triton build`. Query the ensemble; the other two models are 
   {options.max_batch_size}{"; an engine directory's: its largest profile batch" if any(m.engine for m in models) else ""}, queue delay {options.max_queue_delay_us} us) merges concurrent requests here.
 - `*_model`: {backend}.
 - Input `TEXT`: BYTES (UTF-8), shape `[batch, 1]`. {kind_text}
-  Invalid UTF-8 (or a bad `KIND`) fails that request with a message; other requests are unaffected.
+  Invalid UTF-8 (or a bad `KIND`) fails that request with a message and HTTP 400 (gRPC `INVALID_ARGUMENT`);
+  other requests are unaffected. A fault of the server itself is a 500 (`INTERNAL`).
 - Outputs: `embedding` (L2-normalised) and one tensor per `--also` method of the artifact, named by its label.
 
 ## Python environment
@@ -86,7 +87,8 @@ Triton 2.51 / 24.10 and pytriton 0.7's bundled server; with numpy 2 such a stub 
 ```bash
 docker run --rm -p 8000:8000 -p 8001:8001 -p 8002:8002 -v "$PWD":/models {TRITON_IMAGE} \\
   sh -c 'pip install {packages} && tritonserver --model-repository=/models'
-# or, without docker, Triton from the nvidia-pytriton wheel (python backend only):
+# or, without docker, Triton from the nvidia-pytriton wheel (python backend only); it listens on
+# 127.0.0.1 only (HTTP 8000, gRPC 8001, metrics 8002) unless given --host 0.0.0.0:
 kvembed triton serve .
 ```
 

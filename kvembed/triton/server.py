@@ -6,13 +6,15 @@ stub environment's Python copied into ``backends/python/``, and ``--backend-dire
 python models run in the environment whose ``python3`` is first on ``PATH`` when the server
 starts (the *stub environment*); the bundled stub is built against numpy 1, so that environment
 needs ``numpy<2`` plus the runtime's onnxruntime and tokenizers. The server starts on free ports
-in its own process group and is stopped by its pid.
+in its own process group and is stopped by its pid. It binds HTTP, gRPC and metrics to one
+address, 127.0.0.1 unless told otherwise (tritonserver's own default is every interface).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import ipaddress
 import json
 import os
 import shutil
@@ -124,10 +126,53 @@ def prepare_backend(install: TritonInstall, environment: StubEnvironment) -> Non
     os.replace(temporary, target)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+#: where the server listens unless told otherwise: this machine only, as ``kvembed serve``
+LOOPBACK = "127.0.0.1"
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def bind_address(host: str) -> Address:
+    """``host`` (an IPv4/IPv6 address or a name) as the one numeric address to bind: tritonserver's
+    HTTP and metrics servers take numbers only. A name resolving to several takes its first IPv4
+    one (``localhost`` is 127.0.0.1, not ::1)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise ValueError(f"--host {host!r} is not an address this machine can resolve ({err.strerror}); give an IP address") from None
+    addresses = [ipaddress.ip_address(item[4][0]) for item in found]
+    return next((a for a in addresses if a.version == 4), addresses[0])
+
+
+def http_address(address: Address) -> str:
+    """``address`` as ``--http-address`` / ``--metrics-address`` take it (libevhtp: ``ipv6:`` prefix)."""
+    return f"ipv6:{address}" if address.version == 6 else str(address)
+
+
+def grpc_address(address: Address) -> str:
+    """``address`` as ``--grpc-address`` takes it (gRPC appends ``:port``, so IPv6 goes in brackets)."""
+    return f"[{address}]" if address.version == 6 else str(address)
+
+
+def host_port(address: Address, port: int) -> str:
+    """``address:port``, IPv6 in brackets (as URLs and the gRPC client take it)."""
+    return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
+
+
+def reachable(address: Address) -> Address:
+    """Where a client on this machine reaches a server bound to ``address``: the loopback of the
+    same family for a wildcard (0.0.0.0 or ::), else the address itself."""
+    if address.is_unspecified:
+        return ipaddress.ip_address("::1" if address.version == 6 else LOOPBACK)
+    return address
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with contextlib.ExitStack() as held:
+        return _hold_free_port(held, bind_address(host))
 
 
 @dataclass
@@ -136,14 +181,50 @@ class Ports:
     grpc: int
     metrics: int
 
+    def __post_init__(self) -> None:
+        named = {"--http-port": self.http, "--grpc-port": self.grpc, "--metrics-port": self.metrics}
+        for flag, port in named.items():
+            if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+                raise ValueError(f"{flag} must be in 1-65535, got {port!r}")
+        if len(set(named.values())) < len(named):
+            raise ValueError(f"HTTP, gRPC and metrics need three different ports, got {', '.join(f'{k} {v}' for k, v in named.items())}")
+
     @classmethod
-    def free(cls) -> "Ports":
-        return cls(free_port(), free_port(), free_port())
+    def free(cls, host: str = LOOPBACK) -> "Ports":
+        """Three ports free on ``host`` now (distinct: each is held while the next is picked)."""
+        with contextlib.ExitStack() as held:
+            ports = [_hold_free_port(held, bind_address(host)) for _ in range(3)]
+        return cls(*ports)
+
+
+def _hold_free_port(stack: contextlib.ExitStack, address: Address) -> int:
+    """A port free on ``address``, its socket kept bound until ``stack`` closes."""
+    sock = stack.enter_context(socket.socket(_family(address)))
+    sock.bind((str(address), 0))
+    return int(sock.getsockname()[1])
+
+
+def _family(address: Address) -> socket.AddressFamily:
+    return socket.AF_INET6 if address.version == 6 else socket.AF_INET
+
+
+def check_bindable(address: Address, ports: Ports) -> None:
+    """Fail in one line, before tritonserver starts, where ``address`` is not this machine's or a
+    port on it is taken (tritonserver would exit with its own log lines only)."""
+    for name, port in (("HTTP", ports.http), ("gRPC", ports.grpc), ("metrics", ports.metrics)):
+        with socket.socket(_family(address)) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Triton's own listeners
+            try:
+                probe.bind((str(address), port))
+            except OSError as err:
+                raise TritonServerError(f"cannot serve {name} on {host_port(address, port)}: {err.strerror or err}") from None
 
 
 class TritonServer:
     """A ``tritonserver`` process on ``repository``: ``start()``, ``wait_ready()``, ``stop()``
-    (or use it as a context manager). ``log`` receives the server's stdout and stderr."""
+    (or use it as a context manager). ``log`` receives the server's stdout and stderr. HTTP, gRPC
+    and metrics listen on ``host`` (default 127.0.0.1: this machine only; 0.0.0.0 or :: for every
+    interface)."""
 
     def __init__(
         self,
@@ -151,6 +232,7 @@ class TritonServer:
         *,
         python: str | os.PathLike[str] | None = None,
         ports: Ports | None = None,
+        host: str = LOOPBACK,
         log: IO[str] | None = None,
         extra_args: Sequence[str] = (),
         exit_timeout: int = 10,
@@ -163,9 +245,10 @@ class TritonServer:
                 f"{str(self.repository)!r} is not a model repository (no <model>/config.pbtxt in it); "
                 "write one with kvembed triton build ARTIFACT --out DIR and serve DIR"
             )
+        self.address = bind_address(host)
         self.install = find_tritonserver()
         self.environment = stub_environment(python)
-        self.ports = ports or Ports.free()
+        self.ports = ports or Ports.free(str(self.address))
         self.log = log
         self.extra_args = list(extra_args)
         self.exit_timeout = int(exit_timeout)
@@ -173,19 +256,29 @@ class TritonServer:
 
     @property
     def http_url(self) -> str:
-        return f"127.0.0.1:{self.ports.http}"
+        """``host:port`` a client on this machine sends HTTP requests to."""
+        return host_port(reachable(self.address), self.ports.http)
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.ports.grpc}"
+        """``host:port`` a client on this machine sends gRPC requests to."""
+        return host_port(reachable(self.address), self.ports.grpc)
+
+    def endpoints(self) -> str:
+        """What the server listens on, as the command line passes it: HTTP, gRPC and metrics."""
+        return ", ".join(f"{name} {host_port(self.address, port)}"
+                         for name, port in (("HTTP", self.ports.http), ("gRPC", self.ports.grpc), ("metrics", self.ports.metrics)))
 
     def command(self) -> list[str]:
         return [
             str(self.install.binary),
             f"--model-repository={self.repository}",
             f"--backend-directory={self.install.backends}",
+            f"--http-address={http_address(self.address)}",  # tritonserver's default for all three: every interface
             f"--http-port={self.ports.http}",
+            f"--grpc-address={grpc_address(self.address)}",
             f"--grpc-port={self.ports.grpc}",
+            f"--metrics-address={http_address(self.address)}",
             f"--metrics-port={self.ports.metrics}",
             "--allow-http=true",
             "--allow-grpc=true",
@@ -204,6 +297,7 @@ class TritonServer:
     def start(self) -> "TritonServer":
         if self.process is not None:
             raise RuntimeError("this server is already started")
+        check_bindable(self.address, self.ports)
         prepare_backend(self.install, self.environment)
         output = self.log if self.log is not None else subprocess.DEVNULL
         self.process = subprocess.Popen(
