@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -29,11 +30,16 @@ def kvembed_command() -> list[str]:
     return [str(script)] if script.exists() else [shutil.which("kvembed") or "kvembed"]
 
 
-class ServerProcess:
-    """``kvembed serve ARGS --port P`` in a child process, its output in ``log``."""
+#: the line ``kvembed serve`` logs once every model serves: the address it really listens on
+ANNOUNCED = re.compile(r"kvembed serve: serving (\d+) model\(s\) \((.*)\) on (http://\S+)")
 
-    def __init__(self, args: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> None:
-        self.port = free_port()
+
+class ServerProcess:
+    """``kvembed serve ARGS --port P`` in a child process, its output in ``log``. ``port=0`` lets
+    the kernel choose: :meth:`wait_healthy` then takes the URL from the server's announcement."""
+
+    def __init__(self, args: Sequence[str], log: Path, env: Mapping[str, str] | None = None, port: int | None = None) -> None:
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         with open(log, "wb") as out:
@@ -47,6 +53,13 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"kvembed serve exited with {self.process.returncode}:\n{self.output()}")
+            if self.port == 0:  # the address is known once the server says it
+                found = ANNOUNCED.search(self.output())
+                if found is None:
+                    time.sleep(0.1)
+                    continue
+                self.url = found.group(3)
+                self.port = int(self.url.rsplit(":", 1)[1])
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return self

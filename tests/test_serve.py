@@ -20,6 +20,7 @@ import openai
 import pytest
 from checks import run_without_torch
 from serve_util import (
+    ANNOUNCED,
     ServerProcess,
     SlowUpload,
     kvembed_command,
@@ -94,12 +95,38 @@ def server(artifacts, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def strict(artifacts, tmp_path_factory):
-    """The va artifact (served as its folder name) with a key from the environment and tight limits."""
+    """The va artifact (served as its folder name) with a key from the environment and tight limits
+    (a per-input cap above the artifact's max_length, which the artifact's own limit overrides)."""
     args = [str(artifacts["va"]), "--max-concurrent-requests", "1", "--max-client-batch-size", "8",
-            "--payload-limit", "4KB", "--cors-origin", "http://example.com"]
+            "--payload-limit", "4KB", "--cors-origin", "http://example.com", "--max-input-tokens", "100000"]
     process = ServerProcess(args, tmp_path_factory.mktemp("serve") / "strict.log", env={"KVEMBED_API_KEY": "s3cret"})
     yield process.wait_healthy()
     process.stop()
+
+
+#: the capped server's per-input cap and long-lane threshold, in tokens (the kv prompt alone is 46)
+CAP, LONG = 64, 16
+
+
+@pytest.fixture(scope="module")
+def capped(artifacts, tmp_path_factory):
+    """Both artifacts capped at CAP tokens per input, cut by default (--auto-truncate), inputs over
+    LONG tokens in the long lane; one graph call may take every row of a request (so a long request
+    is one long call); on a port the kernel picks, found from the server's announcement."""
+    args = [f"va={artifacts['va']}", f"kv={artifacts['kv']}", "--max-input-tokens", str(CAP), "--auto-truncate",
+            "--long-input-tokens", str(LONG), "--max-batch-size", "2048", "--max-batch-tokens", "1000000"]
+    process = ServerProcess(args, tmp_path_factory.mktemp("serve") / "capped.log", port=0)
+    yield process.wait_healthy()
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def capped_oracles(artifacts) -> dict[str, Embedder]:
+    """In-process embedders whose encoder cuts at CAP tokens, as the capped server's do."""
+    embedders = {name: Embedder.load(path, provider="cpu") for name, path in artifacts.items()}
+    for embedder in embedders.values():
+        embedder.encoder.max_length = CAP
+    return embedders
 
 
 @pytest.fixture()
@@ -154,21 +181,93 @@ def test_two_artifacts_are_chosen_by_name(server, oracles):
     cards = {card["id"]: card for card in models["data"]}
     assert models["object"] == "list" and set(cards) == {"kv", "va"}
     assert (cards["kv"]["dim"], cards["va"]["dim"], cards["kv"]["method"], cards["va"]["method"]) == (64, 32, "kv-embedding", "va")
+    assert cards["kv"]["max_length"] == cards["kv"]["max_input_tokens"] == 512  # the default cap, 512, is stories260k's own
     for name in ("kv", "va", "kv"):
         body = httpx.post(f"{server.url}/embeddings", json={"model": name, "input": ["a blue sky"]}).json()
         assert body["object"] == "list" and body["model"] == name and body["data"][0]["object"] == "embedding"
         assert_rows_equal(body["data"][0]["embedding"], oracles[name].encode(["a blue sky"]))
 
 
-def test_over_long_text_is_cut_by_default_and_413_without_truncation(server, oracles):
+def test_over_long_text_gets_413_by_default_and_is_cut_with_truncate(server, oracles):
+    """As TEI (and OpenAI, with a 400) do: an input over the limit is refused unless the request
+    asks for truncation; the message names the limit and the option that sets it."""
     text = "the cat sat on the mat " * 40  # 920 bytes: over stories260k's 512 tokens
-    body = httpx.post(f"{server.url}/v1/embeddings", json={"model": "kv", "input": [text]}).json()
+    for extra in ({}, {"truncate": False}):
+        response = httpx.post(f"{server.url}/v1/embeddings", json={"model": "kv", "input": ["ok", text], **extra})
+        error = assert_error(response, 413, "input")
+        assert "input[1]" in error["message"] and "512 tokens" in error["message"] and "--max-input-tokens" in error["message"]
+        assert error["code"] == "input_too_long"
+    body = httpx.post(f"{server.url}/v1/embeddings", json={"model": "kv", "input": [text], "truncate": True}).json()
     with pytest.warns(UserWarning, match="max_length=512"):
         expected = oracles["kv"].encode([text])
     assert_rows_equal(body["data"][0]["embedding"], expected)
     assert body["usage"]["prompt_tokens"] == 512
-    response = httpx.post(f"{server.url}/v1/embeddings", json={"model": "kv", "input": ["ok", text], "truncate": False})
-    assert "input[1]" in assert_error(response, 413, "input")["message"]
+    with pytest.raises(openai.APIStatusError, match="512 tokens") as refused:  # what the openai client sees
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0).embeddings.create(model="kv", input=text)
+    assert refused.value.status_code == 413
+
+
+def test_per_input_cap_is_listed_and_enforced(capped, capped_oracles):
+    """--max-input-tokens 64 on artifacts of max_length 512: /v1/models names both; --auto-truncate
+    cuts text and token ids at 64 tokens when the request does not say, truncate=false -> 413."""
+    cards = {card["id"]: card for card in httpx.get(f"{capped.url}/v1/models").json()["data"]}
+    assert {name: (card["max_length"], card["max_input_tokens"]) for name, card in cards.items()} == {"va": (512, CAP), "kv": (512, CAP)}
+    text = "the cat sat on the mat " * 5  # 115 bytes: over 64 tokens, under 512
+    for model in ("va", "kv"):
+        body = httpx.post(f"{capped.url}/v1/embeddings", json={"model": model, "input": [text, "a cat"]}).json()
+        with pytest.warns(UserWarning, match=f"max_length={CAP}"):
+            expected = capped_oracles[model].encode([text, "a cat"])
+        assert_rows_equal([item["embedding"] for item in body["data"]], expected)
+        assert body["usage"]["prompt_tokens"] == CAP + len(capped_oracles[model].encoder.encode_one("a cat").ids)
+        error = assert_error(httpx.post(f"{capped.url}/v1/embeddings", json={"model": model, "input": text, "truncate": False}), 413, "input")
+        assert f"limit of {CAP} tokens" in error["message"] and "--max-input-tokens" in error["message"] and "512" in error["message"]
+    ids = capped_oracles["va"].encoder.tokenizer.encode(text).ids
+    assert len(ids) > CAP
+    body = httpx.post(f"{capped.url}/v1/embeddings", json={"model": "va", "input": [ids]}).json()
+    assert body["usage"]["prompt_tokens"] == CAP
+    assert_rows_equal(body["data"][0]["embedding"], capped_oracles["va"].encode_ids([ids[:CAP]]))
+    assert_error(httpx.post(f"{capped.url}/v1/embeddings", json={"model": "va", "input": [ids], "truncate": False}), 413, "input")
+
+
+def test_the_cap_never_exceeds_the_artifact_max_length(strict):
+    """--max-input-tokens 100000 on an artifact of max_length 512 serves 512 tokens per input."""
+    card = httpx.get(f"{strict.url}/v1/models", headers={"Authorization": "Bearer s3cret"}).json()["data"][0]
+    assert (card["max_length"], card["max_input_tokens"]) == (512, 512)
+
+
+def test_a_long_input_does_not_hold_a_short_one_hostage(capped, capped_oracles):
+    """A request of 2,048 long inputs is one graph call of 2,048 x 64 tokens in the long lane
+    (seconds of work). A short request sent while that call runs is answered while it still runs:
+    with one queue it would wait for the whole call. Requests mixing short and long inputs get
+    their rows back in order."""
+    rng = random.Random(5)
+    long_texts = [random_text(rng, 400) + " " + "x" * 100 for _ in range(2048)]  # all over 64 tokens: cut to 64
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(httpx.post, f"{capped.url}/v1/embeddings", json={"model": "va", "input": long_texts}, timeout=600)
+        wait_for(lambda: metric(metrics(capped.url), "kvembed_graph_calls_running", model="va") >= 1, timeout=120, what="the long call")
+        short = ["a cat", "the park"]
+        body = httpx.post(f"{capped.url}/v1/embeddings", json={"model": "va", "input": short}, timeout=600).json()
+        running = metric(metrics(capped.url), "kvembed_graph_calls_running", model="va")
+        assert_rows_equal([item["embedding"] for item in body["data"]], capped_oracles["va"].encode(short))
+        assert running >= 1 and not pending.done(), "the short request waited for the long input's graph call"
+        long_body = pending.result().json()
+    with pytest.warns(UserWarning, match=f"max_length={CAP}"):
+        expected = capped_oracles["va"].encode(long_texts)
+    assert_rows_equal([item["embedding"] for item in long_body["data"]], expected)
+    mixed = ["a cat", long_texts[0], "sky", long_texts[1], "the dog ran"]
+    body = httpx.post(f"{capped.url}/v1/embeddings", json={"model": "va", "input": mixed}).json()
+    assert [item["index"] for item in body["data"]] == list(range(5))
+    with pytest.warns(UserWarning):
+        assert_rows_equal([item["embedding"] for item in body["data"]], capped_oracles["va"].encode(mixed))
+
+
+def test_the_server_says_where_it_listens_once_ready(capped):
+    """Started with --port 0: one line names the port the kernel gave, and it answers there."""
+    lines = [line for line in capped.output().splitlines() if ANNOUNCED.search(line)]
+    assert len(lines) == 1, capped.output()
+    count, names, url = ANNOUNCED.search(lines[0]).groups()
+    assert (count, names, url) == ("2", "va, kv", f"http://127.0.0.1:{capped.port}") and capped.port != 0
+    assert httpx.get(f"{url}/health").status_code == 200
 
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -290,9 +389,16 @@ def test_503_while_loading_then_200(artifacts):
 
 
 def test_command_line_failures_are_one_line_and_exit_2(artifacts, tmp_path, server):
-    damaged = tmp_path / "damaged"
-    shutil.copytree(artifacts["va"], damaged)
-    (damaged / "tokenizer.json").write_text("{}")
+    """Bad options and broken artifacts (a byte flipped in model.onnx, tokenizer.json gone) are one
+    error line and exit 2, found before the port is bound: no server starts, so none of uvicorn's
+    startup lines are printed."""
+    flipped, untokenized = tmp_path / "flipped", tmp_path / "untokenized"
+    for damaged in (flipped, untokenized):
+        shutil.copytree(artifacts["va"], damaged)
+    graph = bytearray((flipped / "model.onnx").read_bytes())
+    graph[len(graph) // 2] ^= 0x01
+    (flipped / "model.onnx").write_bytes(graph)
+    (untokenized / "tokenizer.json").unlink()
     cases = [
         ([str(tmp_path / "missing")], "not a kvembed artifact"),
         ([str(artifacts["va"]), f"va={artifacts['kv']}"], "unique"),
@@ -303,7 +409,10 @@ def test_command_line_failures_are_one_line_and_exit_2(artifacts, tmp_path, serv
         ([str(artifacts["va"]), "--call-cost", "-5"], "call-cost must be auto, none or an integer >= 0"),
         ([str(artifacts["va"]), "--call-cost", "cheap"], "call-cost must be auto, none or an integer >= 0"),
         ([str(artifacts["va"]), "--port", str(server.port)], f"cannot serve on 127.0.0.1:{server.port}"),
-        ([str(damaged), "--port", "0"], "damaged"),
+        ([str(flipped), "--port", "0"], "model.onnx does not match its sha256"),
+        ([str(artifacts["va"]), str(untokenized), "--port", "0"], "tokenizer.json is missing"),
+        ([str(artifacts["kv"]), "--max-input-tokens", "8", "--port", "0"], "prompt alone takes 46 tokens"),
+        ([str(artifacts["va"]), "--long-input-tokens", "0"], "long-input-tokens must be >= 1"),
     ]
     for args, phrase in cases:
         result = subprocess.run([*kvembed_command(), "serve", *args], capture_output=True, text=True, timeout=120)
@@ -311,6 +420,7 @@ def test_command_line_failures_are_one_line_and_exit_2(artifacts, tmp_path, serv
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and phrase in errors[0], (args, result.stderr)
         assert "Traceback" not in result.stderr
+        assert "Started server process" not in result.stderr + result.stdout, (args, result.stderr)
 
 
 def test_serve_imports_without_torch(artifacts):

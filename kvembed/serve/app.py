@@ -1,7 +1,8 @@
 """The FastAPI app: OpenAI's ``/v1/embeddings``, ``/v1/models``, ``/health``, ``/metrics``.
 
 Artifacts load in a thread after the socket is bound, so ``/health`` and the embeddings routes
-answer 503 until they are ready. Each served artifact has its own :class:`Batcher`.
+answer 503 until they are ready. Each served artifact has its own :class:`~.lanes.Lanes` (a
+:class:`Batcher` for short inputs and one for long inputs), and a per-input token cap.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from starlette.responses import JSONResponse, Response
 
 from ..runtime import Embedder
 from ..runtime.encoding import EncodedText
-from .batcher import Batcher
 from .config import ServeConfig
 from .errors import ApiError
 from .metrics import NO_MODEL, Metrics
+from .model import ServedModel, serve_model
 from .schema import EmbeddingRequest, Inputs, embedding_response, parse_input, parse_request, truncate_dimensions
 
 log = logging.getLogger("uvicorn.error")  # shown with uvicorn's own messages
@@ -37,9 +38,11 @@ T = TypeVar("T")
 INLINE_LIMIT = 16384
 
 
-def load_embedders(config: ServeConfig) -> dict[str, Embedder]:
-    """Open every artifact (sha256-checked) with the configured provider and threads."""
-    return {name: Embedder.load(path, provider=config.provider, threads=config.threads_per_call, ov_precision=config.ov_precision)
+def load_embedders(config: ServeConfig, verify: bool = True) -> dict[str, Embedder]:
+    """Open every artifact with the configured provider and threads (``verify``: sha256-check its
+    files first; the CLI has done that before binding, see :mod:`.preflight`)."""
+    return {name: Embedder.load(path, provider=config.provider, threads=config.threads_per_call, ov_precision=config.ov_precision,
+                                verify=verify)
             for name, path in config.artifacts}
 
 
@@ -49,7 +52,7 @@ class ServerState:
 
     config: ServeConfig
     metrics: Metrics = field(default_factory=Metrics)
-    batchers: dict[str, Batcher] = field(default_factory=dict)
+    models: dict[str, ServedModel] = field(default_factory=dict)
     ready: bool = False
     draining: bool = False
     load_error: str | None = None
@@ -57,18 +60,22 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def create_app(config: ServeConfig, loader: Loader = load_embedders, on_load_error: Callable[[str], None] | None = None) -> FastAPI:
+def create_app(
+    config: ServeConfig, loader: Loader = load_embedders, on_load_error: Callable[[str], None] | None = None,
+    on_ready: Callable[[ServerState], None] | None = None,
+) -> FastAPI:
     """The app for ``config``. ``loader`` opens the artifacts (in a thread, after startup);
-    ``on_load_error`` is told when that fails (the CLI stops the server)."""
+    ``on_load_error`` is told when that fails (the CLI stops the server), ``on_ready`` when every
+    model serves (the CLI prints where)."""
     state = ServerState(config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.get_running_loop().create_task(_load(state, loader, on_load_error))
+        task = asyncio.get_running_loop().create_task(_load(state, loader, on_load_error, on_ready))
         yield
         task.cancel()
-        for batcher in state.batchers.values():
-            await batcher.stop()
+        for served in state.models.values():
+            await served.lanes.stop()
 
     app = FastAPI(title="kvembed", summary="OpenAI-compatible embeddings", lifespan=lifespan)
     app.state.kvembed = state
@@ -95,7 +102,7 @@ def create_app(config: ServeConfig, loader: Loader = load_embedders, on_load_err
             _check_ready(state)
         except ApiError as err:
             return err.response()
-        data = [_model_card(name, batcher.embedder, state.created) for name, batcher in state.batchers.items()]
+        data = [served.card(state.created) for served in state.models.values()]
         return JSONResponse({"object": "list", "data": data})
 
     @app.get("/health", summary="200 once every artifact is loaded")
@@ -104,7 +111,7 @@ def create_app(config: ServeConfig, loader: Loader = load_embedders, on_load_err
             return ApiError(503, f"loading failed: {state.load_error}", code="load_failed").response()
         if not state.ready:
             return ApiError(503, "loading artifacts; retry shortly", code="loading").response()
-        return JSONResponse({"status": "ok", "models": list(state.batchers)})
+        return JSONResponse({"status": "ok", "models": list(state.models)})
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def metrics() -> Response:
@@ -113,7 +120,9 @@ def create_app(config: ServeConfig, loader: Loader = load_embedders, on_load_err
     return app
 
 
-async def _load(state: ServerState, loader: Loader, on_load_error: Callable[[str], None] | None) -> None:
+async def _load(
+    state: ServerState, loader: Loader, on_load_error: Callable[[str], None] | None, on_ready: Callable[[ServerState], None] | None,
+) -> None:
     try:
         embedders = await asyncio.to_thread(loader, state.config)
     except Exception as err:  # reported on /health and to the CLI, which exits 2
@@ -122,13 +131,15 @@ async def _load(state: ServerState, loader: Loader, on_load_error: Callable[[str
         if on_load_error is not None:
             on_load_error(state.load_error)
         return
-    c = state.config
     for name, embedder in embedders.items():
-        batcher = Batcher(embedder, name, state.metrics, c.max_batch_tokens, c.max_batch_size, c.max_wait_ms, c.workers, c.call_cost)
-        batcher.start()
-        state.batchers[name] = batcher
+        served = serve_model(name, embedder, state.metrics, state.config)
+        served.lanes.start()
+        state.models[name] = served
     state.ready = True
-    log.info("kvembed serve: ready (%s)", ", ".join(state.batchers))
+    if on_ready is not None:
+        on_ready(state)
+    else:
+        log.info("kvembed serve: ready (%s)", ", ".join(state.models))
 
 
 async def _serve_embeddings(state: ServerState, request: Request) -> Response:
@@ -145,17 +156,18 @@ async def _serve_embeddings(state: ServerState, request: Request) -> Response:
         state.metrics.in_flight.set(state.in_flight)
         body = await _read_body(request, state.config.payload_limit)
         spec = parse_request(body)
-        batcher = state.batchers.get(spec.model)
-        if batcher is None:
-            raise ApiError(404, f"model {spec.model!r} is not served here; served: {', '.join(state.batchers)}", param="model")
+        served = state.models.get(spec.model)
+        if served is None:
+            raise ApiError(404, f"model {spec.model!r} is not served here; served: {', '.join(state.models)}", param="model")
         model = spec.model
         inputs = parse_input(spec.input)
         if len(inputs) > state.config.max_client_batch_size:
             raise ApiError(413, f"{len(inputs)} inputs in one request, over the limit of {state.config.max_client_batch_size}; split the request", param="input")
-        _check_output(batcher.embedder, spec)
-        with batcher.arriving():
-            items = await _offload(inputs.size > INLINE_LIMIT, _tokenize, batcher.embedder, inputs, spec)
-        vectors = truncate_dimensions(await batcher.embed(items, spec.output), spec.dimensions)
+        _check_output(served.embedder, spec)
+        truncate = state.config.auto_truncate if spec.truncate is None else spec.truncate
+        with served.lanes.arriving():
+            items = await _offload(inputs.size > INLINE_LIMIT, _tokenize, served, inputs, spec.input_type, truncate)
+        vectors = truncate_dimensions(await served.lanes.embed(items, spec.output), spec.dimensions)
         tokens = sum(len(item.ids) for item in items)
         payload = await _offload(vectors.size > INLINE_LIMIT, embedding_response, vectors, spec.model, tokens, spec.encoding_format)
         state.metrics.texts.labels(model).inc(len(items))
@@ -223,30 +235,28 @@ def _check_output(embedder: Embedder, spec: EmbeddingRequest) -> None:
         raise ApiError(400, f"dimensions={spec.dimensions} is over this model's {dim}; ask for at most {dim}", param="dimensions")
 
 
-def _tokenize(embedder: Embedder, inputs: Inputs, spec: EmbeddingRequest) -> list[EncodedText]:
-    """Inputs -> the runtime's encoded rows (its own tokenizer and prompts); over-long -> 413 unless truncating."""
+def _tokenize(served: ServedModel, inputs: Inputs, input_type: str, truncate: bool) -> list[EncodedText]:
+    """Inputs -> the runtime's encoded rows (its own tokenizer and prompts), cut at the model's
+    per-input cap; an input over it -> 413 unless ``truncate``."""
+    embedder = served.embedder
     try:
         if inputs.texts is not None:
-            items = [embedder.encoder.encode_one(text, spec.input_type) for text in inputs.texts]
+            items = [embedder.encoder.encode_one(text, input_type) for text in inputs.texts]
         else:
-            items = embedder.token_inputs(inputs.ids or [], spec.input_type)
+            items = embedder.token_inputs(inputs.ids or [], input_type)
     except ValueError as err:
         raise ApiError(400, str(err).replace("ids[", "input["), param="input") from None
-    if not spec.truncate:
+    if not truncate:
         cut = [index for index, item in enumerate(items) if item.truncated]
         if cut:
+            cap = served.max_input_tokens
             raise ApiError(
-                413, f"input[{cut[0]}] ({len(cut)} input(s) in all) is longer than the model's {embedder.max_length} tokens; "
-                "shorten it or send truncate=true", param="input",
+                413, f"input[{cut[0]}] ({len(cut)} input(s) in all) is longer than this model's limit of {cap} tokens per "
+                f"input, prompt included (kvembed serve --max-input-tokens, at most the artifact's max_length of "
+                f"{served.max_length}); shorten or split it, or send truncate=true to embed its first {cap} tokens",
+                param="input", code="input_too_long",
             )
     return items
-
-
-def _model_card(name: str, embedder: Embedder, created: int) -> dict[str, Any]:
-    return {
-        "id": name, "object": "model", "created": created, "owned_by": "kvembed",
-        "method": embedder.method.name, "dim": embedder.dim, "max_length": embedder.max_length, "outputs": embedder.outputs,
-    }
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -76,6 +76,7 @@ class Batcher:
         max_wait_ms: float = 5.0,
         workers: int = 1,
         call_cost: int | None | str = "auto",
+        lane: str = "",
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -87,7 +88,8 @@ class Batcher:
         self._jobs: deque[_Job] = deque()
         self._queued_items = self._queued_tokens = self._arriving = 0
         self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(workers, thread_name_prefix=f"kvembed-{name}")
+        self.lane = lane
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix=f"kvembed-{name}{'-' + lane if lane else ''}")
         self._free = asyncio.Semaphore(workers)
         self._calls: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
@@ -95,7 +97,7 @@ class Batcher:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._work(), name=f"kvembed-batcher-{self.name}")
+        self._task = asyncio.get_running_loop().create_task(self._work(), name=f"kvembed-batcher-{self.name}{'-' + self.lane if self.lane else ''}")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -143,7 +145,7 @@ class Batcher:
     def _count(self, items: int, tokens: int) -> None:
         self._queued_items += items
         self._queued_tokens += tokens
-        self.metrics.queue_depth.labels(self.name).set(self._queued_items)
+        self.metrics.queue_depth.labels(self.name).inc(items)  # inc, not set: a model's lanes share the gauge
 
     # -- worker ----------------------------------------------------------------------------------
 

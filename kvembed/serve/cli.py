@@ -23,6 +23,9 @@ def serve_command(
     max_concurrent_requests: int = typer.Option(512, help="Requests served at once; more get 429."),
     max_client_batch_size: int = typer.Option(2048, help="Inputs per request; more get 413."),
     payload_limit: str = typer.Option("2MB", help="Largest request body (e.g. 2MB, 512KiB); larger get 413."),
+    max_input_tokens: int = typer.Option(512, help="Tokens one input may have, prompt included (at most each artifact's max_length; GET /v1/models shows each model's): longer inputs get 413, or are cut with truncate=true in the request (or --auto-truncate)."),
+    auto_truncate: bool = typer.Option(False, "--auto-truncate/--no-auto-truncate", help="Cut over-long inputs of requests that do not say 'truncate' (default: 413, as TEI does)."),
+    long_input_tokens: str = typer.Option("128", help="Inputs of more tokens are embedded in a lane of their own, beside short inputs rather than ahead of them (none: one lane for all)."),
     threads: Optional[int] = typer.Option(None, help="onnxruntime intra-op threads per artifact, split among its workers (default: one per core)."),
     workers: int = typer.Option(1, help="Graph calls per artifact running at once, each on threads/workers threads (2 on 2 cores: more throughput under load, slower lone requests)."),
     provider: str = typer.Option("auto", help="auto, cpu, cuda, tensorrt or openvino."),
@@ -38,7 +41,7 @@ def serve_command(
         from uvicorn.config import LOG_LEVELS
 
         from ..runtime.session import PROVIDERS
-        from .config import ServeConfig, parse_artifact, parse_call_cost, parse_size
+        from .config import ServeConfig, parse_artifact, parse_call_cost, parse_long_input_tokens, parse_size
         from .server import DrainingServer  # noqa: F401  (fail here, not later, without the serve extra)
     except ImportError as err:
         from ..errors import MissingDependency
@@ -59,7 +62,8 @@ def serve_command(
         artifacts=tuple(parse_artifact(a) for a in artifacts), api_key=api_key or None,
         max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
         max_concurrent_requests=max_concurrent_requests, max_client_batch_size=max_client_batch_size,
-        payload_limit=parse_size(payload_limit), threads=threads, workers=workers, call_cost=parse_call_cost(call_cost), provider=provider, ov_precision=ov_precision,
+        payload_limit=parse_size(payload_limit), max_input_tokens=max_input_tokens, auto_truncate=auto_truncate,
+        long_input_tokens=parse_long_input_tokens(long_input_tokens), threads=threads, workers=workers, call_cost=parse_call_cost(call_cost), provider=provider, ov_precision=ov_precision,
         cors_origins=tuple(cors_origin or ()),
     )
     run(config, host, port, graceful_timeout, access_log, log_level, keep_alive)
@@ -80,12 +84,20 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def run(config, host: str, port: int, graceful_timeout: float | None, access_log: bool, log_level: str, keep_alive: float = 60.0) -> None:
-    """Bind, load the artifacts in the background, serve until SIGTERM/SIGINT; exit 2 if loading fails."""
+    """Check the artifacts, bind, load them in the background, say where it serves once they are
+    ready, serve until SIGTERM/SIGINT; a damaged artifact, a taken port or a failed load exits 2."""
     import uvicorn
 
-    from .app import create_app
+    from .app import create_app, load_embedders, log
+    from .preflight import check_artifacts
     from .server import DrainingServer
 
+    check_artifacts(config)  # before the bind: a broken artifact never starts a server
+    try:  # bind here, so a taken port is one line and exit 2 (uvicorn would log and exit 1)
+        sock = listening_socket(host, port)
+    except OSError as err:
+        raise fail(f"cannot serve on {host}:{port}: {err.strerror or err}") from None
+    url = bound_url(sock)
     failure: list[str] = []
     server: DrainingServer
 
@@ -93,7 +105,14 @@ def run(config, host: str, port: int, graceful_timeout: float | None, access_log
         failure.append(message)
         server.should_exit = True
 
-    app = create_app(config, on_load_error=on_load_error)
+    def on_ready(state) -> None:
+        names = list(state.models)
+        log.info("kvembed serve: serving %d model(s) (%s) on %s", len(names), ", ".join(names), url)
+
+    def load_checked(checked_config):  # the files were hashed by check_artifacts
+        return load_embedders(checked_config, verify=False)
+
+    app = create_app(config, loader=load_checked, on_load_error=on_load_error, on_ready=on_ready)
     state = app.state.kvembed
     uvicorn_config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, access_log=access_log,
@@ -104,10 +123,12 @@ def run(config, host: str, port: int, graceful_timeout: float | None, access_log
         state.draining = True
 
     server = DrainingServer(uvicorn_config, on_signal)
-    try:  # bind here, so a taken port is one line and exit 2 (uvicorn would log and exit 1)
-        sock = listening_socket(host, port)
-    except OSError as err:
-        raise fail(f"cannot serve on {host}:{port}: {err.strerror or err}") from None
     server.run(sockets=[sock])
     if failure:
         raise fail(failure[0])
+
+
+def bound_url(sock: socket.socket) -> str:
+    """``http://HOST:PORT`` of a bound socket: the port the kernel gave (``--port 0``), IPv6 in brackets."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -10,6 +10,16 @@ from ..runtime.artifact import MANIFEST
 from ..sizes import parse_size  # noqa: F401  (re-exported: kvembed.serve.parse_size)
 
 
+#: ``--max-input-tokens``'s default. One input is one row of one graph call, which nothing can
+#: interrupt, and its cost grows faster than its length (attention is quadratic; benchmarks/RESULTS.md
+#: has the times per length): an artifact's own max_length (SmolLM2: 8192) lets one request hold a
+#: worker and gigabytes for minutes. 512 is also the limit of most embedding models (BERT-family),
+#: so clients already chunk to it; ``--max-input-tokens`` raises it up to the artifact's max_length.
+DEFAULT_MAX_INPUT_TOKENS = 512
+#: ``--long-input-tokens``'s default: inputs longer than this go to the long lane (kvembed.serve.lanes)
+DEFAULT_LONG_INPUT_TOKENS = 128
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """Everything the app needs; the CLI flags map one to one (see ``kvembed serve --help``)."""
@@ -23,6 +33,14 @@ class ServeConfig:
     max_concurrent_requests: int = 512
     max_client_batch_size: int = 2048
     payload_limit: int = 2_000_000
+    max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS
+    """Tokens one input may have, prompt included (each artifact's own max_length if lower): a
+    longer one is cut when its request says ``truncate`` (or ``auto_truncate``), else refused with 413."""
+    auto_truncate: bool = False
+    """What a request that does not say ``truncate`` gets (TEI's ``--auto-truncate``; OpenAI refuses)."""
+    long_input_tokens: int | None = DEFAULT_LONG_INPUT_TOKENS
+    """Inputs of more tokens are embedded in the model's long lane (None: one lane for all; see
+    :mod:`kvembed.serve.lanes`)."""
     threads: int | None = None
     """Intra-op threads per artifact, shared out among its workers (None: one per core)."""
     workers: int = 1
@@ -36,9 +54,12 @@ class ServeConfig:
     cors_origins: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_tokens", "max_batch_size", "max_concurrent_requests", "max_client_batch_size", "payload_limit"):
+        for name in ("max_batch_tokens", "max_batch_size", "max_concurrent_requests", "max_client_batch_size", "payload_limit",
+                     "max_input_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.long_input_tokens is not None and self.long_input_tokens < 1:
+            raise ValueError(f"long-input-tokens must be >= 1 (or none), got {self.long_input_tokens}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.workers < 1:
@@ -85,3 +106,14 @@ def parse_call_cost(value: str) -> int | None | str:
         return int(text)
     except ValueError:
         raise ValueError(f"--call-cost must be auto, none or an integer >= 0 (tokens), got {value!r}") from None
+
+
+def parse_long_input_tokens(value: str) -> int | None:
+    """``--long-input-tokens``: a number of tokens, or ``none`` (one lane)."""
+    text = value.strip().lower()
+    if text == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"--long-input-tokens must be an integer >= 1 (tokens) or none, got {value!r}") from None

@@ -29,7 +29,7 @@ class Metrics:
             buckets=tuple(2**k for k in range(4, 18)), registry=r,
         )
         self.queue_depth = Gauge("kvembed_queue_depth", "Inputs waiting for the graph", ["model"], registry=r)
-        self.calls_running = Gauge("kvembed_graph_calls_running", "Graph calls running now (at most --workers)", ["model"], registry=r)
+        self.calls_running = Gauge("kvembed_graph_calls_running", "Graph calls running now (at most --workers per lane)", ["model"], registry=r)
         self.in_flight = Gauge("kvembed_requests_in_flight", "Embedding requests being served", registry=r)
         self.inference = Histogram("kvembed_inference_seconds", "Time of one graph call", ["model"], buckets=_LATENCY, registry=r)
         self.latency = Histogram("kvembed_request_seconds", "Time from request to response", ["model"], buckets=_LATENCY, registry=r)

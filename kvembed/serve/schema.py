@@ -30,7 +30,10 @@ class EmbeddingRequest(BaseModel):
     user: StrictStr | None = Field(None, description="accepted and ignored")
     input_type: Literal["query", "document"] = Field("document", description="kvembed: which prompt wraps the text")
     output: StrictStr | None = Field(None, description="kvembed: an --also output label of the artifact")
-    truncate: StrictBool = Field(True, description="kvembed: false -> 413 when an input is over the model's max length")
+    truncate: StrictBool | None = Field(
+        None, description="kvembed/TEI: true cuts an input over the served model's max_input_tokens to fit, false answers 413; "
+        "unset: the server's --auto-truncate (default off: 413)",
+    )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,51 @@
+"""What ``kvembed serve`` checks before it binds the port: each artifact's manifest, its files
+against their sha256, its tokenizer, the per-input cap against its prompt, and the provider.
+
+These are the cheap failures: hashing is a fraction of opening the onnxruntime session
+(benchmarks/RESULTS.md), which stays in the app's loading thread after the bind so that
+``/health`` answers 503 while it runs. A damaged artifact is then one error line and exit 2, and
+no server ever starts; the loading thread opens the checked files without hashing them again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..runtime.artifact import check_files, encoder_from_manifest, read_manifest
+from ..runtime.engine import check_engine_files, is_engine_dir, read_engine_json
+from .config import ServeConfig
+from .model import input_cap
+
+
+def check_artifacts(config: ServeConfig) -> None:
+    """Raise ValueError (FileNotFoundError, MissingDependency) naming the first model that cannot be served."""
+    if config.provider != "openvino" and not all(is_engine_dir(directory) for _, directory in config.artifacts):
+        from ..runtime.session import provider_chain
+
+        provider_chain(config.provider)  # a GPU provider this onnxruntime lacks: named here, not after the bind
+    for name, directory in config.artifacts:
+        check_artifact(name, directory, config)
+
+
+def check_artifact(name: str, directory: Path, config: ServeConfig) -> None:
+    """One artifact (or TensorRT engine directory): intact, tokenizer readable, room for text under the cap."""
+    manifest = read_manifest(directory)
+    if is_engine_dir(directory):
+        if config.provider not in ("auto", "tensorrt"):
+            raise ValueError(f"model {name!r}: {str(directory)!r} is a TensorRT engine directory: serve it with --provider tensorrt (or auto)")
+        problems, fix = check_engine_files(directory, manifest, read_engine_json(directory)), "rebuild it with kvembed build-engine"
+    else:
+        problems, fix = check_files(directory, manifest), "re-export it"
+    if problems:
+        raise ValueError(f"model {name!r}: artifact {str(directory)!r} is damaged: {'; '.join(problems)}; {fix}")
+    try:
+        encoder = encoder_from_manifest(directory, manifest)
+    except Exception as err:  # tokenizers raises its own Exception type for an unreadable file
+        raise ValueError(f"model {name!r}: cannot read the tokenizer of {str(directory)!r}: {err}") from None
+    cap = input_cap(config, encoder.max_length)
+    prompt = max(len(encoder.encode_one("", kind).ids) for kind in encoder.method.templates)
+    if prompt >= cap:
+        raise ValueError(
+            f"--max-input-tokens {config.max_input_tokens} leaves no room for text in model {name!r}: its "
+            f"{encoder.method.name} prompt alone takes {prompt} tokens; give more"
+        )
