@@ -251,10 +251,12 @@ def test_cli_build_and_its_one_line_errors(artifacts, tmp_path):
 
 def test_cli_serve_refuses_what_it_cannot_bind_in_one_line(repositories):
     """An address not on this machine (198.51.100.7 is TEST-NET-2), a port already listened on and
-    one port for two services fail before tritonserver starts: exit 2, one line naming them."""
+    one port for two services fail before tritonserver starts: exit 2, one line naming them; the
+    caller's signal handlers are its own again afterwards (here: pytest's Ctrl-C)."""
     require_tritonserver()
     from kvembed.cli import app
 
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
     ports = Ports.free()
     serve = ["triton", "serve", str(repositories["query"]), "--python", str(stub_python())]
     with socket.socket() as taken:
@@ -268,6 +270,7 @@ def test_cli_serve_refuses_what_it_cannot_bind_in_one_line(repositories):
             result = CliRunner().invoke(app, [*serve, *args])
             assert result.exit_code == 2, result.output
             assert message in " ".join(result.output.split()) and "Traceback" not in result.output, result.output
+    assert {number: signal.getsignal(number) for number in handlers} == handlers
 
 
 def test_row_helpers():

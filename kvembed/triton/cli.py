@@ -100,9 +100,8 @@ def serve(
         raise Stopped
 
     # installed before the server starts: a supervisor may stop us the moment Triton answers ready,
-    # before this process has printed its own "ready" line
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, interrupt)
+    # before this process has printed its own "ready" line; the caller's handlers come back at the end
+    previous = {number: signal.signal(number, interrupt) for number in (signal.SIGTERM, signal.SIGINT)}
     server: Any = None
 
     def start() -> Any:
@@ -128,5 +127,7 @@ def serve(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if server is not None:
             code = server.stop()
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     if code not in (0, None, -15):
         raise typer.Exit(1)
