@@ -1,0 +1,197 @@
+"""Peak memory and wall time of ``kvembed-export`` per stage, at Qwen3-4B's width (issue 30).
+
+Builds a random Qwen3-4B-shaped checkpoint as real ones ship (bf16 safetensors shards with
+``model.safetensors.index.json``, written shard by shard: benchmarks/make_qwen3_06b_shaped.py),
+then runs ``kvembed-export`` once per precision, each in a fresh process under ``/usr/bin/time -v``
+(its "Maximum resident set size" is the peak the OS saw). While it runs, the child's RSS is polled
+and attributed to the stage the exporter is in (its "done <stage>" lines close a stage), so the
+table says which stage reaches the peak. W is the model's fp32 weight bytes (4 per parameter).
+
+    python benchmarks/export_memory.py --layers 8 --work /tmp/export-memory --out benchmarks/results/export-memory.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_qwen3_06b_shaped import build_sharded  # noqa: E402
+
+GIB = 1024**3
+#: ``  done trace: tracing ... (12.3s)`` (StageDisplay's line when a stage ends)
+STAGE_LINE = re.compile(r"^\s*(done|stopped) (\w+): .*\((\d+(?:\.\d+)?)s\)\s*$")
+POLL_SECONDS = 0.1
+
+
+def cpu_name() -> str:
+    """The CPU's model name as ``lscpu`` prints it."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or "unknown"
+    for line in out.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def fp32_weight_bytes(model: Path) -> int:
+    """W: 4 bytes per parameter of the checkpoint (bf16 shards: twice their stored size)."""
+    from safetensors import safe_open
+
+    index = model / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    count = 0
+    for name in files:
+        with safe_open(str(model / name), framework="np") as handle:
+            for key in handle.keys():
+                shape = handle.get_slice(key).get_shape()
+                size = 1
+                for dim in shape:
+                    size *= int(dim)
+                count += size
+    return 4 * count
+
+
+def tree_rss(process: psutil.Process) -> int:
+    """RSS of ``process`` and its descendants (``/usr/bin/time`` runs the exporter as its child)."""
+    total = 0
+    for proc in [process, *process.children(recursive=True)]:
+        try:
+            total += proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+class StageMeter:
+    """Polls a process tree's RSS and attributes each sample to the stage then running."""
+
+    def __init__(self, process: psutil.Process) -> None:
+        self.process = process
+        self.peaks: dict[str, int] = {}
+        self.walls: dict[str, float] = {}
+        self.order: list[str] = []
+        self.current = "start"
+        self.done = threading.Event()
+
+    def close_stage(self, stage: str, seconds: float) -> None:
+        """A ``done <stage>`` line: samples so far belong to ``stage``; the next ones to the next stage."""
+        self.peaks[stage] = max(self.peaks.get(stage, 0), self.peaks.pop(self.current, 0))
+        self.walls[stage] = self.walls.get(stage, 0.0) + seconds
+        if stage not in self.order:
+            self.order.append(stage)
+        self.current = "next"
+
+    def poll(self) -> None:
+        while not self.done.is_set():
+            rss = tree_rss(self.process)
+            self.peaks[self.current] = max(self.peaks.get(self.current, 0), rss)
+            time.sleep(POLL_SECONDS)
+
+
+def run_export(model: Path, out: Path, precision: str, method: str, layers: str | None, log: Path) -> dict[str, Any]:
+    """One ``kvembed-export`` in a fresh process: peak RSS (time -v), wall, per-stage RSS and wall."""
+    exe = Path(sys.executable).with_name("kvembed-export")
+    command = ["/usr/bin/time", "-v", str(exe), "--model", str(model), "--method", method, "--precision", precision,
+               "--out", str(out), "--force"]
+    if layers:
+        command += ["--layers", layers]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    start = time.monotonic()
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    meter = StageMeter(psutil.Process(child.pid))
+    poller = threading.Thread(target=meter.poll, daemon=True)
+    poller.start()
+    stderr: list[str] = []
+    reader = threading.Thread(target=lambda: stderr.extend(child.stderr), daemon=True)
+    reader.start()
+    lines = []
+    for line in child.stdout:
+        lines.append(line)
+        match = STAGE_LINE.match(line)
+        if match:
+            meter.close_stage(match.group(2), float(match.group(3)))
+    code = child.wait()
+    wall = time.monotonic() - start
+    meter.done.set()
+    poller.join()
+    reader.join()
+    log.write_text("".join(lines) + "".join(stderr), encoding="utf-8")
+    peak_kb = next((int(line.split(":")[1]) for line in stderr if "Maximum resident set size" in line), 0)
+    return {
+        "precision": precision, "exit_code": code, "wall_s": round(wall, 1), "peak_rss_bytes": peak_kb * 1024,
+        "stages": [{"stage": s, "wall_s": round(meter.walls[s], 1), "peak_rss_bytes": meter.peaks.get(s, 0)}
+                   for s in meter.order],
+    }
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The RESULTS.md table: peak RSS (GiB and x W), wall, then per stage 'wall s / peak GiB'."""
+    weight = results["fp32_weight_bytes"]
+    stages = [s for r in results["runs"] for s in (x["stage"] for x in r["stages"])]
+    order = list(dict.fromkeys(stages))
+    head = "| precision | peak RSS | x W | wall | " + " | ".join(order) + " |"
+    rows = [head, "|" + "---|" * (4 + len(order))]
+    for run in results["runs"]:
+        by = {s["stage"]: s for s in run["stages"]}
+        cells = [f"{by[s]['wall_s']:.0f} s / {by[s]['peak_rss_bytes'] / GIB:.1f}" if s in by else "" for s in order]
+        state = "" if run["exit_code"] == 0 else f" (exit {run['exit_code']})"
+        rows.append(f"| {run['precision']}{state} | {run['peak_rss_bytes'] / GIB:.2f} GiB | "
+                    f"{run['peak_rss_bytes'] / weight:.2f} | {run['wall_s']:.0f} s | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", required=True, type=Path, help="Folder for the checkpoint and artifacts.")
+    parser.add_argument("--layers", type=int, default=8, help="Decoder layers of the Qwen3-4B-shaped model (36 in the real one).")
+    parser.add_argument("--vocab", type=int, default=None, help="Vocabulary (default: the demo tokenizer's 259).")
+    parser.add_argument("--precisions", default="fp32,fp16,int8")
+    parser.add_argument("--method", default="kv-embedding")
+    parser.add_argument("--method-layers", default=None, help="--layers passed to kvembed-export (default: the method's).")
+    parser.add_argument("--keep-artifacts", action="store_true", help="Keep each artifact (default: removed after its run).")
+    parser.add_argument("--out", type=Path, default=None, help="JSON results file.")
+    args = parser.parse_args()
+    model = args.work / f"qwen3-4b-shaped-{args.layers}l-bf16"
+    if not (model / "model.safetensors.index.json").exists():
+        start = time.monotonic()
+        build_sharded(model, "4b", args.layers, args.vocab)
+        print(f"built {model} in {time.monotonic() - start:.0f}s", flush=True)
+    results: dict[str, Any] = {
+        "cpu": cpu_name(), "cores": os.cpu_count(), "memory_bytes": psutil.virtual_memory().total,
+        "model": str(model), "layers": args.layers, "method": args.method,
+        "fp32_weight_bytes": fp32_weight_bytes(model), "runs": [],
+    }
+    for precision in args.precisions.split(","):
+        out = args.work / f"artifact-{precision}"
+        run = run_export(model, out, precision, args.method, args.method_layers, args.work / f"export-{precision}.log")
+        if out.exists():
+            run["artifact_bytes"] = sum(p.stat().st_size for p in out.iterdir())
+        if not args.keep_artifacts:
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        results["runs"].append(run)
+        print(json.dumps(run), flush=True)
+    print(f"\n{results['cpu']}, {results['cores']} cores; W = {results['fp32_weight_bytes'] / 1e9:.2f} GB\n")
+    print(markdown(results))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
