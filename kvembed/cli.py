@@ -213,6 +213,7 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("eval", "kvembed.eval.cli", "eval_command"),
     ("build-engine", "kvembed.export.engine_cli", "build_engine_command"),
     ("causal2vec", "kvembed.causal2vec.cli", "app"),
+    ("bundle", "kvembed.bundle.cli", "bundle_command"),
 )
 
 

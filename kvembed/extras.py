@@ -18,6 +18,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     **dict.fromkeys(("pyarrow", "ray"), "corpus"),
     "mteb": "eval",
     "openvino": "openvino",
+    "packaging": "bundle",
 }
 
 

@@ -1,0 +1,72 @@
+"""Artifacts into the bundle: each file its manifest lists (plus the manifest), hard-linked when
+source and bundle share a filesystem (a 250 MB graph costs nothing), else copied, and every copy
+re-hashed against the artifact's own manifest, so a bundle never carries a file that differs from
+what the exporter certified."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..runtime.artifact import MANIFEST, read_manifest, sha256_file
+
+#: model names end up in file paths, shell scripts and a systemd unit: keep them plain
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def parse_artifact_argument(value: str) -> tuple[str, Path]:
+    """``DIR`` (named after its folder, as ``kvembed serve`` names it) or ``NAME=DIR``."""
+    name, sep, path = value.partition("=")
+    directory = Path(path if sep else value).expanduser()
+    if not sep:
+        name = directory.resolve().name
+    if not NAME.fullmatch(name):
+        raise ValueError(f"model name {name!r} (from {value!r}) must be letters, digits, '.', '_' or '-': use NAME=DIR")
+    if (directory / "engine.json").is_file():
+        raise ValueError(f"{value!r} is a TensorRT engine directory (GPU-bound): bundle the ONNX artifact it was built from")
+    read_manifest(directory)  # one line if it is not an artifact
+    return name, directory
+
+
+def link_or_copy(source: Path, dest: Path) -> str:
+    """Hard-link ``source`` at ``dest`` if the filesystem allows it, else copy; says which."""
+    try:
+        os.link(source, dest)
+        return "linked"
+    except OSError as err:
+        if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+            raise
+    shutil.copy2(source, dest)
+    return "copied"
+
+
+def add_artifact(source: Path, dest: Path) -> dict[str, Any]:
+    """Put one artifact at ``dest``; returns its bundle.json record (method, precision, files with
+    sha256). A file that does not match its manifest hash is refused (one line, naming it)."""
+    manifest = read_manifest(source)
+    dest.mkdir(parents=True)
+    how = set()
+    files: dict[str, dict[str, Any]] = {}
+    for name, record in manifest["files"].items():
+        if Path(name).name != name:
+            raise ValueError(f"{source / MANIFEST} lists {name!r}: not a plain file name")
+        origin = source / name
+        if not origin.is_file():
+            raise FileNotFoundError(f"artifact {str(source)!r} lacks {name}, which its manifest lists")
+        how.add(link_or_copy(origin, dest / name))
+        digest = sha256_file(dest / name)
+        if digest != record["sha256"] or (dest / name).stat().st_size != record["bytes"]:
+            raise ValueError(f"{origin} does not match the sha256 in its manifest: the artifact was changed after "
+                             "export; re-export it (or restore the file)")
+        files[name] = {"sha256": digest, "bytes": record["bytes"]}
+    shutil.copy2(source / MANIFEST, dest / MANIFEST)
+    files[MANIFEST] = {"sha256": sha256_file(dest / MANIFEST), "bytes": (dest / MANIFEST).stat().st_size}
+    return {
+        "path": f"artifacts/{dest.name}", "method": manifest["method"]["name"], "precision": manifest["precision"],
+        "dim": manifest["dim"], "max_length": manifest["max_length"], "kvembed_version": manifest["kvembed_version"],
+        "copy": "+".join(sorted(how)) or "none", "files": files,
+    }
