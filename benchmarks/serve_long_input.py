@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import shlex
@@ -35,11 +36,21 @@ SHORT = "hello"
 
 
 def parse_variant(value: str) -> tuple[str, list[str]]:
-    """``LABEL:ARGS`` -> (label, extra ``kvembed serve`` arguments), e.g. ``one-lane:--long-input-tokens none``."""
+    """``LABEL:ARGS`` -> (label, extra ``kvembed serve`` arguments), e.g. ``one-lane:--long-input-tokens none``;
+    leading ``NAME=VALUE`` words of ARGS are environment variables of that server."""
     label, sep, extra = value.partition(":")
     if not sep or not label:
         raise argparse.ArgumentTypeError(f"--server takes LABEL:ARGS, got {value!r}")
     return label, shlex.split(extra)
+
+
+def split_env(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    env: dict[str, str] = {}
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        key, _, val = words[0].partition("=")
+        env[key] = val
+        words = words[1:]
+    return env, words
 
 
 def post(http: httpx.Client, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -119,9 +130,11 @@ def main() -> None:
     servers: dict[str, ServerProcess] = {}
     cells: dict[str, dict[str, list[float]]] = {label: {"idle": [], "loaded": [], "long alone": [], "long loaded": []} for label, _ in variants}
     caps: dict[str, int] = {}
+    loads = [os.getloadavg()[0]]
     try:
         for label, extra in variants:
-            servers[label] = ServerProcess([f"model={args.artifact}", *extra], args.out / f"server-{label}.log")
+            env, words = split_env(extra)
+            servers[label] = ServerProcess([f"model={args.artifact}", *words], args.out / f"server-{label}.log", env=env)
         for label, server in servers.items():
             server.wait_healthy(600)
             card = httpx.get(f"{server.url}/v1/models").json()["data"][0]
@@ -138,22 +151,27 @@ def main() -> None:
                     with LongLoad(server.url, long_body(caps[label])) as load:
                         cells[label]["loaded"] += shorts(http, "model", args.short, args.max_pause, rng)
                     cells[label]["long loaded"] += load.durations
-                print(f"round {number + 1}/{args.rounds} {label}: done", flush=True)
+                loads.append(os.getloadavg()[0])
+                print(f"round {number + 1}/{args.rounds} {label}: done (load average {loads[-1]:.1f})", flush=True)
     finally:
         for server in servers.values():
             server.stop()
     summary = {label: {cell: percentiles(values) for cell, values in by_cell.items() if values} for label, by_cell in cells.items()}
     result = {"cpu": cpu_name(), "artifact": str(args.artifact), "variants": {label: extra for label, extra in variants},
-              "max_input_tokens": caps, "args": {k: str(v) for k, v in vars(args).items()}, "summary": summary, "raw": cells}
+              "max_input_tokens": caps, "load_average_1min": loads, "args": {k: str(v) for k, v in vars(args).items()}, "summary": summary, "raw": cells}
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
-    lines = [f"CPU: {result['cpu']}", "",
+    lines = [f"CPU: {result['cpu']}; 1-minute load average {min(loads):.1f}-{max(loads):.1f}", "",
              "| server | max_input_tokens | short idle p50 / p99 ms | short during a long input p50 / p99 ms | long alone p50 s | long, shorts beside it p50 s |",
              "|---|---:|---:|---:|---:|---:|"]
     for label, by_cell in summary.items():
-        lines.append(
-            f"| {label} `{' '.join(dict(variants)[label])}` | {caps[label]} | {by_cell['idle']['p50_ms']:.0f} / {by_cell['idle']['p99_ms']:.0f} "
-            f"| {by_cell['loaded']['p50_ms']:.0f} / {by_cell['loaded']['p99_ms']:.0f} "
-            f"| {by_cell['long alone']['p50_ms'] / 1000:.2f} | {by_cell['long loaded']['p50_ms'] / 1000:.2f} |")
+        def ms(cell: str) -> str:
+            return f"{by_cell[cell]['p50_ms']:.0f} / {by_cell[cell]['p99_ms']:.0f}" if cell in by_cell else "-"
+
+        def seconds(cell: str) -> str:
+            return f"{by_cell[cell]['p50_ms'] / 1000:.2f}" if cell in by_cell else "-"
+
+        lines.append(f"| {label} `{' '.join(dict(variants)[label])}` | {caps[label]} | {ms('idle')} | {ms('loaded')} "
+                     f"| {seconds('long alone')} | {seconds('long loaded')} |")
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -92,6 +92,15 @@ def stop_process(process: subprocess.Popen, timeout: float) -> None:
             process.wait()
 
 
+def thread_nices(pid: int) -> list[int]:
+    """The niceness of every thread of process ``pid`` (Linux: /proc/PID/task/TID/stat, field 19)."""
+    nices = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        text = stat.read_text()
+        nices.append(int(text[text.rindex(")") + 2 :].split()[16]))
+    return nices
+
+
 def metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """``/metrics`` as {(sample name, sorted labels): value}."""
     text = httpx.get(f"{url}/metrics", timeout=10).text

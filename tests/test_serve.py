@@ -26,10 +26,12 @@ from serve_util import (
     kvembed_command,
     metric,
     metrics,
+    thread_nices,
     wait_for,
 )
 
 from kvembed.runtime import Embedder
+from kvembed.serve.model import LONG_LANE_NICE
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the a cat dog sat ran on in park mat blue sky why is was happy über 東京 , . ?".split()
@@ -251,6 +253,8 @@ def test_a_long_input_does_not_hold_a_short_one_hostage(capped, capped_oracles):
         assert_rows_equal([item["embedding"] for item in body["data"]], capped_oracles["va"].encode(short))
         assert running >= 1 and not pending.done(), "the short request waited for the long input's graph call"
         long_body = pending.result().json()
+    nices = thread_nices(capped.process.pid)
+    assert LONG_LANE_NICE in nices and 0 in nices, nices  # the long lane's worker yields the cores; the rest does not
     with pytest.warns(UserWarning, match=f"max_length={CAP}"):
         expected = capped_oracles["va"].encode(long_texts)
     assert_rows_equal([item["embedding"] for item in long_body["data"]], expected)

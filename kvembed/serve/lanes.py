@@ -4,10 +4,11 @@ One input is one row of one graph call, and a running call cannot be interrupted
 queue, a one-word request that arrives while a long input is being embedded waits for that whole
 call (and, with the long input's request ahead of it in turn, for its window). Inputs of more than
 ``long_tokens`` tokens go to a lane of their own instead: its own :class:`Batcher` (queue, turns
-between requests, worker threads), so a long input's call runs beside the short requests' calls,
-sharing the cores with them, instead of ahead of them. Either lane alone has the whole machine;
-when both run, each gets part of it (benchmarks/RESULTS.md measures a short request's latency
-with and without the long lane).
+between requests, worker threads), so a long input's call runs beside the short requests' calls
+instead of ahead of them. The long lane's threads run at a lower scheduling priority (the caller
+passes ``nice``), so while a short call runs the long one yields the cores to it; either lane
+alone has the whole machine (benchmarks/RESULTS.md measures a short request's latency with one
+lane, two, and two at several priorities).
 
 A request's inputs are split by length, embedded in their lanes at once, and put back in order.
 """
