@@ -59,6 +59,8 @@ def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: list
                  progress: Progress | None = None) -> BundleResult:
     """Write the bundle for ``target`` at ``out`` (and ``out.tar.gz`` with ``tar``)."""
     say = progress or (lambda message: None)
+    import packaging.requirements  # noqa: F401  (without the bundle extra: fail now, naming it, not after the download)
+
     from ..export.core import staged
 
     if not artifacts:
