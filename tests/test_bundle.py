@@ -54,6 +54,20 @@ def network_cut() -> list[str]:
     return []
 
 
+def other_python() -> tuple[str, str] | None:
+    """(version, path) of a CPython 3.10 here, whose markers differ from this interpreter's
+    (``exceptiongroup; python_version < "3.11"``), or None. pyenv's shims name versions that are
+    not on PATH, so the interpreter is asked for its version rather than trusted by name."""
+    if THIS_PYTHON == "3.10":
+        return None
+    candidates = [shutil.which("python3.10"), *sorted(map(str, Path.home().glob(".pyenv/versions/3.10*/bin/python3.10")))]
+    for candidate in filter(None, candidates):
+        done = subprocess.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.strip() == "3.10":
+            return "3.10", candidate
+    return None
+
+
 @pytest.fixture(scope="module")
 def built(stories_artifact, tmp_path_factory) -> dict:
     """A bundle of the demo kv-embedding artifact for this machine, with its tarball; the unit's
@@ -213,6 +227,36 @@ def test_a_complete_linux_aarch64_wheelhouse(stories_artifact, tmp_path):
     )
     assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
     assert "Would install" in dry.stdout
+
+
+def test_a_bundle_for_python_3_10_installs_offline_with_its_markers(stories_artifact, tmp_path):
+    """pip, run on this interpreter, evaluates markers for it, not the target: anyio's
+    ``exceptiongroup; python_version < "3.11"`` would be left out. The bundle re-walks the
+    closure with the target's markers; a real 3.10 then installs it offline and embeds."""
+    found = other_python()
+    if found is None:
+        pytest.skip("no CPython 3.10 on this machine to install a 3.10 bundle with")
+    python, interpreter = found
+    artifact = stories_artifact("kv-embedding")
+    out = tmp_path / "py310"
+    done = kvembed_bundle(f"kv={artifact}", "--out", str(out), "--python", python)
+    if done.returncode != 0 and UNREACHABLE in done.stderr:
+        pytest.skip(f"the package index is unreachable from here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    names = {w["name"] for w in json.loads((out / "bundle.json").read_text())["wheels"]}
+    assert "exceptiongroup" in names
+    installed = subprocess.run([*network_cut(), str(out / "install.sh")], env={**offline_env(), "PYTHON": interpreter},
+                               cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    embedded = subprocess.run(
+        [str(out / "venv" / "bin" / "python"), "-I", "-c",
+         "import json, sys, fastapi, uvicorn; from kvembed.runtime import Embedder; "
+         f"print('%d.%d' % sys.version_info[:2]); print(json.dumps(Embedder.load({str(out / 'artifacts' / 'kv')!r}).encode({TEXTS!r}).tolist()))"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert embedded.returncode == 0, embedded.stderr
+    version, vectors = embedded.stdout.splitlines()
+    assert version == "3.10"
+    np.testing.assert_allclose(np.asarray(json.loads(vectors), dtype=np.float32), Embedder.load(artifact).encode(TEXTS), atol=1e-5)
 
 
 def test_a_target_without_every_wheel_is_refused_naming_the_package(stories_artifact, tmp_path):
