@@ -199,13 +199,15 @@ def test_dockerfile_passes_hadolint_and_scripts_pass_shellcheck(built):
 
 
 def test_a_complete_linux_aarch64_wheelhouse(stories_artifact, tmp_path):
-    """Another CPU and another Python (3.12 unless this is 3.12): pip resolves for the target and
-    the target's markers decide; pip itself then resolves requirements.txt from the wheelhouse
-    alone for that target (a dry run: nothing to run aarch64 wheels on here)."""
+    """Another CPU and another Python (3.12 unless this is 3.12), with OpenVINO (whose aarch64
+    wheels need glibc 2.35): pip resolves for the target and the target's markers decide; pip
+    itself then resolves requirements.txt from the wheelhouse alone for that target (a dry run:
+    nothing runs aarch64 wheels here)."""
     python = "3.11" if THIS_PYTHON == "3.12" else "3.12"
     out = tmp_path / "arm"
     started = time.monotonic()
-    done = kvembed_bundle(str(stories_artifact("kv-embedding")), "--out", str(out), "--platform", "linux-aarch64", "--python", python)
+    done = kvembed_bundle(str(stories_artifact("kv-embedding")), "--out", str(out), "--platform", "linux-aarch64", "--python", python,
+                          "--with", "openvino", "--glibc", "2.35")
     if done.returncode != 0 and UNREACHABLE in done.stderr:
         pytest.skip(f"the package index is unreachable from here: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr
@@ -215,7 +217,8 @@ def test_a_complete_linux_aarch64_wheelhouse(stories_artifact, tmp_path):
     binary = [w["file"] for w in manifest["wheels"] if not w["file"].endswith("-none-any.whl")]
     assert binary and all("aarch64" in name for name in binary), binary
     assert all(f"cp{python.replace('.', '')}" in name or "abi3" in name for name in binary), binary
-    assert {"onnxruntime", "numpy", "tokenizers", "uvloop", "httptools"} <= {w["name"] for w in manifest["wheels"]}
+    assert {"onnxruntime", "numpy", "tokenizers", "uvloop", "httptools", "openvino"} <= {w["name"] for w in manifest["wheels"]}
+    assert manifest["target"]["glibc"] == "2.35" and manifest["extras"] == ["serve", "openvino"]
     assert "aarch64" in (out / "install.sh").read_text()
     wheelhouse = out / "wheelhouse"
     platforms = [arg for tag in manifest["target"]["pip_platforms"] for arg in ("--platform", tag)]
@@ -229,7 +232,7 @@ def test_a_complete_linux_aarch64_wheelhouse(stories_artifact, tmp_path):
     assert "Would install" in dry.stdout
 
 
-def test_a_bundle_for_python_3_10_installs_offline_with_its_markers(stories_artifact, tmp_path):
+def test_a_bundle_for_python_3_10_with_triton_installs_offline_with_its_markers(stories_artifact, tmp_path):
     """pip, run on this interpreter, evaluates markers for it, not the target: anyio's
     ``exceptiongroup; python_version < "3.11"`` would be left out. The bundle re-walks the
     closure with the target's markers; a real 3.10 then installs it offline and embeds."""
@@ -239,18 +242,18 @@ def test_a_bundle_for_python_3_10_installs_offline_with_its_markers(stories_arti
     python, interpreter = found
     artifact = stories_artifact("kv-embedding")
     out = tmp_path / "py310"
-    done = kvembed_bundle(f"kv={artifact}", "--out", str(out), "--python", python)
+    done = kvembed_bundle(f"kv={artifact}", "--out", str(out), "--python", python, "--with", "triton")
     if done.returncode != 0 and UNREACHABLE in done.stderr:
         pytest.skip(f"the package index is unreachable from here: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr
     names = {w["name"] for w in json.loads((out / "bundle.json").read_text())["wheels"]}
-    assert "exceptiongroup" in names
+    assert {"exceptiongroup", "async-timeout", "tritonclient", "grpcio"} <= names  # the first two: python_version < "3.11"
     installed = subprocess.run([*network_cut(), str(out / "install.sh")], env={**offline_env(), "PYTHON": interpreter},
                                cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
     embedded = subprocess.run(
         [str(out / "venv" / "bin" / "python"), "-I", "-c",
-         "import json, sys, fastapi, uvicorn; from kvembed.runtime import Embedder; "
+         "import json, sys, fastapi, uvicorn, tritonclient.http, tritonclient.grpc; from kvembed.runtime import Embedder; "
          f"print('%d.%d' % sys.version_info[:2]); print(json.dumps(Embedder.load({str(out / 'artifacts' / 'kv')!r}).encode({TEXTS!r}).tolist()))"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert embedded.returncode == 0, embedded.stderr
@@ -276,6 +279,9 @@ def test_bad_input_is_one_line_exit_2(stories_artifact, tmp_path):
     artifact = str(stories_artifact("kv-embedding"))
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "file").write_text("x")
+    damaged = shutil.copytree(artifact, tmp_path / "taken" / "damaged")
+    with open(damaged / "tokenizer.json", "a") as handle:
+        handle.write(" ")
     cases = [
         ([artifact, "--out", str(tmp_path / "a"), "--platform", "windows-x86_64"], "--platform must be"),
         ([artifact, "--out", str(tmp_path / "a"), "--python", "three"], "--python must be"),
@@ -284,9 +290,11 @@ def test_bad_input_is_one_line_exit_2(stories_artifact, tmp_path):
         ([str(tmp_path / "nothing"), "--out", str(tmp_path / "a")], "no artifact directory"),
         ([f"bad name={artifact}", "--out", str(tmp_path / "a")], "model name"),
         ([artifact, "--out", str(tmp_path / "taken")], "exists"),
+        ([str(damaged), "--out", str(tmp_path / "a")], "tokenizer.json does not match the sha256 in its manifest"),
     ]
     for args, words in cases:
         done = kvembed_bundle(*args)
-        lines = done.stderr.strip().splitlines()
-        assert done.returncode == 2 and len(lines) == 1 and words in lines[0], (args, done.stderr)
+        lines = done.stderr.strip().splitlines()  # progress lines, then the one error line
+        assert done.returncode == 2 and lines[-1].startswith("error:") and words in lines[-1], (args, done.stderr)
+        assert all(line.startswith("kvembed bundle:") for line in lines[:-1]) and "Traceback" not in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]

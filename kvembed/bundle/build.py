@@ -85,6 +85,10 @@ def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: list
     pending_tar: Path | None = None
     try:
         with staged(out) as staging:
+            records = {}
+            for name, directory in named:  # first: a damaged artifact fails before any download
+                say(f"adding artifact {name} ({directory})")
+                records[name] = add_artifact(directory, staging / "artifacts" / name)
             wheelhouse = staging / "wheelhouse"
             wheelhouse.mkdir()
             say("building kvembed's wheel")
@@ -94,10 +98,6 @@ def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: list
             write_requirements(wheelhouse, wheels, "kvembed", extras)
             wheel_records = [w.record() for w in wheels]
             wheelhouse_bytes = sum(int(r["bytes"]) for r in wheel_records)
-            records = {}
-            for name, directory in named:
-                say(f"adding artifact {name} ({directory})")
-                records[name] = add_artifact(directory, staging / "artifacts" / name)
             values = template_values(
                 models=names, target_platform=target.platform, machine=target.machine, python=target.python,
                 target=target.describe(), prefix=prefix, bundle_name=out.name, kvembed_version=__version__,
