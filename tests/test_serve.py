@@ -31,7 +31,7 @@ from serve_util import (
 )
 
 from kvembed.runtime import Embedder
-from kvembed.serve.model import LONG_LANE_NICE
+from kvembed.serve.config import DEFAULT_LONG_LANE_NICE
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the a cat dog sat ran on in park mat blue sky why is was happy über 東京 , . ?".split()
@@ -254,7 +254,7 @@ def test_a_long_input_does_not_hold_a_short_one_hostage(capped, capped_oracles):
         assert running >= 1 and not pending.done(), "the short request waited for the long input's graph call"
         long_body = pending.result().json()
     nices = thread_nices(capped.process.pid)
-    assert LONG_LANE_NICE in nices and 0 in nices, nices  # the long lane's worker yields the cores; the rest does not
+    assert DEFAULT_LONG_LANE_NICE in nices and 0 in nices, nices  # the long lane's worker yields the cores; the rest does not
     with pytest.warns(UserWarning, match=f"max_length={CAP}"):
         expected = capped_oracles["va"].encode(long_texts)
     assert_rows_equal([item["embedding"] for item in long_body["data"]], expected)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import socket
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from .. import cli_options as opt
 from ..cli_support import fail
+
+if TYPE_CHECKING:
+    from ..runtime import Embedder
+    from .app import ServerState
+    from .config import ServeConfig
 
 
 def serve_command(
@@ -26,6 +31,7 @@ def serve_command(
     max_input_tokens: int = typer.Option(512, help="Tokens one input may have, prompt included (at most each artifact's max_length; GET /v1/models shows each model's): longer inputs get 413, or are cut with truncate=true in the request (or --auto-truncate)."),
     auto_truncate: bool = typer.Option(False, "--auto-truncate/--no-auto-truncate", help="Cut over-long inputs of requests that do not say 'truncate' (default: 413, as TEI does)."),
     long_input_tokens: str = typer.Option("128", help="Inputs of more tokens are embedded in a lane of their own, beside short inputs rather than ahead of them (none: one lane for all)."),
+    long_lane_nice: int = typer.Option(10, help="Niceness (0-19) added to the long lane's threads, so they yield the cores while short inputs run (0: equal priority; other processes on the machine also outrank them)."),
     threads: Optional[int] = typer.Option(None, help="onnxruntime intra-op threads per artifact, split among its workers (default: one per core)."),
     workers: int = typer.Option(1, help="Graph calls per artifact running at once, each on threads/workers threads (2 on 2 cores: more throughput under load, slower lone requests)."),
     provider: str = typer.Option("auto", help="auto, cpu, cuda, tensorrt or openvino."),
@@ -63,7 +69,7 @@ def serve_command(
         max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
         max_concurrent_requests=max_concurrent_requests, max_client_batch_size=max_client_batch_size,
         payload_limit=parse_size(payload_limit), max_input_tokens=max_input_tokens, auto_truncate=auto_truncate,
-        long_input_tokens=parse_long_input_tokens(long_input_tokens), threads=threads, workers=workers, call_cost=parse_call_cost(call_cost), provider=provider, ov_precision=ov_precision,
+        long_input_tokens=parse_long_input_tokens(long_input_tokens), long_lane_nice=long_lane_nice, threads=threads, workers=workers, call_cost=parse_call_cost(call_cost), provider=provider, ov_precision=ov_precision,
         cors_origins=tuple(cors_origin or ()),
     )
     run(config, host, port, graceful_timeout, access_log, log_level, keep_alive)
@@ -83,7 +89,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run(config, host: str, port: int, graceful_timeout: float | None, access_log: bool, log_level: str, keep_alive: float = 60.0) -> None:
+def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float | None, access_log: bool, log_level: str, keep_alive: float = 60.0) -> None:
     """Check the artifacts, bind, load them in the background, say where it serves once they are
     ready, serve until SIGTERM/SIGINT; a damaged artifact, a taken port or a failed load exits 2."""
     import uvicorn
@@ -105,11 +111,11 @@ def run(config, host: str, port: int, graceful_timeout: float | None, access_log
         failure.append(message)
         server.should_exit = True
 
-    def on_ready(state) -> None:
+    def on_ready(state: "ServerState") -> None:
         names = list(state.models)
         log.info("kvembed serve: serving %d model(s) (%s) on %s", len(names), ", ".join(names), url)
 
-    def load_checked(checked_config):  # the files were hashed by check_artifacts
+    def load_checked(checked_config: "ServeConfig") -> "dict[str, Embedder]":  # the files were hashed by check_artifacts
         return load_embedders(checked_config, verify=False)
 
     app = create_app(config, loader=load_checked, on_load_error=on_load_error, on_ready=on_ready)

@@ -18,6 +18,12 @@ from ..sizes import parse_size  # noqa: F401  (re-exported: kvembed.serve.parse_
 DEFAULT_MAX_INPUT_TOKENS = 512
 #: ``--long-input-tokens``'s default: inputs longer than this go to the long lane (kvembed.serve.lanes)
 DEFAULT_LONG_INPUT_TOKENS = 128
+#: ``--long-lane-nice``'s default: niceness added to the long lane's worker threads. Both lanes'
+#: calls want every core; a long call beside a short one at equal priority keeps its share of the
+#: cores for the whole short call, at lower priority it yields them while the short call runs (and
+#: alone it still has them all). The same threads also compete with other processes on the machine,
+#: which then slow long inputs down: 10 rather than 19 (benchmarks/RESULTS.md compares 0, 5, 10, 19).
+DEFAULT_LONG_LANE_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,8 @@ class ServeConfig:
     long_input_tokens: int | None = DEFAULT_LONG_INPUT_TOKENS
     """Inputs of more tokens are embedded in the model's long lane (None: one lane for all; see
     :mod:`kvembed.serve.lanes`)."""
+    long_lane_nice: int = DEFAULT_LONG_LANE_NICE
+    """Niceness added to the long lane's threads (0: the short lane's priority)."""
     threads: int | None = None
     """Intra-op threads per artifact, shared out among its workers (None: one per core)."""
     workers: int = 1
@@ -60,6 +68,8 @@ class ServeConfig:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.long_input_tokens is not None and self.long_input_tokens < 1:
             raise ValueError(f"long-input-tokens must be >= 1 (or none), got {self.long_input_tokens}")
+        if not 0 <= self.long_lane_nice <= 19:
+            raise ValueError(f"long-lane-nice must be in 0-19, got {self.long_lane_nice}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.workers < 1:

@@ -12,14 +12,6 @@ from .lanes import Lanes
 from .metrics import Metrics
 
 
-#: niceness added to the long lane's worker threads. Both lanes' calls want every core; a long call
-#: running beside a short one at equal priority takes its share of the cores for the whole short
-#: call, and at lower priority it yields them while the short call runs (and has them all alone).
-#: 10 rather than 19: the same threads also compete with other processes on the machine, against
-#: which a long call should slow down, not stall (benchmarks/RESULTS.md compares 0, 5, 10, 19).
-LONG_LANE_NICE = 10
-
-
 @dataclass
 class ServedModel:
     """What the routes need of one model. ``max_length`` is the artifact's own limit; the
@@ -64,4 +56,4 @@ def serve_model(name: str, embedder: Embedder, metrics: Metrics, config: ServeCo
     long_tokens = config.long_input_tokens
     if long_tokens is None or long_tokens >= embedder.max_length:  # no input can be long
         return ServedModel(name, Lanes(lane("")), max_length)
-    return ServedModel(name, Lanes(lane("short"), lane("long", LONG_LANE_NICE), long_tokens), max_length)
+    return ServedModel(name, Lanes(lane("short"), lane("long", config.long_lane_nice), long_tokens), max_length)
