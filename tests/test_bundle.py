@@ -299,3 +299,13 @@ def test_bad_input_is_one_line_exit_2(stories_artifact, tmp_path):
         assert done.returncode == 2 and lines[-1].startswith("error:") and words in lines[-1], (args, done.stderr)
         assert all(line.startswith("kvembed bundle:") for line in lines[:-1]) and "Traceback" not in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_an_unreachable_index_is_named_as_such(stories_artifact, tmp_path):
+    """What the skips above rely on: without an index, the one line says so (not "no wheel")."""
+    env = {**offline_env(), "PIP_INDEX_URL": "http://127.0.0.1:9/simple"}
+    env.pop("PIP_NO_INDEX")
+    done = subprocess.run([KVEMBED, "bundle", str(stories_artifact("kv-embedding")), "--out", str(tmp_path / "b")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: the package index could not be reached")
+    assert list(tmp_path.iterdir()) == []

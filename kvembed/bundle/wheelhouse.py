@@ -72,8 +72,7 @@ def explain_failure(output: str, target: Target) -> str:
     """pip's failure as one line: which package has no wheel for the target (and the newest that
     pip saw), a Python version a package refuses, an unreachable index, or pip's first error."""
     if UNREACHABLE.search(output) and "(from versions: none)" in output:
-        return (f"the package index could not be reached (pip: {_first_error(output)}); "
-                "kvembed bundle downloads the wheels for the target, so it needs the index (or a mirror in pip's config)")
+        return unreachable(output)
     found = re.search(r"Could not find a version that satisfies the requirement (\S+)(?: \(from ([^)]*)\))?"
                       r"(?: \(from versions: ([^)]*)\))?", output)
     if found:
@@ -89,6 +88,11 @@ def explain_failure(output: str, target: Target) -> str:
         name, _, wanted = found.groups()
         return f"{name} needs Python {wanted}; the target is CPython {target.python} (choose --python accordingly)"
     return f"pip could not resolve the wheels for {target.describe()}: {_first_error(output)}"
+
+
+def unreachable(output: str) -> str:
+    return (f"the package index could not be reached (pip: {_first_error(output)}); kvembed bundle downloads "
+            "the wheels for the target, so it needs the index (or a mirror in pip's config)")
 
 
 def _first_error(output: str) -> str:
@@ -127,8 +131,9 @@ def build_own_wheel(dest: Path, given: Path | None = None) -> Path | None:
                 shutil.copy2(item, copy / item.name)
         shutil.copytree(root / "kvembed", copy / "kvembed", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
         done = run_pip(["wheel", "--no-deps", "--wheel-dir", str(dest), str(copy)])
-        if done.returncode != 0:
-            raise BundleError(f"building kvembed's wheel failed: {_first_error(done.stdout)}")
+        if done.returncode != 0:  # build isolation fetches setuptools from the index
+            raise BundleError(unreachable(done.stdout) if UNREACHABLE.search(done.stdout)
+                              else f"building kvembed's wheel failed: {_first_error(done.stdout)}")
     built = sorted(dest.glob("kvembed-*.whl"))
     if len(built) != 1:
         raise BundleError(f"pip wheel left {len(built)} kvembed wheels in {dest}")
