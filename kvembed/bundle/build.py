@@ -15,7 +15,7 @@ import tarfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .. import __version__
 from ..runtime.artifact import sha256_file
@@ -54,7 +54,7 @@ def tarball_path(out: Path) -> Path:
     return out.with_name(out.name + ".tar.gz")
 
 
-def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: list[str] = (), tar: bool = False,
+def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: Sequence[str] = (), tar: bool = False,
                  force: bool = False, prefix: str = DEFAULT_PREFIX, kvembed_wheel: Path | None = None,
                  progress: Progress | None = None) -> BundleResult:
     """Write the bundle for ``target`` at ``out`` (and ``out.tar.gz`` with ``tar``)."""
