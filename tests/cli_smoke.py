@@ -24,6 +24,7 @@ NEEDS_EXTRA: tuple[tuple[str, str, list[str]], ...] = (
     ("export", "transformers", ["kvembed", "verify", "{artifact}"]),
     ("triton", "tritonclient", ["kvembed", "triton", "build", "{artifact}", "--out", "{out}"]),
     ("openvino", "openvino", ["kvembed", "embed", "{artifact}", "--provider", "openvino", "hello"]),
+    ("bundle", "packaging", ["kvembed", "bundle", "{artifact}", "--out", "{out}"]),
 )
 
 
