@@ -51,6 +51,34 @@ class FoundModel:
         return tokenizer, model.eval()
 
 
+#: safetensors header dtypes -> torch's names
+_SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
+                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def stored_dtype(location: str | os.PathLike[str], config: Any = None) -> str | None:
+    """The floating dtype a checkpoint's weights are stored in (most elements), read from the
+    safetensors headers of a local folder (every shard), else what ``config`` declares; None if
+    neither says. The export runs in float32 whatever this is; the manifest records it."""
+    folder = Path(location)
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if files:
+        from safetensors import safe_open
+
+        counts: dict[str, int] = {}
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                for key in handle.keys():
+                    part = handle.get_slice(key)
+                    name = _SAFETENSORS_DTYPES.get(part.get_dtype())
+                    if name is not None:
+                        counts[name] = counts.get(name, 0) + int(torch.Size(part.get_shape()).numel())
+        if counts:
+            return max(counts, key=counts.__getitem__)
+    declared = getattr(config, "dtype", None) if config is not None else None
+    return None if declared is None else str(declared).removeprefix("torch.")
+
+
 def find_model(
     model: str | os.PathLike[str], revision: str | None = None, trust_remote_code: bool = False
 ) -> FoundModel:

@@ -12,7 +12,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoTokenizer
 
-from .hf_loading import find_model, input_limit, model_max_length
+from .hf_loading import find_model, input_limit, model_max_length, stored_dtype
 from .methods import ResolvedMethod, get_method, resolve
 from .methods.layers import AUTO
 from .methods.sharing import AlsoRequest, output_label, resolve_also
@@ -71,6 +71,8 @@ class TorchEmbedder:
         self.gguf: dict[str, Any] | None = None
         #: Causal2Vec: what the checkpoint holds (encoder, projector sha256, adapter), else None
         self.causal2vec: dict[str, Any] | None = None
+        #: the dtype the source checkpoint's weights are stored in (e.g. "bfloat16"), if known
+        self.source_dtype: str | None = None
 
     @classmethod
     def from_pretrained(
@@ -141,6 +143,7 @@ class TorchEmbedder:
         embedder.layer_selection = None if selection is None else selection.to_dict()
         embedder.location, embedder.preset_id, embedder.revision = found.location, preset_id, revision
         embedder.gguf = None if found.gguf is None else found.gguf.to_dict()
+        embedder.source_dtype = stored_dtype(found.location, config)
         return embedder
 
     @classmethod
@@ -172,6 +175,7 @@ class TorchEmbedder:
         hf_model = load_llm(checkpoint, _dtype(dtype))
         embedder = cls(hf_model, tokenizer, resolved, limit, padding_side=padding_side, source=str(path), context=context)
         embedder.location = str(checkpoint.root.resolve())
+        embedder.source_dtype = stored_dtype(checkpoint.llm, config)
         embedder.causal2vec = {
             "encoder_model_type": encoder_config.model_type,
             "encoder_hidden_size": checkpoint.encoder_hidden,
@@ -206,7 +210,7 @@ class TorchEmbedder:
             padding_side=self.padding_side, source=self.source, context=self.context,
         )
         embedder.location, embedder.preset_id, embedder.revision = self.location, self.preset_id, self.revision
-        embedder.gguf, embedder.causal2vec = self.gguf, self.causal2vec
+        embedder.gguf, embedder.causal2vec, embedder.source_dtype = self.gguf, self.causal2vec, self.source_dtype
         return embedder
 
     def references(self) -> dict[str | None, "TorchEmbedder"]:

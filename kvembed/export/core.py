@@ -3,12 +3,19 @@
 Everything is written into a hidden staging directory beside ``out`` and renamed into place only
 after the parity gate passes, so an interrupted or failed export never leaves a directory that
 looks like a valid artifact.
+
+Memory: :func:`export_result` holds one copy of the weights at a time. The PyTorch reference runs
+the gate's texts first and keeps only its outputs; the trace writes the weights to external data
+as it goes (transposed on the way, not in memory); then the PyTorch weights are freed, before
+onnxruntime opens any session (offline optimisation, calibration, the gate). Conversions read
+and write one weight at a time (:func:`~kvembed.export.graph.stream_initializers`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import gc
 import hashlib
 import json
 import os
@@ -28,17 +35,18 @@ from ..runtime.artifact import read_manifest, write_manifest
 from ..methods.sharing import AlsoRequest, output_names
 from .graph import DATA_FILE, ExportError, decoder_layers_in_graph, input_axes, input_names, optimize_with_onnxruntime
 from .graph import resolve_attention
-from .graph import rms_norm_as_div, weight_matmuls
+from .graph import rms_norm_as_div, settle_layout, weight_matmuls
 from .graph import trace as trace_graph
 from .ops import ALLOWED_OPS, non_portable_ops, op_types
-from .parity import ParityReport, run_parity
+from .parity import ParityReport, reference_runs, run_parity
 from .precision import INT8_RECIPES, check_int8_recipe, check_precision, convert, int8_plan
 from .smoothing import calibration_feeds
 
 Progress = Callable[[str, str], None]
 
-#: pipeline stages, in order, as reported to ``progress(stage, detail)``
-STAGES = ("load", "trace", "optimize", "convert", "check", "parity", "write")
+#: pipeline stages, in order, as reported to ``progress(stage, detail)`` ("reference" and "release"
+#: only where the exporter frees the PyTorch weights after the trace: :func:`export_result`)
+STAGES = ("load", "reference", "trace", "release", "optimize", "convert", "check", "parity", "write")
 
 
 class ParityError(ExportError):
@@ -105,6 +113,9 @@ def source_record(embedder: Any) -> dict[str, Any]:
     record["config_sha256"] = config_hash(location, config)
     record["num_layers"] = int(config.num_hidden_layers)
     record["hidden_size"] = int(config.hidden_size)
+    # the dtype the checkpoint's weights are stored in (bfloat16 for most 4B-8B releases); the
+    # export itself traces and checks in float32
+    record["dtype"] = getattr(embedder, "source_dtype", None)
     if getattr(embedder, "gguf", None):
         record["gguf"] = dict(embedder.gguf)  # file name, sha256, quantization type, architecture
     if getattr(embedder, "causal2vec", None):
@@ -192,6 +203,10 @@ class Exporter:
 
     ``write(out, precision)`` may be called several times (fp32, fp16, int8 from one trace).
     Use as a context manager, or call :meth:`close`, to delete the cached trace.
+
+    ``release_weights=True`` runs the gate's reference before tracing and frees the PyTorch
+    weights right after it (the model's modules stay, on the ``meta`` device), so that no
+    onnxruntime session is ever built beside them; the embedder cannot embed afterwards.
     """
 
     def __init__(
@@ -202,8 +217,11 @@ class Exporter:
         optimize: bool = True,
         progress: Progress | None = None,
         attention: str | None = None,
+        release_weights: bool = False,
     ) -> None:
         self.attention, self.opset = resolve_attention(attention, opset)
+        self.release_weights = release_weights
+        self.weights_released = False
         self.embedder = embedder
         self.optimize = optimize
         self.progress = progress or _silent
@@ -236,8 +254,12 @@ class Exporter:
         self._workdir = Path(tempfile.mkdtemp(prefix=".kvembed-trace-", dir=workdir))
         path = self._workdir / MODEL
         try:
+            if self.release_weights:
+                self._run_references()
             self.progress("trace", f"tracing {self.embedder.method.name} with torch.onnx (dynamo)")
             graph = trace_graph(self.embedder, path, self.opset, attention=self.attention)
+            if self.release_weights:
+                self._release()
             optimizations = [{"name": name, "applied": True} for name in graph.pop("optimizations")]
             if self.optimize:
                 self.progress("optimize", "onnxruntime basic graph optimisation (offline)")
@@ -249,6 +271,23 @@ class Exporter:
             self.close()
             raise
         return path
+
+    def _run_references(self) -> None:
+        """Run every reference the gate compares against (one per output) on the gate's batches
+        now, keeping only the outputs."""
+        self.progress("reference", "running the PyTorch reference on the parity texts")
+        if self._references is None:
+            self._references = self.embedder.references()
+        for label, reference in self._references.items():
+            reference_runs(reference, self._reference_outputs, outputs=output_names(label))
+
+    def _release(self) -> None:
+        """Free the PyTorch weights: every parameter and buffer moves to the ``meta`` device (no
+        storage), and the trace's cycles are collected so nothing else keeps them."""
+        self.progress("release", "freeing the PyTorch weights")
+        self.embedder.model.to("meta")
+        gc.collect()
+        self.weights_released = True
 
     def write(
         self,
@@ -333,6 +372,7 @@ class Exporter:
         if precision == "fp32":
             self.progress("convert", "fp32: no conversion")
             _copy_graph(traced, model_path, move=not keep_trace)
+            settle_layout(model_path)
             return {}
         self.progress("convert", f"converting to {precision}" + (f" (recipe {recipe})" if recipe else ""))
         return convert(traced, model_path, precision, int8_recipe=recipe or "plain", calibration=calibration)
@@ -529,7 +569,8 @@ def export_result(
     progress = progress or _silent
     progress("load", f"loading {model} ({method})")
     embedder = load_embedder(model, method, max_length=max_length, padding_side=padding_side, **options)
-    with Exporter(embedder, opset=opset, optimize=optimize, progress=progress, attention=attention) as exporter:
+    with Exporter(embedder, opset=opset, optimize=optimize, progress=progress, attention=attention,
+                  release_weights=True) as exporter:
         return exporter.write(out, precision, force=force, reference_options=reference_options, keep_trace=False,
                               int8_recipe=int8_recipe)
 

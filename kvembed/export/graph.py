@@ -43,8 +43,11 @@ from .ops import ALLOWED_OPS, STANDARD_DOMAINS, TENSORRT_OPS_SINCE, non_portable
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
-#: protobuf cannot serialise a message of 2 GiB or more: past this, weights go to DATA_FILE
+#: protobuf cannot serialise a message of 2 GiB or more: past this, an artifact's weights go to DATA_FILE
+#: (the exporter's own intermediate graphs always keep their weights there)
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3 - 64 * 1024**2
+#: tensors smaller than this stay inside the graph file when the weights are external
+EXTERNAL_MIN_BYTES = 1024
 MIN_OPSET = 18
 #: the first opset with the standard ``Attention`` operator
 FUSED_OPSET = 23
@@ -214,7 +217,9 @@ def trace(
             if program is not None:
                 import onnxscript.optimizer
 
-                onnxscript.optimizer.optimize_ir(program.model)
+                # a weight's Transpose stays a node here: folding it would copy every weight while
+                # the PyTorch model still holds the originals; _transpose_lazily writes it transposed
+                onnxscript.optimizer.optimize_ir(program.model, should_fold=_keep_weight_transposes)
     except ValueError:
         raise
     except Exception as err:  # torch.export / translation failures: report what broke
@@ -228,14 +233,15 @@ def trace(
     _fix_names(program.model.graph, outputs)
     _check_io(program.model.graph, names, outputs)
     attention_facts = _check_attention_form(program.model.graph, attention)
+    transposed = _transpose_lazily(program.model.graph)
     path.parent.mkdir(parents=True, exist_ok=True)
     weights = _initializer_bytes(program.model.graph)
-    external = weights >= EXTERNAL_DATA_THRESHOLD
-    _save_program(program, path, external)
+    _save_program(program, path)
+    _forget_weights(program.model.graph)
     return {
         "exporter": "torch.onnx.export(dynamo=True)",
         "opset": opset,
-        "external_data": external,
+        "weights_transposed_on_write": transposed,
         "weights_bytes": int(weights),
         "attention": attention_facts,
         "optimizations": ["onnxscript.optimizer.optimize_ir: constant folding, dead-code elimination, "
@@ -334,13 +340,68 @@ def _initializer_bytes(graph: Any) -> int:
     return total
 
 
-def _save_program(program: Any, path: Path, external: bool) -> None:
+def _is_weight_transpose(node: Any) -> bool:
+    """A standard Transpose whose only input is a weight (an initializer larger than a few KB)
+    read by nothing else."""
+    if node.op_type != "Transpose" or node.domain not in STANDARD_DOMAINS or not node.inputs:
+        return False
+    source = node.inputs[0]
+    return (source is not None and source.is_initializer() and source.const_value is not None
+            and source.const_value.nbytes >= EXTERNAL_MIN_BYTES and len(source.consumers()) == 1)
+
+
+def _keep_weight_transposes(node: Any) -> bool | None:
+    """``optimize_ir``'s ``should_fold``: never fold a weight's Transpose (default rules otherwise)."""
+    return False if _is_weight_transpose(node) else None
+
+
+def _transpose_lazily(graph: Any) -> int:
+    """Replace every ``Transpose(weight)`` by an initializer holding the transposed weight, computed
+    only when the graph is written (``onnx_ir.LazyTensor``), one tensor at a time: the graph stores
+    weights as MatMul's B as before, and no second copy of the weights is ever held in memory."""
     import onnx_ir as ir
 
-    if external:
-        ir.save(program.model, path, external_data=DATA_FILE if path.name == MODEL_FILE else path.name + ".data")
-    else:
-        ir.save(program.model, path)
+    count = 0
+    for node in [n for n in graph if _is_weight_transpose(n)]:
+        source, result = node.inputs[0], node.outputs[0]
+        tensor = source.const_value
+        perm = node.attributes["perm"].as_ints() if "perm" in node.attributes else list(range(len(tensor.shape)))[::-1]
+        shape = ir.Shape([tensor.shape[p] for p in perm])
+        lazy = ir.LazyTensor(functools.partial(_transposed, tensor, tuple(perm)), dtype=tensor.dtype, shape=shape,
+                             name=result.name)
+        value = ir.Value(name=result.name, shape=shape, type=ir.TensorType(tensor.dtype), const_value=lazy)
+        result.name = f"{result.name}__transpose"
+        result.replace_all_uses_with(value)
+        graph.remove(node, safe=True)
+        graph.initializers.pop(source.name)
+        source.const_value = None  # the lazy tensor holds the weight now; a stale Value must not
+        graph.register_initializer(value)
+        count += 1
+    return count
+
+
+def _transposed(tensor: Any, perm: tuple[int, ...]) -> Any:
+    """``tensor`` transposed by ``perm``, as a contiguous ``onnx_ir.Tensor``."""
+    import onnx_ir as ir
+
+    return ir.Tensor(np.ascontiguousarray(np.transpose(tensor.numpy(), perm)))
+
+
+def _forget_weights(graph: Any) -> None:
+    """Drop the in-memory graph's references to the weights once they are written: they are the
+    PyTorch model's own tensors, and onnxscript's module-level rewrite rules keep the last graph
+    they matched alive (SimplePatternMatcher._graph), which would keep the weights with it."""
+    for value in graph.initializers.values():
+        value.const_value = None
+
+
+def _save_program(program: Any, path: Path) -> None:
+    """Write the traced graph with its weights as external data, one tensor at a time: holding a
+    ModelProto with every weight in it (and its serialised bytes) would cost two copies more."""
+    import onnx_ir as ir
+
+    ir.save(program.model, path, external_data=path.name + ".data", size_threshold_bytes=EXTERNAL_MIN_BYTES,
+            max_workers=1)
 
 
 # -- onnxruntime offline optimisation ---------------------------------------------------------
@@ -364,6 +425,7 @@ def optimize_with_onnxruntime(path: Path) -> dict[str, Any]:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(target)
+    options.add_session_config_entry("session.disable_prepacking", "1")  # never run: no packed copy of the weights
     if external:
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", target_data.name)
         options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
@@ -486,6 +548,57 @@ def decoder_layers_in_graph(model: Any, other_matmuls: int = 0) -> int:
     weights and de-duplicates identical tensors (e.g. the all-ones norm weights of a fresh model).
     """
     return -(-(weight_matmuls(model) - other_matmuls) // MATRICES_PER_LAYER)
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of ``model``'s initializers (an ``onnx.ModelProto``, external ones counted by their length)."""
+    return sum(_tensor_bytes(t) for t in model.graph.initializer)
+
+
+def stream_initializers(model: Any, source_dir: Path, target: Path, transform: Any = None) -> int:
+    """Write ``model`` (an ``onnx.ModelProto`` loaded without its external data, whose weights live
+    in ``source_dir``) as ``target``, its weights in ``<target>.data``, one tensor at a time:
+    each is read, passed to ``transform(tensor)`` (which may rewrite it in place), appended to
+    the data file and dropped, so no more than one weight is ever in memory. Returns the bytes
+    written to the data file."""
+    import onnx
+    from onnx.external_data_helper import (
+        load_external_data_for_tensor, save_external_data, set_external_data, uses_external_data,
+    )
+
+    data = target.with_name(target.name + ".data")
+    data.write_bytes(b"")
+    for tensor in model.graph.initializer:
+        if uses_external_data(tensor):
+            load_external_data_for_tensor(tensor, str(source_dir))
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
+        if transform is not None:
+            transform(tensor)
+        if tensor.HasField("raw_data") and len(tensor.raw_data) >= EXTERNAL_MIN_BYTES:
+            set_external_data(tensor, data.name)
+            save_external_data(tensor, str(target.parent))
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+    onnx.save_model(model, str(target))
+    return data.stat().st_size
+
+
+def settle_layout(path: Path) -> bool:
+    """Give the artifact's graph at ``path`` (weights external) its layout: weights inside
+    ``model.onnx`` below :data:`EXTERNAL_DATA_THRESHOLD`, in ``model.onnx.data`` from there on.
+    Returns whether the weights stay external."""
+    import onnx
+
+    data = path.with_name(path.name + ".data")
+    if not data.exists():
+        return False
+    if data.stat().st_size >= EXTERNAL_DATA_THRESHOLD:
+        return True
+    model = onnx.load(str(path))  # a small graph: its weights fit twice over
+    onnx.save_model(model, str(path))
+    data.unlink()
+    return False
 
 
 def save_model(model: Any, path: Path) -> bool:

@@ -14,6 +14,8 @@ from typing import Any, Callable, Mapping, Sequence, Tuple
 
 import numpy as np
 
+from .graph import ExportError
+
 #: METHODS.md: worst row cosine (and, for fp32, max abs difference on normalised vectors)
 TOLERANCES: dict[str, dict[str, float]] = {
     "fp32": {"min_cosine": 0.99999, "max_abs": 1e-4},
@@ -119,8 +121,6 @@ def run_parity(
     the next precision exported from the same trace. ``outputs`` names the graph's
     (embedding, pooled) pair to check; the reference's first pair is what it is checked against.
     """
-    import torch
-
     feeds = {i.name for i in session.get_inputs()}
 
     def ours(batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -130,13 +130,14 @@ def run_parity(
     def theirs(batch: Mapping[str, np.ndarray], key: tuple) -> tuple[np.ndarray, np.ndarray]:
         key = (outputs, *key)
         if cache is not None and key in cache:
-            return cache[key]
-        with torch.inference_mode(), reference.model.patched():
-            want = reference.model(**{k: torch.from_numpy(v) for k, v in batch.items()})
-        pair = tuple(w.float().numpy() for w in want[:2])
+            ran = cache[key]
+            if not ran.ran_on(batch):
+                raise ExportError(f"the gate's batch {key[1:4]} differs from the one the reference ran on")
+            return ran.embedding, ran.pooled
+        ran = run_reference(reference, batch)
         if cache is not None:
-            cache[key] = pair
-        return pair  # type: ignore[return-value]
+            cache[key] = ran
+        return ran.embedding, ran.pooled
 
     def same_tokens(items: list[str], kind: str, ours_encoded: Any) -> bool:
         theirs_encoded = reference.encoder.encode(items, kind)
@@ -144,6 +145,59 @@ def run_parity(
                 and [e.pool for e in ours_encoded] == [e.pool for e in theirs_encoded])
 
     return compare_runs(ours, theirs, encoder, precision, texts, same_tokens)
+
+
+@dataclass
+class ReferenceRun:
+    """The reference's (embedding, pooled) on one padded batch, and the batch it ran on: kept so
+    the gate can compare a graph after the PyTorch weights are gone (:func:`reference_runs`)."""
+
+    embedding: np.ndarray
+    pooled: np.ndarray
+    inputs: dict[str, np.ndarray]
+
+    def ran_on(self, batch: Mapping[str, np.ndarray]) -> bool:
+        """Whether ``batch`` is exactly the batch these outputs came from."""
+        return set(batch) == set(self.inputs) and all(np.array_equal(batch[k], self.inputs[k]) for k in batch)
+
+
+def run_reference(reference: Any, batch: Mapping[str, np.ndarray]) -> ReferenceRun:
+    """``reference`` (a TorchEmbedder) on a padded batch: its first (embedding, pooled) pair."""
+    import torch
+
+    parameter = next(reference.model.parameters(), None)
+    if parameter is not None and parameter.is_meta:
+        raise ExportError("the PyTorch weights were freed before the reference ran on this batch of the gate")
+    with torch.inference_mode(), reference.model.patched():
+        want = reference.model(**{k: torch.from_numpy(v) for k, v in batch.items()})
+    embedding, pooled = (w.float().numpy() for w in want[:2])
+    return ReferenceRun(embedding, pooled, {k: np.array(v) for k, v in batch.items()})
+
+
+def gate_batches(texts: Mapping[str, str]) -> list[tuple[str, str, list[str]]]:
+    """The gate's cases in order: ``(kind, padding side, text names)`` per padded batch."""
+    plan = [[n for n in batch if n in texts] for batch in batch_plan(texts)]
+    return [(kind, side, names) for kind in KINDS for side in PADDING_SIDES for names in plan if names]
+
+
+def reference_runs(
+    reference: Any,
+    cache: dict[Any, Any],
+    texts: dict[str, str] | None = None,
+    outputs: tuple[str, str] = ("embedding", "pooled"),
+) -> None:
+    """Run ``reference`` on every batch of the gate now, filling ``cache`` as :func:`run_parity`
+    would: the exporter does this before tracing, so that the PyTorch model can be freed before
+    any onnxruntime session is built. Each batch is built by the reference's own encoder; the gate
+    later checks that the artifact's encoder builds the very same batch."""
+    texts = dict(PARITY_TEXTS if texts is None else texts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # truncation warnings, as in the gate
+        for kind, side, names in gate_batches(texts):
+            items = [texts[n] for n in names]
+            key = (outputs, kind, side, tuple(names), tuple(items))
+            if key not in cache:
+                cache[key] = run_reference(reference, reference.encoder.pad(reference.encoder.encode(items, kind), side))
 
 
 def compare_runs(
@@ -167,15 +221,14 @@ def compare_runs(
     by_case: dict[str, dict[str, float]] = {}
     problems: list[str] = []
     rows = batches = 0
-    plan = [[n for n in batch if n in texts] for batch in batch_plan(texts)]
-    plan = [batch for batch in plan if batch]
+    cases = gate_batches(texts)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # truncation warnings: the long text may exceed max_length
         for kind in KINDS:
             for side in PADDING_SIDES:
                 case = f"{kind}/{side}"
                 case_cos, case_abs = 1.0, 0.0
-                for names in plan:
+                for names in [n for k, d, n in cases if (k, d) == (kind, side)]:
                     items = [texts[n] for n in names]
                     ours = encoder.encode(items, kind)
                     if same_tokens is not None and not same_tokens(items, kind, ours):

@@ -46,13 +46,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .graph import node_edges, save_model
+from .graph import node_edges, settle_layout, stream_initializers
 from .smoothing import DEFAULT_ALPHA
 
 #: int8 keeps fp32 the MatMuls whose input's top channel exceeds this many times its median channel
@@ -156,13 +155,13 @@ def fp32_nodes(model: Any, float_values: set[str] | None = None) -> list[str]:
 def to_fp16(source: Path, target: Path) -> dict[str, Any]:
     """Convert the fp32 graph at ``source`` to fp16 at ``target`` (see the module docstring).
 
-    Weights are converted one tensor at a time, so a graph with external data never needs more
-    than its fp16 size in memory.
+    The graph is rewritten without its weights; they are then converted one tensor at a time on
+    their way to the target's data file (:func:`~kvembed.export.graph.stream_initializers`), so
+    the conversion holds one weight at a time, not the model.
     """
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
     model = onnx.load(str(source), load_external_data=False)
     _name_nodes(model)
@@ -234,35 +233,26 @@ def to_fp16(source: Path, target: Path) -> dict[str, Any]:
             new_nodes.append(helper.make_node("Cast", [inner], [value.name], name=f"{value.name}__cast", to=TensorProto.FLOAT))
     graph.node.extend(new_nodes)
 
-    # weights
-    base = str(source.parent)
-    converted = 0
-    for tensor in graph.initializer:
-        if tensor.data_type != TensorProto.FLOAT:
-            if uses_external_data(tensor):
-                load_external_data_for_tensor(tensor, base)
-                tensor.data_location = TensorProto.DEFAULT
-                del tensor.external_data[:]
-            continue
-        if uses_external_data(tensor):
-            load_external_data_for_tensor(tensor, base)
-            tensor.data_location = TensorProto.DEFAULT
-            del tensor.external_data[:]
-        if home.get(tensor.name) == TensorProto.FLOAT16:
+    # weights: converted one tensor at a time, on their way to the target's data file
+    converted = []
+
+    def to_half(tensor: Any) -> None:
+        if tensor.data_type == TensorProto.FLOAT and home.get(tensor.name) == TensorProto.FLOAT16:
             array = numpy_helper.to_array(tensor)
-            half = np.clip(array, -_FP16_MAX, _FP16_MAX).astype(np.float16)
-            tensor.CopyFrom(numpy_helper.from_array(half, tensor.name))
-            converted += 1
+            tensor.CopyFrom(numpy_helper.from_array(np.clip(array, -_FP16_MAX, _FP16_MAX).astype(np.float16), tensor.name))
+            converted.append(tensor.name)
+
     del graph.value_info[:]
     toposort(graph)
     _check_io_types(model)
-    external = save_model(model, target)
+    stream_initializers(model, source.parent, target, to_half)
+    external = settle_layout(target)
     counts = Counter(n.op_type for n in graph.node if n.name in keep)
     return {
         "method": "kvembed fp16 conversion: fp16 weights and activations, fp32 islands, float32 outputs",
         "fp32_nodes": len(keep),
         "fp32_op_types": dict(sorted(counts.items())),
-        "fp16_weights": converted,
+        "fp16_weights": len(converted),
         "casts_inserted": len(new_nodes),
         "external_data": external,
     }
@@ -363,7 +353,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from .smoothing import activation_ranges, massive_input_nodes, smooth, smoothable_groups
+    from .smoothing import activation_ranges, massive_input_nodes, smooth_file, smoothable_groups
 
     plan = recipe if isinstance(recipe, Int8Recipe) else INT8_RECIPES[recipe]
     facts: dict[str, Any] = {"recipe": plan.name, "recipe_summary": plan.summary}
@@ -382,11 +372,8 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
             if plan.massive_spread is not None:
                 keep += massive_input_nodes(groups, ranges, plan.massive_spread)
             if plan.smooth_alpha is not None:
-                model = onnx.load(str(source))
-                smooth(model, groups, ranges, plan.smooth_alpha)
                 quantize_from = Path(work) / source.name
-                save_model(model, quantize_from)
-                del model
+                smooth_file(source, quantize_from, groups, ranges, plan.smooth_alpha)
             facts.update({"smoothquant_alpha": plan.smooth_alpha, "smoothed_activations": len(groups) if plan.smooth_alpha else 0,
                           "calibration_batches": len(calibration)})
         with _quiet_logging():
@@ -399,7 +386,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
                 reduce_range=plan.weights == "s7",
                 per_channel=True,
                 nodes_to_exclude=sorted(set(keep)),
-                use_external_data_format=_needs_external(quantize_from),
+                use_external_data_format=True,  # weights written beside the graph, not serialised in it
                 extra_options={"MatMulConstBOnly": True},
             )
     facts.update({
@@ -409,8 +396,8 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
         "per_channel": True,
         "activations": "uint8, dynamic per-tensor (DynamicQuantizeLinear)",
         "fp32_matmuls": len(set(keep)),
-        "external_data": target.with_name(target.name + ".data").exists(),
     })
+    facts["external_data"] = settle_layout(target)
     return facts
 
 
@@ -486,10 +473,6 @@ def _float_values(model: Any) -> set[str]:
                 if attribute.name == "value" and attribute.t.data_type == onnx.TensorProto.FLOAT:
                     floats.update(node.output)
     return floats
-
-
-def _needs_external(path: Path) -> bool:
-    return path.with_name(path.name + ".data").exists() or os.path.getsize(path) >= 2 * 1024**3 - 64 * 1024**2
 
 
 def _check_io_types(model: Any) -> None:

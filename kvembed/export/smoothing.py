@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Tuple
 
 import numpy as np
 
@@ -145,22 +145,79 @@ def activation_ranges(source: Path, groups: list[SmoothGroup], feeds: Iterable[M
     return ranges
 
 
+#: one step of a weight's smoothing: ("rows", s) multiplies row i by s[i]; ("divide", s) divides a
+#: vector by s, ("columns", s) divides column j by s[j]
+Step = Tuple[str, np.ndarray]
+
+
+def smoothing_plan(read: Callable[[str], np.ndarray], groups: list[SmoothGroup], ranges: Mapping[str, np.ndarray],
+                   alpha: float = DEFAULT_ALPHA) -> dict[str, list[Step]]:
+    """The SmoothQuant steps for each weight (by name), in order; ``read(name)`` gives a weight as
+    stored. Group by group as in the graph: a group's weights are seen with the steps of the groups
+    before it applied (``up_proj`` is both gate/up's weight and down_proj's fold)."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"SmoothQuant alpha must be in (0, 1), got {alpha!r}")
+    plan: dict[str, list[Step]] = {}
+    for group in groups:
+        x_max = np.maximum(ranges[group.activation].astype(np.float64), 1e-5)
+        w_max = np.max([np.abs(apply_steps(read(name).astype(np.float32), plan.get(name, []))).max(axis=1)
+                        for name in group.weights], axis=0)
+        w_max = np.maximum(w_max.astype(np.float64), 1e-5)
+        s = np.clip(x_max**alpha / w_max ** (1.0 - alpha), 1e-5, 1e5).astype(np.float32)
+        for name in group.weights:
+            plan.setdefault(name, []).append(("rows", s))
+        plan.setdefault(group.fold_weight, []).append(("divide" if group.fold_kind == "vector" else "columns", s))
+    return plan
+
+
+def apply_steps(value: np.ndarray, steps: list[Step]) -> np.ndarray:
+    """``value`` (float32) after ``steps`` (:func:`smoothing_plan`)."""
+    for kind, s in steps:
+        value = value * s[:, None] if kind == "rows" else value / s if kind == "divide" else value / s[None, :]
+    return value
+
+
 def smooth(model: Any, groups: list[SmoothGroup], ranges: Mapping[str, np.ndarray], alpha: float = DEFAULT_ALPHA) -> None:
     """Fold SmoothQuant factors into the weights of ``model`` (loaded with its weights), in place."""
     from onnx import numpy_helper
 
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"SmoothQuant alpha must be in (0, 1), got {alpha!r}")
     tensors = {t.name: t for t in model.graph.initializer}
-    for group in groups:
-        weights = {name: numpy_helper.to_array(tensors[name]).astype(np.float32) for name in group.weights}
-        x_max = np.maximum(ranges[group.activation].astype(np.float64), 1e-5)
-        w_max = np.maximum(np.max([np.abs(w).max(axis=1) for w in weights.values()], axis=0).astype(np.float64), 1e-5)
-        s = np.clip(x_max**alpha / w_max ** (1.0 - alpha), 1e-5, 1e5).astype(np.float32)
-        fold = numpy_helper.to_array(tensors[group.fold_weight]).astype(np.float32)
-        fold = fold / s if group.fold_kind == "vector" else fold / s[None, :]
-        for name, value in {**{n: w * s[:, None] for n, w in weights.items()}, group.fold_weight: fold}.items():
-            tensors[name].CopyFrom(numpy_helper.from_array(value, name))
+    plan = smoothing_plan(lambda name: numpy_helper.to_array(tensors[name]), groups, ranges, alpha)
+    for name, steps in plan.items():
+        value = apply_steps(numpy_helper.to_array(tensors[name]).astype(np.float32), steps)
+        tensors[name].CopyFrom(numpy_helper.from_array(value, name))
+
+
+def smooth_file(source: Path, target: Path, groups: list[SmoothGroup], ranges: Mapping[str, np.ndarray],
+                alpha: float = DEFAULT_ALPHA) -> None:
+    """:func:`smooth` from the graph at ``source`` to ``target`` (weights in ``<target>.data``),
+    reading and writing one weight at a time instead of loading the model."""
+    import onnx
+    from onnx import numpy_helper
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    model = onnx.load(str(source), load_external_data=False)
+    tensors = {t.name: t for t in model.graph.initializer}
+
+    def read(name: str) -> np.ndarray:
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(tensors[name])
+        if uses_external_data(tensor):
+            load_external_data_for_tensor(tensor, str(source.parent))
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
+        return numpy_helper.to_array(tensor)
+
+    plan = smoothing_plan(read, groups, ranges, alpha)
+
+    def fold(tensor: Any) -> None:
+        if tensor.name in plan:
+            value = apply_steps(numpy_helper.to_array(tensor).astype(np.float32), plan[tensor.name])
+            tensor.CopyFrom(numpy_helper.from_array(value, tensor.name))
+
+    from .graph import stream_initializers
+
+    stream_initializers(model, source.parent, target, fold)
 
 
 def massive_input_nodes(groups: list[SmoothGroup], ranges: Mapping[str, np.ndarray], spread: float) -> list[str]:
@@ -171,5 +228,5 @@ def massive_input_nodes(groups: list[SmoothGroup], ranges: Mapping[str, np.ndarr
             for node in group.nodes]
 
 
-__all__ = ["DEFAULT_ALPHA", "SmoothGroup", "activation_ranges", "calibration_feeds", "massive_input_nodes",
-           "smooth", "smoothable_groups"]
+__all__ = ["DEFAULT_ALPHA", "SmoothGroup", "activation_ranges", "apply_steps", "calibration_feeds",
+           "massive_input_nodes", "smooth", "smooth_file", "smoothable_groups", "smoothing_plan"]

@@ -1,0 +1,209 @@
+"""The memory-bounded export (issue 30), with real files: a sharded bf16 checkpoint as 4B-8B
+models ship, built here at small widths, exported by :func:`kvembed.export.core.export_result`.
+
+What the exporter promises, checked as it happens: the PyTorch reference runs the gate's texts
+before the trace, the PyTorch weights are gone before any onnxruntime session is built, the trace
+and every conversion keep the weights in external data (written one tensor at a time), the
+artifact's layout follows the size threshold, and the manifest names the checkpoint's dtype.
+Numbers are checked against the independent oracle. No timings, no RSS.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+import torch
+from onnx import numpy_helper
+from onnx.external_data_helper import uses_external_data
+
+from checks import assert_matches_oracle
+from conftest import tiny_config
+from kvembed.export import core, graph
+from kvembed.export.core import Exporter, export_result, load_embedder
+from kvembed.export.graph import DATA_FILE, EXTERNAL_MIN_BYTES, MATRICES_PER_LAYER, weight_matmuls
+from kvembed.methods import demo_model_path
+from kvembed.runtime import Embedder
+
+TEXTS = ["A man is playing a guitar.", "", "Ünïcödé café — 東京 🤖", "What is the capital of France?"]
+METHOD = "kv-embedding"
+OPTIONS = {"layers": "1-2"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads on a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def sharded_bf16(tmp_path_factory) -> Path:
+    """A tiny random Qwen3 saved as real checkpoints ship: bf16 safetensors shards and
+    ``model.safetensors.index.json`` (transformers' own sharded writer)."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("sharded") / "qwen3-bf16"
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(tiny_config("qwen3"))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+    model.to(torch.bfloat16).save_pretrained(folder, max_shard_size="60KB")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo_model_path() / name, folder / name)
+    return folder
+
+
+class SessionWatch:
+    """Records, each time an onnxruntime session is built during an export, whether the export's
+    PyTorch model still held weights, and which CPU tensors of a weight's shape were alive."""
+
+    def __init__(self) -> None:
+        self.embedder = None
+        self.shapes: set[tuple[int, ...]] = set()
+        self.sessions: list[dict] = []
+        self.events: list[str] = []
+
+    def loaded(self, embedder) -> None:
+        self.embedder = embedder
+        self.shapes = {tuple(p.shape) for p in embedder.model.parameters() if p.dim() == 2}
+
+    def session_built(self) -> None:
+        if self.embedder is None:  # the fused-attention probe, before any model is loaded
+            return
+        gc.collect()
+        live = [tuple(o.shape) for o in gc.get_objects()
+                if type(o) in (torch.Tensor, torch.nn.Parameter) and not o.is_meta and _shape(o) in self.shapes]
+        held = [n for n, p in self.embedder.model.named_parameters() if not p.is_meta]
+        self.sessions.append({"after": self.events[-1], "parameters_held": held, "weight_tensors_alive": live})
+
+
+def _shape(tensor: torch.Tensor) -> tuple[int, ...] | None:
+    """A tensor's concrete shape (None for the symbolic ones torch.export leaves behind)."""
+    dims = tuple(tensor.shape)
+    return dims if all(isinstance(d, int) for d in dims) else None
+
+
+@pytest.fixture
+def watch(monkeypatch) -> SessionWatch:
+    """Wraps (does not replace) the exporter's model loading and onnxruntime's session constructor."""
+    seen = SessionWatch()
+    real_load, real_session = core.load_embedder, onnxruntime.InferenceSession
+
+    def load(*args, **kwargs):
+        embedder = real_load(*args, **kwargs)
+        seen.loaded(embedder)
+        return embedder
+
+    class WatchedSession(real_session):
+        def __init__(self, *args, **kwargs):
+            seen.session_built()
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(core, "load_embedder", load)
+    monkeypatch.setattr(onnxruntime, "InferenceSession", WatchedSession)
+    return seen
+
+
+def _export(model: Path, out: Path, precision: str, watch: SessionWatch | None = None):
+    progress = (lambda stage, detail: watch.events.append(stage)) if watch is not None else None
+    return export_result(str(model), METHOD, out, precision, progress=progress, **OPTIONS)
+
+
+def _external_layout(directory: Path) -> dict:
+    """Where each initializer of the artifact's graph lives: 'inline' or its data file."""
+    model = onnx.load(str(directory / "model.onnx"), load_external_data=False)
+    where = {}
+    for tensor in model.graph.initializer:
+        if uses_external_data(tensor):
+            where[tensor.name] = {e.key: e.value for e in tensor.external_data}["location"]
+        else:
+            where[tensor.name] = "inline"
+    return where
+
+
+def test_weights_are_released_before_any_onnxruntime_session(sharded_bf16, tmp_path, watch, oracle):
+    result = _export(sharded_bf16, tmp_path / "fp32", "fp32", watch)
+    events = watch.events
+    assert [s for s in core.STAGES if s in events] == [s for s in events if s in core.STAGES]  # in STAGES' order
+    assert events.index("reference") < events.index("trace") < events.index("release") < events.index("optimize")
+    # offline optimisation and the gate's session at least, each built with no weights left in PyTorch
+    after = [s["after"] for s in watch.sessions]
+    assert "optimize" in after and "parity" in after, after
+    for session in watch.sessions:
+        assert session["parameters_held"] == [], session
+        assert session["weight_tensors_alive"] == [], session
+    assert result.parity.passed
+    artifact = Embedder.load(result.path)
+    assert_matches_oracle(lambda t, k: artifact.encode(t, kind=k), oracle(sharded_bf16), METHOD, TEXTS, "fp32",
+                          what="sharded bf16 export", **OPTIONS)
+
+
+def test_manifest_names_the_checkpoint_dtype(sharded_bf16, tmp_path):
+    index = json.loads((sharded_bf16 / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1  # really sharded
+    result = _export(sharded_bf16, tmp_path / "fp16", "fp16")
+    assert result.manifest["source"]["dtype"] == "bfloat16"
+    assert result.manifest["source"]["location"] == str(sharded_bf16.resolve())
+    assert result.parity.passed and result.manifest["precision"] == "fp16"
+
+
+def test_small_artifacts_keep_their_weights_inline(sharded_bf16, tmp_path):
+    """Below the threshold the artifact is one file, though the exporter works in external data."""
+    result = _export(sharded_bf16, tmp_path / "int8", "int8")
+    assert not (result.path / DATA_FILE).exists()
+    assert set(_external_layout(result.path).values()) == {"inline"}
+    assert result.manifest["graph"]["external_data"] is False
+    assert result.manifest["graph"]["precision_conversion"]["external_data"] is False
+    assert result.parity.passed
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_large_artifacts_keep_every_weight_in_one_data_file(sharded_bf16, tmp_path, monkeypatch, oracle, precision):
+    monkeypatch.setattr(graph, "EXTERNAL_DATA_THRESHOLD", 1024)
+    result = _export(sharded_bf16, tmp_path / precision, precision)
+    layout = _external_layout(result.path)
+    model = onnx.load(str(result.path / "model.onnx"), load_external_data=False)
+    sizes = {t.name: _stored_bytes(t) for t in model.graph.initializer}
+    assert {layout[n] for n, size in sizes.items() if size >= EXTERNAL_MIN_BYTES} == {DATA_FILE}
+    assert all(layout[n] == "inline" for n, size in sizes.items() if size < EXTERNAL_MIN_BYTES)
+    assert set(result.manifest["files"]) >= {"model.onnx", DATA_FILE, "tokenizer.json"}
+    assert result.manifest["graph"]["external_data"] is True
+    artifact = Embedder.load(result.path)
+    assert_matches_oracle(lambda t, k: artifact.encode(t, kind=k), oracle(sharded_bf16), METHOD, TEXTS, precision,
+                          what=f"external {precision}", **OPTIONS)
+
+
+def _stored_bytes(tensor) -> int:
+    if uses_external_data(tensor):
+        return int({e.key: e.value for e in tensor.external_data}["length"])
+    return len(tensor.raw_data)
+
+
+def test_trace_writes_weights_external_and_transposed(sharded_bf16):
+    """The traced graph's weights go to its data file as MatMul's B (no Transpose left on a
+    weight), all 7 matrices of every layer the method needs."""
+    embedder = load_embedder(str(sharded_bf16), METHOD, **OPTIONS)
+    with Exporter(embedder) as exporter:
+        path = exporter.trace()
+        assert path.with_name(path.name + ".data").stat().st_size > 0
+        model = onnx.load(str(path), load_external_data=False)
+        initializers = {t.name for t in model.graph.initializer}
+        assert not [n for n in model.graph.node if n.op_type == "Transpose" and n.input[0] in initializers]
+        assert weight_matmuls(model) == MATRICES_PER_LAYER * embedder.model.layers_needed
+        # the stored B of q_proj in layer 0 is the checkpoint's weight transposed, exactly
+        full = onnx.load(str(path))
+        stored = [numpy_helper.to_array(t) for t in full.graph.initializer]
+        q = embedder.model.decoder.layers[0].self_attn.q_proj.weight.detach().numpy()
+        assert any(a.shape == q.T.shape and np.array_equal(a, q.T) for a in stored)
+    assert exporter.weights_released is False  # only export_result frees the weights
