@@ -1,6 +1,7 @@
 """A short request's latency while one max-length input is being embedded (issue 29, item 3).
 
     python benchmarks/serve_long_input.py ARTIFACT [--server "LABEL:ARGS" ...] --out benchmarks/results/serve/long-input
+    python benchmarks/serve_long_input.py ARTIFACT --lengths 128 512 1024 2048 --out DIR
 
 Each server variant is its own ``kvembed serve`` process (default: the default settings), all up at
 once. Per round and variant: ``idle`` sends one-word requests one at a time to a quiet server;
@@ -9,6 +10,9 @@ with ``truncate: true``, as read from ``GET /v1/models``; sent again as soon as 
 sends the same one-word requests, each after a random pause so they land at every phase of the
 long call; ``long alone`` times the long request on a quiet server. Rounds interleave the
 variants (the machine drifts); percentiles pool every round.
+
+``--lengths``: instead, one server (``--max-input-tokens`` the largest) times one input of about
+each length alone (what one input costs, hence the default cap), medians over ``--long-alone``.
 """
 
 from __future__ import annotations
@@ -122,9 +126,12 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=30, help="one-word requests per cell and round")
     parser.add_argument("--max-pause", type=float, default=0.3, help="longest random pause before a one-word request (s)")
     parser.add_argument("--long-alone", type=int, default=2, help="long requests timed alone per round")
+    parser.add_argument("--lengths", type=int, nargs="+", help="time one input of each length (tokens) instead")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serve/long-input"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.lengths:
+        return lengths(args)
     variants = args.server or [("default", [])]
     rng = random.Random(0)
     servers: dict[str, ServerProcess] = {}
@@ -174,6 +181,28 @@ def main() -> None:
                      f"| {seconds('long alone')} | {seconds('long loaded')} |")
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def lengths(args: argparse.Namespace) -> None:
+    """Seconds for one input of about each of ``args.lengths`` tokens, alone on a quiet server."""
+    server = ServerProcess([f"model={args.artifact}", "--max-input-tokens", str(max(args.lengths))], args.out / "server-lengths.log")
+    rows = []
+    try:
+        server.wait_healthy(600)
+        with httpx.Client(base_url=server.url, timeout=3600) as http:
+            prompt = post(http, {"model": "model", "input": ""})[1]["usage"]["prompt_tokens"]
+            for length in args.lengths:
+                body = {"model": "model", "input": "word " * max(1, length - prompt), "truncate": True}
+                times, tokens = [], 0
+                for _ in range(max(1, args.long_alone)):
+                    elapsed, answer = post(http, body)
+                    times.append(elapsed)
+                    tokens = answer["usage"]["prompt_tokens"]
+                rows.append({"tokens": tokens, "seconds": float(np.median(times)), "all": times})
+                print(f"{tokens} tokens: {rows[-1]['seconds']:.2f} s", flush=True)
+    finally:
+        server.stop()
+    (args.out / "lengths.json").write_text(json.dumps({"cpu": cpu_name(), "artifact": str(args.artifact), "rows": rows}, indent=1))
 
 
 def long_body(cap: int) -> dict[str, Any]:

@@ -31,7 +31,7 @@ def serve_command(
     max_input_tokens: int = typer.Option(512, help="Tokens one input may have, prompt included (at most each artifact's max_length; GET /v1/models shows each model's): longer inputs get 413, or are cut with truncate=true in the request (or --auto-truncate)."),
     auto_truncate: bool = typer.Option(False, "--auto-truncate/--no-auto-truncate", help="Cut over-long inputs of requests that do not say 'truncate' (default: 413, as TEI does)."),
     long_input_tokens: str = typer.Option("128", help="Inputs of more tokens are embedded in a lane of their own, beside short inputs rather than ahead of them (none: one lane for all)."),
-    long_lane_nice: int = typer.Option(10, help="Niceness (0-19) added to the long lane's threads, so they yield the cores while short inputs run (0: equal priority; other processes on the machine also outrank them)."),
+    long_lane_nice: int = typer.Option(5, help="Niceness (0-19) added to the long lane's threads, so they yield the cores while short inputs run (0: equal priority; other processes on the machine also outrank them)."),
     threads: Optional[int] = typer.Option(None, help="onnxruntime intra-op threads per artifact, split among its workers (default: one per core)."),
     workers: int = typer.Option(1, help="Graph calls per artifact running at once, each on threads/workers threads (2 on 2 cores: more throughput under load, slower lone requests)."),
     provider: str = typer.Option("auto", help="auto, cpu, cuda, tensorrt or openvino."),

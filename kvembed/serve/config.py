@@ -22,8 +22,9 @@ DEFAULT_LONG_INPUT_TOKENS = 128
 #: calls want every core; a long call beside a short one at equal priority keeps its share of the
 #: cores for the whole short call, at lower priority it yields them while the short call runs (and
 #: alone it still has them all). The same threads also compete with other processes on the machine,
-#: which then slow long inputs down: 10 rather than 19 (benchmarks/RESULTS.md compares 0, 5, 10, 19).
-DEFAULT_LONG_LANE_NICE = 10
+#: which then slow long inputs down the more the higher it is: 5 keeps most of the short requests'
+#: gain at a small cost there (benchmarks/RESULTS.md compares 0, 5, 10 and 19, quiet and loaded).
+DEFAULT_LONG_LANE_NICE = 5
 
 
 @dataclass(frozen=True)
