@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from kvembed.errors import CheckFailed, MissingDependency
-from kvembed.export.core import staged
+from kvembed.staging import staged
 from kvembed.export.engine import (
     DEFAULT_SHAPES, EngineParityError, ShapeRange, build_engine, check_engine_parity, check_tensorrt_supports,
     choose_precision, default_shapes, engine_parity, engine_record, parse_shapes, parse_size,

@@ -13,7 +13,6 @@ and write one weight at a time (:func:`~kvembed.export.graph.stream_initializers
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import gc
 import hashlib
@@ -21,17 +20,17 @@ import json
 import os
 import shutil
 import tempfile
-import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 from .. import __version__
 from ..runtime.artifact import (
     ENCODER_TOKENIZER, MODEL, SCHEMA_VERSION, TOKENIZER, check_files, encoder_from_manifest, file_records,
 )
 from ..runtime.artifact import read_manifest, write_manifest
+from ..staging import OutputExistsError, check_output, staged  # noqa: F401  (the exporter's, re-exported)
 from ..methods.sharing import AlsoRequest, output_names
 from .graph import DATA_FILE, ExportError, decoder_layers_in_graph, input_axes, input_names, optimize_with_onnxruntime
 from .graph import resolve_attention
@@ -57,10 +56,6 @@ class ParityError(ExportError):
         super().__init__(prefix + report.summary())
         self.report = report
         self.output = output
-
-
-class OutputExistsError(FileExistsError):
-    """``out`` exists and is not an empty directory (and ``force`` was not given)."""
 
 
 def _silent(stage: str, detail: str) -> None:
@@ -138,53 +133,12 @@ def config_hash(location: str | None, config: Any) -> str:
 # -- output directory ---------------------------------------------------------------------------
 
 
-def check_output(out: str | os.PathLike[str], force: bool = False) -> Path:
-    """Refuse an ``out`` that is a file, or a non-empty directory unless ``force``."""
-    path = Path(out).expanduser()
-    if path.exists() and not path.is_dir():
-        raise OutputExistsError(f"output {str(path)!r} exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()) and not force:
-        raise OutputExistsError(f"output directory {str(path)!r} is not empty; use --force to replace it")
-    return path
-
-
 def _guard_source(out: Path, embedder: Any) -> None:
     location = source_record(embedder).get("location")
     if location and Path(location).is_dir():
         src, dst = Path(location).resolve(), out.resolve()
         if dst == src or dst in src.parents:
             raise ValueError(f"output {str(out)!r} would replace the model folder {str(src)!r}")
-
-
-@contextlib.contextmanager
-def staged(out: Path) -> Iterator[Path]:
-    """A hidden directory beside ``out`` to write into: renamed to ``out`` (replacing what is
-    there; the caller checked ``force``) when the block ends without an error, removed otherwise,
-    so a failed or interrupted run never leaves a directory that looks finished."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.with_name(f".{out.name}.partial-{uuid.uuid4().hex[:8]}")
-    staging.mkdir()
-    try:
-        yield staging
-        _commit(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # gone already after the commit
-
-
-def _commit(staging: Path, out: Path) -> None:
-    """Move ``staging`` to ``out``, replacing what is there (the caller checked ``force``)."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(out, old)
-    try:
-        os.replace(staging, out)
-    except BaseException:
-        if old is not None:
-            os.replace(old, out)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # -- the exporter -------------------------------------------------------------------------------
@@ -504,7 +458,11 @@ def parity_reports(
 
 
 def parity_session(path: Path) -> Any:
-    """An onnxruntime CPU session for the gate (no thread spinning: torch runs in between)."""
+    """An onnxruntime CPU session for the gate (no thread spinning: torch runs in between).
+
+    No MatMul weight pre-packing: a packed copy of every weight would sit beside the (memory-mapped)
+    weights for a session that runs a dozen calls, whose batches of hundreds to thousands of rows
+    make packing on the fly a small part of each product."""
     import onnxruntime as ort
 
     from ..runtime.session import open_session
@@ -512,6 +470,7 @@ def parity_session(path: Path) -> Any:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.disable_prepacking", "1")
     return open_session(path, options, ["CPUExecutionProvider"])
 
 

@@ -185,7 +185,7 @@ def build_engine(
     :func:`engine_parity` (EngineParityError otherwise, nothing left at ``out``).
     """
     from ..runtime.artifact import MODEL, TOKENIZER, read_manifest
-    from .core import check_output, staged
+    from ..staging import check_output, staged
 
     artifact = Path(artifact).expanduser()
     manifest = read_manifest(artifact)
