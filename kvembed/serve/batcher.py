@@ -1,4 +1,5 @@
-"""Cross-request dynamic batching: one queue and one inference thread per artifact.
+"""Cross-request dynamic batching: one queue and its worker threads per lane of a served artifact
+(:mod:`kvembed.serve.lanes`: short and long inputs queue apart).
 
 Requests arrive as token-encoded inputs (``EncodedText``). The worker fills a *window* of at most
 ``WINDOW_BATCHES`` batches' worth of inputs and real tokens, visiting the waiting requests in turn
