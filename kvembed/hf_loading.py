@@ -8,6 +8,7 @@ own first: callers refuse an unsupported architecture or bad options before any 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,15 +41,36 @@ class FoundModel:
     trust_remote_code: bool = False
 
     def load(self, dtype: torch.dtype | str = torch.float32) -> tuple[Any, Any]:
-        """The tokenizer and the bare decoder (``AutoModel``, no LM head), in eval mode."""
+        """The tokenizer and the bare decoder (``AutoModel``, no LM head), in eval mode.
+
+        A 16-bit checkpoint asked for in float32 loads in its own dtype and is then cast in place
+        (:func:`upcast`): the same values as transformers' cast while loading, without the stored
+        shards mapped beside the whole float32 model at the end of the load."""
         tokenizer = AutoTokenizer.from_pretrained(
             self.location, revision=self.revision, trust_remote_code=self.trust_remote_code
         )
+        wanted = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        stored = getattr(torch, self.stored_dtype, None) if self.stored_dtype else None
+        load_as = stored if wanted == torch.float32 and stored in (torch.bfloat16, torch.float16) else wanted
         with quiet_transformers():  # a causal-LM checkpoint's unused lm_head is expected, not news
             model = AutoModel.from_pretrained(
-                self.location, dtype=dtype, revision=self.revision, trust_remote_code=self.trust_remote_code
+                self.location, dtype=load_as, revision=self.revision, trust_remote_code=self.trust_remote_code
             )
+        if load_as != wanted:
+            upcast(model, wanted)
         return tokenizer, model.eval()
+
+    @functools.cached_property
+    def stored_dtype(self) -> str | None:
+        """:func:`stored_dtype` of this model's weights."""
+        return stored_dtype(self.location, self.config)
+
+
+def upcast(model: Any, dtype: torch.dtype) -> None:
+    """Cast ``model``'s floating parameters and buffers to ``dtype`` one tensor at a time (each
+    16-bit tensor is freed as its copy is made), and say so in its config as a direct load would."""
+    model.to(dtype)
+    model.config.dtype = dtype
 
 
 #: safetensors header dtypes -> torch's names

@@ -143,7 +143,7 @@ class TorchEmbedder:
         embedder.layer_selection = None if selection is None else selection.to_dict()
         embedder.location, embedder.preset_id, embedder.revision = found.location, preset_id, revision
         embedder.gguf = None if found.gguf is None else found.gguf.to_dict()
-        embedder.source_dtype = stored_dtype(found.location, config)
+        embedder.source_dtype = found.stored_dtype
         return embedder
 
     @classmethod

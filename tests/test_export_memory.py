@@ -207,3 +207,23 @@ def test_trace_writes_weights_external_and_transposed(sharded_bf16):
         q = embedder.model.decoder.layers[0].self_attn.q_proj.weight.detach().numpy()
         assert any(a.shape == q.T.shape and np.array_equal(a, q.T) for a in stored)
     assert exporter.weights_released is False  # only export_result frees the weights
+
+
+def test_bf16_checkpoint_loads_to_the_same_float32_model(sharded_bf16):
+    """Loading in bf16 and casting (no shards mapped beside the float32 model) gives exactly the
+    parameters and buffers of transformers' own float32 load."""
+    from transformers import AutoModel
+
+    from kvembed.hf_loading import find_model
+
+    found = find_model(str(sharded_bf16))
+    assert found.stored_dtype == "bfloat16"
+    _, ours = found.load(torch.float32)
+    theirs = AutoModel.from_pretrained(str(sharded_bf16), dtype=torch.float32)
+    mine, want = dict(ours.state_dict(keep_vars=True)), dict(theirs.state_dict(keep_vars=True))
+    mine.update(dict(ours.named_buffers()))
+    want.update(dict(theirs.named_buffers()))
+    assert mine.keys() == want.keys()
+    for name, tensor in want.items():
+        assert mine[name].dtype == torch.float32 and torch.equal(mine[name], tensor), name
+    assert ours.config.dtype == torch.float32

@@ -462,7 +462,9 @@ def parity_session(path: Path) -> Any:
 
     No MatMul weight pre-packing: a packed copy of every weight would sit beside the (memory-mapped)
     weights for a session that runs a dozen calls, whose batches of hundreds to thousands of rows
-    make packing on the fly a small part of each product."""
+    make packing on the fly a small part of each product. No memory arena or memory pattern: the
+    gate's batches differ in shape, and the arena would keep (and round up to powers of two) the
+    activations of the largest one for the rest of the export."""
     import onnxruntime as ort
 
     from ..runtime.session import open_session
@@ -471,6 +473,8 @@ def parity_session(path: Path) -> Any:
     options.log_severity_level = 3
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.disable_prepacking", "1")
+    options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = False
     return open_session(path, options, ["CPUExecutionProvider"])
 
 

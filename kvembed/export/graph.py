@@ -43,9 +43,13 @@ from .ops import ALLOWED_OPS, STANDARD_DOMAINS, TENSORRT_OPS_SINCE, non_portable
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
-#: protobuf cannot serialise a message of 2 GiB or more: past this, an artifact's weights go to DATA_FILE
-#: (the exporter's own intermediate graphs always keep their weights there)
-EXTERNAL_DATA_THRESHOLD = 2 * 1024**3 - 64 * 1024**2
+#: from this many weight bytes on, an artifact's weights go to DATA_FILE (the exporter's own
+#: intermediate graphs always keep them there). protobuf cannot hold 2 GiB at all, and well below
+#: that an inline graph costs several copies of itself wherever it is read whole: onnx.load plus
+#: its serialisation to write it, onnx's checker, onnxruntime's parse of the file; external weights
+#: are read one tensor at a time or memory-mapped instead (benchmarks/RESULTS.md, issue 30). Small
+#: graphs stay one file.
+EXTERNAL_DATA_THRESHOLD = 256 * 1024**2
 #: tensors smaller than this stay inside the graph file when the weights are external
 EXTERNAL_MIN_BYTES = 1024
 MIN_OPSET = 18

@@ -127,6 +127,8 @@ def activation_ranges(source: Path, groups: list[SmoothGroup], feeds: Iterable[M
         options = ort.SessionOptions()
         options.log_severity_level = 3
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the activations as traced
+        options.add_session_config_entry("session.disable_prepacking", "1")  # no packed copy of the weights
+        options.enable_cpu_mem_arena = False  # batches of many shapes: give activations back after each
         session = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
         names = {i.name for i in session.get_inputs()}
         wanted = [g.activation for g in groups]
