@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from ..runtime import Embedder
 from ..runtime.encoding import EncodedText
 from .config import ServeConfig
-from .errors import ApiError
+from .errors import ApiError, error_responses
 from .metrics import NO_MODEL, Metrics
 from .model import ServedModel, serve_model
 from .schema import EmbeddingRequest, Inputs, embedding_response, parse_input, parse_request, truncate_dimensions
@@ -87,15 +87,23 @@ def create_app(
             allow_headers=["Authorization", "Content-Type"],
         )
     _install_error_handlers(app)
-    request_schema = {"requestBody": {"required": True, "content": {"application/json": {"schema": EmbeddingRequest.model_json_schema()}}}}
+    request_schema = {"requestBody": {"required": True, "content": {"application/json": {"schema": request_json_schema(config)}}}}
+    embedding_responses = {
+        200: {"description": "The embeddings", "content": {"application/json": {"schema": EMBEDDING_RESPONSE_SCHEMA}}},
+        **error_responses(400, 401, 404, 413, 422, 429, 500, 503),
+    }
 
     async def embeddings(request: Request) -> Response:
         return await _serve_embeddings(state, request)
 
     for path in ("/v1/embeddings", "/embeddings"):
-        app.add_api_route(path, embeddings, methods=["POST"], openapi_extra=request_schema, summary="Create embeddings")
+        app.add_api_route(path, embeddings, methods=["POST"], openapi_extra=request_schema, summary="Create embeddings",
+                          response_class=Response, responses=embedding_responses)
 
-    @app.get("/v1/models", summary="Served models")
+    @app.get("/v1/models", summary="Served models", response_class=Response, responses={
+        200: {"description": "The served models", "content": {"application/json": {"schema": MODEL_LIST_SCHEMA}}},
+        **error_responses(401, 503),
+    })
     async def models(request: Request) -> Response:
         try:
             _check_auth(state, request)
@@ -105,7 +113,10 @@ def create_app(
         data = [served.card(state.created) for served in state.models.values()]
         return JSONResponse({"object": "list", "data": data})
 
-    @app.get("/health", summary="200 once every artifact is loaded")
+    @app.get("/health", summary="200 once every artifact is loaded", response_class=Response, responses={
+        200: {"description": "Every artifact is loaded", "content": {"application/json": {"schema": HEALTH_SCHEMA}}},
+        **error_responses(503),
+    })
     async def health() -> Response:
         if state.load_error is not None:
             return ApiError(503, f"loading failed: {state.load_error}", code="load_failed").response()
@@ -113,11 +124,70 @@ def create_app(
             return ApiError(503, "loading artifacts; retry shortly", code="loading").response()
         return JSONResponse({"status": "ok", "models": list(state.models)})
 
-    @app.get("/metrics", summary="Prometheus metrics")
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response, responses={
+        200: {"description": "Prometheus text exposition format",
+              "content": {state.metrics.content_type: {"schema": {"type": "string"}}}},
+    })
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
     return app
+
+
+#: ``POST /v1/embeddings`` 200, as :func:`.schema.embedding_response` writes it
+EMBEDDING_RESPONSE_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["object", "data", "model", "usage"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {"type": "array", "items": {
+            "type": "object", "required": ["object", "index", "embedding"],
+            "properties": {
+                "object": {"const": "embedding"}, "index": {"type": "integer", "minimum": 0},
+                "embedding": {"anyOf": [{"type": "array", "items": {"type": "number"}},
+                                        {"type": "string", "description": "base64 of little-endian float32"}]},
+            },
+        }},
+        "model": {"type": "string"},
+        "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"], "properties": {
+            "prompt_tokens": {"type": "integer", "minimum": 0}, "total_tokens": {"type": "integer", "minimum": 0}}},
+    },
+}
+
+#: ``GET /v1/models`` 200 (each card as :meth:`.model.ServedModel.card` writes it)
+MODEL_LIST_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["object", "data"],
+    "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {
+        "type": "object", "required": ["id", "object", "created", "owned_by"],
+        "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+                       "owned_by": {"type": "string"}},
+    }}},
+}
+
+#: ``GET /health`` 200
+HEALTH_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["status", "models"],
+    "properties": {"status": {"const": "ok"}, "models": {"type": "array", "items": {"type": "string"}}},
+}
+
+
+def request_json_schema(config: ServeConfig) -> dict[str, Any]:
+    """:class:`EmbeddingRequest`'s schema, with what this server knows at start-up: the served
+    model names, and ``input`` spelled out (at most --max-client-batch-size items)."""
+    schema = EmbeddingRequest.model_json_schema()
+    props = schema["properties"]
+    props["model"] = {**props["model"], "enum": [name for name, _ in config.artifacts]}
+    items = config.max_client_batch_size
+    token = {"type": "integer", "minimum": 0}
+    props["input"] = {
+        "description": props["input"].get("description", ""),
+        "anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": items},
+            {"type": "array", "items": token, "minItems": 1},
+            {"type": "array", "items": {"type": "array", "items": token, "minItems": 1}, "minItems": 1, "maxItems": items},
+        ],
+    }
+    return schema
 
 
 async def _load(
@@ -264,8 +334,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
+        """Starlette's own headers are kept: a 405 carries ``Allow`` with the path's methods (RFC 9110)."""
         message = f"{request.method} {request.url.path}: {exc.detail}"
-        return ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None).response()
+        error = ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None)
+        return error.response(headers=dict(exc.headers or {}))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:

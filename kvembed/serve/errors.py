@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 #: HTTP status -> (OpenAI error type, default code)
@@ -21,6 +22,41 @@ _KINDS: dict[int, tuple[str, str]] = {
 }
 
 
+class ErrorDetail(BaseModel):
+    """The inside of OpenAI's error body."""
+
+    message: str = Field(description="what went wrong and how to fix it")
+    type: str = Field(description="invalid_request_error, rate_limit_error or server_error")
+    param: str | None = Field(description="the request field at fault, if any")
+    code: str | None = Field(description="a machine-readable reason, e.g. model_not_found, input_too_long, loading")
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorDetail
+
+
+#: what each status means on this server, for the OpenAPI document
+_DESCRIPTIONS: dict[int, str] = {
+    400: "Invalid request (unparseable JSON, unknown field, bad input item, unsupported output or dimensions)",
+    401: "Missing or incorrect API key (Authorization: Bearer KEY)",
+    404: "Model not served here",
+    405: "Method not allowed (the Allow header lists the methods of the path)",
+    413: "Request too large: body over --payload-limit, more inputs than --max-client-batch-size, or an input over "
+         "the per-input token cap without truncate",
+    422: "A field of the request has a wrong value",
+    429: "At the limit of concurrent requests (--max-concurrent-requests)",
+    500: "Internal error",
+    503: "Loading artifacts, loading failed, or shutting down",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """FastAPI ``responses=`` declaring ``statuses`` with OpenAI's error body."""
+    return {status: {"model": ErrorBody, "description": _DESCRIPTIONS[status]} for status in statuses}
+
+
 class ApiError(Exception):
     """An expected failure: the HTTP status, a message naming the problem and the fix, the field."""
 
@@ -33,6 +69,8 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> Response:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+    def response(self, headers: dict[str, str] | None = None) -> Response:
+        headers = dict(headers or {})
+        if self.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
         return Response(json.dumps(self.body()), status_code=self.status, media_type="application/json", headers=headers)

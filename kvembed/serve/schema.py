@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 
 from .errors import ApiError
 
@@ -34,6 +34,16 @@ class EmbeddingRequest(BaseModel):
         None, description="kvembed/TEI: true cuts an input over the served model's max_input_tokens to fit, false answers 413; "
         "unset: the server's --auto-truncate (default off: 413)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral_dimensions(cls, data: Any) -> Any:
+        """``dimensions: 63.0`` -> 63: JSON Schema's "integer" includes numbers with a zero fraction
+        (a client's JSON encoder may write one); "63", true and 63.5 still fail the strict check."""
+        value = data.get("dimensions") if isinstance(data, dict) else None
+        if isinstance(value, float) and value.is_integer():
+            return {**data, "dimensions": int(value)}
+        return data
 
 
 @dataclass(frozen=True)

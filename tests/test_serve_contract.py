@@ -1,0 +1,121 @@
+"""``kvembed serve`` keeps its own contract: schemathesis, every check, fuzzes a real server (a
+process on a socket, as in tests/test_serve.py) from the server's own ``/openapi.json``, with a
+fixed seed and a bounded number of examples per operation.
+
+Every operation runs schemathesis' coverage phase (boundary values, schema-violating bodies,
+undeclared methods: 405 with ``Allow``, missing headers) and its fuzzing phase (``MAX_EXAMPLES``
+generated bodies). Each response must be declared (status, content type, headers, body schema);
+no 5xx. Two checks are told what the schema cannot say (see ``CONFIG``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import httpx
+import pytest
+import schemathesis
+from schemathesis.config import SchemathesisConfig
+from schemathesis.engine import Status, events
+from serve_util import ServerProcess
+
+#: fuzzing examples per operation (the coverage phase adds its own cases); enough to find the
+#: failures this file was written for, few enough for about a minute on a loaded 2-core host
+MAX_EXAMPLES = 60
+SEED = 34
+
+#: schemathesis' defaults, plus what the server means and the schema cannot express:
+#: a schema-valid body may still be refused with 400 (an ``output`` label or ``dimensions`` the
+#: named model lacks, token ids for a prompt method or past its vocabulary) or 413 (an input over
+#: the per-input token cap); a schema-violating one may be refused with 413 (too many inputs)
+CONFIG = {
+    "seed": SEED,
+    "generation": {"max-examples": MAX_EXAMPLES},
+    "checks": {
+        "positive_data_acceptance": {"expected-statuses": ["2xx", "400", "401", "404", "413", "429"]},
+        "negative_data_rejection": {"expected-statuses": ["400", "401", "404", "405", "406", "413", "415", "422", "429"]},
+    },
+}
+
+@pytest.fixture(scope="module")
+def contract_server(stories_artifact, tmp_path_factory):
+    """The demo model as a prompt method (kv) and a raw-text method (va, token ids allowed)."""
+    args = [f"kv={stories_artifact('kv-embedding')}", f"va={stories_artifact('va', layers='1-2')}"]
+    process = ServerProcess(args, tmp_path_factory.mktemp("serve-contract") / "server.log")
+    yield process.wait_healthy()
+    process.stop()
+
+
+def test_the_server_keeps_its_openapi_contract(contract_server):
+    """schemathesis' own engine (what ``schemathesis run --checks all`` drives: examples, coverage and
+    fuzzing phases), not its pytest plugin, whose lazy loader does not run under pytest 9."""
+    schema = schemathesis.openapi.from_url(f"{contract_server.url}/openapi.json", config=SchemathesisConfig.from_dict(CONFIG))
+    cases: Counter[str] = Counter()
+    checks: Counter[str] = Counter()
+    failures: list[str] = []
+    errors: list[str] = []
+    for event in schemathesis.engine.from_schema(schema).execute():
+        if isinstance(event, (events.ScenarioFinished, events.FuzzScenarioFinished)):
+            recorder = event.recorder
+            for case_id, node in recorder.cases.items():
+                cases[node.value.operation.label] += 1
+                for check in recorder.checks.get(case_id, []):
+                    checks[check.name] += 1
+                    if check.status != Status.SUCCESS and check.failure_info is not None:
+                        failures.append(f"{node.value.operation.label}: {check.name}: {check.failure_info.failure.title}\n"
+                                        f"{check.failure_info.failure.message}\n{check.failure_info.code_sample}")
+                    elif check.status == Status.ERROR:
+                        errors.append(f"{node.value.operation.label}: {check.name} errored")
+        elif isinstance(event, (events.NonFatalError, events.FatalError)):
+            errors.append(f"{type(event).__name__}: {getattr(event, 'label', '')}: {getattr(event, 'value', event)!r}")
+        elif isinstance(event, events.Interrupted):
+            errors.append("interrupted")
+    print(f"\nschemathesis (seed {SEED}, {MAX_EXAMPLES} fuzzing examples per operation): {sum(cases.values())} cases "
+          f"{dict(cases)}, checks run {dict(checks)}, {len(failures)} failures, {len(errors)} errors")
+    assert not errors, "\n\n".join(errors)
+    assert not failures, "\n\n".join(dict.fromkeys(failures))  # the same failure, once
+    operations = {"POST /v1/embeddings", "POST /embeddings", "GET /v1/models", "GET /health", "GET /metrics"}
+    assert set(cases) == operations, cases
+    assert cases["POST /v1/embeddings"] >= MAX_EXAMPLES and cases["POST /embeddings"] >= MAX_EXAMPLES, cases
+    assert checks["not_a_server_error"] and checks["response_schema_conformance"] and checks["unsupported_method"], checks
+
+
+def test_the_document_declares_every_response(contract_server):
+    """The statuses, bodies and content types the server really answers with are in the document."""
+    document = httpx.get(f"{contract_server.url}/openapi.json", timeout=10).json()
+    paths = document["paths"]
+    error = {"$ref": "#/components/schemas/ErrorBody"}
+    for path in ("/v1/embeddings", "/embeddings"):
+        responses = paths[path]["post"]["responses"]
+        assert set(responses) == {"200", "400", "401", "404", "413", "422", "429", "500", "503"}
+        for status in set(responses) - {"200"}:
+            assert responses[status]["content"] == {"application/json": {"schema": error}}, status
+    assert set(paths["/v1/models"]["get"]["responses"]) == {"200", "401", "503"}
+    assert set(paths["/health"]["get"]["responses"]) == {"200", "503"}
+    metrics = httpx.get(f"{contract_server.url}/metrics", timeout=10)
+    assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == [metrics.headers["content-type"]]
+    body = document["components"]["schemas"]["ErrorDetail"]
+    assert set(body["required"]) == {"message", "type", "param", "code"}
+    request = paths["/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert request["properties"]["model"]["enum"] == ["kv", "va"]
+
+
+@pytest.mark.parametrize(("method", "path", "allow"), [
+    ("DELETE", "/v1/embeddings", "POST"), ("GET", "/embeddings", "POST"), ("POST", "/v1/models", "GET"),
+    ("PUT", "/health", "GET"), ("PATCH", "/metrics", "GET"),
+])
+def test_405_names_the_allowed_methods(contract_server, method, path, allow):
+    response = httpx.request(method, f"{contract_server.url}{path}", timeout=10)
+    assert response.status_code == 405
+    assert response.headers["allow"] == allow
+    assert response.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_an_integral_float_is_an_integer(contract_server):
+    """JSON Schema's ``integer`` includes 8.0, so ``dimensions: 8.0`` is accepted as 8; 8.5 is not."""
+    url = f"{contract_server.url}/v1/embeddings"
+    whole = httpx.post(url, json={"model": "kv", "input": "a cat", "dimensions": 8.0}, timeout=30)
+    assert whole.status_code == 200, whole.text
+    assert len(whole.json()["data"][0]["embedding"]) == 8
+    half = httpx.post(url, json={"model": "kv", "input": "a cat", "dimensions": 8.5}, timeout=30)
+    assert half.status_code == 422 and half.json()["error"]["param"] == "dimensions"
