@@ -71,6 +71,9 @@ class SessionWatch:
     def __init__(self) -> None:
         self.embedder = None
         self.shapes: set[tuple[int, ...]] = set()
+        # tensors alive before this export (other tests' session-wide models share its widths)
+        gc.collect()
+        self.before: set[int] = {id(o) for o in gc.get_objects() if isinstance(o, torch.Tensor)}
         self.sessions: list[dict] = []
         self.events: list[str] = []
 
@@ -83,7 +86,8 @@ class SessionWatch:
             return
         gc.collect()
         live = [tuple(o.shape) for o in gc.get_objects()
-                if type(o) in (torch.Tensor, torch.nn.Parameter) and not o.is_meta and _shape(o) in self.shapes]
+                if type(o) in (torch.Tensor, torch.nn.Parameter) and not o.is_meta and _shape(o) in self.shapes
+                and id(o) not in self.before]
         held = [n for n, p in self.embedder.model.named_parameters() if not p.is_meta]
         self.sessions.append({"after": self.events[-1], "parameters_held": held, "weight_tensors_alive": live})
 
