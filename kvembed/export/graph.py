@@ -573,17 +573,24 @@ def stream_initializers(model: Any, source_dir: Path, target: Path, transform: A
     data = target.with_name(target.name + ".data")
     data.write_bytes(b"")
     for tensor in model.graph.initializer:
-        if uses_external_data(tensor):
-            load_external_data_for_tensor(tensor, str(source_dir))
-            tensor.data_location = onnx.TensorProto.DEFAULT
-            del tensor.external_data[:]
+        # each weight is handled in a message of its own: protobuf (upb) allocates a message's
+        # fields in its arena and frees them only with the message, so bytes set on the model's
+        # own tensors would stay allocated, clearing them or not, until the whole model is gone
+        work = onnx.TensorProto()
+        work.CopyFrom(tensor)
+        if uses_external_data(work):
+            load_external_data_for_tensor(work, str(source_dir))
+            work.data_location = onnx.TensorProto.DEFAULT
+            del work.external_data[:]
         if transform is not None:
-            transform(tensor)
-        if tensor.HasField("raw_data") and len(tensor.raw_data) >= EXTERNAL_MIN_BYTES:
-            set_external_data(tensor, data.name)
-            save_external_data(tensor, str(target.parent))
-            tensor.ClearField("raw_data")
-            tensor.data_location = onnx.TensorProto.EXTERNAL
+            transform(work)
+        if work.HasField("raw_data") and len(work.raw_data) >= EXTERNAL_MIN_BYTES:
+            set_external_data(work, data.name)
+            save_external_data(work, str(target.parent))
+            work.ClearField("raw_data")
+            work.data_location = onnx.TensorProto.EXTERNAL
+        tensor.CopyFrom(work)
+        del work
     onnx.save_model(model, str(target))
     return data.stat().st_size
 
