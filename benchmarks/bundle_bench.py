@@ -29,6 +29,8 @@ from pathlib import Path
 
 import httpx
 
+from kvembed.bundle.offline import network_cut, offline_env
+
 KVEMBED = str(Path(sys.executable).with_name("kvembed"))
 #: wheelhouses whose size is reported: (label, kvembed bundle options). OpenVINO's current aarch64
 #: wheels need glibc 2.35 (at the default 2.28 the bundle is refused, naming openvino)
@@ -38,7 +40,6 @@ SIZES = (
     ("linux-aarch64", ["--platform", "linux-aarch64"]),
     ("linux-aarch64 +openvino, --glibc 2.35", ["--platform", "linux-aarch64", "--with", "openvino", "--glibc", "2.35"]),
 )
-OFFLINE_PIP = {"PIP_NO_INDEX": "1", "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_CONFIG_FILE": os.devnull}
 
 
 def bundle(artifact: Path, out: Path, *extra: str) -> tuple[float, dict]:
@@ -49,18 +50,6 @@ def bundle(artifact: Path, out: Path, *extra: str) -> tuple[float, dict]:
     if done.returncode != 0:
         raise SystemExit(f"kvembed bundle {' '.join(extra)} failed: {done.stderr.strip()}")
     return seconds, json.loads((out / "bundle.json").read_text())
-
-
-def offline_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    return {**env, **OFFLINE_PIP}
-
-
-def network_cut() -> list[str]:
-    unshare = shutil.which("unshare")
-    if unshare and subprocess.run([unshare, "--net", "true"], capture_output=True).returncode == 0:
-        return [unshare, "--net"]
-    return []
 
 
 def install(tarball: Path, where: Path) -> float:

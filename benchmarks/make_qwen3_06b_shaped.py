@@ -21,12 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Iterator
 
-from kvembed.bench.synthetic import QWEN3_06B, TOKENIZER_FILES, build_random_model
+from kvembed.bench.synthetic import QWEN3_06B, build_random_model, copy_demo_tokenizer
 
 #: Qwen3-4B's decoder widths (its config.json); 36 layers and a 151,936-token tied embedding in the real model
 QWEN3_4B = {"hidden": 2560, "heads": 32, "kv_heads": 8, "head_dim": 128, "ffn": 9728}
@@ -112,21 +111,8 @@ def write_sharded_bf16(out: str | os.PathLike[str], config: "object", *, seed: i
     index_json = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index_json, indent=2) + "\n", encoding="utf-8")
     config.save_pretrained(out)
-    _copy_demo_tokenizer(out, config.max_position_embeddings)
+    copy_demo_tokenizer(out, config.max_position_embeddings)
     return out
-
-
-def _copy_demo_tokenizer(out: Path, max_positions: int) -> None:
-    """The demo model's byte-level tokenizer, its ``model_max_length`` raised to ``max_positions``."""
-    from kvembed.methods import demo_model_path
-
-    demo = demo_model_path()
-    for name in TOKENIZER_FILES:
-        shutil.copy(demo / name, out / name)
-    settings_path = out / "tokenizer_config.json"
-    settings = json.loads(settings_path.read_text(encoding="utf-8"))
-    settings["model_max_length"] = max_positions  # the demo's says 512
-    settings_path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
 
 
 def build_sharded(out: str | os.PathLike[str], shape: str = "4b", layers: int = 8, vocab: int | None = None,

@@ -74,6 +74,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(getattr(config, "_kvembed_cache", ""), ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For modules of tiny models (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``):
+    they gain nothing from intra-op threads on a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_config(arch: str):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 

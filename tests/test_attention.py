@@ -15,7 +15,6 @@ import sys
 import numpy as np
 import onnx
 import pytest
-import torch
 
 from checks import MAX_ABS_FP32, assert_matches_oracle, assert_same, cosines
 from kvembed.export.graph import check_attention, default_attention, resolve_attention
@@ -30,12 +29,7 @@ TEXTS = ["A man is playing a guitar.", "", "Ünïcödé café — 東京 🤖",
          "The quick brown fox jumps over the lazy dog while the cat watches from the warm windowsill."]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

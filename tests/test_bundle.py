@@ -11,7 +11,6 @@ The wheel downloads go through pip's cache: the first run fetches them, later ru
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from kvembed.bundle.offline import network_cut, offline_env
 import numpy as np
 import openai
 import pytest
@@ -33,25 +34,11 @@ THIS_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 TEXTS = ["A cat sat on the mat.", "Stock markets fell sharply today.", "über 東京", "x"]
 #: pip settings of a host cut off from every index: no index, an index URL nobody answers, no
 #: config file (this machine's names local find-links and mirrors), no find-links
-OFFLINE_PIP = {"PIP_NO_INDEX": "1", "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_CONFIG_FILE": os.devnull}
 UNREACHABLE = "could not be reached"
 
 
 def kvembed_bundle(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([KVEMBED, "bundle", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def offline_env() -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_") and key not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    return {**env, **OFFLINE_PIP}
-
-
-def network_cut() -> list[str]:
-    """``unshare --net`` (a network namespace with nothing in it) where this process may make one."""
-    unshare = shutil.which("unshare")
-    if unshare and subprocess.run([unshare, "--net", "true"], capture_output=True).returncode == 0:
-        return [unshare, "--net"]
-    return []
 
 
 def other_python() -> tuple[str, str] | None:

@@ -84,12 +84,7 @@ def build_random_model(
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    for name in TOKENIZER_FILES:
-        shutil.copy(demo / name, out / name)
-    settings_path = out / "tokenizer_config.json"
-    settings = json.loads(settings_path.read_text(encoding="utf-8"))
-    settings["model_max_length"] = max_positions  # the demo's says 512
-    settings_path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    copy_demo_tokenizer(out, max_positions)
     (out / "README.md").write_text(
         f"Random-weight Qwen3 ({layers} layers, hidden {hidden}, {heads}/{kv_heads} heads x {head_dim}, "
         f"ffn {ffn}, vocab {vocab}), built by kvembed.bench.synthetic.build_random_model(seed={seed}) "
@@ -97,3 +92,17 @@ def build_random_model(
         encoding="utf-8",
     )
     return out
+
+
+def copy_demo_tokenizer(out: Path, max_positions: int) -> None:
+    """The demo model's byte-level tokenizer into ``out``, its ``model_max_length`` raised to
+    ``max_positions`` (random models of a real shape have no tokenizer of their own)."""
+    from ..methods import demo_model_path
+
+    demo = demo_model_path()
+    for name in TOKENIZER_FILES:
+        shutil.copy(demo / name, out / name)
+    settings_path = out / "tokenizer_config.json"
+    settings = json.loads(settings_path.read_text(encoding="utf-8"))
+    settings["model_max_length"] = max_positions  # the demo's says 512
+    settings_path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
