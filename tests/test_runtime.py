@@ -313,3 +313,22 @@ def test_cli_embeds_with_an_artifact_and_files(artifacts, tmp_path):
     assert not (tmp_path / "x.npy").exists() and not (tmp_path / "x.npy.partial").exists()
     result = runner.invoke(app, ["embed", directory, "--layers", "1", "x"])
     assert result.exit_code == 2 and "fixes its method options" in result.output and "drop --layers" in result.output
+
+
+def test_an_input_cap_cuts_like_a_shorter_max_length_and_never_raises_it(stories_artifact):
+    """``cap_input_tokens`` (kvembed serve's per-input limit) lowers the cut point only: a capped
+    text embeds exactly like the reference truncated to the same length."""
+    path = stories_artifact("mean")
+    embedder = Embedder.load(path)
+    full = embedder.max_length
+    embedder.cap_input_tokens(full + 100)
+    assert embedder.max_length == full
+    embedder.cap_input_tokens(6)
+    assert embedder.max_length == 6
+    text = "The quick brown fox jumps over the lazy dog."
+    with pytest.warns(UserWarning):
+        got = embedder.encode([text])
+    want = TorchEmbedder.from_pretrained("stories260k", "mean", max_length=6).encode([text])
+    assert_same(got, want, "fp32", "capped at 6 tokens")
+    with pytest.raises(ValueError, match=">= 1 token"):
+        embedder.cap_input_tokens(0)

@@ -176,6 +176,13 @@ class Embedder:
     def max_length(self) -> int:
         return self.encoder.max_length
 
+    def cap_input_tokens(self, tokens: int) -> None:
+        """Cut (and flag as truncated) every later input at ``tokens``, prompt included; a cap above
+        the artifact's max_length changes nothing (a server's per-input limit)."""
+        if tokens < 1:
+            raise ValueError(f"an input cap must be >= 1 token, got {tokens}")
+        self.encoder.max_length = min(self.encoder.max_length, int(tokens))
+
     @property
     def providers(self) -> list[str]:
         return list(self.session.get_providers())

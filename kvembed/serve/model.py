@@ -47,7 +47,7 @@ def input_cap(config: ServeConfig, max_length: int) -> int:
 def serve_model(name: str, embedder: Embedder, metrics: Metrics, config: ServeConfig) -> ServedModel:
     """Cap ``embedder``'s inputs (it is the server's own) and give it its lanes, not yet started."""
     max_length = embedder.max_length
-    embedder.encoder.max_length = input_cap(config, max_length)  # encode_one / token_inputs cut and flag at the cap
+    embedder.cap_input_tokens(input_cap(config, max_length))  # encode_one / token_inputs cut and flag at the cap
 
     def lane(label: str, nice: int = 0) -> Batcher:
         return Batcher(embedder, name, metrics, config.max_batch_tokens, config.max_batch_size, config.max_wait_ms,
