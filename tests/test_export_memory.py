@@ -147,10 +147,30 @@ def test_weights_are_released_before_any_onnxruntime_session(sharded_bf16, tmp_p
                           what="sharded bf16 export", **OPTIONS)
 
 
+class StageSteps:
+    """A progress display with ``advance``: records each stage's (done, total) reports."""
+
+    def __init__(self) -> None:
+        self.stage = ""
+        self.steps: dict[str, list[tuple[int, int]]] = {}
+
+    def __call__(self, stage: str, detail: str) -> None:
+        self.stage = stage
+
+    def advance(self, done: int, total: int) -> None:
+        self.steps.setdefault(self.stage, []).append((done, total))
+
+
 def test_manifest_names_the_checkpoint_dtype(sharded_bf16, tmp_path):
     index = json.loads((sharded_bf16 / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1  # really sharded
-    result = _export(sharded_bf16, tmp_path / "fp16", "fp16")
+    display = StageSteps()
+    result = export_result(str(sharded_bf16), METHOD, tmp_path / "fp16", "fp16", progress=display, **OPTIONS)
+    # the long stages report their share done (the CLI turns it into the time left), up to all of it
+    for stage in ("reference", "parity"):
+        steps = display.steps[stage]
+        assert len(steps) == 4 * 3  # one per padded batch of the gate: 3 batches x query/document x right/left
+        assert [d for d, _ in steps] == sorted(d for d, _ in steps) and steps[-1][0] == steps[-1][1] > 0
     assert result.manifest["source"]["dtype"] == "bfloat16"
     assert result.manifest["source"]["location"] == str(sharded_bf16.resolve())
     assert result.parity.passed and result.manifest["precision"] == "fp16"

@@ -212,3 +212,34 @@ def test_keep_wide_down_keeps_the_down_projs_whose_inputs_spread_widest(fp32, tm
     initializers = {t.name for t in quantized.graph.initializer}
     kept = {n.name for n in quantized.graph.node if n.op_type == "MatMul" and n.input[1] in initializers}
     assert kept == wide and facts["fp32_matmuls"] == len(wide)
+
+
+@pytest.mark.parametrize("slice_bytes", [1, 10**12])
+def test_sliced_quantisation_equals_onnxruntimes_whole_model_run(fp32, tmp_path, slice_bytes):
+    """quantize_dynamic_streamed writes what onnxruntime's quantize_dynamic writes for the whole
+    model (the oracle): the same nodes, bitwise the same int8 weights and scales, the same
+    outputs; slice_bytes=1 puts each group of MatMuls sharing an activation in a slice of its own."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from kvembed.export.quantize import quantize_dynamic_streamed
+
+    artifact, graph = fp32
+    options = dict(weight_type=QuantType.QInt8, reduce_range=True, per_channel=True,
+                   extra_options={"MatMulConstBOnly": True})
+    excluded = [n.name for n in onnx.load(str(graph), load_external_data=False).graph.node
+                if n.op_type == "MatMul"][:2]  # some MatMuls stay fp32, as recipes keep them
+    whole, sliced = tmp_path / "whole.onnx", tmp_path / "sliced.onnx"
+    quantize_dynamic(str(graph), str(whole), op_types_to_quantize=["MatMul"], nodes_to_exclude=excluded, **options)
+    counts = quantize_dynamic_streamed(graph, sliced, nodes_to_exclude=excluded, slice_bytes=slice_bytes, **options)
+    want, got = onnx.load(str(whole)), onnx.load(str(sliced))
+    assert counts["quantized_matmuls"] == sum(n.op_type == "MatMulInteger" for n in want.graph.node) > 0
+    assert counts["slices"] > 1 if slice_bytes == 1 else counts["slices"] == 1
+    assert sorted((n.op_type, tuple(n.input), tuple(n.output)) for n in got.graph.node) == \
+        sorted((n.op_type, tuple(n.input), tuple(n.output)) for n in want.graph.node)
+    want_tensors = {t.name: numpy_helper.to_array(t) for t in want.graph.initializer}
+    got_tensors = {t.name: numpy_helper.to_array(t) for t in got.graph.initializer}
+    assert got_tensors.keys() == want_tensors.keys()
+    for name, value in want_tensors.items():
+        assert got_tensors[name].dtype == value.dtype and np.array_equal(got_tensors[name], value), name
+    onnx.checker.check_model(str(sliced))
+    np.testing.assert_array_equal(_embed(sliced, artifact), _embed(whole, artifact))

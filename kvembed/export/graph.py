@@ -34,7 +34,7 @@ import logging
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -559,12 +559,13 @@ def weight_bytes(model: Any) -> int:
     return sum(_tensor_bytes(t) for t in model.graph.initializer)
 
 
-def stream_initializers(model: Any, source_dir: Path, target: Path, transform: Any = None) -> int:
+def stream_initializers(model: Any, source_dir: Path, target: Path, transform: Any = None,
+                        sources: Mapping[str, Path] | None = None) -> int:
     """Write ``model`` (an ``onnx.ModelProto`` loaded without its external data, whose weights live
-    in ``source_dir``) as ``target``, its weights in ``<target>.data``, one tensor at a time:
-    each is read, passed to ``transform(tensor)`` (which may rewrite it in place), appended to
-    the data file and dropped, so no more than one weight is ever in memory. Returns the bytes
-    written to the data file."""
+    in ``source_dir``, or for the tensors named in ``sources`` in the directory given there) as
+    ``target``, its weights in ``<target>.data``, one tensor at a time: each is read, passed to
+    ``transform(tensor)`` (which may rewrite it in place), appended to the data file and dropped,
+    so no more than one weight is ever in memory. Returns the bytes written to the data file."""
     import onnx
     from onnx.external_data_helper import (
         load_external_data_for_tensor, save_external_data, set_external_data, uses_external_data,
@@ -579,7 +580,7 @@ def stream_initializers(model: Any, source_dir: Path, target: Path, transform: A
         work = onnx.TensorProto()
         work.CopyFrom(tensor)
         if uses_external_data(work):
-            load_external_data_for_tensor(work, str(source_dir))
+            load_external_data_for_tensor(work, str((sources or {}).get(work.name, source_dir)))
             work.data_location = onnx.TensorProto.DEFAULT
             del work.external_data[:]
         if transform is not None:

@@ -351,8 +351,9 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
     import tempfile
 
     import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType
 
+    from .quantize import quantize_dynamic_streamed
     from .smoothing import activation_ranges, massive_input_nodes, smooth_file, smoothable_groups
 
     plan = recipe if isinstance(recipe, Int8Recipe) else INT8_RECIPES[recipe]
@@ -377,16 +378,14 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
             facts.update({"smoothquant_alpha": plan.smooth_alpha, "smoothed_activations": len(groups) if plan.smooth_alpha else 0,
                           "calibration_batches": len(calibration)})
         with _quiet_logging():
-            quantize_dynamic(
-                str(quantize_from),
-                str(target),
-                op_types_to_quantize=["MatMul"],
+            sliced = quantize_dynamic_streamed(
+                quantize_from,
+                target,
                 # int8 weights in 7 bits by default: no int16 saturation on CPUs without VNNI (module docstring)
                 weight_type=QuantType.QUInt8 if plan.weights == "u8" else QuantType.QInt8,
                 reduce_range=plan.weights == "s7",
                 per_channel=True,
                 nodes_to_exclude=sorted(set(keep)),
-                use_external_data_format=True,  # weights written beside the graph, not serialised in it
                 extra_options={"MatMulConstBOnly": True},
             )
     facts.update({
@@ -396,6 +395,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
         "per_channel": True,
         "activations": "uint8, dynamic per-tensor (DynamicQuantizeLinear)",
         "fp32_matmuls": len(set(keep)),
+        "quantized_in_slices": sliced["slices"],  # the weights are quantised a slice at a time (kvembed.export.quantize)
     })
     facts["external_data"] = settle_layout(target)
     return facts
@@ -417,7 +417,7 @@ def toposort(graph: Any) -> None:
     waiting_on: list[set[int]] = []
     dependants: dict[int, list[int]] = {}
     for index, node in enumerate(nodes):
-        needs = {producer_of[i] for i in _node_inputs(node) if i not in available and i in producer_of}
+        needs = {producer_of[i] for i in node_inputs(node) if i not in available and i in producer_of}
         needs.discard(index)
         waiting_on.append(needs)
         for dep in needs:
@@ -438,13 +438,13 @@ def toposort(graph: Any) -> None:
     graph.node.extend(nodes[i] for i in order)
 
 
-def _node_inputs(node: Any) -> list[str]:
+def node_inputs(node: Any) -> list[str]:
     """A node's inputs, including the outer-scope names its subgraphs read."""
     names = list(node.input)
     for attribute in node.attribute:
         for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
             inner = {o for n in sub.node for o in n.output} | {t.name for t in sub.initializer} | {i.name for i in sub.input}
-            names.extend(i for n in sub.node for i in _node_inputs(n) if i not in inner)
+            names.extend(i for n in sub.node for i in node_inputs(n) if i not in inner)
     return names
 
 
