@@ -158,21 +158,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", required=True, type=Path, help="Folder for the checkpoint and artifacts.")
     parser.add_argument("--layers", type=int, default=8, help="Decoder layers of the Qwen3-4B-shaped model (36 in the real one).")
-    parser.add_argument("--vocab", type=int, default=None, help="Vocabulary (default: the demo tokenizer's 259).")
+    parser.add_argument("--vocab", type=int, default=None, help="Vocabulary (default: the tokenizer's; Qwen3-4B: 151936).")
+    parser.add_argument("--tokenizer", default=None,
+                        help="A model whose tokenizer the checkpoint gets (e.g. smollm2-135m, a real BPE); default: the "
+                             "demo's byte-level one, which gives several times more tokens per text.")
     parser.add_argument("--precisions", default="fp32,fp16,int8")
     parser.add_argument("--method", default="kv-embedding")
     parser.add_argument("--method-layers", default=None, help="--layers passed to kvembed-export (default: the method's).")
     parser.add_argument("--keep-artifacts", action="store_true", help="Keep each artifact (default: removed after its run).")
     parser.add_argument("--out", type=Path, default=None, help="JSON results file.")
     args = parser.parse_args()
-    model = args.work / f"qwen3-4b-shaped-{args.layers}l-bf16"
+    suffix = "" if args.tokenizer is None else "-" + Path(args.tokenizer).name.replace(".", "_")
+    model = args.work / f"qwen3-4b-shaped-{args.layers}l-bf16{suffix}"
     if not (model / "model.safetensors.index.json").exists():
         start = time.monotonic()
-        build_sharded(model, "4b", args.layers, args.vocab)
+        build_sharded(model, "4b", args.layers, args.vocab, tokenizer=args.tokenizer)
         print(f"built {model} in {time.monotonic() - start:.0f}s", flush=True)
     results: dict[str, Any] = {
         "cpu": cpu_name(), "cores": os.cpu_count(), "memory_bytes": psutil.virtual_memory().total,
-        "model": str(model), "layers": args.layers, "method": args.method,
+        "model": str(model), "layers": args.layers, "method": args.method, "tokenizer": args.tokenizer or "demo (byte-level)",
         "fp32_weight_bytes": fp32_weight_bytes(model), "runs": [],
     }
     for precision in args.precisions.split(","):

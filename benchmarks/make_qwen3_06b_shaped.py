@@ -83,7 +83,7 @@ def _shards(config: "object", shard_bytes: int) -> list[list[tuple[str, tuple[in
 
 
 def write_sharded_bf16(out: str | os.PathLike[str], config: "object", *, seed: int = 0,
-                       shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
+                       shard_bytes: int = DEFAULT_SHARD_BYTES, tokenizer: str | None = None) -> Path:
     """Write random bf16 weights for ``config`` as safetensors shards with their index, one shard
     in memory at a time: matrices normal(0, initializer_range) as transformers initialises them,
     norm weights one. Returns ``out``; config.json and the demo tokenizer are written too."""
@@ -111,23 +111,27 @@ def write_sharded_bf16(out: str | os.PathLike[str], config: "object", *, seed: i
     index_json = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index_json, indent=2) + "\n", encoding="utf-8")
     config.save_pretrained(out)
-    copy_demo_tokenizer(out, config.max_position_embeddings)
+    copy_demo_tokenizer(out, config.max_position_embeddings, tokenizer)
     return out
 
 
 def build_sharded(out: str | os.PathLike[str], shape: str = "4b", layers: int = 8, vocab: int | None = None,
-                  max_positions: int = 4096, seed: int = 0, shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
-    """A random Qwen3 of ``shape``'s widths as a sharded bf16 checkpoint (the demo tokenizer's vocabulary by default)."""
+                  max_positions: int = 4096, seed: int = 0, shard_bytes: int = DEFAULT_SHARD_BYTES,
+                  tokenizer: str | None = None) -> Path:
+    """A random Qwen3 of ``shape``'s widths as a sharded bf16 checkpoint (the tokenizer's
+    vocabulary by default; the demo's byte-level tokenizer unless ``tokenizer`` names a model)."""
     from tokenizers import Tokenizer
 
+    from kvembed.bench.synthetic import tokenizer_folder
     from kvembed.methods import demo_model_path
 
-    tokenizer_size = Tokenizer.from_file(str(demo_model_path() / "tokenizer.json")).get_vocab_size()
+    origin = demo_model_path() if tokenizer is None else tokenizer_folder(tokenizer)
+    tokenizer_size = Tokenizer.from_file(str(origin / "tokenizer.json")).get_vocab_size()
     vocab = int(vocab or tokenizer_size)
     if vocab < tokenizer_size:
         raise ValueError(f"vocab {vocab} is smaller than the tokenizer's {tokenizer_size} tokens")
     config = qwen3_config(layers, vocab=vocab, max_positions=max_positions, **SHAPES[shape])
-    return write_sharded_bf16(out, config, seed=seed, shard_bytes=shard_bytes)
+    return write_sharded_bf16(out, config, seed=seed, shard_bytes=shard_bytes, tokenizer=tokenizer)
 
 
 def main() -> None:
@@ -139,10 +143,14 @@ def main() -> None:
     parser.add_argument("--sharded-bf16", action="store_true", help="bf16 safetensors shards + index, written shard by shard.")
     parser.add_argument("--vocab", type=int, default=None, help="Vocabulary size (default: the demo tokenizer's).")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", default=None,
+                        help="With --sharded-bf16: copy this model's tokenizer (folder, alias such as smollm2-135m, or "
+                             "GGUF) instead of the demo's byte-level one, for a real tokenizer's tokens per text.")
     args = parser.parse_args()
     start = time.perf_counter()
     if args.sharded_bf16:
-        path = build_sharded(args.out, args.shape, args.layers, args.vocab, args.max_positions, args.seed)
+        path = build_sharded(args.out, args.shape, args.layers, args.vocab, args.max_positions, args.seed,
+                             tokenizer=args.tokenizer)
     else:
         path = build_random_model(args.out, layers=args.layers, max_positions=args.max_positions, seed=args.seed,
                                   vocab_size=args.vocab, **SHAPES[args.shape])

@@ -147,6 +147,19 @@ def test_weights_are_released_before_any_onnxruntime_session(sharded_bf16, tmp_p
                           what="sharded bf16 export", **OPTIONS)
 
 
+def test_verify_frees_the_reference_before_opening_the_artifact(sharded_bf16, tmp_path, watch):
+    """kvembed verify rebuilds the PyTorch reference: like the export, it runs the gate's texts
+    first and frees the weights before onnxruntime opens the artifact (never both in memory)."""
+    artifact = _export(sharded_bf16, tmp_path / "fp32", "fp32", watch).path
+    watch.sessions.clear()
+    watch.events.clear()
+    result = core.verify(artifact, progress=lambda stage, detail: watch.events.append(stage))
+    assert result.passed, result.report
+    assert watch.events.index("reference") < watch.events.index("parity")
+    assert [s["after"] for s in watch.sessions] == ["parity"]
+    assert watch.sessions[0]["parameters_held"] == [] and watch.sessions[0]["weight_tensors_alive"] == []
+
+
 class StageSteps:
     """A progress display with ``advance``: records each stage's (done, total) reports."""
 

@@ -94,15 +94,31 @@ def build_random_model(
     return out
 
 
-def copy_demo_tokenizer(out: Path, max_positions: int) -> None:
-    """The demo model's byte-level tokenizer into ``out``, its ``model_max_length`` raised to
-    ``max_positions`` (random models of a real shape have no tokenizer of their own)."""
+def copy_demo_tokenizer(out: Path, max_positions: int, source: str | None = None) -> None:
+    """A tokenizer into ``out`` for a random model of a real shape (which has none of its own),
+    its ``model_max_length`` raised to ``max_positions``: the demo model's byte-level one, or with
+    ``source`` (a model folder, alias or GGUF file kvembed can load) that model's, for as many
+    tokens per text as a real tokenizer gives."""
     from ..methods import demo_model_path
 
-    demo = demo_model_path()
+    origin = demo_model_path() if source is None else tokenizer_folder(source)
     for name in TOKENIZER_FILES:
-        shutil.copy(demo / name, out / name)
+        shutil.copy(origin / name, out / name)
     settings_path = out / "tokenizer_config.json"
     settings = json.loads(settings_path.read_text(encoding="utf-8"))
     settings["model_max_length"] = max_positions  # the demo's says 512
     settings_path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+
+def tokenizer_folder(source: str) -> Path:
+    """The folder holding ``source``'s tokenizer.json: a folder, or an alias / GGUF file (its
+    converted folder in kvembed's cache)."""
+    from ..gguf import find_gguf, materialize
+    from ..methods import resolve_model
+
+    location = Path(source) if Path(source).exists() else Path(resolve_model(source)[0])
+    gguf = find_gguf(location)
+    folder = materialize(gguf) if gguf is not None else location
+    if not (folder / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"no tokenizer.json for {source!r} (looked in {folder})")
+    return folder

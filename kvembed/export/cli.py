@@ -31,6 +31,7 @@ class StageDisplay:
         self.stage_start = self.start
         self.status: Any = None
         self.current: str | None = None
+        self.heading = ""
 
     def __enter__(self) -> "StageDisplay":
         self.status = self.console.status("starting", spinner="dots")
@@ -46,8 +47,18 @@ class StageDisplay:
         self._finish_stage(ok=True)
         self.current = f"{stage}: {detail}"
         self.stage_start = time.monotonic()
+        self.heading = f"[bold]{stage}[/] {detail}"
         if self.status is not None:
-            self.status.update(f"[bold]{stage}[/] {detail}")
+            self.status.update(self.heading)
+
+    def advance(self, done: int, total: int) -> None:
+        """A long stage's share done: the spinner line gets the percentage and the time left,
+        estimated from the stage's pace so far."""
+        if self.status is None or self.current is None or total <= 0 or done <= 0:
+            return
+        took = time.monotonic() - self.stage_start
+        left = took / done * max(total - done, 0)
+        self.status.update(f"{self.heading} [dim]{100 * done / total:.0f}%, about {_duration(left)} left[/]")
 
     def _finish_stage(self, ok: bool) -> None:
         if self.current is None:
@@ -56,6 +67,11 @@ class StageDisplay:
         mark = "[green]done[/]" if ok else "[red]stopped[/]"
         self.console.print(f"  {mark} {self.current} [dim]({took:.1f}s)[/]", highlight=False)
         self.current = None
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def parity_table(report: Any, title: str) -> Table:
@@ -136,6 +152,9 @@ def export_command(
     padding_side: str = typer.Option("right", help="Padding side the artifact's runtime uses (right or left)."),
     no_optimize: bool = typer.Option(False, "--no-optimize", help="Skip onnxruntime's offline basic graph optimisation."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out."),
+    skip_memory_check: bool = typer.Option(
+        False, "--skip-memory-check", help="export even if the estimated peak memory exceeds what is available",
+    ),
 ) -> None:
     """Export MODEL computing METHOD as an ONNX artifact in OUT, gated on parity with PyTorch."""
     from .core import check_output
@@ -165,14 +184,16 @@ def export_command(
         import warnings
 
         from .core import export_result
+        from .memory import MemoryEstimateWarning
 
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         with warnings.catch_warnings(), StageDisplay(console) as display:
             warnings.simplefilter("ignore")
+            warnings.simplefilter("default", MemoryEstimateWarning)  # "exporting unchecked" is news
             return export_result(
                 model, method, out, precision, max_length=max_length, opset=opset, attention=attention, force=force,
                 padding_side=padding_side, optimize=not no_optimize, progress=display, also=list(also or []),
-                int8_recipe=int8_recipe, **options,
+                int8_recipe=int8_recipe, check_memory=not skip_memory_check, **options,
             )
 
     start = time.monotonic()

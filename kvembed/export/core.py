@@ -62,6 +62,12 @@ def _silent(stage: str, detail: str) -> None:
     return None
 
 
+def advance_of(progress: Progress) -> Callable[[int, int], None] | None:
+    """``progress.advance(done, total)`` where the progress display has one (the CLI's shows the
+    time left of a long stage), else None."""
+    return getattr(progress, "advance", None)
+
+
 # -- loading ------------------------------------------------------------------------------------
 
 
@@ -233,7 +239,8 @@ class Exporter:
         if self._references is None:
             self._references = self.embedder.references()
         for label, reference in self._references.items():
-            reference_runs(reference, self._reference_outputs, outputs=output_names(label))
+            reference_runs(reference, self._reference_outputs, outputs=output_names(label),
+                           advance=advance_of(self.progress))
 
     def _release(self) -> None:
         """Free the PyTorch weights: every parameter and buffer moves to the ``meta`` device (no
@@ -437,7 +444,8 @@ class Exporter:
         references = self._references if reference is self.embedder else {**self._references, None: reference}
         cache = self._reference_outputs if reference is self.embedder else None
         try:
-            return parity_reports(session, encoder, references, precision, cache=cache)
+            return parity_reports(session, encoder, references, precision, cache=cache,
+                                  advance=advance_of(self.progress))
         finally:
             del session
 
@@ -448,11 +456,13 @@ def parity_reports(
     references: Mapping[str | None, Any],
     precision: str,
     cache: dict[Any, Any] | None = None,
+    advance: Callable[[int, int], None] | None = None,
 ) -> dict[str | None, ParityReport]:
     """Parity of every output pair of the graph (label None: the main one) against its
     single-method reference (:meth:`TorchEmbedder.references`)."""
     return {
-        label: run_parity(session, encoder, reference, precision, cache=cache, outputs=output_names(label))
+        label: run_parity(session, encoder, reference, precision, cache=cache, outputs=output_names(label),
+                          advance=advance)
         for label, reference in references.items()
     }
 
@@ -522,6 +532,7 @@ def export_result(
     progress: Progress | None = None,
     reference_options: Mapping[str, Any] | None = None,
     int8_recipe: str = "auto",
+    check_memory: bool = True,
     **options: Any,
 ) -> ExportResult:
     """:func:`export`, returning the manifest and parity report too."""
@@ -529,6 +540,10 @@ def export_result(
     check_int8_recipe(int8_recipe, precision)
     check_output(out, force)
     attention, opset = resolve_attention(attention, opset)
+    if check_memory:  # before any weight loads: refuse in one line rather than meet the OOM killer
+        from .memory import export_memory_check
+
+        export_memory_check(model, method, precision, **options)
     progress = progress or _silent
     progress("load", f"loading {model} ({method})")
     embedder = load_embedder(model, method, max_length=max_length, padding_side=padding_side, **options)
@@ -604,10 +619,19 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     now = source_record(reference)
     if now["config_sha256"] != manifest["source"].get("config_sha256"):
         source_problems.append("the source model's config changed since export (config_sha256 differs)")
+    # as at export: the reference runs the gate's batches first and its weights are freed before
+    # onnxruntime opens the artifact, so the model is never in memory twice
+    progress("reference", "running the PyTorch reference on the parity texts")
+    references, cache = reference.references(), {}
+    for label, single in references.items():
+        reference_runs(single, cache, outputs=output_names(label), advance=advance_of(progress))
+    reference.model.to("meta")
+    gc.collect()
     progress("parity", "running the graph in onnxruntime against PyTorch")
     encoder = encoder_from_manifest(directory, manifest)
     session = parity_session(directory / MODEL)
-    reports = parity_reports(session, encoder, reference.references(), manifest["precision"])
+    reports = parity_reports(session, encoder, references, manifest["precision"], cache=cache,
+                             advance=advance_of(progress))
     report = reports.pop(None)
     return VerifyResult(directory, manifest, report, file_problems, source_problems, reports)
 
