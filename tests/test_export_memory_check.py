@@ -140,17 +140,20 @@ def test_refusal_says_needs_has_and_what_to_try():
 
 
 def test_refusal_suggests_a_cheaper_precision_and_fewer_layers_when_they_fit():
-    """With coefficients where the session dominates (a cheaper reference), int8 and an early
-    exit are suggested with their own estimates."""
+    """With coefficients where the session dominates (a cheaper reference) and fp16 sessions hold
+    two bytes a weight, fp16 and an early exit are suggested with their own estimates; int8 is
+    not, since its calibration runs the fp32 graph."""
     from dataclasses import replace
 
-    cheap_reference = replace(COEFFICIENTS, reference_bytes_per_param=0.5)
-    estimate = estimate_export_peak(QWEN3_4B, "fp32", layers_needed=36, coefficients=cheap_reference)
-    budget = MemoryBudget(estimate.by_precision["int8"] + GIB, LIMIT_ENV)
-    assert estimate.by_precision["int8"] < budget.available < estimate.peak
-    with pytest.raises(NotEnoughMemory, match=r"--precision int8 \(about [\d.]+ GiB\)") as caught:
+    coefficients = replace(COEFFICIENTS, reference_bytes_per_param=0.5,
+                           session_bytes_per_param={"fp32": (4.0, 4.0), "fp16": (2.0, 2.0), "int8": (1.0, 4.0)})
+    estimate = estimate_export_peak(QWEN3_4B, "fp32", layers_needed=36, coefficients=coefficients)
+    assert estimate.by_precision["int8"] == estimate.peak  # calibration: the fp32 graph in a session
+    budget = MemoryBudget(estimate.by_precision["fp16"] + GIB, LIMIT_ENV)
+    assert estimate.by_precision["fp16"] < budget.available < estimate.peak
+    with pytest.raises(NotEnoughMemory, match=r"--precision fp16 \(about [\d.]+ GiB\)") as caught:
         check_export_memory(estimate, budget, precision="fp32")
-    assert "--precision fp16" not in str(caught.value) and "fewer layers" in str(caught.value)
+    assert "--precision int8" not in str(caught.value) and "fewer layers" in str(caught.value)
 
 
 # -- what there is: /proc and cgroups, as files -------------------------------------------------

@@ -83,6 +83,7 @@ COEFFICIENTS = PeakCoefficients()
 STAGE_MEANING = {
     "torch": "the fp32 PyTorch reference",
     "gate": "the onnxruntime session of the parity gate",
+    "calibrate": "int8 calibration on the fp32 graph",
     "gguf": "dequantizing the GGUF file",
 }
 
@@ -325,6 +326,9 @@ def _stages(
     kept_layers = layers * counts.per_layer + counts.final_norm
     session = layer_bytes * kept_layers + embedding_bytes * counts.embedding
     result = {"torch": int(torch) + activations + c.process_base, "gate": int(session) + activations + c.process_base}
+    if precision == "int8":  # the recipes calibrate on the fp32 graph in an onnxruntime session first
+        fp32_layer, fp32_embedding = c.session_bytes_per_param["fp32"]
+        result["calibrate"] = int(fp32_layer * kept_layers + fp32_embedding * counts.embedding) + activations + c.process_base
     if gguf:  # transformers' causal LM, lm_head included, built twice in fp32
         full = counts.decoder(counts.num_layers) + counts.lm_head
         result["gguf"] = int(c.gguf_copies * 4 * full) + c.process_base
