@@ -2,8 +2,8 @@
 
 A ``--model`` value is a local folder, an alias (``qwen3-4b``, ``stories260k``) or a hub id. The
 hub is only tried when the name is neither a folder nor in the local hub cache, and only after a
-~3 s reachability probe: huggingface_hub's own retries take half a minute to give up on a
-machine without network. :func:`preflight` then checks the method, its options and ``--also``
+~3 s reachability probe: huggingface_hub's own retries take far longer to give up on a machine
+without network. :func:`preflight` then checks the method, its options and ``--also``
 against the model's ``config.json`` so that a mistyped option fails in a second, not after the
 weights load. Torch-free (huggingface_hub comes with tokenizers).
 """

@@ -79,10 +79,9 @@ def time_calls(
     return samples
 
 
-#: idle seconds before each interleaved call. onnxruntime's intra-op workers keep spinning for a
-#: while after a call returns: with 0.02 s, a PyTorch 1 x 32 call right after the runtime's took
-#: 117-119 ms against 96-98 ms after its own (Zen 4, 2 threads, 20 rounds; equal with the pool's
-#: spinning off); with 0.05 s the two were within 3%.
+#: idle seconds before each interleaved call: onnxruntime's intra-op workers keep spinning for a
+#: while after a call returns and would slow the next call timed (a shorter gap measurably did:
+#: benchmarks/RESULTS.md, "The measurement fix").
 SETTLE_SECONDS = 0.05
 
 
@@ -215,8 +214,9 @@ def peak_rss_mb() -> float:
 
     Linux: ``VmHWM`` of ``/proc/self/status``, the high-water mark of this program's own memory.
     Not ``ru_maxrss``: Linux carries the parent's peak over fork+exec into it, so every child of
-    a big orchestrator would report at least the orchestrator's size (observed: 788 MB for a
-    70 MB runtime process). Elsewhere ``ru_maxrss`` (KB on Linux, bytes on macOS).
+    a big orchestrator would report at least the orchestrator's size, many times a small runtime
+    process's own peak (docs/decisions/figures-from-code.md). Elsewhere ``ru_maxrss`` (KB on
+    Linux, bytes on macOS).
     """
     hwm = _proc_status_mb("VmHWM")
     if hwm is not None:

@@ -1,5 +1,5 @@
 """Artifacts into the bundle: each file its manifest lists (plus the manifest), hard-linked when
-source and bundle share a filesystem (a 250 MB graph costs nothing), else copied, and every copy
+source and bundle share a filesystem (a large graph costs no copy), else copied, and every copy
 re-hashed against the artifact's own manifest, so a bundle never carries a file that differs from
 what the exporter certified."""
 

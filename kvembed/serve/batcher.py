@@ -1,28 +1,19 @@
 """Cross-request dynamic batching: one queue and its worker threads per lane of a served artifact
 (:mod:`kvembed.serve.lanes`: short and long inputs queue apart).
 
-Requests arrive as token-encoded inputs (``EncodedText``). The worker fills a *window* of at most
-``WINDOW_BATCHES`` batches' worth of inputs and real tokens, visiting the waiting requests in turn
-and taking at most a quarter of a batch (``quantum`` inputs) from each per turn, so a huge request
-shares every window with the small ones queued behind it instead of starving them. The window is
-packed into graph calls by the runtime's planner (:func:`plan_batches`: length-sorted, at most
-``max_batch_size`` rows and ``max_batch_tokens`` padded tokens each), each call runs on a worker
-thread (off the event loop), and each request's rows are written back at their input positions.
-A window of several batches lets the planner sort lengths across more inputs: on serve_bench's
-mix (1-8 texts of 1-128 characters, kv-embedding prompt) padded tokens are 1.55x the real ones
-with one-batch windows, 1.16x with four (1.09x sorting all texts at once). Cutting the sorted
-window where padding costs more than a call (``call_cost``: the embedder's by default, see
-:data:`~kvembed.runtime.batching.CPU_CALL_COST`) instead of every ``max_batch_size`` rows takes
-the 64-client padding from 1.2x to 1.04x (benchmarks/RESULTS.md).
+The worker fills a *window* of up to ``WINDOW_BATCHES`` batches of token-encoded inputs, taking
+at most ``quantum`` inputs per request per turn so a huge request cannot starve the small ones
+behind it. The runtime's planner (:func:`plan_batches`) length-sorts the window and cuts it into
+graph calls where padding would cost more than a call (``call_cost``); a window of several batches
+gives it more lengths to sort, which is what keeps padding low (benchmarks/RESULTS.md, "`kvembed
+serve` vs in-process `Embedder.encode`" and its "Call cost and workers"). Each request's rows are
+written back at their input positions.
 
-The worker waits up to ``max_wait_ms`` for more inputs only while requests that were already
-accepted for this model are still being tokenised: a lone client never pays the wait.
-
-``workers`` graph calls run at once, each on its own thread (one onnxruntime session: ``run`` is
-thread-safe). A call is dispatched when a worker is free, and the next window is taken only then,
-so requests that arrive meanwhile join it. Several single-threaded calls at once instead of one
-call on every core pay off when the event loop and the clients share the cores: an intra-op pool
-spins and waits at every barrier for whichever of its threads the OS descheduled.
+The worker waits up to ``max_wait_ms`` for more inputs only while accepted requests are still
+being tokenised: a lone client never pays the wait. ``workers`` calls run at once on one
+thread-safe onnxruntime session, the next window taken only when a worker is free; several
+single-threaded calls beat one call on every core when the event loop and clients share the cores
+(an intra-op pool stalls at every barrier for a descheduled thread).
 """
 
 from __future__ import annotations
