@@ -72,6 +72,7 @@ class Embedder:
         trt_cache_dir: str | os.PathLike[str] | None = None,
         trt_fp16: bool = False,
         memory_arena: bool = True,
+        prepacking: bool | None = None,
         ov_precision: str | None = None,
         ov_cache_dir: str | os.PathLike[str] | None | bool = None,
         max_call_tokens: int | None | str = "auto",
@@ -84,7 +85,9 @@ class Embedder:
         ``trt_fp16`` lets TensorRT use fp16 kernels). ``verify`` checks every file's sha256
         against the manifest first (a corrupted or altered file is named in the error).
         ``memory_arena=False`` returns activation memory after each call (see
-        :func:`kvembed.runtime.session.session_options`).
+        :func:`kvembed.runtime.session.session_options`). ``prepacking``: None (default) leaves the
+        weights as the artifact's memory-mapped file on the CPU (one shared copy, instant load) and
+        lets GPU providers pre-pack; True / False force it (:func:`kvembed.runtime.session.create_session`).
 
         ``provider="openvino"`` runs the graph with OpenVINO's CPU plugin instead of onnxruntime
         (``pip install 'kvembed[openvino]'``; never chosen by ``"auto"``): ``ov_precision`` is its
@@ -92,7 +95,7 @@ class Embedder:
         BF16, else f32); compiled models are kept in ``ov_cache_dir`` (default
         ``$KVEMBED_CACHE_DIR/openvino``, i.e. ``~/.cache/kvembed/openvino``; False: none), so a second
         load imports the compiled blob instead of compiling (SmolLM2-135M: 0.8 s instead of 5 s).
-        ``threads`` sets its inference threads; ``device_id``, ``trt_*`` and ``memory_arena`` do not apply.
+        ``threads`` sets its inference threads; ``device_id``, ``trt_*``, ``memory_arena`` and ``prepacking`` do not apply.
 
         ``max_call_tokens``: padded tokens per graph call; a bigger padded batch runs in slices of
         whole rows (at least one). ``"auto"``: :data:`CPU_CALL_TOKENS` on the CPU and OpenVINO
@@ -125,7 +128,7 @@ class Embedder:
         provider_options: dict[str, Any] = {"device_id": device_id}
         if provider == "tensorrt":
             provider_options.update(trt_cache_dir=trt_cache_dir, trt_fp16=trt_fp16)
-        session = create_session(path / MODEL, provider, threads, memory_arena, **provider_options)
+        session = create_session(path / MODEL, provider, threads, memory_arena, prepacking, **provider_options)
         return cls(path, manifest, encoder, session, max_call_tokens, call_cost)
 
     @classmethod

@@ -61,7 +61,11 @@ def provider_chain(
     return [(TENSORRT, trt_options), cuda, CPU]
 
 
-def session_options(threads: int | None = None, memory_arena: bool = True) -> ort.SessionOptions:
+#: onnxruntime's session config key that turns weight pre-packing off
+DISABLE_PREPACKING = "session.disable_prepacking"
+
+
+def session_options(threads: int | None = None, memory_arena: bool = True, prepacking: bool = True) -> ort.SessionOptions:
     """Options tuned for embedding batches: full graph optimisation, sequential execution,
     ``threads`` intra-op threads (default: onnxruntime's choice, one per physical core).
 
@@ -69,11 +73,16 @@ def session_options(threads: int | None = None, memory_arena: bool = True) -> or
     arena at its high-water mark (a 16 x 512 batch of the 8-layer 0.6B-shaped model: 2.6 GB kept vs
     0.6 GB resident after the call; benchmarks/compare_graphs.py --memory), for servers that see
     rare large batches.
+
+    ``prepacking=False`` sets ``session.disable_prepacking``: MatMul weights are packed for the
+    GEMM kernel during each call instead of once into a private copy at load (see
+    :func:`create_session` for when that is chosen).
     """
     options = ort.SessionOptions()
     options.enable_cpu_mem_arena = bool(memory_arena)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.add_session_config_entry(DISABLE_PREPACKING, "0" if prepacking else "1")
     if threads is not None:
         if int(threads) < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
@@ -87,11 +96,28 @@ def create_session(
     provider: str = "auto",
     threads: int | None = None,
     memory_arena: bool = True,
+    prepacking: bool | None = None,
     **provider_options: Any,
 ) -> ort.InferenceSession:
+    """A session of ``model_path`` on ``provider`` with :func:`session_options`.
+
+    ``prepacking=None`` (the default) chooses: off when the CPU provider runs the graph, on for
+    GPU providers. Off, the weights stay the memory-mapped pages of the artifact's external data
+    file instead of a packed private copy: resident memory is one copy of the weights (the page
+    cache's, shared by every process that loads the same artifact and reclaimable by the kernel)
+    and the load is near-instant, while packing during each call costs a small part of a product
+    whose inputs are rows x weights (benchmarks/load_memory.py).
+    """
     providers = provider_chain(provider, **provider_options)
-    options = session_options(threads, memory_arena)
+    if prepacking is None:
+        prepacking = _first_provider(providers) != CPU
+    options = session_options(threads, memory_arena, prepacking)
     return open_session(model_path, options, providers)
+
+
+def _first_provider(providers: Sequence[Any]) -> str:
+    first = providers[0]
+    return first[0] if isinstance(first, tuple) else str(first)
 
 
 def open_session(model_path: str | os.PathLike[str], options: ort.SessionOptions, providers: Sequence[Any]) -> ort.InferenceSession:

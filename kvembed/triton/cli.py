@@ -68,7 +68,7 @@ def build(
             artifacts, out, name or None, backend=backend, max_batch_size=max_batch_size, instances=instances,
             max_queue_delay_us=max_queue_delay_us, preferred_batch_sizes=_sizes(preferred_batch_sizes), kind=kind,
             warmup=warmup, tensorrt_accelerator=tensorrt_accelerator, fp16=fp16, threads=threads, provider=provider,
-            max_tokens=max_tokens, force=force,
+            max_tokens=max_tokens, force=force, say=console.print,
         )
 
     path = run_guarded(job)

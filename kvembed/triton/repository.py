@@ -4,18 +4,20 @@ Per artifact ``<name>``: ``<name>_tokenize`` (python backend, the runtime's ``Te
 ``<name>_model`` (the graph: python backend running onnxruntime, Triton's onnxruntime backend, or
 a TensorRT plan: an engine directory's from ``kvembed build-engine``, or built on the target GPU
 with the generated script) and the ensemble ``<name>`` (TEXT [+ KIND] -> embedding).
-The directory is self-contained (artifact files and the runtime code are copied in) and is
-written to ``<out>.partial`` first, so a failure never leaves a half-written repository.
+The directory is self-contained (artifact files and the runtime code are placed in it: see
+:func:`place_file` for the weights) and is written to ``<out>.partial`` first, so a failure never
+leaves a half-written repository.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from tritonclient.utils import serialize_byte_tensor
@@ -30,6 +32,10 @@ BACKEND_DIR = Path(__file__).resolve().parent / "backend"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 VERSION = "1"
 WARMUP_TEXT = "A short sentence to warm the model up."
+#: files from this size on count as weights (hard-linked where the filesystem allows), whatever their name
+LINK_MIN_BYTES = 64 * 1024**2
+#: ``say(line)``: how a repository write reports what the caller should know (a copied big file)
+Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -100,11 +106,13 @@ def write_repository(
     provider: str = "auto",
     max_tokens: int | None = None,
     force: bool = False,
+    say: Say | None = None,
 ) -> Path:
     """Write a Triton model repository serving ``artifacts`` to ``out``; returns its path.
 
     Options are those of ``kvembed triton build`` (see :class:`ServingOptions`). Raises
     ValueError / FileNotFoundError / FileExistsError naming the problem before writing anything.
+    ``say`` gets one line when big weights had to be copied instead of hard-linked (:func:`place_file`).
     """
     if isinstance(artifacts, (str, os.PathLike)):
         artifacts = [artifacts]
@@ -128,9 +136,10 @@ def write_repository(
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    copied: list[Path] = []
     try:
         for entry in entries:
-            _write_entry(staging, entry, options)
+            _write_entry(staging, entry, options, copied)
         (staging / "README.md").write_text(repository_readme([e.facts for e in entries], options), encoding="utf-8")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -138,10 +147,14 @@ def write_repository(
     if target.exists():
         shutil.rmtree(target)
     staging.rename(target)
+    if copied and say is not None:
+        size = sum(path.stat().st_size for path in copied) / 1e9
+        say(f"copied {len(copied)} weight file(s) ({size:.1f} GB) into the repository: it is on another filesystem "
+            f"than {', '.join(sorted({str(p.parent) for p in copied}))} (or the filesystem has no hard links)")
     return target
 
 
-def _write_entry(root: Path, entry: Entry, options: ServingOptions) -> None:
+def _write_entry(root: Path, entry: Entry, options: ServingOptions, copied: list[Path]) -> None:
     facts = entry.facts
     options = facts.serving_options(options)
     manifest = read_manifest(entry.artifact)
@@ -151,7 +164,7 @@ def _write_entry(root: Path, entry: Entry, options: ServingOptions) -> None:
 
     tokenize = root / facts.tokenize
     write_config(tokenize, tokenize_config(facts, options))
-    _python_model(tokenize / VERSION, "tokenize_model.py", entry.artifact, [TOKENIZER, MANIFEST])
+    _python_model(tokenize / VERSION, "tokenize_model.py", entry.artifact, [TOKENIZER, MANIFEST], copied)
     if options.warmup:
         text = serialize_byte_tensor(np.array([WARMUP_TEXT.encode("utf-8")], dtype=object))
         _warmup_file(tokenize, "text", text.tobytes() if text.dtype != object else text.item())
@@ -160,14 +173,15 @@ def _write_entry(root: Path, entry: Entry, options: ServingOptions) -> None:
     write_config(model, model_config(facts, options, sequence=int(warm_batch["input_ids"].shape[1])))
     graph_files = [name for name in manifest["files"] if name.startswith("model.onnx")]
     if options.backend == "python":
-        _python_model(model / VERSION, "onnx_model.py", entry.artifact, [*manifest["files"], MANIFEST])
+        _python_model(model / VERSION, "onnx_model.py", entry.artifact, [*manifest["files"], MANIFEST], copied)
     elif options.backend == "onnxruntime":
-        _copy(entry.artifact, model / VERSION, graph_files)
+        _copy(entry.artifact, model / VERSION, graph_files, copied)
     elif facts.engine is not None:  # kvembed build-engine's plan, built on the serving GPU
         (model / VERSION).mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(entry.artifact / PLAN, model / VERSION / "model.plan")
+        if not place_file(entry.artifact / PLAN, model / VERSION / "model.plan"):
+            copied.append(entry.artifact / PLAN)
     else:
-        _copy(entry.artifact, model / "onnx", graph_files)
+        _copy(entry.artifact, model / "onnx", graph_files, copied)
         (model / VERSION).mkdir(parents=True, exist_ok=True)
         script = model / "build_plan.sh"
         command = plan_build_command(facts, options, onnx='"$here/onnx/model.onnx"', plan=f'"$here/{VERSION}/model.plan"')
@@ -186,21 +200,50 @@ def _write_entry(root: Path, entry: Entry, options: ServingOptions) -> None:
     (ensemble / VERSION).mkdir(exist_ok=True)
 
 
-def _python_model(version_dir: Path, source: str, artifact: Path, files: Sequence[str]) -> None:
+def _python_model(version_dir: Path, source: str, artifact: Path, files: Sequence[str], copied: list[Path]) -> None:
     """``model.py`` + the runtime code + the artifact files it reads, in one version directory."""
     version_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(BACKEND_DIR / source, version_dir / "model.py")
     copy_runtime(BACKEND_DIR / source, version_dir)
-    _copy(artifact, version_dir / "artifact", files)
+    _copy(artifact, version_dir / "artifact", files, copied)
 
 
-def _copy(source: Path, target: Path, files: Sequence[str]) -> None:
+def _copy(source: Path, target: Path, files: Sequence[str], copied: list[Path]) -> None:
+    """Place ``files`` of ``source`` in ``target`` (:func:`place_file`); weights that had to be copied go to ``copied``."""
     target.mkdir(parents=True, exist_ok=True)
     for name in dict.fromkeys(files):
-        shutil.copy2(source / name, target / name)
+        if not place_file(source / name, target / name):
+            copied.append(source / name)
 
 
-def _warmup_file(model_dir: Path, name: str, data: bytes) -> None:
-    folder = model_dir / "warmup"
-    folder.mkdir(exist_ok=True)
-    (folder / name).write_bytes(data)
+#: link(2) errors that mean "this filesystem pair cannot link": copy instead
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES}
+
+
+def is_weights(path: Path) -> bool:
+    """The files worth linking: the graph's external data, a TensorRT plan, anything of
+    :data:`LINK_MIN_BYTES` or more (a graph that carries its weights inline)."""
+    return path.name.endswith(".data") or path.name == PLAN or path.stat().st_size >= LINK_MIN_BYTES
+
+
+def place_file(source: Path, target: Path) -> bool:
+    """Put ``source`` at ``target``: weights (:func:`is_weights`) as a hard link where both are on
+    one filesystem, else as a copy; False when weights had to be copied.
+
+    Triton reads a model's files from the repository directory, so they must be there. A hard link
+    costs no space or time for multi-GB weights and, unlike a symlink, stays valid when the artifact
+    directory is moved or deleted (the data lives until its last name goes); the exporter writes an
+    artifact to a new directory and renames it into place, so re-exporting never rewrites a linked
+    file under a built repository. Small files (graph, manifest, tokenizer) are copied, so editing
+    them in one place never changes the other."""
+    if not is_weights(source):
+        shutil.copy2(source, target)
+        return True
+    try:
+        os.link(source, target)
+        return True
+    except OSError as err:
+        if err.errno not in _NO_LINK:
+            raise
+    shutil.copy2(source, target)
+    return False

@@ -1,0 +1,214 @@
+"""Big artifacts downstream of the exporter (issue 30, item 4): what a loaded CPU session keeps
+resident, how ``kvembed triton build`` places the weights, and what Ray reserves per actor.
+
+Memory is read from the kernel (``/proc/<pid>/smaps_rollup``) of fresh processes holding real
+onnxruntime sessions over real external-data files; the Triton repository is served by a real
+``tritonserver`` after its source artifact is deleted; Ray is a real local cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from checks import run_python
+
+from kvembed.runtime import Embedder
+from kvembed.runtime.session import DISABLE_PREPACKING
+from kvembed.triton import write_repository
+
+MIB = 1024**2
+WIDTH, DEPTH = 1024, 16  # 16 MatMuls of 1024 x 1024 fp32: 64 MiB of weights
+
+
+# -- a graph with real external-data weights ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def weights_graph(tmp_path_factory) -> tuple[Path, int]:
+    """``y = x @ W1 @ ... @ W16`` with the weights in ``model.onnx.data``, written by onnx_ir as the
+    exporter writes artifacts (tensors aligned in the file, so onnxruntime can map them); and the
+    weights' bytes."""
+    import onnx
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array((rng.standard_normal((WIDTH, WIDTH)) / 32).astype(np.float32), f"w{i}") for i in range(DEPTH)]
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", f"w{i}"], [f"h{i + 1}" if i < DEPTH - 1 else "y"]) for i in range(DEPTH)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", WIDTH])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", WIDTH])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    folder = tmp_path_factory.mktemp("weights-graph")
+    ir.save(ir.from_proto(model), folder / "model.onnx", external_data="model.onnx.data", size_threshold_bytes=1024)
+    del model, graph, weights
+    assert onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.initializer[0].data_location == TensorProto.EXTERNAL
+    return folder / "model.onnx", DEPTH * WIDTH * WIDTH * 4
+
+
+HOLD = """
+import json, sys, time
+from pathlib import Path
+import numpy as np
+from kvembed.runtime.session import create_session
+
+def rollup():
+    # anonymous memory of the process, and Rss / Pss of its mappings of the weights file
+    out = {"Anonymous": 0, "Rss_data": 0, "Pss_data": 0}
+    mapping = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if not fields[0].endswith(":"):  # a mapping's header line: address range ... [path]
+            mapping = fields[5] if len(fields) > 5 else ""
+        elif fields[0] == "Anonymous:":
+            out["Anonymous"] += int(fields[1]) * 1024
+        elif fields[0] in ("Rss:", "Pss:") and mapping.endswith("model.onnx.data"):
+            out[fields[0][:-1] + "_data"] += int(fields[1]) * 1024
+    return out
+
+before = rollup()
+prepacking = json.loads(sys.argv[2])
+session = create_session(sys.argv[1], "cpu", threads=1, memory_arena=False, prepacking=prepacking)
+session.run(["y"], {"x": np.ones((64, %d), np.float32)})
+barrier = Path(sys.argv[3]) if len(sys.argv) > 3 else None
+if barrier is not None:  # hold the session until the other process holds its own
+    (barrier / str(time.time_ns())).touch()
+    while len(list(barrier.iterdir())) < 2:
+        time.sleep(0.05)
+    time.sleep(0.5)
+after = rollup()
+print(json.dumps({"anonymous": after["Anonymous"] - before["Anonymous"], "rss_file": after["Rss_data"],
+                  "pss_file": after["Pss_data"]}))
+""" % WIDTH
+
+
+def hold(graph: Path, prepacking: bool | None, barrier: Path | None = None) -> subprocess.Popen:
+    args = [sys.executable, "-c", HOLD, str(graph), json.dumps(prepacking)] + ([str(barrier)] if barrier else [])
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def result(process: subprocess.Popen) -> dict[str, int]:
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_cpu_session_keeps_the_weights_as_the_mapped_file_not_a_packed_copy(weights_graph):
+    """The CPU default (pre-packing off): after a call the weights are file-backed pages of
+    ``model.onnx.data`` and the process's own (anonymous) memory grew by far less than them.
+    Pre-packing forced on: a private packed copy of every weight, in anonymous memory."""
+    graph, weights = weights_graph
+    lean = result(hold(graph, None))
+    assert lean["rss_file"] >= 0.9 * weights, lean
+    assert lean["anonymous"] <= 0.25 * weights, lean
+    packed = result(hold(graph, True))
+    assert packed["anonymous"] >= 0.9 * weights, packed
+
+
+def test_two_processes_share_one_copy_of_the_weights(weights_graph, tmp_path):
+    """Two processes holding sessions of the same artifact at once: the mapped weights are the
+    page cache's, so each process's proportional share (PSS) of them is about half."""
+    graph, weights = weights_graph
+    pair = [hold(graph, None, tmp_path) for _ in range(2)]
+    both = [result(process) for process in pair]
+    for item in both:
+        assert item["rss_file"] >= 0.9 * weights, both
+        assert item["pss_file"] <= 0.6 * weights, both
+
+
+def test_embedder_load_turns_prepacking_off_on_the_cpu_only_by_default(stories_artifact):
+    artifact = stories_artifact("va", layers="1-2")
+    default = Embedder.load(artifact, provider="cpu")
+    packed = Embedder.load(artifact, provider="cpu", prepacking=True)
+    assert default.session.get_session_options().get_session_config_entry(DISABLE_PREPACKING) == "1"
+    assert packed.session.get_session_options().get_session_config_entry(DISABLE_PREPACKING) == "0"
+    texts = ["a short text", "the cat sat on the mat and looked at the sun for a while"]
+    np.testing.assert_allclose(default.encode(texts), packed.encode(texts), atol=1e-6)
+
+
+# -- Triton repositories: the weights hard-linked ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def external_artifact(stories_artifact, tmp_path_factory) -> Path:
+    """The demo kv-embedding artifact laid out as a big one is (the exporter moves weights to
+    ``model.onnx.data`` from 256 MiB on): the same graph re-saved with its weights as external
+    data, and the manifest's file records rewritten."""
+    import onnx
+
+    from kvembed.runtime.artifact import MODEL, file_records, read_manifest, write_manifest
+
+    source = stories_artifact("kv-embedding")
+    out = Path(shutil.copytree(source, tmp_path_factory.mktemp("external") / "kv"))
+    model = onnx.load(str(out / MODEL))
+    onnx.save_model(model, str(out / MODEL), save_as_external_data=True, location=MODEL + ".data", size_threshold=1024)
+    manifest = read_manifest(out)
+    manifest["files"] = file_records(out)
+    write_manifest(out, manifest)
+    assert (out / (MODEL + ".data")).stat().st_size > (out / MODEL).stat().st_size
+    return out
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return (a.stat().st_dev, a.stat().st_ino) == (b.stat().st_dev, b.stat().st_ino)
+
+
+@pytest.mark.parametrize("backend", ["python", "onnxruntime"])
+def test_triton_build_hard_links_the_weights_and_copies_the_small_files(external_artifact, tmp_path, backend):
+    artifact = external_artifact
+    said: list[str] = []
+    repo = write_repository(artifact, tmp_path / "repo", "kv", backend=backend, say=said.append)
+    folder = repo / "kv_model" / "1" / ("artifact" if backend == "python" else "")
+    assert _same_file(folder / "model.onnx.data", artifact / "model.onnx.data")
+    assert (artifact / "model.onnx.data").stat().st_nlink >= 2
+    for name in ("model.onnx", *(["kvembed.json", "tokenizer.json"] if backend == "python" else [])):
+        assert (folder / name).read_bytes() == (artifact / name).read_bytes()
+        assert not _same_file(folder / name, artifact / name), name
+    assert said == []
+
+
+def test_triton_build_copies_the_weights_across_filesystems_and_says_so(external_artifact):
+    shm = Path("/dev/shm")
+    artifact = external_artifact
+    if not shm.is_dir() or shm.stat().st_dev == artifact.stat().st_dev:
+        pytest.skip("no second filesystem (/dev/shm) here")
+    out = Path(shm) / f"kvembed-test-repo-{os.getpid()}"
+    said: list[str] = []
+    try:
+        repo = write_repository(artifact, out, "kv", say=said.append)
+        copy = repo / "kv_model" / "1" / "artifact" / "model.onnx.data"
+        assert copy.read_bytes() == (artifact / "model.onnx.data").read_bytes()
+        assert copy.stat().st_nlink == 1
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    assert len(said) == 1 and said[0].startswith("copied 1 weight file(s)"), said
+
+
+def test_triton_serves_a_hard_linked_repository_after_the_artifact_is_deleted(external_artifact, tmp_path):
+    """The repository keeps working when the artifact directory it was built from is gone: the
+    hard-linked weights live on under the repository's name (a symlink would dangle)."""
+    from triton_util import assert_close, infer, make_client, require_tritonserver, stub_python
+
+    from kvembed.triton.server import TritonServer
+
+    require_tritonserver()
+    artifact = Path(shutil.copytree(external_artifact, tmp_path / "artifact"))
+    texts = ["A man is playing a guitar.", "Ünïcödé café — 東京 🤖", "What is the capital of France?"]
+    want = Embedder.load(artifact, provider="cpu").encode(texts)
+    repo = write_repository(artifact, tmp_path / "repo", "kv")
+    shutil.rmtree(artifact)
+    with open(tmp_path / "triton.log", "w") as log, TritonServer(repo, python=stub_python(), log=log) as server:
+        client = make_client("http", server)
+        try:
+            got = infer(client, "http", "kv", texts)["embedding"]
+        finally:
+            client.close()
+    assert_close(got, want, "repository of a deleted artifact")
