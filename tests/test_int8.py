@@ -243,3 +243,54 @@ def test_sliced_quantisation_equals_onnxruntimes_whole_model_run(fp32, tmp_path,
         assert got_tensors[name].dtype == value.dtype and np.array_equal(got_tensors[name], value), name
     onnx.checker.check_model(str(sliced))
     np.testing.assert_array_equal(_embed(sliced, artifact), _embed(whole, artifact))
+
+
+def test_calibration_ranges_are_the_maxima_over_real_tokens(fp32):
+    """activation_ranges reduces in the graph; the oracle: the activations themselves, read out
+    of the fp32 graph, reduced in numpy over the tokens the attention mask marks real."""
+    artifact, graph = fp32
+    model = onnx.load(str(graph), load_external_data=False)
+    groups = smoothable_groups(model)
+    feeds = calibration_feeds(encoder_from_manifest(artifact, read_manifest(artifact)), TEXTS, batch=3)
+    got = activation_ranges(graph, groups, feeds)
+    for group in groups:
+        model.graph.output.append(onnx.helper.make_tensor_value_info(group.activation, onnx.TensorProto.FLOAT, None))
+    probe = graph.with_name("probe.onnx")
+    onnx.save(model, str(probe))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    want: dict = {}
+    for batch in feeds:
+        real = batch["attention_mask"].astype(bool)
+        values = session.run([g.activation for g in groups], {k: v for k, v in batch.items() if k in names})
+        for group, value in zip(groups, values):
+            top = np.abs(value.reshape(real.shape + (-1,))[real]).max(axis=0)
+            want[group.activation] = np.maximum(want[group.activation], top) if group.activation in want else top
+    probe.unlink()
+    assert got.keys() == want.keys() and len(want) == len(groups) > 0
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_recipes_tried_in_turn_calibrate_once(fp32, tmp_path, monkeypatch):
+    """A fallback recipe reuses the ranges the first one measured (the fp32 graph runs once) and
+    writes the same graph as when it calibrates on its own."""
+    from kvembed.export import smoothing
+
+    artifact, graph = fp32
+    feeds = calibration_feeds(encoder_from_manifest(artifact, read_manifest(artifact)), TEXTS, batch=3)
+    alone = tmp_path / "alone.onnx"
+    to_int8(graph, alone, "smooth-keep-down", feeds)
+    calls = []
+    real = smoothing.activation_ranges
+    monkeypatch.setattr(smoothing, "activation_ranges", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ranges: dict = {}
+    to_int8(graph, tmp_path / "first.onnx", "smooth", feeds, ranges)
+    second = tmp_path / "second.onnx"
+    to_int8(graph, second, "smooth-keep-down", feeds, ranges)
+    assert len(calls) == 1
+    want = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(alone)).graph.initializer}
+    got = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(second)).graph.initializer}
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)

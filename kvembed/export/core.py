@@ -291,8 +291,9 @@ class Exporter:
             calibration = calibration_feeds(embedder.encoder) if any(r and INT8_RECIPES[r].calibrated for r in recipes) else None
             tried: list[dict[str, Any]] = []
             model_path = staging / MODEL
+            ranges: dict[str, Any] = {}  # calibration ranges, measured once for every recipe tried
             for attempt, recipe in enumerate(recipes, 1):
-                conversion = self._convert(traced, model_path, precision, recipe, calibration, keep_trace)
+                conversion = self._convert(traced, model_path, precision, recipe, calibration, keep_trace, ranges)
                 self.progress("check", "checking operators and layers")
                 manifest = self._manifest(precision, self._check_graph(model_path, precision), conversion)
                 self.progress("parity", "running the graph in onnxruntime against PyTorch")
@@ -328,7 +329,7 @@ class Exporter:
     # -- steps ------------------------------------------------------------------------------
 
     def _convert(self, traced: Path, model_path: Path, precision: str, recipe: str | None,
-                 calibration: Any, keep_trace: bool) -> dict[str, Any]:
+                 calibration: Any, keep_trace: bool, ranges: dict[str, Any]) -> dict[str, Any]:
         """Write the graph for ``precision`` (int8: by ``recipe``) as ``model_path``; what was done."""
         if precision == "fp32":
             self.progress("convert", "fp32: no conversion")
@@ -336,7 +337,8 @@ class Exporter:
             settle_layout(model_path)
             return {}
         self.progress("convert", f"converting to {precision}" + (f" (recipe {recipe})" if recipe else ""))
-        return convert(traced, model_path, precision, int8_recipe=recipe or "plain", calibration=calibration)
+        return convert(traced, model_path, precision, int8_recipe=recipe or "plain", calibration=calibration,
+                       ranges=ranges)
 
     def _context_matmuls(self) -> int:
         """Weight matrix products of Causal2Vec's encoder and projector (one per ``nn.Linear``)."""

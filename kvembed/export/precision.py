@@ -103,13 +103,15 @@ def check_precision(precision: str) -> str:
 
 
 def convert(source: Path, target: Path, precision: str, *, int8_recipe: str = "plain",
-            calibration: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """Write ``source`` (fp32) converted to ``precision`` as ``target``; return what was done."""
+            calibration: Sequence[Mapping[str, Any]] | None = None,
+            ranges: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write ``source`` (fp32) converted to ``precision`` as ``target``; return what was done.
+    ``ranges``: see :func:`to_int8`."""
     precision = check_precision(precision)
     if precision == "fp16":
         return to_fp16(source, target)
     if precision == "int8":
-        return to_int8(source, target, int8_recipe, calibration)
+        return to_int8(source, target, int8_recipe, calibration, ranges)
     raise ValueError("fp32 needs no conversion")
 
 
@@ -343,11 +345,14 @@ def int8_plan(recipe: str) -> tuple[str, ...]:
 
 
 def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
-            calibration: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+            calibration: Sequence[Mapping[str, Any]] | None = None,
+            ranges: dict[str, Any] | None = None) -> dict[str, Any]:
     """Quantise the fp32 graph ``source`` by ``recipe`` (one of :data:`INT8_RECIPES` or its name) to ``target``.
 
     ``calibration`` (padded batches of graph inputs, see :func:`kvembed.export.smoothing.calibration_feeds`)
-    is needed by the recipes that smooth or keep MatMuls fp32."""
+    is needed by the recipes that smooth or keep MatMuls fp32. ``ranges`` (a dict the caller
+    keeps across recipes tried on the same ``source`` and ``calibration``) holds the calibration's
+    activation ranges once measured, so a fallback recipe does not run the fp32 graph again."""
     import tempfile
 
     import onnx
@@ -365,16 +370,21 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
         if plan.calibrated or (plan.keep_down and plan.down_spread):
             if calibration is None:
                 raise ValueError(f"int8 recipe {plan.name} needs calibration batches")
-            ranges = activation_ranges(source, groups, calibration)
+            if ranges is None or "activations" not in ranges:
+                measured = activation_ranges(source, groups, calibration)
+                if ranges is not None:
+                    ranges["activations"] = measured
+            else:
+                measured = ranges["activations"]
         if plan.keep_down:
-            keep += massive_input_nodes([g for g in groups if g.fold_kind == "columns"], ranges, plan.down_spread) \
+            keep += massive_input_nodes([g for g in groups if g.fold_kind == "columns"], measured, plan.down_spread) \
                 if plan.down_spread else [n for g in groups if g.fold_kind == "columns" for n in g.nodes]
         if plan.calibrated:
             if plan.massive_spread is not None:
-                keep += massive_input_nodes(groups, ranges, plan.massive_spread)
+                keep += massive_input_nodes(groups, measured, plan.massive_spread)
             if plan.smooth_alpha is not None:
                 quantize_from = Path(work) / source.name
-                smooth_file(source, quantize_from, groups, ranges, plan.smooth_alpha)
+                smooth_file(source, quantize_from, groups, measured, plan.smooth_alpha)
             facts.update({"smoothquant_alpha": plan.smooth_alpha, "smoothed_activations": len(groups) if plan.smooth_alpha else 0,
                           "calibration_batches": len(calibration)})
         with _quiet_logging():

@@ -112,16 +112,19 @@ def calibration_feeds(encoder: Any, texts: list[str] | None = None, batch: int =
 def activation_ranges(source: Path, groups: list[SmoothGroup], feeds: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Per-channel ``max |X_j|`` of each group's activation over the real tokens of ``feeds``.
 
-    The fp32 graph runs with the activations added as outputs; the copy is written beside
-    ``source`` so external weight files resolve, and removed afterwards."""
+    The fp32 graph runs with each activation's per-channel maximum over the real tokens added as
+    an output (``ReduceMax(|X| * mask)``: padding contributes zeros, and ``|X| >= 0``), computed in
+    the graph so that a batch returns a vector per activation, not every activation of every
+    layer. The copy is written beside ``source`` so external weight files resolve, and removed
+    afterwards."""
     import onnx
     import onnxruntime as ort
 
     model = onnx.load(str(source), load_external_data=False)
-    for group in groups:
-        model.graph.output.append(onnx.helper.make_tensor_value_info(group.activation, onnx.TensorProto.FLOAT, None))
+    wanted = _add_channel_maxima(model, [g.activation for g in groups])
     probe = source.with_name(f".calibrate-{source.name}")
     onnx.save(model, str(probe))
+    del model
     ranges: dict[str, np.ndarray] = {}
     try:
         options = ort.SessionOptions()
@@ -131,20 +134,50 @@ def activation_ranges(source: Path, groups: list[SmoothGroup], feeds: Iterable[M
         options.enable_cpu_mem_arena = False  # batches of many shapes: give activations back after each
         session = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
         names = {i.name for i in session.get_inputs()}
-        wanted = [g.activation for g in groups]
         for batch in feeds:
-            real = np.asarray(batch["attention_mask"], dtype=bool)
-            if not real.any():
+            if not np.asarray(batch["attention_mask"], dtype=bool).any():
                 continue
-            values = session.run(wanted, {k: v for k, v in batch.items() if k in names})
-            for name, value in zip(wanted, values):
-                top = np.abs(value.reshape(real.shape + (-1,))[real]).max(axis=0)
+            values = session.run(list(wanted.values()), {k: v for k, v in batch.items() if k in names})
+            for name, top in zip(wanted, values):
                 ranges[name] = np.maximum(ranges[name], top) if name in ranges else top
     finally:
         probe.unlink(missing_ok=True)
     if groups and not ranges:
         raise ValueError("no calibration tokens: SmoothQuant needs at least one non-empty text")
     return ranges
+
+
+def _add_channel_maxima(model: Any, activations: list[str]) -> dict[str, str]:
+    """Add to ``model`` an output per activation: its per-channel max of ``|X|`` over the real
+    tokens (``X`` seen as ``[batch, sequence, channels]``, the attention mask's shape first);
+    activation -> output name."""
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    prefix = "kvembed_calibration"
+    nodes = [
+        helper.make_node("Cast", ["attention_mask"], [f"{prefix}_mask"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", [f"{prefix}_mask", f"{prefix}_last"], [f"{prefix}_mask3"]),
+        helper.make_node("Shape", ["attention_mask"], [f"{prefix}_rows"]),
+        helper.make_node("Concat", [f"{prefix}_rows", f"{prefix}_last"], [f"{prefix}_shape"], axis=0),
+    ]
+    graph.initializer.extend([
+        helper.make_tensor(f"{prefix}_last", TensorProto.INT64, [1], [-1]),
+        helper.make_tensor(f"{prefix}_tokens", TensorProto.INT64, [2], [0, 1]),
+    ])
+    outputs = {}
+    for index, name in enumerate(activations):
+        tag = f"{prefix}_{index}"
+        nodes += [
+            helper.make_node("Reshape", [name, f"{prefix}_shape"], [f"{tag}_x"]),
+            helper.make_node("Abs", [f"{tag}_x"], [f"{tag}_abs"]),
+            helper.make_node("Mul", [f"{tag}_abs", f"{prefix}_mask3"], [f"{tag}_real"]),
+            helper.make_node("ReduceMax", [f"{tag}_real", f"{prefix}_tokens"], [f"{tag}_top"], keepdims=0),
+        ]
+        graph.output.append(helper.make_tensor_value_info(f"{tag}_top", TensorProto.FLOAT, None))
+        outputs[name] = f"{tag}_top"
+    graph.node.extend(nodes)
+    return outputs
 
 
 #: one step of a weight's smoothing: ("rows", s) multiplies row i by s[i]; ("divide", s) divides a
