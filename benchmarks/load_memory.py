@@ -76,8 +76,7 @@ def open_embedder(artifact: Path, config: str, threads: int, cache: Path) -> Any
     from kvembed.runtime.artifact import MODEL, encoder_from_manifest, read_manifest
     from kvembed.runtime.session import CPU, open_session, session_options
 
-    options = session_options(threads, memory_arena="noarena" not in config)
-    options.add_session_config_entry("session.disable_prepacking", "1" if "noprepack" in config else "0")
+    options = session_options(threads, memory_arena="noarena" not in config, prepacking="noprepack" not in config)
     manifest = read_manifest(artifact)
     session = open_session(artifact / MODEL, options, [CPU])
     return Embedder(artifact, manifest, encoder_from_manifest(artifact, manifest), session)
@@ -123,6 +122,31 @@ def child(args: argparse.Namespace) -> None:
         "pss": roll.get("Pss", 0), "anonymous": roll.get("Anonymous", 0), "pss_file": roll.get("Pss_File", 0),
         "batch_s": round(statistics.median(times), 4), "query_s": round(statistics.median(small), 4), "widths": sorted(widths), "providers": embedder.providers,
     }), flush=True)
+
+
+def speed(args: argparse.Namespace) -> None:
+    """``--speed``: the configurations' Embedders side by side in this one process, called in turn
+    (A B C A B C ...), so each ratio compares calls made under the same machine load."""
+    embedders = {config: open_embedder(args.artifact, config, args.threads, args.cache) for config in args.configs.split(",")}
+    texts = [f"{i} {TEXT}" for i in range(args.batch)]
+    warnings.simplefilter("ignore")
+    times: dict[str, dict[str, list[float]]] = {c: {"batch": [], "query": []} for c in embedders}
+    for _ in range(args.reps + 1):  # the first turn warms up
+        for config, embedder in embedders.items():
+            for kind, count, tokens in (("batch", args.batch, args.tokens), ("query", 1, args.query_tokens)):
+                embedder.encoder.max_length = tokens
+                start = time.perf_counter()
+                embedder.encode(texts[:count], batch_size=args.batch)
+                times[config][kind].append(time.perf_counter() - start)
+    base = next(iter(embedders))
+    print(f"{args.artifact.name}: {args.reps} turns, medians (ratio = {base}'s time / this one's: >1 is faster)")
+    for config, got in times.items():
+        cells = []
+        for kind in ("batch", "query"):
+            median = statistics.median(got[kind][1:])
+            ratio = statistics.median(b / t for b, t in zip(times[base][kind][1:], got[kind][1:]))
+            cells.append(f"{kind} {median:.3f} s ({ratio:.2f}x)")
+        print(f"  {config}: {', '.join(cells)}")
 
 
 def run_child(artifact: Path, config: str, args: argparse.Namespace, barrier: Path | None = None) -> subprocess.Popen:
@@ -191,13 +215,19 @@ def main() -> None:
     parser.add_argument("--sharing-config", default="default", help="The configuration both --sharing processes run.")
     parser.add_argument("--cache", type=Path, default=None, help="OpenVINO blob cache for *-cached (default: a temporary folder).")
     parser.add_argument("--out", type=Path, default=None, help="JSON results file.")
+    parser.add_argument("--speed", action="store_true",
+                        help="Time the --configs side by side in one process on --artifact (turns interleaved), no memory.")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--artifact", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--artifact", type=Path, help="The artifact of --speed.")
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--barrier", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
+        return
+    if args.speed:
+        args.cache = args.cache or Path(tempfile.mkdtemp(prefix="load-memory-"))
+        speed(args)
         return
     temporary = tempfile.TemporaryDirectory(prefix="load-memory-")
     args.cache = args.cache or Path(temporary.name) / "ov-cache"

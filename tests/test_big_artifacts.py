@@ -74,7 +74,11 @@ def rollup():
             out[fields[0][:-1] + "_data"] += int(fields[1]) * 1024
     return out
 
-before = rollup()
+def hwm():
+    line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+before, peak_before = rollup(), hwm()
 prepacking = json.loads(sys.argv[2])
 session = create_session(sys.argv[1], "cpu", threads=1, memory_arena=False, prepacking=prepacking)
 session.run(["y"], {"x": np.ones((64, %d), np.float32)})
@@ -86,11 +90,11 @@ if barrier is not None:  # hold the session until the other process holds its ow
     time.sleep(0.5)
 after = rollup()
 print(json.dumps({"anonymous": after["Anonymous"] - before["Anonymous"], "rss_file": after["Rss_data"],
-                  "pss_file": after["Pss_data"]}))
+                  "pss_file": after["Pss_data"], "peak": hwm() - peak_before}))
 """ % WIDTH
 
 
-def hold(graph: Path, prepacking: bool | None, barrier: Path | None = None) -> subprocess.Popen:
+def hold(graph: Path, prepacking: bool, barrier: Path | None = None) -> subprocess.Popen:
     args = [sys.executable, "-c", HOLD, str(graph), json.dumps(prepacking)] + ([str(barrier)] if barrier else [])
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -101,37 +105,39 @@ def result(process: subprocess.Popen) -> dict[str, int]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_cpu_session_keeps_the_weights_as_the_mapped_file_not_a_packed_copy(weights_graph):
-    """The CPU default (pre-packing off): after a call the weights are file-backed pages of
-    ``model.onnx.data`` and the process's own (anonymous) memory grew by far less than them.
-    Pre-packing forced on: a private packed copy of every weight, in anonymous memory."""
+def test_prepacking_replaces_the_mapped_weights_without_a_second_copy_at_peak(weights_graph):
+    """The default (pre-packing on): after a call the weights are a packed private copy and the
+    mapped file's pages are gone; packing replaced them tensor by tensor, so the process never
+    held both (its peak grew by about the weights, not twice them). ``prepacking=False``: the
+    weights stay file-backed pages of ``model.onnx.data`` and the process's own memory barely grows."""
     graph, weights = weights_graph
-    lean = result(hold(graph, None))
-    assert lean["rss_file"] >= 0.9 * weights, lean
-    assert lean["anonymous"] <= 0.25 * weights, lean
     packed = result(hold(graph, True))
-    assert packed["anonymous"] >= 0.9 * weights, packed
+    assert packed["anonymous"] >= 0.9 * weights and packed["rss_file"] <= 0.1 * weights, packed
+    assert packed["peak"] <= 1.35 * weights, packed
+    mapped = result(hold(graph, False))
+    assert mapped["rss_file"] >= 0.9 * weights, mapped
+    assert mapped["anonymous"] <= 0.25 * weights, mapped
 
 
-def test_two_processes_share_one_copy_of_the_weights(weights_graph, tmp_path):
-    """Two processes holding sessions of the same artifact at once: the mapped weights are the
-    page cache's, so each process's proportional share (PSS) of them is about half."""
+def test_without_prepacking_two_processes_share_one_copy_of_the_weights(weights_graph, tmp_path):
+    """Two processes holding ``prepacking=False`` sessions of the same file at once: the mapped
+    weights are the page cache's, so each process's proportional share (PSS) of them is about half."""
     graph, weights = weights_graph
-    pair = [hold(graph, None, tmp_path) for _ in range(2)]
+    pair = [hold(graph, False, tmp_path) for _ in range(2)]
     both = [result(process) for process in pair]
     for item in both:
         assert item["rss_file"] >= 0.9 * weights, both
         assert item["pss_file"] <= 0.6 * weights, both
 
 
-def test_embedder_load_turns_prepacking_off_on_the_cpu_only_by_default(stories_artifact):
+def test_embedder_load_prepacks_unless_told_not_to(stories_artifact):
     artifact = stories_artifact("va", layers="1-2")
     default = Embedder.load(artifact, provider="cpu")
-    packed = Embedder.load(artifact, provider="cpu", prepacking=True)
-    assert default.session.get_session_options().get_session_config_entry(DISABLE_PREPACKING) == "1"
-    assert packed.session.get_session_options().get_session_config_entry(DISABLE_PREPACKING) == "0"
+    mapped = Embedder.load(artifact, provider="cpu", prepacking=False)
+    assert default.session.get_session_options().get_session_config_entry(DISABLE_PREPACKING) == "0"
+    assert mapped.session.get_session_options().get_session_config_entry(DISABLE_PREPACKING) == "1"
     texts = ["a short text", "the cat sat on the mat and looked at the sun for a while"]
-    np.testing.assert_allclose(default.encode(texts), packed.encode(texts), atol=1e-6)
+    np.testing.assert_allclose(mapped.encode(texts), default.encode(texts), atol=1e-6)
 
 
 # -- Triton repositories: the weights hard-linked ---------------------------------------------------

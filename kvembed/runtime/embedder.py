@@ -72,7 +72,7 @@ class Embedder:
         trt_cache_dir: str | os.PathLike[str] | None = None,
         trt_fp16: bool = False,
         memory_arena: bool = True,
-        prepacking: bool | None = None,
+        prepacking: bool = True,
         ov_precision: str | None = None,
         ov_cache_dir: str | os.PathLike[str] | None | bool = None,
         max_call_tokens: int | None | str = "auto",
@@ -85,9 +85,9 @@ class Embedder:
         ``trt_fp16`` lets TensorRT use fp16 kernels). ``verify`` checks every file's sha256
         against the manifest first (a corrupted or altered file is named in the error).
         ``memory_arena=False`` returns activation memory after each call (see
-        :func:`kvembed.runtime.session.session_options`). ``prepacking``: None (default) leaves the
-        weights as the artifact's memory-mapped file on the CPU (one shared copy, instant load) and
-        lets GPU providers pre-pack; True / False force it (:func:`kvembed.runtime.session.create_session`).
+        :func:`kvembed.runtime.session.session_options`). ``prepacking=False`` leaves the weights as
+        the artifact's memory-mapped file (one copy shared by the processes that load it, slower
+        calls; see :func:`~kvembed.runtime.session.session_options`).
 
         ``provider="openvino"`` runs the graph with OpenVINO's CPU plugin instead of onnxruntime
         (``pip install 'kvembed[openvino]'``; never chosen by ``"auto"``): ``ov_precision`` is its

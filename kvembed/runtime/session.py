@@ -69,14 +69,20 @@ def session_options(threads: int | None = None, memory_arena: bool = True, prepa
     """Options tuned for embedding batches: full graph optimisation, sequential execution,
     ``threads`` intra-op threads (default: onnxruntime's choice, one per physical core).
 
-    ``memory_arena=False`` gives activation memory back after every call instead of keeping the
-    arena at its high-water mark (a 16 x 512 batch of the 8-layer 0.6B-shaped model: 2.6 GB kept vs
-    0.6 GB resident after the call; benchmarks/compare_graphs.py --memory), for servers that see
-    rare large batches.
+    ``memory_arena``: on by default, the CPU arena keeps the activation memory of the largest call
+    (rounded up) for the next ones, which makes calls faster, int8 ones most; calls are cut to the
+    runtime's token budget, so what it keeps is bounded by the model's widths, not its weights.
+    ``memory_arena=False`` gives activation memory back after every call instead (a 16 x 512 batch
+    of the 8-layer 0.6B-shaped model: 2.6 GB kept vs 0.6 GB resident after the call;
+    benchmarks/compare_graphs.py --memory), for servers that see rare large batches.
 
-    ``prepacking=False`` sets ``session.disable_prepacking``: MatMul weights are packed for the
-    GEMM kernel during each call instead of once into a private copy at load (see
-    :func:`create_session` for when that is chosen).
+    ``prepacking``: on by default, each MatMul weight is packed once at load into the layout the
+    GEMM kernel reads, replacing the memory-mapped weights tensor by tensor, so the peak is no
+    higher and every call is faster (short queries most). ``prepacking=False``
+    (``session.disable_prepacking``) keeps the weights as the pages of the artifact's external-data
+    file, packing them during each call instead: slower calls and a near-instant load, and the
+    weights are one copy shared by every process on the machine that maps the same file (several
+    Ray actors, Triton instances or server processes) and reclaimable by the kernel.
     """
     options = ort.SessionOptions()
     options.enable_cpu_mem_arena = bool(memory_arena)
@@ -96,28 +102,13 @@ def create_session(
     provider: str = "auto",
     threads: int | None = None,
     memory_arena: bool = True,
-    prepacking: bool | None = None,
+    prepacking: bool = True,
     **provider_options: Any,
 ) -> ort.InferenceSession:
-    """A session of ``model_path`` on ``provider`` with :func:`session_options`.
-
-    ``prepacking=None`` (the default) chooses: off when the CPU provider runs the graph, on for
-    GPU providers. Off, the weights stay the memory-mapped pages of the artifact's external data
-    file instead of a packed private copy: resident memory is one copy of the weights (the page
-    cache's, shared by every process that loads the same artifact and reclaimable by the kernel)
-    and the load is near-instant, while packing during each call costs a small part of a product
-    whose inputs are rows x weights (benchmarks/load_memory.py).
-    """
+    """A session of ``model_path`` on ``provider`` with :func:`session_options`."""
     providers = provider_chain(provider, **provider_options)
-    if prepacking is None:
-        prepacking = _first_provider(providers) != CPU
     options = session_options(threads, memory_arena, prepacking)
     return open_session(model_path, options, providers)
-
-
-def _first_provider(providers: Sequence[Any]) -> str:
-    first = providers[0]
-    return first[0] if isinstance(first, tuple) else str(first)
 
 
 def open_session(model_path: str | os.PathLike[str], options: ort.SessionOptions, providers: Sequence[Any]) -> ort.InferenceSession:
