@@ -294,3 +294,23 @@ def test_recipes_tried_in_turn_calibrate_once(fp32, tmp_path, monkeypatch):
     want = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(alone)).graph.initializer}
     got = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(second)).graph.initializer}
     assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_a_recipe_that_repeats_a_tried_graph_is_skipped(fp32, tmp_path):
+    """A recipe keeping no more MatMuls fp32 than one already tried (here: keep the down_projs
+    whose input spreads over 1e9 x its median: none) would write the same graph: to_int8 says so
+    instead of converting again, and the exporter moves on to the next recipe."""
+    from kvembed.export.precision import Int8Recipe, SameGraphError
+    from kvembed.export.smoothing import DEFAULT_ALPHA
+
+    artifact, graph = fp32
+    feeds = calibration_feeds(encoder_from_manifest(artifact, read_manifest(artifact)), TEXTS, batch=3)
+    ranges: dict = {}
+    to_int8(graph, tmp_path / "smooth.onnx", "smooth", feeds, ranges)
+    none_wide = Int8Recipe("keep-none-wide", DEFAULT_ALPHA, INT8_RECIPES["smooth"].massive_spread, True, "test",
+                           down_spread=1e9)
+    with pytest.raises(SameGraphError) as same:
+        to_int8(graph, tmp_path / "same.onnx", none_wide, feeds, ranges)
+    assert same.value.same_as == "smooth" and not (tmp_path / "same.onnx").exists()
+    to_int8(graph, tmp_path / "down.onnx", "smooth-keep-down", feeds, ranges)  # keeps more: converted
+    assert (tmp_path / "down.onnx").exists()

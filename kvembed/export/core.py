@@ -38,7 +38,7 @@ from .graph import rms_norm_as_div, settle_layout, weight_matmuls
 from .graph import trace as trace_graph
 from .ops import ALLOWED_OPS, non_portable_ops, op_types
 from .parity import ParityReport, reference_runs, run_parity
-from .precision import INT8_RECIPES, check_int8_recipe, check_precision, convert, int8_plan
+from .precision import INT8_RECIPES, SameGraphError, check_int8_recipe, check_precision, convert, int8_plan
 from .smoothing import calibration_feeds
 
 Progress = Callable[[str, str], None]
@@ -292,8 +292,16 @@ class Exporter:
             tried: list[dict[str, Any]] = []
             model_path = staging / MODEL
             ranges: dict[str, Any] = {}  # calibration ranges, measured once for every recipe tried
+            failure: ParityError | None = None
             for attempt, recipe in enumerate(recipes, 1):
-                conversion = self._convert(traced, model_path, precision, recipe, calibration, keep_trace, ranges)
+                try:
+                    conversion = self._convert(traced, model_path, precision, recipe, calibration, keep_trace, ranges)
+                except SameGraphError as same:
+                    tried.append({"recipe": recipe, "same_graph_as": same.same_as, "passed": False})
+                    if attempt == len(recipes):  # the recipe it repeats was tried and failed
+                        raise failure if failure is not None else ExportError(str(same))
+                    self.progress("fallback", f"{same}; trying {recipes[attempt]}")
+                    continue
                 self.progress("check", "checking operators and layers")
                 manifest = self._manifest(precision, self._check_graph(model_path, precision), conversion)
                 self.progress("parity", "running the graph in onnxruntime against PyTorch")

@@ -289,6 +289,15 @@ def _retype_node(node: Any) -> None:
             attribute.i = TensorProto.FLOAT16
 
 
+class SameGraphError(Exception):
+    """An int8 recipe would write exactly the graph an earlier recipe wrote (the same smoothing,
+    the same MatMuls kept fp32): the exporter skips it instead of converting and gating again."""
+
+    def __init__(self, recipe: str, same_as: str) -> None:
+        super().__init__(f"int8 recipe {recipe} makes the same graph as {same_as}")
+        self.recipe, self.same_as = recipe, same_as
+
+
 @dataclass(frozen=True)
 class Int8Recipe:
     """One way to make the int8 graph; :data:`INT8_RECIPES` lists them, fastest first."""
@@ -379,9 +388,15 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
         if plan.keep_down:
             keep += massive_input_nodes([g for g in groups if g.fold_kind == "columns"], measured, plan.down_spread) \
                 if plan.down_spread else [n for g in groups if g.fold_kind == "columns" for n in g.nodes]
+        if plan.calibrated and plan.massive_spread is not None:
+            keep += massive_input_nodes(groups, measured, plan.massive_spread)
+        if ranges is not None:  # a recipe that would write a graph already tried gives the same gate result
+            made = ranges.setdefault("graphs", {})
+            signature = (plan.smooth_alpha, plan.weights, tuple(sorted(set(keep))))
+            if signature in made:
+                raise SameGraphError(plan.name, made[signature])
+            made[signature] = plan.name
         if plan.calibrated:
-            if plan.massive_spread is not None:
-                keep += massive_input_nodes(groups, measured, plan.massive_spread)
             if plan.smooth_alpha is not None:
                 quantize_from = Path(work) / source.name
                 smooth_file(source, quantize_from, groups, measured, plan.smooth_alpha)
