@@ -218,3 +218,56 @@ def test_triton_serves_a_hard_linked_repository_after_the_artifact_is_deleted(ex
         finally:
             client.close()
     assert_close(got, want, "repository of a deleted artifact")
+
+
+# -- embed-corpus on Ray: memory reserved per actor ------------------------------------------------
+
+
+def test_session_memory_is_the_graph_files_bytes_plus_the_overhead(external_artifact):
+    from kvembed.runtime.session import SESSION_OVERHEAD, session_memory
+
+    graph = sum((external_artifact / name).stat().st_size for name in ("model.onnx", "model.onnx.data"))
+    assert session_memory(external_artifact) == int(graph + SESSION_OVERHEAD)  # fp32: the weights once
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(external_artifact):
+    """A local Ray whose memory resource holds one actor of ``external_artifact`` but not two."""
+    import ray
+
+    from kvembed.corpus.ray_engine import ACTOR_OVERHEAD
+    from kvembed.runtime.session import session_memory
+
+    need = session_memory(external_artifact) + ACTOR_OVERHEAD
+    ray.init(num_cpus=2, _memory=int(1.5 * need), include_dashboard=False, logging_level=logging.WARNING)
+    yield ray, need
+    ray.shutdown()
+
+
+def test_ray_actors_reserve_the_memory_of_their_session(ray_cluster, external_artifact, tmp_path):
+    """Two actors do not fit the cluster's memory: refused before any actor starts, naming the
+    figure. One does: its shards come back from the actor with the memory Ray reserved for it,
+    exactly the figure computed from the artifact's files, and every row embedded."""
+    from kvembed.corpus import CorpusError, CorpusOptions, embed_corpus
+    from kvembed.corpus.plan import make_plan
+    from kvembed.corpus.progress import CorpusProgress
+    from kvembed.corpus.ray_engine import run_ray
+    from kvembed.corpus.worker import Job
+
+    ray, need = ray_cluster
+    texts = [f"text number {i} about a cat on a mat" for i in range(40)]
+    (tmp_path / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=rf"--workers 2 actors each need {need / 1e9:.1f} GB of memory"):
+        embed_corpus(CorpusOptions(external_artifact, [str(tmp_path / "docs.txt")], tmp_path / "two", engine="ray",
+                                   workers=2, threads=1, progress=False))
+    options = CorpusOptions(external_artifact, [str(tmp_path / "docs.txt")], tmp_path / "one", engine="ray", workers=1,
+                            threads=1, rows_per_file=20, progress=False)
+    plan = make_plan(options)
+    job = Job(artifact=str(external_artifact), threads=1, kind="document", batch_tokens=4096, output_dtype="float32",
+              on_error="fail", columns=plan.columns, files=tuple(plan.files), output=str(options.output))
+    options.output.mkdir()
+    with CorpusProgress(len(texts), 0, False) as progress:
+        stats = list(run_ray(job, plan.shards, 1, progress))
+    assert sorted(item["shard"] for item in stats) == sorted(shard.name for shard in plan.shards) and len(stats) == 2
+    assert sum(item["rows"] for item in stats) == len(texts)
+    assert [item["ray_resources"].get("memory") for item in stats] == [need, need], stats

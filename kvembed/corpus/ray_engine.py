@@ -10,6 +10,10 @@ engines. Ray Data brings the scheduling, actor restarts and task retries on a cl
 
 On a cluster the artifact directory, the inputs and ``--output`` must be reachable at the same
 paths from every node (shared storage such as NFS), and kvembed must be installed on every node.
+
+Each actor loads its own session, so each reserves Ray's ``memory`` resource for one
+(:func:`actor_memory`): Ray then places no more actors on a node than its memory holds, instead of
+starting them all and letting the node run out (a multi-GB artifact per actor).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import ray
 
+from ..runtime.session import session_memory
 from .options import CorpusError
 from .plan import Shard
 from .progress import CorpusProgress
@@ -34,6 +39,24 @@ from .worker import Job, ShardWorker
 
 #: seconds between progress reports from actors to the driver
 REPORT_EVERY = 0.5
+#: what an actor holds besides its session: Ray's worker process, pyarrow, a chunk of rows and vectors
+ACTOR_OVERHEAD = 512 * 1024**2
+
+
+def actor_memory(job: Job) -> int:
+    """Bytes of Ray's ``memory`` resource one actor reserves: its session's peak, from the
+    artifact's files (:func:`kvembed.runtime.session.session_memory`), plus :data:`ACTOR_OVERHEAD`."""
+    return session_memory(job.artifact, job.provider) + ACTOR_OVERHEAD
+
+
+def actors_that_fit(memory: int, cpus: int) -> int:
+    """How many actors reserving ``memory`` bytes and ``cpus`` CPUs the live nodes hold."""
+    fit = 0
+    for node in ray.nodes():
+        if node.get("Alive"):
+            resources = node.get("Resources", {})
+            fit += min(int(resources.get("memory", 0) // memory), int(resources.get("CPU", 0) // cpus))
+    return fit
 
 
 @ray.remote(num_cpus=0)
@@ -77,7 +100,8 @@ class ShardActor:
                 pending[:] = [0, 0, time.monotonic()]
 
         try:
-            return self.worker.run(shard, report)
+            # what Ray gave this actor travels back with the statistics (not stored in the shard)
+            return {**self.worker.run(shard, report), "ray_resources": ray.get_runtime_context().get_assigned_resources()}
         except CorpusError as err:  # bad input: reported to the driver as data, not as a crash
             return {"shard": shard.name, "error": str(err)}
         finally:
@@ -158,6 +182,14 @@ def run_ray(job: Job, shards: Sequence[Shard], workers: int, progress: CorpusPro
     context.enable_progress_bars = False  # the corpus bar shows rows, tokens/s and ETA instead
     context.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
+    memory = actor_memory(job)
+    if actors_that_fit(memory, job.threads) < workers:
+        have = ray.cluster_resources().get("memory", 0)
+        raise CorpusError(
+            f"--workers {workers} actors each need {memory / 1e9:.1f} GB of memory (one session of {job.artifact}); "
+            f"the Ray cluster's nodes hold {actors_that_fit(memory, job.threads)} of them ({have / 1e9:.1f} GB of memory "
+            "resource in all): lower --workers, add nodes, or give Ray more memory (ray start --memory BYTES)"
+        )
     counter = ProgressCounter.remote()
     dataset = ray.data.from_items(
         [{"shard": json.dumps(asdict(shard))} for shard in shards], override_num_blocks=len(shards)
@@ -167,6 +199,7 @@ def run_ray(job: Job, shards: Sequence[Shard], workers: int, progress: CorpusPro
         # one shard in flight per actor: shards are long, so queueing more only unbalances the tail
         compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
         num_cpus=job.threads,
+        memory=memory,
         fn_constructor_kwargs={"job": job, "counter": counter},
     )
     stop = threading.Event()

@@ -18,6 +18,17 @@ import onnxruntime as ort
 from ..errors import MissingDependency
 
 PROVIDERS = ("auto", "cpu", "cuda", "tensorrt", "openvino")
+GIB = 1024**3
+#: resident bytes per byte of the artifact's graph files, onnxruntime on the CPU: fp16 weights are
+#: cast to fp32 copies at load (its CPU provider has no fp16 MatMul); fp32 and int8 ones are packed
+#: in place of the mapped file (benchmarks/load_memory.py)
+CPU_WEIGHT_FACTOR = {"fp32": 1.0, "int8": 1.0, "fp16": 2.0}
+#: OpenVINO: compiling from the ONNX holds the weights read and their converted copy at once; per
+#: byte of fp32-equivalent weights (an fp16 file counts twice; an int8 one, not measured, four times)
+OPENVINO_WEIGHT_FACTOR, FP32_EQUIVALENT = 2.5, {"fp32": 1.0, "fp16": 2.0, "int8": 4.0}
+#: what a session holds beyond its weights after calls of the runtime's token budget
+#: (CPU_CALL_TOKENS) at Qwen3-4B's widths: the arena's high-water mark, scratch, the interpreter
+SESSION_OVERHEAD = 1.5 * GIB
 CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
 
 
@@ -109,6 +120,23 @@ def create_session(
     providers = provider_chain(provider, **provider_options)
     options = session_options(threads, memory_arena, prepacking)
     return open_session(model_path, options, providers)
+
+
+def session_memory(directory: str | os.PathLike[str], provider: str = "cpu") -> int:
+    """Bytes of memory one loaded session of the artifact in ``directory`` holds at its peak, for
+    schedulers that must not put more sessions on a machine than fit (Ray's ``memory``): its graph
+    files' bytes times what the provider makes of them, plus :data:`SESSION_OVERHEAD`. GPU
+    providers are counted as the CPU (what the host holds while the weights are loaded)."""
+    from .artifact import read_manifest
+
+    path = Path(directory)
+    precision = str(read_manifest(path).get("precision", "fp32"))
+    graph = sum(p.stat().st_size for p in path.iterdir() if p.is_file() and p.name.startswith("model.onnx"))
+    if provider == "openvino":
+        factor = OPENVINO_WEIGHT_FACTOR * FP32_EQUIVALENT.get(precision, 4.0)
+    else:
+        factor = CPU_WEIGHT_FACTOR.get(precision, 2.0)
+    return int(graph * factor + SESSION_OVERHEAD)
 
 
 def open_session(model_path: str | os.PathLike[str], options: ort.SessionOptions, providers: Sequence[Any]) -> ort.InferenceSession:
