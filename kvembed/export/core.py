@@ -346,7 +346,7 @@ class Exporter:
             return {}
         self.progress("convert", f"converting to {precision}" + (f" (recipe {recipe})" if recipe else ""))
         return convert(traced, model_path, precision, int8_recipe=recipe or "plain", calibration=calibration,
-                       ranges=ranges)
+                       ranges=ranges, step=lambda detail: self.progress("convert", detail))
 
     def _context_matmuls(self) -> int:
         """Weight matrix products of Causal2Vec's encoder and projector (one per ``nn.Linear``)."""

@@ -49,7 +49,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .graph import node_edges, settle_layout, stream_initializers
 from .smoothing import DEFAULT_ALPHA
@@ -104,14 +104,14 @@ def check_precision(precision: str) -> str:
 
 def convert(source: Path, target: Path, precision: str, *, int8_recipe: str = "plain",
             calibration: Sequence[Mapping[str, Any]] | None = None,
-            ranges: dict[str, Any] | None = None) -> dict[str, Any]:
+            ranges: dict[str, Any] | None = None, step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write ``source`` (fp32) converted to ``precision`` as ``target``; return what was done.
-    ``ranges``: see :func:`to_int8`."""
+    ``ranges`` and ``step``: see :func:`to_int8`."""
     precision = check_precision(precision)
     if precision == "fp16":
         return to_fp16(source, target)
     if precision == "int8":
-        return to_int8(source, target, int8_recipe, calibration, ranges)
+        return to_int8(source, target, int8_recipe, calibration, ranges, step)
     raise ValueError("fp32 needs no conversion")
 
 
@@ -355,13 +355,14 @@ def int8_plan(recipe: str) -> tuple[str, ...]:
 
 def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
             calibration: Sequence[Mapping[str, Any]] | None = None,
-            ranges: dict[str, Any] | None = None) -> dict[str, Any]:
+            ranges: dict[str, Any] | None = None, step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Quantise the fp32 graph ``source`` by ``recipe`` (one of :data:`INT8_RECIPES` or its name) to ``target``.
 
     ``calibration`` (padded batches of graph inputs, see :func:`kvembed.export.smoothing.calibration_feeds`)
     is needed by the recipes that smooth or keep MatMuls fp32. ``ranges`` (a dict the caller
     keeps across recipes tried on the same ``source`` and ``calibration``) holds the calibration's
-    activation ranges once measured, so a fallback recipe does not run the fp32 graph again."""
+    activation ranges once measured, so a fallback recipe does not run the fp32 graph again.
+    ``step(detail)`` is told as each part (calibrating, smoothing, quantising) begins."""
     import tempfile
 
     import onnx
@@ -380,6 +381,8 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
             if calibration is None:
                 raise ValueError(f"int8 recipe {plan.name} needs calibration batches")
             if ranges is None or "activations" not in ranges:
+                if step is not None:
+                    step(f"calibrating: the fp32 graph on {len(calibration)} batches")
                 measured = activation_ranges(source, groups, calibration)
                 if ranges is not None:
                     ranges["activations"] = measured
@@ -398,10 +401,14 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
             made[signature] = plan.name
         if plan.calibrated:
             if plan.smooth_alpha is not None:
+                if step is not None:
+                    step(f"smoothing: SmoothQuant folded into the weights (recipe {plan.name})")
                 quantize_from = Path(work) / source.name
                 smooth_file(source, quantize_from, groups, measured, plan.smooth_alpha)
             facts.update({"smoothquant_alpha": plan.smooth_alpha, "smoothed_activations": len(groups) if plan.smooth_alpha else 0,
                           "calibration_batches": len(calibration)})
+        if step is not None:
+            step(f"quantising: onnxruntime dynamic int8, a slice at a time (recipe {plan.name})")
         with _quiet_logging():
             sliced = quantize_dynamic_streamed(
                 quantize_from,
