@@ -14,12 +14,10 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
-from checks import run_python
 
 from kvembed.runtime import Embedder
 from kvembed.runtime.session import DISABLE_PREPACKING

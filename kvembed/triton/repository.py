@@ -247,3 +247,9 @@ def place_file(source: Path, target: Path) -> bool:
             raise
     shutil.copy2(source, target)
     return False
+
+
+def _warmup_file(model_dir: Path, name: str, data: bytes) -> None:
+    folder = model_dir / "warmup"
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_bytes(data)
