@@ -232,7 +232,7 @@ def main() -> None:
     temporary = tempfile.TemporaryDirectory(prefix="load-memory-")
     args.cache = args.cache or Path(temporary.name) / "ov-cache"
     runs: list[dict[str, Any]] = []
-    configs = args.configs.split(",")
+    configs = [c for c in args.configs.split(",") if c]
     for artifact in args.artifacts:
         precision = json.loads((artifact / "kvembed.json").read_text()).get("precision", "?")
         chosen = [c for c in configs if not c.startswith("openvino") or precision in ("fp32", "fp16")]
