@@ -116,6 +116,11 @@ def child(args: argparse.Namespace) -> None:
             time.sleep(0.2)
         time.sleep(1.0)
     roll = rollup()
+    if args.barrier is not None:  # and stay until the other process has measured too
+        (args.barrier / f"{os.getpid()}.done").touch()
+        deadline = time.monotonic() + 600
+        while len(list(args.barrier.glob("*.done"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
     print(json.dumps({
         "config": args.config, "artifact": str(args.artifact), "baseline_rss": base, "load_s": round(load_s, 2),
         "after_load": after_load, "rss": status_kb("VmRSS"), "hwm": status_kb("VmHWM"),
