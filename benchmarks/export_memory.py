@@ -138,6 +138,71 @@ def run_export(model: Path, out: Path, precision: str, method: str, layers: str 
     }
 
 
+def machine_rates(seconds: float = 3.0) -> dict[str, float]:
+    """This machine's fp32 GEMM rate (torch, all cores, 2048^3 products) and buffered file write
+    rate (256 MiB blocks to a scratch file in the work folder's filesystem), best of a few tries:
+    the denominators of each stage's floor."""
+    import torch
+
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    torch.matmul(a, b)
+    best, end = float("inf"), time.monotonic() + seconds
+    while time.monotonic() < end:
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - start)
+    return {"gemm_flops": 2 * 2048**3 / best, "cores": os.cpu_count() or 1}
+
+
+def write_rate(folder: Path, total: int = 2 * GIB, block: int = 256 * 1024**2) -> float:
+    """Bytes per second written to a file in ``folder`` (buffered, as the exporter writes)."""
+    data, path = os.urandom(block), folder / ".write-rate.tmp"
+    start = time.perf_counter()
+    with path.open("wb") as handle:
+        for _ in range(total // block):
+            handle.write(data)
+    rate = total / (time.perf_counter() - start)
+    path.unlink()
+    return rate
+
+
+def gate_work(artifact: Path) -> dict[str, int]:
+    """The padded tokens the parity gate runs per side (its batches through the artifact's own
+    tokenizer) and the calibration's (int8), from the artifact's files."""
+    from kvembed.export.parity import PARITY_TEXTS, gate_batches
+    from kvembed.export.smoothing import calibration_feeds
+    from kvembed.runtime.artifact import encoder_from_manifest, read_manifest
+
+    encoder = encoder_from_manifest(artifact, read_manifest(artifact))
+    gate = sum(encoder.pad(encoder.encode([PARITY_TEXTS[n] for n in names], kind), side)["input_ids"].size
+               for kind, side, names in gate_batches(PARITY_TEXTS))
+    calibration = sum(batch["input_ids"].size for batch in calibration_feeds(encoder))
+    return {"gate_tokens_per_side": int(gate), "calibration_tokens": int(calibration)}
+
+
+def stage_floors(model: Path, work: dict[str, int], rates: dict[str, float], layers_run: int) -> dict[str, float]:
+    """Seconds each long stage needs at least on this machine: the gate (PyTorch and onnxruntime
+    each run its padded tokens through every layer, 2 FLOPs per weight per token) and int8's
+    calibration at the GEMM rate; the stages that read and write the weights at the file write
+    rate (the trace writes W, fp16 reads W and writes W/2, int8 writes W twice: smoothed, then a
+    quarter of it quantised)."""
+    config = json.loads((model / "config.json").read_text())
+    hidden, ffn = config["hidden_size"], config["intermediate_size"]
+    heads, kv, head = config["num_attention_heads"], config["num_key_value_heads"], config.get("head_dim") or hidden // config["num_attention_heads"]
+    per_layer = hidden * head * (2 * heads + 2 * kv) + 3 * hidden * ffn
+    flops_per_token = 2 * per_layer * layers_run
+    weight_bytes = 4 * (per_layer * layers_run + config["vocab_size"] * hidden)
+    gemm, write = rates["gemm_flops"], rates["write_bytes_per_s"]
+    return {
+        "reference": work["gate_tokens_per_side"] * flops_per_token / gemm,
+        "parity": work["gate_tokens_per_side"] * flops_per_token / gemm,
+        "calibrate": work["calibration_tokens"] * flops_per_token / gemm,
+        "trace": weight_bytes / write,
+        "convert_fp16": weight_bytes / 2 / write,
+        "convert_int8": 1.25 * weight_bytes / write,
+    }
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The RESULTS.md table: peak RSS (GiB and x W), wall, then per stage 'wall s / peak GiB'."""
     weight = results["fp32_weight_bytes"]
@@ -167,6 +232,9 @@ def main() -> None:
     parser.add_argument("--method-layers", default=None, help="--layers passed to kvembed-export (default: the method's).")
     parser.add_argument("--keep-artifacts", action="store_true", help="Keep each artifact (default: removed after its run).")
     parser.add_argument("--out", type=Path, default=None, help="JSON results file.")
+    parser.add_argument("--floors", action="store_true",
+                        help="Also measure this machine's GEMM and write rates and report each long stage's floor "
+                             "(needs the artifacts: implies --keep-artifacts for the first one).")
     args = parser.parse_args()
     suffix = "" if args.tokenizer is None else "-" + Path(args.tokenizer).name.replace(".", "_")
     model = args.work / f"qwen3-4b-shaped-{args.layers}l-bf16{suffix}"
@@ -179,11 +247,21 @@ def main() -> None:
         "model": str(model), "layers": args.layers, "method": args.method, "tokenizer": args.tokenizer or "demo (byte-level)",
         "fp32_weight_bytes": fp32_weight_bytes(model), "runs": [],
     }
+    if args.floors:
+        rates = machine_rates()
+        rates["write_bytes_per_s"] = write_rate(args.work)
+        results["rates"] = rates
     for precision in args.precisions.split(","):
         out = args.work / f"artifact-{precision}"
         run = run_export(model, out, precision, args.method, args.method_layers, args.work / f"export-{precision}.log")
         if out.exists():
             run["artifact_bytes"] = sum(p.stat().st_size for p in out.iterdir())
+            if args.floors and "floors" not in results:
+                manifest = json.loads((out / "kvembed.json").read_text())
+                work = gate_work(out)
+                results["gate_work"] = work
+                results["floors_s"] = stage_floors(model, work, rates, int(manifest["graph"]["decoder_layers"]))
+                print(json.dumps({"gate_work": work, "rates": results["rates"], "floors_s": results["floors_s"]}), flush=True)
         if not args.keep_artifacts:
             import shutil
 
