@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +137,16 @@ def test_embedder_load_prepacks_unless_told_not_to(stories_artifact):
     assert mapped.session.get_session_options().get_session_config_entry(DISABLE_PREPACKING) == "1"
     texts = ["a short text", "the cat sat on the mat and looked at the sun for a while"]
     np.testing.assert_allclose(mapped.encode(texts), default.encode(texts), atol=1e-6)
+
+
+def test_an_fp16_artifact_on_the_cpu_provider_says_what_it_costs(stories_artifact):
+    """onnxruntime's CPU provider casts fp16 weights to fp32 copies at load: the user is told once,
+    with what to use instead; fp32 loads say nothing."""
+    with pytest.warns(UserWarning, match=r"fp16 artifact on onnxruntime's CPU provider.*int8 or fp32 artifact"):
+        Embedder.load(stories_artifact("kv-embedding", "fp16"), provider="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Embedder.load(stories_artifact("kv-embedding"), provider="cpu")
 
 
 # -- Triton repositories: the weights hard-linked ---------------------------------------------------

@@ -129,6 +129,11 @@ class Embedder:
         if provider == "tensorrt":
             provider_options.update(trt_cache_dir=trt_cache_dir, trt_fp16=trt_fp16)
         session = create_session(path / MODEL, provider, threads, memory_arena, prepacking, **provider_options)
+        if manifest.get("precision") == "fp16" and session.get_providers()[0] == "CPUExecutionProvider":
+            warnings.warn(
+                f"{str(path)!r} is an fp16 artifact on onnxruntime's CPU provider, which has no fp16 MatMul: it "
+                "holds fp32 copies of the weights (twice the artifact's size) and runs at fp32 speed; on a CPU "
+                "use the int8 or fp32 artifact, or provider='openvino'", stacklevel=2)
         return cls(path, manifest, encoder, session, max_call_tokens, call_cost)
 
     @classmethod
