@@ -72,7 +72,9 @@ def quantize_dynamic_streamed(
                     tensor.data_location = onnx.TensorProto.EXTERNAL
                 homes[tensor.name] = work_dir
                 graph.initializer.append(tensor)
-            replaced[id(piece.nodes[0])] = list(quantized.graph.node)
+            # copies: a message kept from the slice's model would keep that model's whole arena
+            # (the int8 weights' bytes included) alive until the end
+            replaced[id(piece.nodes[0])] = [_copy(node) for node in quantized.graph.node]
             removed.update(id(node) for node in piece.nodes[1:])
             del quantized
         nodes = []
@@ -182,6 +184,13 @@ def _quantize_slice(model: Any, weights_dir: Path, piece: _Slice, path: Path, op
     if missing:
         raise RuntimeError(f"quantize_dynamic renamed the outputs {missing[:3]} of a slice; cannot splice it back")
     return quantized
+
+
+def _copy(message: Any) -> Any:
+    """A copy of a protobuf message in an arena of its own."""
+    copy = type(message)()
+    copy.CopyFrom(message)
+    return copy
 
 
 def _append(raw: bytes, data: Path) -> int:

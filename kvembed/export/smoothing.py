@@ -36,7 +36,7 @@ import numpy as np
 DEFAULT_ALPHA = 0.65
 #: calibration texts: the first of the built-in calibration set, as queries and as documents
 CALIBRATION_TEXTS = 64
-CALIBRATION_BATCH = 8
+CALIBRATION_BATCH = 4
 
 
 @dataclass
@@ -100,13 +100,18 @@ def smoothable_groups(model: Any) -> list[SmoothGroup]:
 def calibration_feeds(encoder: Any, texts: list[str] | None = None, batch: int = CALIBRATION_BATCH) -> list[dict[str, np.ndarray]]:
     """Padded batches of ``texts`` (default: the built-in calibration set's first
     :data:`CALIBRATION_TEXTS`, which the parity gate does not use) as queries and as documents,
-    encoded by ``encoder`` (a TextEncoder)."""
+    encoded by ``encoder`` (a TextEncoder). Texts of like length share a batch: the ranges are
+    maxima over real tokens, so the batching does not change them, only the padding run and the
+    activations held at once."""
     if texts is None:
         from ..layers.calibration import load_calibration
 
         texts = load_calibration(None, CALIBRATION_TEXTS)
-    return [encoder.pad(encoder.encode(texts[start:start + batch], kind), "right")
-            for kind in encoder.method.templates for start in range(0, len(texts), batch)]
+    feeds = []
+    for kind in encoder.method.templates:
+        encoded = sorted(encoder.encode(texts, kind), key=lambda e: len(e.ids))
+        feeds += [encoder.pad(encoded[start:start + batch], "right") for start in range(0, len(encoded), batch)]
+    return feeds
 
 
 def activation_ranges(source: Path, groups: list[SmoothGroup], feeds: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
