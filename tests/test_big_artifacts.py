@@ -82,12 +82,17 @@ prepacking = json.loads(sys.argv[2])
 session = create_session(sys.argv[1], "cpu", threads=1, memory_arena=False, prepacking=prepacking)
 session.run(["y"], {"x": np.ones((64, %d), np.float32)})
 barrier = Path(sys.argv[3]) if len(sys.argv) > 3 else None
-if barrier is not None:  # hold the session until the other process holds its own
-    (barrier / str(time.time_ns())).touch()
-    while len(list(barrier.iterdir())) < 2:
+
+def meet(stage):  # wait until both processes reach ``stage``
+    (barrier / f"{stage}-{time.time_ns()}").touch()
+    while len(list(barrier.glob(f"{stage}-*"))) < 2:
         time.sleep(0.05)
-    time.sleep(0.5)
+
+if barrier is not None:  # measure while the other process holds its session too
+    meet("ready")
 after = rollup()
+if barrier is not None:  # and stay until the other one has measured as well
+    meet("measured")
 print(json.dumps({"anonymous": after["Anonymous"] - before["Anonymous"], "rss_file": after["Rss_data"],
                   "pss_file": after["Pss_data"], "peak": hwm() - peak_before}))
 """ % WIDTH
