@@ -69,7 +69,7 @@ def find_gguf(path: str | os.PathLike[str]) -> Path | None:
     return None
 
 
-def _gguf_module() -> Any:
+def gguf_module() -> Any:
     try:
         import gguf
     except ImportError as err:
@@ -77,7 +77,7 @@ def _gguf_module() -> Any:
     return gguf
 
 
-def _field(reader: Any, gguf: Any, key: str) -> Any:
+def gguf_field(reader: Any, gguf: Any, key: str) -> Any:
     field = reader.fields.get(key)
     if field is None or not field.data:
         return None
@@ -114,27 +114,27 @@ def sha256_of(path: Path) -> str:
 
 def read_info(path: Path) -> GGUFInfo:
     """Header facts of a GGUF file; GGUFError (one line) for a damaged or unsupported one."""
-    gguf = _gguf_module()
+    gguf = gguf_module()
     try:
         reader = gguf.GGUFReader(str(path), "r")
     except Exception as err:  # the reader raises ValueError/KeyError/IndexError/struct errors on bad bytes
         detail = " ".join(str(err).split())[:200] or type(err).__name__
         raise GGUFError(f"{str(path)!r} is not a readable GGUF file ({detail}); is it complete?") from None
-    architecture = _field(reader, gguf, "general.architecture")
+    architecture = gguf_field(reader, gguf, "general.architecture")
     if architecture not in ARCHITECTURES:
         raise GGUFError(
             f"{str(path)!r} is a GGUF of architecture {architecture!r}; kvembed supports "
             f"{', '.join(sorted(ARCHITECTURES))}"
         )
-    layers = _field(reader, gguf, f"{architecture}.block_count")
-    file_type = _field(reader, gguf, "general.file_type")
+    layers = gguf_field(reader, gguf, f"{architecture}.block_count")
+    file_type = gguf_field(reader, gguf, "general.file_type")
     try:
         quantization = gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else "unknown"
     except ValueError:
         quantization = f"file_type {file_type}"
     return GGUFInfo(
         file=path.name, sha256=sha256_of(path), architecture=architecture, model_type=ARCHITECTURES[architecture],
-        num_layers=int(layers or 0), quantization=quantization, name=_field(reader, gguf, "general.name"),
+        num_layers=int(layers or 0), quantization=quantization, name=gguf_field(reader, gguf, "general.name"),
     )
 
 

@@ -434,13 +434,13 @@ def _read_config(folder: Path, model: Any) -> dict[str, Any] | None:
 
 def _gguf_config(path: Path, architecture: str, model_type: str) -> dict[str, Any]:
     """The config.json keys the estimate reads, from a GGUF header (the file is mapped, not read)."""
-    from ..gguf import _field, _gguf_module
+    from ..gguf import gguf_field, gguf_module
 
-    gguf = _gguf_module()
+    gguf = gguf_module()
     reader = gguf.GGUFReader(str(path), "r")
 
     def value(key: str) -> Any:
-        return _field(reader, gguf, f"{architecture}.{key}")
+        return gguf_field(reader, gguf, f"{architecture}.{key}")
 
     tensors = {tensor.name: int(tensor.n_elements) for tensor in reader.tensors}
     hidden = value("embedding_length")
