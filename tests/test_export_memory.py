@@ -184,6 +184,9 @@ def test_manifest_names_the_checkpoint_dtype(sharded_bf16, tmp_path):
         steps = display.steps[stage]
         assert len(steps) == 4 * 3  # one per padded batch of the gate: 3 batches x query/document x right/left
         assert [d for d, _ in steps] == sorted(d for d, _ in steps) and steps[-1][0] == steps[-1][1] > 0
+    # the fp16 conversion: one step per weight tensor of the graph, up to all of them
+    tensors = len(onnx.load(str(result.path / "model.onnx"), load_external_data=False).graph.initializer)
+    assert display.steps["convert"] == [(done, tensors) for done in range(1, tensors + 1)]
     assert result.manifest["source"]["dtype"] == "bfloat16"
     assert result.manifest["source"]["location"] == str(sharded_bf16.resolve())
     assert result.parity.passed and result.manifest["precision"] == "fp16"

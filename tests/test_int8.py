@@ -230,7 +230,10 @@ def test_sliced_quantisation_equals_onnxruntimes_whole_model_run(fp32, tmp_path,
                 if n.op_type == "MatMul"][:2]  # some MatMuls stay fp32, as recipes keep them
     whole, sliced = tmp_path / "whole.onnx", tmp_path / "sliced.onnx"
     quantize_dynamic(str(graph), str(whole), op_types_to_quantize=["MatMul"], nodes_to_exclude=excluded, **options)
-    counts = quantize_dynamic_streamed(graph, sliced, nodes_to_exclude=excluded, slice_bytes=slice_bytes, **options)
+    steps: list = []
+    counts = quantize_dynamic_streamed(graph, sliced, nodes_to_exclude=excluded, slice_bytes=slice_bytes,
+                                       advance=lambda done, total: steps.append((done, total)), **options)
+    assert steps == [(done, counts["slices"]) for done in range(1, counts["slices"] + 1)]  # progress per slice
     want, got = onnx.load(str(whole)), onnx.load(str(sliced))
     assert counts["quantized_matmuls"] == sum(n.op_type == "MatMulInteger" for n in want.graph.node) > 0
     assert counts["slices"] > 1 if slice_bytes == 1 else counts["slices"] == 1

@@ -346,7 +346,8 @@ class Exporter:
             return {}
         self.progress("convert", f"converting to {precision}" + (f" (recipe {recipe})" if recipe else ""))
         return convert(traced, model_path, precision, int8_recipe=recipe or "plain", calibration=calibration,
-                       ranges=ranges, step=lambda detail: self.progress("convert", detail))
+                       ranges=ranges, step=lambda detail: self.progress("convert", detail),
+                       advance=advance_of(self.progress))
 
     def _context_matmuls(self) -> int:
         """Weight matrix products of Causal2Vec's encoder and projector (one per ``nn.Linear``)."""

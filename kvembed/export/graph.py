@@ -560,12 +560,13 @@ def weight_bytes(model: Any) -> int:
 
 
 def stream_initializers(model: Any, source_dir: Path, target: Path, transform: Any = None,
-                        sources: Mapping[str, Path] | None = None) -> int:
+                        sources: Mapping[str, Path] | None = None, advance: Any = None) -> int:
     """Write ``model`` (an ``onnx.ModelProto`` loaded without its external data, whose weights live
     in ``source_dir``, or for the tensors named in ``sources`` in the directory given there) as
     ``target``, its weights in ``<target>.data``, one tensor at a time: each is read, passed to
     ``transform(tensor)`` (which may rewrite it in place), appended to the data file and dropped,
-    so no more than one weight is ever in memory. Returns the bytes written to the data file."""
+    so no more than one weight is ever in memory. ``advance(done, total)`` is told the tensors
+    handled so far. Returns the bytes written to the data file."""
     import onnx
     from onnx.external_data_helper import (
         load_external_data_for_tensor, save_external_data, set_external_data, uses_external_data,
@@ -573,7 +574,8 @@ def stream_initializers(model: Any, source_dir: Path, target: Path, transform: A
 
     data = target.with_name(target.name + ".data")
     data.write_bytes(b"")
-    for tensor in model.graph.initializer:
+    total = len(model.graph.initializer)
+    for done, tensor in enumerate(model.graph.initializer, 1):
         # each weight is handled in a message of its own: protobuf (upb) allocates a message's
         # fields in its arena and frees them only with the message, so bytes set on the model's
         # own tensors would stay allocated, clearing them or not, until the whole model is gone
@@ -592,6 +594,8 @@ def stream_initializers(model: Any, source_dir: Path, target: Path, transform: A
             work.data_location = onnx.TensorProto.EXTERNAL
         tensor.CopyFrom(work)
         del work
+        if advance is not None:
+            advance(done, total)
     onnx.save_model(model, str(target))
     return data.stat().st_size
 

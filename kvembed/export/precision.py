@@ -104,14 +104,15 @@ def check_precision(precision: str) -> str:
 
 def convert(source: Path, target: Path, precision: str, *, int8_recipe: str = "plain",
             calibration: Sequence[Mapping[str, Any]] | None = None,
-            ranges: dict[str, Any] | None = None, step: Callable[[str], None] | None = None) -> dict[str, Any]:
+            ranges: dict[str, Any] | None = None, step: Callable[[str], None] | None = None,
+            advance: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Write ``source`` (fp32) converted to ``precision`` as ``target``; return what was done.
-    ``ranges`` and ``step``: see :func:`to_int8`."""
+    ``ranges`` and ``step``: see :func:`to_int8`; ``advance(done, total)``: each part's share done."""
     precision = check_precision(precision)
     if precision == "fp16":
-        return to_fp16(source, target)
+        return to_fp16(source, target, advance)
     if precision == "int8":
-        return to_int8(source, target, int8_recipe, calibration, ranges, step)
+        return to_int8(source, target, int8_recipe, calibration, ranges, step, advance)
     raise ValueError("fp32 needs no conversion")
 
 
@@ -154,7 +155,7 @@ def fp32_nodes(model: Any, float_values: set[str] | None = None) -> list[str]:
     return sorted(keep)
 
 
-def to_fp16(source: Path, target: Path) -> dict[str, Any]:
+def to_fp16(source: Path, target: Path, advance: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Convert the fp32 graph at ``source`` to fp16 at ``target`` (see the module docstring).
 
     The graph is rewritten without its weights; they are then converted one tensor at a time on
@@ -247,7 +248,7 @@ def to_fp16(source: Path, target: Path) -> dict[str, Any]:
     del graph.value_info[:]
     toposort(graph)
     _check_io_types(model)
-    stream_initializers(model, source.parent, target, to_half)
+    stream_initializers(model, source.parent, target, to_half, advance=advance)
     external = settle_layout(target)
     counts = Counter(n.op_type for n in graph.node if n.name in keep)
     return {
@@ -355,14 +356,16 @@ def int8_plan(recipe: str) -> tuple[str, ...]:
 
 def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
             calibration: Sequence[Mapping[str, Any]] | None = None,
-            ranges: dict[str, Any] | None = None, step: Callable[[str], None] | None = None) -> dict[str, Any]:
+            ranges: dict[str, Any] | None = None, step: Callable[[str], None] | None = None,
+            advance: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Quantise the fp32 graph ``source`` by ``recipe`` (one of :data:`INT8_RECIPES` or its name) to ``target``.
 
     ``calibration`` (padded batches of graph inputs, see :func:`kvembed.export.smoothing.calibration_feeds`)
     is needed by the recipes that smooth or keep MatMuls fp32. ``ranges`` (a dict the caller
     keeps across recipes tried on the same ``source`` and ``calibration``) holds the calibration's
     activation ranges once measured, so a fallback recipe does not run the fp32 graph again.
-    ``step(detail)`` is told as each part (calibrating, smoothing, quantising) begins."""
+    ``step(detail)`` is told as each part (calibrating, smoothing, quantising) begins, and
+    ``advance(done, total)`` each part's share done."""
     import tempfile
 
     import onnx
@@ -383,7 +386,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
             if ranges is None or "activations" not in ranges:
                 if step is not None:
                     step(f"calibrating: the fp32 graph on {len(calibration)} batches")
-                measured = activation_ranges(source, groups, calibration)
+                measured = activation_ranges(source, groups, calibration, advance)
                 if ranges is not None:
                     ranges["activations"] = measured
             else:
@@ -404,7 +407,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
                 if step is not None:
                     step(f"smoothing: SmoothQuant folded into the weights (recipe {plan.name})")
                 quantize_from = Path(work) / source.name
-                smooth_file(source, quantize_from, groups, measured, plan.smooth_alpha)
+                smooth_file(source, quantize_from, groups, measured, plan.smooth_alpha, advance)
             facts.update({"smoothquant_alpha": plan.smooth_alpha, "smoothed_activations": len(groups) if plan.smooth_alpha else 0,
                           "calibration_batches": len(calibration)})
         if step is not None:
@@ -419,6 +422,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
                 per_channel=True,
                 nodes_to_exclude=sorted(set(keep)),
                 extra_options={"MatMulConstBOnly": True},
+                advance=advance,
             )
     facts.update({
         "method": "onnxruntime.quantization.quantize_dynamic(MatMul, per_channel=True, "

@@ -37,12 +37,13 @@ def quantize_dynamic_streamed(
     *,
     nodes_to_exclude: Sequence[str] = (),
     slice_bytes: int = SLICE_BYTES,
+    advance: Any = None,
     **options: Any,
 ) -> dict[str, int]:
     """``quantize_dynamic(source, target, op_types_to_quantize=["MatMul"], nodes_to_exclude=...,
     **options)`` for MatMuls whose second input is a float initializer (``MatMulConstBOnly``),
-    holding one slice of the weights at a time. ``target`` gets its weights in ``<target>.data``.
-    Returns counts (slices, quantised MatMuls)."""
+    holding one slice of the weights at a time. ``target`` gets its weights in ``<target>.data``;
+    ``advance(done, total)`` is told the slices done. Returns counts (slices, quantised MatMuls)."""
     import onnx
     from onnx.external_data_helper import set_external_data
 
@@ -77,6 +78,8 @@ def quantize_dynamic_streamed(
             replaced[id(piece.nodes[0])] = [_copy(node) for node in quantized.graph.node]
             removed.update(id(node) for node in piece.nodes[1:])
             del quantized
+            if advance is not None:
+                advance(number + 1, len(slices))
         nodes = []
         for node in graph.node:
             if id(node) in replaced:

@@ -114,7 +114,8 @@ def calibration_feeds(encoder: Any, texts: list[str] | None = None, batch: int =
     return feeds
 
 
-def activation_ranges(source: Path, groups: list[SmoothGroup], feeds: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def activation_ranges(source: Path, groups: list[SmoothGroup], feeds: Iterable[Mapping[str, np.ndarray]],
+                      advance: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
     """Per-channel ``max |X_j|`` of each group's activation over the real tokens of ``feeds``.
 
     The fp32 graph runs with each activation's per-channel maximum over the real tokens added as
@@ -139,12 +140,14 @@ def activation_ranges(source: Path, groups: list[SmoothGroup], feeds: Iterable[M
         options.enable_cpu_mem_arena = False  # batches of many shapes: give activations back after each
         session = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
         names = {i.name for i in session.get_inputs()}
-        for batch in feeds:
-            if not np.asarray(batch["attention_mask"], dtype=bool).any():
-                continue
-            values = session.run(list(wanted.values()), {k: v for k, v in batch.items() if k in names})
-            for name, top in zip(wanted, values):
-                ranges[name] = np.maximum(ranges[name], top) if name in ranges else top
+        feeds = list(feeds)
+        for done, batch in enumerate(feeds, 1):
+            if np.asarray(batch["attention_mask"], dtype=bool).any():
+                values = session.run(list(wanted.values()), {k: v for k, v in batch.items() if k in names})
+                for name, top in zip(wanted, values):
+                    ranges[name] = np.maximum(ranges[name], top) if name in ranges else top
+            if advance is not None:
+                advance(done, len(feeds))
     finally:
         probe.unlink(missing_ok=True)
     if groups and not ranges:
@@ -229,7 +232,7 @@ def smooth(model: Any, groups: list[SmoothGroup], ranges: Mapping[str, np.ndarra
 
 
 def smooth_file(source: Path, target: Path, groups: list[SmoothGroup], ranges: Mapping[str, np.ndarray],
-                alpha: float = DEFAULT_ALPHA) -> None:
+                alpha: float = DEFAULT_ALPHA, advance: Callable[[int, int], None] | None = None) -> None:
     """:func:`smooth` from the graph at ``source`` to ``target`` (weights in ``<target>.data``),
     reading and writing one weight at a time instead of loading the model."""
     import onnx
@@ -257,7 +260,7 @@ def smooth_file(source: Path, target: Path, groups: list[SmoothGroup], ranges: M
 
     from .graph import stream_initializers
 
-    stream_initializers(model, source.parent, target, fold)
+    stream_initializers(model, source.parent, target, fold, advance=advance)
 
 
 def massive_input_nodes(groups: list[SmoothGroup], ranges: Mapping[str, np.ndarray], spread: float) -> list[str]:
