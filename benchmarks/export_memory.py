@@ -236,6 +236,13 @@ def main() -> None:
                         help="Also measure this machine's GEMM and write rates and report each long stage's floor "
                              "(needs the artifacts: implies --keep-artifacts for the first one).")
     args = parser.parse_args()
+    if args.tokenizer is not None:  # before any weight is written
+        from kvembed.bench.synthetic import tokenizer_folder
+
+        try:
+            tokenizer_folder(args.tokenizer)
+        except FileNotFoundError as err:
+            parser.error(str(err))
     suffix = "" if args.tokenizer is None else "-" + Path(args.tokenizer).name.replace(".", "_")
     model = args.work / f"qwen3-4b-shaped-{args.layers}l-bf16{suffix}"
     if not (model / "model.safetensors.index.json").exists():

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from kvembed.bench.synthetic import QWEN3_06B, build_random_model, copy_demo_tokenizer
+from kvembed.bench.synthetic import QWEN3_06B, build_random_model, copy_demo_tokenizer, tokenizer_folder
 
 #: Qwen3-4B's decoder widths (its config.json); 36 layers and a 151,936-token tied embedding in the real model
 QWEN3_4B = {"hidden": 2560, "heads": 32, "kv_heads": 8, "head_dim": 128, "ffn": 9728}
@@ -147,6 +147,11 @@ def main() -> None:
                         help="With --sharded-bf16: copy this model's tokenizer (folder, alias such as smollm2-135m, or "
                              "GGUF) instead of the demo's byte-level one, for a real tokenizer's tokens per text.")
     args = parser.parse_args()
+    if args.tokenizer is not None:  # before any weight is written
+        try:
+            tokenizer_folder(args.tokenizer)
+        except FileNotFoundError as err:
+            parser.error(str(err))
     start = time.perf_counter()
     if args.sharded_bf16:
         path = build_sharded(args.out, args.shape, args.layers, args.vocab, args.max_positions, args.seed,

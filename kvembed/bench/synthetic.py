@@ -120,5 +120,6 @@ def tokenizer_folder(source: str) -> Path:
     gguf = find_gguf(location)
     folder = materialize(gguf) if gguf is not None else location
     if not (folder / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"no tokenizer.json for {source!r} (looked in {folder})")
+        raise FileNotFoundError(f"no tokenizer.json for {source!r} (looked in {folder}): give a model folder, "
+                                "an alias kvembed knows (e.g. smollm2-135m) or a GGUF file")
     return folder

@@ -15,7 +15,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from .graph import EXTERNAL_MIN_BYTES
 
@@ -206,18 +206,14 @@ def _append(raw: bytes, data: Path) -> int:
 
 def _drop_unread_initializers(graph: Any) -> None:
     """Remove initializers no node reads any more (the fp32 weights that were quantised)."""
-    read = {name for node in graph.node for name in _inputs_with_subgraphs(node)}
+    from .precision import node_inputs
+
+    read = {name for node in graph.node for name in node_inputs(node)}
     read |= {o.name for o in graph.output}
     keep = [t for t in graph.initializer if t.name in read]
     if len(keep) != len(graph.initializer):
         del graph.initializer[:]
         graph.initializer.extend(keep)
-
-
-def _inputs_with_subgraphs(node: Any) -> Iterable[str]:
-    from .precision import node_inputs
-
-    return node_inputs(node)
 
 
 def _numel(tensor: Any) -> int:
