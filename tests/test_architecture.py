@@ -1,0 +1,132 @@
+"""The layout rules of docs/architecture.md, checked on the source: who may import whom (lazy
+imports included), module length, and no measured figures in kvembed's prose."""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "kvembed"
+MAX_LINES = 600
+
+#: room -> level; a module may import only rooms of a lower level, or its own room
+LEVELS = {
+    "leaves": 0, "methods": 1, "artifact": 2, "backends": 3, "runtime": 4,
+    "serve": 5, "triton": 5, "corpus": 5, "bundle": 5, "modeling": 5,
+    "layers": 6, "export": 7, "eval": 8, "bench": 8, "cli": 9,
+}
+LEAVES = {"__init__", "errors", "cache", "lazy", "sizes", "extras", "data"}
+
+
+def room_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "leaves"
+    name = parts[1]
+    if name in LEAVES:
+        return "leaves"
+    return name
+
+
+def modules() -> list[tuple[str, Path]]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found.append((".".join(parts), path))
+    return found
+
+
+def imported(module: str, path: Path) -> set[str]:
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if node.module is None:  # ``from .. import x``: x is a submodule, or a name of the package
+                for alias in node.names:
+                    sub = ROOT.joinpath(*target.split("."), alias.name)
+                    targets.add(f"{target}.{alias.name}" if sub.is_dir() or sub.with_suffix(".py").is_file() else target)
+            else:
+                targets.add(target)
+        elif isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+    return {t for t in targets if t == "kvembed" or t.startswith("kvembed.")}
+
+
+def test_every_room_is_known_and_documented() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rooms = {room_of(module) for module, _ in modules()}
+    assert rooms <= set(LEVELS), f"rooms missing from LEVELS: {sorted(rooms - set(LEVELS))}"
+    for room in rooms - {"leaves"}:
+        assert f"`{room}/`" in doc, f"docs/architecture.md does not describe {room}/"
+
+
+def test_imports_go_down_the_levels_only() -> None:
+    wrong = []
+    for module, path in modules():
+        mine = room_of(module)
+        for target in imported(module, path):
+            theirs = room_of(target)
+            if theirs != mine and LEVELS.get(theirs, 99) >= LEVELS.get(mine, -1):
+                wrong.append(f"{module} ({mine}) imports {target} ({theirs})")
+    assert not wrong, "imports against docs/architecture.md:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_module_is_longer_than_the_limit() -> None:
+    long = {str(p.relative_to(ROOT)): n for _, p in modules() if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+#: a measured figure: a number with a unit of time, size, share, rate or ratio
+FIGURE = re.compile(
+    r"(?<![\w.`])\d+(?:[.,]\d+)?\s?(?:ms|us|µs|MB|GB|KB|GiB|MiB|%|tokens/s|texts/s|GFLOP/s)(?![\w/])"
+    r"|(?<![\w.`])\d+\.\d+x(?!\w)|\b\d+x (?:faster|slower)"
+)
+ISSUE = re.compile(r"\bissue\s+#?\d+", re.IGNORECASE)
+#: rules and limits, not measurements
+ALLOWED = {"2 GiB", "2 GB", "50 MB", "10%", "100%"}
+
+
+def prose(path: Path):
+    source = path.read_text(encoding="utf-8")
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                yield node.body[0].lineno, doc
+
+
+def test_no_measured_figures_or_issue_numbers_in_prose() -> None:
+    found = []
+    for _, path in modules():
+        for line, text in prose(path):
+            text = re.sub(r"``.*?``", "", text, flags=re.DOTALL)
+            for match in [*FIGURE.finditer(text), *ISSUE.finditer(text)]:
+                if match.group(0) not in ALLOWED:
+                    found.append(f"{path.relative_to(ROOT)}:{line}: {match.group(0)!r}")
+    assert not found, "figures belong in benchmarks/RESULTS.md, issue numbers nowhere in code:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("module", ["kvembed.runtime", "kvembed.serve", "kvembed.triton", "kvembed.corpus", "kvembed.backends"])
+def test_the_torch_free_rooms_do_not_import_torch(module: str) -> None:
+    room = module.split(".")[1]
+    users = [m for m, p in modules() if room_of(m) == room and any(
+        isinstance(n, (ast.Import, ast.ImportFrom)) and any(
+            (a.name if isinstance(n, ast.Import) else (n.module or "")).split(".")[0] in ("torch", "transformers")
+            for a in n.names) for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))]
+    assert not users, f"{room}/ must stay torch-free: {users}"
