@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from causal2vec_util import build_bert  # noqa: E402  (the tests' encoder builder)
 
-from kvembed.causal2vec import assemble  # noqa: E402
+from kvembed.modeling.causal2vec import assemble  # noqa: E402
 from kvembed.export.core import export_result  # noqa: E402
 from kvembed.runtime import Embedder  # noqa: E402
 

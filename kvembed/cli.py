@@ -131,10 +131,10 @@ def embed(
     else:
         if use is not None:
             raise ValueError("--use picks an output of an artifact exported with --also; give the artifact directory")
-        from .sources import preflight
+        from .modeling.sources import preflight
 
         preflight(source, method or "kv-embedding", options)  # a bad option fails now, not after loading
-        from .reference import TorchEmbedder
+        from .modeling.reference import TorchEmbedder
 
         embedder = TorchEmbedder.from_pretrained(source, method or "kv-embedding", max_length=max_length, **options)
     title = f"{use or embedder.method.name} on {source}"

@@ -130,3 +130,49 @@ def test_the_torch_free_rooms_do_not_import_torch(module: str) -> None:
             (a.name if isinstance(n, ast.Import) else (n.module or "")).split(".")[0] in ("torch", "transformers")
             for a in n.names) for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))]
     assert not users, f"{room}/ must stay torch-free: {users}"
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``graph`` (module -> modules it imports) as a path ``[a, b, ..., a]``, or []."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state and (found := visit(target)):
+                return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_import_cycle_finds_a_circle() -> None:
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_modeling_modules_import_one_another_without_a_cycle() -> None:
+    """gguf, sources, hf_loading, patch and reference once needed each other through lazy imports;
+    a circle makes every one of them load every other and hides which depends on which. Importing
+    ``a.b.c`` runs the packages ``a`` and ``a.b`` first, so they count as imported too (except the
+    importer's own packages, which are already loading)."""
+    inside = {module: path for module, path in modules() if room_of(module) == "modeling"}
+    graph: dict[str, set[str]] = {}
+    for module, path in inside.items():
+        own = {module.rsplit(".", n)[0] for n in range(1, module.count(".") + 1)}
+        targets = set()
+        for target in imported(module, path):
+            parts = target.split(".")
+            targets.update(".".join(parts[:n]) for n in range(1, len(parts) + 1))
+        graph[module] = {t for t in targets - own - {module} if t in inside}
+    cycle = import_cycle(graph)
+    assert not cycle, "modeling/ imports in a circle: " + " -> ".join(cycle)

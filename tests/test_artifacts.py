@@ -19,7 +19,7 @@ from checks import MAX_ABS_FP32, MIN_COSINE, assert_same, oracle_rows
 from kvembed.export import TOLERANCES
 from kvembed.export.core import ParityError, parity_session, verify
 from kvembed.export.parity import run_parity
-from kvembed.reference import TorchEmbedder
+from kvembed.modeling.reference import TorchEmbedder
 from kvembed.runtime import Embedder
 from kvembed.runtime.artifact import check_files, encoder_from_manifest, read_manifest
 

@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvembed.cli import app
-from kvembed.reference import TorchEmbedder
+from kvembed.modeling.reference import TorchEmbedder
 from kvembed.runtime import Embedder
 
 runner = CliRunner()

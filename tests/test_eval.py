@@ -176,7 +176,7 @@ def test_the_demo_model_is_said_to_score_near_zero(artifact_run):
 def test_model_configs_on_jsonl_sts_and_classification(tmp_path):
     from sklearn.linear_model import LogisticRegression
 
-    from kvembed.reference import TorchEmbedder
+    from kvembed.modeling.reference import TorchEmbedder
 
     sts = tmp_path / "mini-sts.jsonl"
     pairs = [("A cat sat on the mat.", "A cat is sitting on a mat.", 4.8), ("The sun is hot.", "Ice is cold.", 0.5),

@@ -248,7 +248,7 @@ def test_bf16_checkpoint_loads_to_the_same_float32_model(sharded_bf16):
     parameters and buffers of transformers' own float32 load."""
     from transformers import AutoModel
 
-    from kvembed.hf_loading import find_model
+    from kvembed.modeling.hf_loading import find_model
 
     found = find_model(str(sharded_bf16))
     assert found.stored_dtype == "bfloat16"

@@ -43,7 +43,7 @@ def cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def smol(cache):
-    from kvembed.reference import TorchEmbedder
+    from kvembed.modeling.reference import TorchEmbedder
 
     started = time.perf_counter()
     embedder = TorchEmbedder.from_pretrained("smollm2-135m", "kv-embedding", max_length=128)
@@ -52,7 +52,7 @@ def smol(cache):
 
 
 def test_header_facts_without_torch():
-    from kvembed.gguf import read_info
+    from kvembed.modeling.gguf import read_info
 
     info = read_info(SMOLLM2)
     assert (info.architecture, info.model_type, info.num_layers, info.quantization) == ("llama", "llama", 30, "Q4_1")
@@ -73,8 +73,8 @@ def test_dequantized_weights_match_the_gguf_package(smol):
 
 
 def test_gguf_and_its_cached_folder_give_the_same_embeddings(smol, cache):
-    from kvembed.gguf import MARKER
-    from kvembed.reference import TorchEmbedder
+    from kvembed.modeling.gguf import MARKER
+    from kvembed.modeling.reference import TorchEmbedder
 
     folder = Path(smol.location)
     assert folder.parent.parent == cache and (folder / MARKER).is_file() and (folder / "model.safetensors").is_file()
@@ -105,7 +105,7 @@ def test_export_from_gguf_passes_the_gate_and_records_the_source(smol, tmp_path)
     source = result.manifest["source"]
     assert source["gguf"]["file"] == SMOLLM2.name and source["gguf"]["quantization"] == "Q4_1"
     assert source["gguf"]["sha256"] == smol.gguf["sha256"]
-    from kvembed.reference import TorchEmbedder
+    from kvembed.modeling.reference import TorchEmbedder
 
     reference = TorchEmbedder.from_pretrained("smollm2-135m", "va", layers="0-1", max_length=64).encode(TEXTS)
     runtime = Embedder.load(result.path).encode(TEXTS)
@@ -135,7 +135,7 @@ def test_damaged_and_foreign_gguf_files_are_one_line_errors(tmp_path, cache):
 
 
 def test_a_folder_with_two_gguf_files_asks_for_one(tmp_path):
-    from kvembed.sources import locate_model
+    from kvembed.modeling.sources import locate_model
 
     for name in ("a.gguf", "b.gguf"):
         shutil.copy(SMOLLM2, tmp_path / name)

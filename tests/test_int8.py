@@ -143,7 +143,7 @@ def test_the_exporter_falls_back_to_the_next_recipe_that_passes(tmp_path):
     from safetensors.numpy import load_file, save_file
 
     from kvembed.export.core import Exporter, ParityError
-    from kvembed.reference import TorchEmbedder
+    from kvembed.modeling.reference import TorchEmbedder
 
     folder = tmp_path / "massive"
     shutil.copytree(demo_model_path(), folder)

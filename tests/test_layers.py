@@ -25,7 +25,7 @@ from kvembed.layers import (
     write_report,
 )
 from kvembed.layers.cli import app
-from kvembed.reference import TorchEmbedder
+from kvembed.modeling.reference import TorchEmbedder
 
 NUM_TEXTS = 200  # the CLI default is 1,000; 200 keeps this file fast
 runner = CliRunner()

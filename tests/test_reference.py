@@ -13,7 +13,7 @@ import torch
 import independent
 from checks import assert_matches_oracle, assert_same, run_python
 from conftest import ARCHITECTURES, MISTRAL_WINDOW, TEXTS
-from kvembed.reference import TorchEmbedder
+from kvembed.modeling.reference import TorchEmbedder
 
 ALL_METHODS = ("kv-embedding", "va", "aligned-wva", "token-prepending", "last-token", "mean", "prompteol", "echo")
 
@@ -535,7 +535,7 @@ def test_a_patched_block_left_open_at_exit_ends_quietly(model_paths):
     block is closed while the interpreter tears torch down; no 'Exception ignored' noise."""
     script = (
         "import contextlib\n"
-        "from kvembed.reference import TorchEmbedder\n"
+        "from kvembed.modeling.reference import TorchEmbedder\n"
         f"embedder = TorchEmbedder.from_pretrained({str(model_paths['stories260k'])!r}, 'kv-embedding')\n"
         "stack = contextlib.ExitStack()\n"
         "stack.enter_context(embedder.model.patched())\n"

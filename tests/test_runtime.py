@@ -14,7 +14,7 @@ import pytest
 from checks import assert_same, run_without_torch
 from conftest import TEXTS
 
-from kvembed.reference import TorchEmbedder
+from kvembed.modeling.reference import TorchEmbedder
 from kvembed.runtime import Embedder
 
 ALL_METHODS = ("kv-embedding", "va", "aligned-wva", "token-prepending", "last-token", "mean", "prompteol", "echo")

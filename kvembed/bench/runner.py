@@ -122,7 +122,7 @@ class BenchConfig:
 
             read_manifest(self.artifact)  # not an artifact: one line before any progress bar
         else:  # model, method and options checked against config.json before any weights load
-            from ..sources import preflight
+            from ..modeling.sources import preflight
 
             preflight(self.model or DEFAULT_MODEL, self.method or DEFAULT_METHOD, self.options or {})
 

@@ -113,7 +113,7 @@ def copy_demo_tokenizer(out: Path, max_positions: int, source: str | None = None
 def tokenizer_folder(source: str) -> Path:
     """The folder holding ``source``'s tokenizer.json: a folder, or an alias / GGUF file (its
     converted folder in kvembed's cache)."""
-    from ..gguf import find_gguf, materialize
+    from ..modeling.gguf import find_gguf, materialize
     from ..methods import resolve_model
 
     location = Path(source) if Path(source).exists() else Path(resolve_model(source)[0])

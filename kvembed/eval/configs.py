@@ -6,7 +6,7 @@
   ``kvembed embed --model``; or ``--config [LABEL=]METHOD[:option=value...]`` (repeatable, the
   ``--also`` syntax) gives one configuration each, e.g. a sweep of layer bands in one run.
 
-Every model configuration goes through :func:`kvembed.sources.preflight`, so a mistyped option or
+Every model configuration goes through :func:`kvembed.modeling.sources.preflight`, so a mistyped option or
 an out-of-range layer fails in a second, not after the weights load.
 """
 
@@ -93,7 +93,7 @@ def plan(
 
 def preflight(configs: Sequence[Configuration]) -> None:
     """Check every model configuration's method and options against the model's config.json."""
-    from ..sources import preflight as check
+    from ..modeling.sources import preflight as check
 
     for config in configs:
         if not config.artifact:

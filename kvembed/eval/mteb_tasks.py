@@ -113,7 +113,7 @@ def official(names: list[str]) -> list[Any]:
         where = f"{dataset['path']}@{dataset.get('revision', 'main')}"
         offline = any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
         if not offline:
-            from ..sources import hub_unreachable
+            from ..modeling.sources import hub_unreachable
 
             reason = hub_unreachable()
             if reason is not None:

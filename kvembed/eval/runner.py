@@ -77,7 +77,7 @@ def load_embedder(config: Configuration, *, provider: str = "auto", threads: int
         from ..runtime import Embedder
 
         return Embedder.load(config.source, provider=provider, threads=threads)
-    from ..reference import TorchEmbedder
+    from ..modeling.reference import TorchEmbedder
 
     return TorchEmbedder.from_pretrained(config.source, config.method or "kv-embedding", max_length=max_length,
                                          **dict(config.options))

@@ -1,7 +1,7 @@
 """kvembed.export: patched Hugging Face decoders -> portable ONNX embedding artifacts.
 
 ``export(model, method, out, precision="fp32", **options)`` traces the PyTorch reference
-(:class:`kvembed.reference.TorchEmbedder`) to ONNX, converts it to the requested precision,
+(:class:`kvembed.modeling.reference.TorchEmbedder`) to ONNX, converts it to the requested precision,
 checks it against the reference (the parity gate) and writes ``out/`` with ``model.onnx``,
 ``tokenizer.json`` and the ``kvembed.json`` manifest. ``verify(out)`` re-runs the gate later.
 

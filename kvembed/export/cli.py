@@ -166,7 +166,7 @@ def export_command(
     def preflight() -> None:  # cheap checks before importing torch or loading weights
         from ..methods import get_method
         from ..methods.sharing import parse_also
-        from ..sources import preflight as check_model
+        from ..modeling.sources import preflight as check_model
 
         get_method(method)
         for item in also or []:

@@ -79,10 +79,10 @@ def load_embedder(
     padding_side: str = "right",
     **options: Any,
 ) -> Any:
-    """A :class:`~kvembed.reference.TorchEmbedder` (fp32) for ``model`` and ``method``."""
+    """A :class:`~kvembed.modeling.reference.TorchEmbedder` (fp32) for ``model`` and ``method``."""
     from transformers.utils import logging as hf_logging
 
-    from ..reference import TorchEmbedder
+    from ..modeling.reference import TorchEmbedder
 
     if padding_side not in ("right", "left"):
         raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
@@ -159,7 +159,7 @@ class ExportResult:
 
 
 class Exporter:
-    """Exports one loaded :class:`~kvembed.reference.TorchEmbedder`, tracing it at most once.
+    """Exports one loaded :class:`~kvembed.modeling.reference.TorchEmbedder`, tracing it at most once.
 
     ``write(out, precision)`` may be called several times (fp32, fp16, int8 from one trace).
     Use as a context manager, or call :meth:`close`, to delete the cached trace.

@@ -53,7 +53,7 @@ class PeakCoefficients:
       provider has no fp16 MatMul on x86 and keeps fp32 copies of fp16 weights. int8 keeps its
       embedding Gather in fp32.
     - ``gguf_copies``: dequantizing a GGUF builds the fp32 model twice (transformers' loaded model,
-      then the fresh model kvembed saves, see :func:`kvembed.gguf.materialize`).
+      then the fresh model kvembed saves, see :func:`kvembed.modeling.gguf.materialize`).
     - ``activation_*``: a generous bound on the activations of the gate's largest batch (rows x
       tokens x (hidden x 6 + intermediate x 3) values).
     - ``process_base``: torch, onnxruntime and transformers imported.
@@ -399,9 +399,9 @@ def export_memory_check(model: Any, method: str, precision: str, **method_option
 def _find_config(model: Any, revision: str | None) -> tuple[dict[str, Any], str | None, bool] | None:
     """(config dict, preset id, weights still to dequantize from a GGUF) without loading weights or
     calling the network: a folder, an alias, a GGUF file, or a hub id already in the HF cache."""
-    from ..gguf import MARKER, cached_folder, find_gguf, read_info
+    from ..modeling.gguf import MARKER, cached_folder, find_gguf, read_info
     from ..methods import resolve_model
-    from ..sources import cached_snapshot
+    from ..modeling.sources import cached_snapshot
 
     location, preset_id = resolve_model(str(model))
     path = Path(location).expanduser()
@@ -434,7 +434,7 @@ def _read_config(folder: Path, model: Any) -> dict[str, Any] | None:
 
 def _gguf_config(path: Path, architecture: str, model_type: str) -> dict[str, Any]:
     """The config.json keys the estimate reads, from a GGUF header (the file is mapped, not read)."""
-    from ..gguf import gguf_field, gguf_module
+    from ..modeling.gguf import gguf_field, gguf_module
 
     gguf = gguf_module()
     reader = gguf.GGUFReader(str(path), "r")

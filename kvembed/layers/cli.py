@@ -60,7 +60,7 @@ def layers(
     def run() -> Any:
         if batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
-        from ..sources import locate_model
+        from ..modeling.sources import locate_model
 
         locate_model(model)  # a wrong --model fails before any progress bar
         with progress:

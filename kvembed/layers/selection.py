@@ -125,7 +125,7 @@ def final_token_states(
     """
     import torch
 
-    from ..patch.architectures import base_model
+    from ..modeling.patch.architectures import base_model
 
     decoder = base_model(model)
     layers = list(decoder.layers)
@@ -249,7 +249,7 @@ def compute_layer_selection(
     ``calibration``: a list of texts, a file with one text per line, or ``None`` for the
     built-in set; its first ``num_texts`` distinct texts are used.
     """
-    from ..hf_loading import find_model, input_limit
+    from ..modeling.hf_loading import find_model, input_limit
     from .calibration import load_calibration
 
     template = prompt_template(prompt)

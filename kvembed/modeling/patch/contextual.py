@@ -2,7 +2,7 @@
 
 :class:`ContextEncoder` is the bidirectional encoder, mean-pooled over its real tokens, then the
 MLP ``Linear(k, d) -> GELU -> Linear(d, d)`` into the LLM's word-embedding space (Lin et al.,
-eq. 1). :class:`~kvembed.patch.model.EmbeddingModel` puts its output in place of the prompt's
+eq. 1). :class:`~kvembed.modeling.patch.model.EmbeddingModel` puts its output in place of the prompt's
 placeholder token, so the reference and the exported graph compute it in the same module.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..causal2vec.layout import Causal2VecCheckpoint
+from ..causal2vec import Causal2VecCheckpoint
 from .model import masked_mean
 
 
@@ -35,7 +35,7 @@ def load_context_encoder(checkpoint: Causal2VecCheckpoint, dtype: torch.dtype = 
     from safetensors.torch import load_file
     from transformers import AutoModel
 
-    from ..hf_loading import quiet_transformers
+    from ..quiet import quiet_transformers
 
     extra = {"add_pooling_layer": False} if _is_bert_like(checkpoint) else {}
     with quiet_transformers():  # a pre-training checkpoint's unused heads are expected
@@ -60,7 +60,7 @@ def load_llm(checkpoint: Causal2VecCheckpoint, dtype: torch.dtype = torch.float3
     """The checkpoint's decoder, with ``adapter/`` (a peft LoRA) merged into it when present."""
     from transformers import AutoModel, AutoModelForCausalLM
 
-    from ..hf_loading import quiet_transformers
+    from ..quiet import quiet_transformers
 
     with quiet_transformers():
         if checkpoint.adapter is None:
@@ -68,7 +68,7 @@ def load_llm(checkpoint: Causal2VecCheckpoint, dtype: torch.dtype = torch.float3
         try:
             from peft import PeftModel
         except ImportError as err:
-            from ..errors import MissingDependency
+            from ...errors import MissingDependency
 
             raise MissingDependency(
                 f"{checkpoint.root}/adapter is a LoRA adapter, and merging it needs peft: pip install 'kvembed[causal2vec]'"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..methods.architectures import SUPPORTED, Architecture, architecture_of
+from ...methods.architectures import SUPPORTED, Architecture, architecture_of
 
 __all__ = ["SUPPORTED", "Architecture", "architecture_of", "base_model"]
 

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..methods.sharing import sharing_problem
-from ..methods.spec import ResolvedMethod
+from ...methods.sharing import sharing_problem
+from ...methods.spec import ResolvedMethod
 from . import attention
 from .architectures import architecture_of, base_model
 from .attention import PrefixInputs
@@ -92,7 +92,7 @@ class EmbeddingModel(nn.Module):
             raise ValueError(f"method {method.name!r} needs the placeholder token id")
         if method.contextual and context_encoder is None:
             raise ValueError(f"method {method.name!r} needs its context encoder (a Causal2Vec checkpoint)")
-        #: Causal2Vec's encoder + projector (kvembed.patch.contextual.ContextEncoder), else None
+        #: Causal2Vec's encoder + projector (kvembed.modeling.patch.contextual.ContextEncoder), else None
         self.context_encoder = context_encoder if method.contextual else None
         self.method = method
         self.placeholder_id = placeholder_id

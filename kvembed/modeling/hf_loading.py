@@ -1,24 +1,23 @@
 """Loading a Hugging Face decoder for kvembed: find it, read its config, then its weights, quietly.
 
-One place for what the reference embedder (:mod:`kvembed.reference`) and layer selection
+One place for what the reference embedder (:mod:`kvembed.modeling.reference`) and layer selection
 (:mod:`kvembed.layers`) both need, so that neither imports the other. The config is read on its
 own first: callers refuse an unsupported architecture or bad options before any weights load.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer
-from transformers.utils import logging as hf_logging
 
-from .patch import architecture_of
+from ..methods.architectures import architecture_of
+from .quiet import quiet_transformers
 from .sources import locate_model
 
 #: tokenizers report "no limit" as a huge number; anything above this is not a real bound
@@ -35,7 +34,7 @@ class FoundModel:
     """The Hugging Face folder or hub id the weights load from (a GGUF file's dequantized cache)."""
     preset_id: str | None
     gguf: Any
-    """The GGUF source (:class:`kvembed.sources.GGUFSource`) when the model is a ``.gguf`` file."""
+    """The GGUF source (:class:`kvembed.modeling.sources.GGUFSource`) when the model is a ``.gguf`` file."""
     config: Any
     revision: str | None = None
     trust_remote_code: bool = False
@@ -120,20 +119,6 @@ def find_model(
         ) from err
     architecture_of(config)
     return FoundModel(str(model), location, source.preset_id, source.gguf, config, revision, trust_remote_code)
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' load report, warnings and progress bars for the duration of the block."""
-    previous, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(previous)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def model_max_length(config: Any, tokenizer: Any) -> int:

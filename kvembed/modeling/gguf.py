@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .cache import cache_root
-from .errors import KvembedError, MissingDependency
+from ..cache import cache_root
+from ..errors import KvembedError, MissingDependency
 
 SUFFIX = ".gguf"
 #: written last into a cache folder: its presence means the folder is complete
@@ -154,7 +154,7 @@ def materialize(path: Path, info: GGUFInfo | None = None) -> Path:
         raise MissingDependency(f"GGUF models need accelerate: pip install 'kvembed[gguf]' ({err})") from None
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from .hf_loading import quiet_transformers
+    from .quiet import quiet_transformers
 
     folder, name = str(path.parent), path.name
     print(f"kvembed: dequantizing {name} once into {target} (later loads read the cache)", file=sys.stderr, flush=True)

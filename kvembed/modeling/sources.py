@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlparse
 
-from .errors import ModelNotFound
-from .methods import get_method, resolve, resolve_model
-from .methods.architectures import architecture_of
-from .methods.layers import AUTO
+from ..errors import ModelNotFound
+from ..methods import get_method, resolve, resolve_model
+from ..methods.architectures import architecture_of
+from ..methods.layers import AUTO
 
 #: seconds the hub reachability probe waits for a TCP connection
 PROBE_TIMEOUT = 3.0
@@ -38,7 +38,7 @@ _HOW_TO = (
 @dataclass(frozen=True)
 class ModelSource:
     """A located model: ``location`` is a local model folder, a GGUF file (then ``gguf`` holds its
-    header facts, a :class:`~kvembed.gguf.GGUFInfo`), or a hub id."""
+    header facts, a :class:`~kvembed.modeling.gguf.GGUFInfo`), or a hub id."""
 
     requested: str
     location: str
@@ -180,7 +180,7 @@ def preflight(
     Raises :class:`~kvembed.errors.ModelNotFound` or ValueError with the same messages the full load
     would give; returns the located model.
     """
-    from .methods.sharing import resolve_also
+    from ..methods.sharing import resolve_also
 
     spec = get_method(method)
     if spec.contextual:  # a Causal2Vec checkpoint folder: its layout, then its LLM

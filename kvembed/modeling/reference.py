@@ -12,13 +12,13 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoTokenizer
 
+from ..methods import ResolvedMethod, get_method, resolve
+from ..methods.layers import AUTO
+from ..methods.sharing import AlsoRequest, output_label, resolve_also
+from ..runtime.batching import plan_batches
+from ..runtime.encoding import EncodedText, TextEncoder, check_texts
 from .hf_loading import find_model, input_limit, model_max_length, stored_dtype
-from .methods import ResolvedMethod, get_method, resolve
-from .methods.layers import AUTO
-from .methods.sharing import AlsoRequest, output_label, resolve_also
 from .patch import EmbeddingModel, architecture_of
-from .runtime.batching import plan_batches
-from .runtime.encoding import EncodedText, TextEncoder, check_texts
 
 
 class TorchEmbedder:
@@ -115,7 +115,7 @@ class TorchEmbedder:
         if not auto and calibration is not None:
             raise ValueError("calibration is only used with layers='auto' (kv-embedding)")
         if auto:  # a missing or too short calibration set fails before the weights load
-            from .layers.calibration import load_calibration
+            from ..layers.calibration import load_calibration
 
             calibration_texts = load_calibration(calibration, num_calibration_texts)
         # with auto, check every other option now (cheaply); the layer set comes after loading
@@ -126,7 +126,7 @@ class TorchEmbedder:
         limit = input_limit(config, tokenizer, max_length)
         selection = None
         if auto:
-            from .layers.selection import calibration_label, select_layers_for_model
+            from ..layers.selection import calibration_label, select_layers_for_model
 
             selection = select_layers_for_model(
                 hf_model,
@@ -151,7 +151,7 @@ class TorchEmbedder:
         cls, path: str | os.PathLike[str], method: str, *, max_length: int | None, padding_side: str,
         dtype: torch.dtype | str, **options: Any,
     ) -> "TorchEmbedder":
-        """Load a Causal2Vec checkpoint (:mod:`kvembed.causal2vec.layout`): its LLM (adapter merged),
+        """Load a Causal2Vec checkpoint (:mod:`kvembed.modeling.causal2vec`): its LLM (adapter merged),
         encoder, projector and prompts; ``options`` override the checkpoint's ``causal2vec.json``."""
         import hashlib
 
