@@ -17,7 +17,9 @@ from onnx import numpy_helper
 
 from checks import MAX_ABS_FP32, MIN_COSINE, assert_same, oracle_rows
 from kvembed.export import TOLERANCES
-from kvembed.export.core import ParityError, parity_session, verify
+from kvembed.export.core import ParityError
+from kvembed.export.parity import parity_session
+from kvembed.export.verification import verify
 from kvembed.export.parity import run_parity
 from kvembed.modeling.reference import TorchEmbedder
 from kvembed.runtime import Embedder
@@ -137,12 +139,12 @@ def external_artifacts(tmp_path_factory):
     """kv-embedding of the demo model exported as if it were over 2 GB: the threshold lowered to
     1 KB, so the weights go to model.onnx.data, as for every real 4B-8B model. fp32 and int8
     from one trace."""
-    from kvembed.export import graph
+    from kvembed.export import external_data
     from kvembed.export.core import Exporter, load_embedder
 
     root = tmp_path_factory.mktemp("external")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(graph, "EXTERNAL_DATA_THRESHOLD", 1024)
+        patch.setattr(external_data, "EXTERNAL_DATA_THRESHOLD", 1024)
         with Exporter(load_embedder("stories260k", "kv-embedding")) as exporter:
             return {precision: exporter.write(root / precision, precision) for precision in ("fp32", "int8")}
 

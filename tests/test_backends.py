@@ -28,7 +28,7 @@ def artifact(stories_artifact):
 @pytest.fixture(scope="module")
 def real_parity(artifact):
     """The real parity gate of the artifact against a fresh PyTorch reference (it passes)."""
-    from kvembed.export.core import verify
+    from kvembed.export.verification import verify
 
     result = verify(artifact)
     assert result.passed, result.report.summary()

@@ -25,9 +25,11 @@ from onnx.external_data_helper import uses_external_data
 
 from checks import assert_matches_oracle
 from conftest import tiny_config
-from kvembed.export import core, graph
+from kvembed.export import core, external_data, verification
 from kvembed.export.core import Exporter, export_result, load_embedder
-from kvembed.export.graph import DATA_FILE, EXTERNAL_MIN_BYTES, MATRICES_PER_LAYER, weight_matmuls
+from kvembed.export.checks import MATRICES_PER_LAYER, weight_matmuls
+from kvembed.export.external_data import DATA_FILE, EXTERNAL_MIN_BYTES
+from kvembed.export.progress import STAGES
 from kvembed.methods import demo_model_path
 from kvembed.runtime import Embedder
 
@@ -109,6 +111,7 @@ def watch(monkeypatch) -> SessionWatch:
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(core, "load_embedder", load)
+    monkeypatch.setattr(verification, "load_embedder", load)  # verify rebuilds its reference
     monkeypatch.setattr(onnxruntime, "InferenceSession", WatchedSession)
     return seen
 
@@ -133,7 +136,7 @@ def _external_layout(directory: Path) -> dict:
 def test_weights_are_released_before_any_onnxruntime_session(sharded_bf16, tmp_path, watch, oracle):
     result = _export(sharded_bf16, tmp_path / "fp32", "fp32", watch)
     events = watch.events
-    assert [s for s in core.STAGES if s in events] == [s for s in events if s in core.STAGES]  # in STAGES' order
+    assert [s for s in STAGES if s in events] == [s for s in events if s in STAGES]  # in STAGES' order
     assert events.index("reference") < events.index("trace") < events.index("release") < events.index("optimize")
     # offline optimisation and the gate's session at least, each built with no weights left in PyTorch
     after = [s["after"] for s in watch.sessions]
@@ -153,7 +156,7 @@ def test_verify_frees_the_reference_before_opening_the_artifact(sharded_bf16, tm
     artifact = _export(sharded_bf16, tmp_path / "fp32", "fp32", watch).path
     watch.sessions.clear()
     watch.events.clear()
-    result = core.verify(artifact, progress=lambda stage, detail: watch.events.append(stage))
+    result = verification.verify(artifact, progress=lambda stage, detail: watch.events.append(stage))
     assert result.passed, result.report
     assert watch.events.index("reference") < watch.events.index("parity")
     assert [s["after"] for s in watch.sessions] == ["parity"]
@@ -204,7 +207,7 @@ def test_small_artifacts_keep_their_weights_inline(sharded_bf16, tmp_path):
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_large_artifacts_keep_every_weight_in_one_data_file(sharded_bf16, tmp_path, monkeypatch, oracle, precision):
-    monkeypatch.setattr(graph, "EXTERNAL_DATA_THRESHOLD", 1024)
+    monkeypatch.setattr(external_data, "EXTERNAL_DATA_THRESHOLD", 1024)
     result = _export(sharded_bf16, tmp_path / precision, precision)
     layout = _external_layout(result.path)
     model = onnx.load(str(result.path / "model.onnx"), load_external_data=False)

@@ -170,11 +170,11 @@ def test_also_outputs(stories_artifact):
 def test_external_weights(traces, tmp_path):
     """A model past the 2 GB protobuf limit keeps its weights in model.onnx.data; OpenVINO reads them
     beside the graph, the mend applies all the same, and the artifact is left untouched."""
-    from kvembed.export import graph
+    from kvembed.export import external_data
     from kvembed.export.core import Exporter
 
     with pytest.MonkeyPatch.context() as patch, Exporter(traces.get("stories260k", "kv-embedding").embedder) as exporter:
-        patch.setattr(graph, "EXTERNAL_DATA_THRESHOLD", 1024)  # a trace of its own: the shared one is saved inline
+        patch.setattr(external_data, "EXTERNAL_DATA_THRESHOLD", 1024)  # a trace of its own: the shared one is saved inline
         path = exporter.write(tmp_path / "external", "fp32").path
     assert (path / "model.onnx.data").is_file()
     before = sorted(p.name for p in path.iterdir())

@@ -319,12 +319,12 @@ class TorchBackend(Backend):
         import torch  # noqa: F401
         import transformers  # noqa: F401
 
-        from ..export.core import reference_for  # noqa: F401
+        from ..export.verification import reference_for  # noqa: F401
 
     def __init__(self, manifest: Mapping[str, Any], threads: int) -> None:
         import torch
 
-        from ..export.core import reference_for
+        from ..export.verification import reference_for
 
         torch.set_num_threads(int(threads))
         with contextlib.suppress(RuntimeError):  # only allowed before any parallel work

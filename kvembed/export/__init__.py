@@ -16,12 +16,20 @@ from .parity import PARITY_TEXTS, TOLERANCES, ParityReport
 from .precision import PRECISIONS
 
 
-def __getattr__(name: str):  # the torch-dependent pipeline loads on first use
-    if name in {"export", "export_result", "verify", "Exporter", "ExportResult", "ParityError",
-                "OutputExistsError", "VerifyResult", "load_embedder", "STAGES"}:
-        from . import core
+#: the torch-dependent pipeline's names, and the module each loads from on first use
+_LAZY = {
+    **dict.fromkeys(("export", "export_result", "Exporter", "ExportResult", "ParityError", "OutputExistsError",
+                     "load_embedder"), "core"),
+    **dict.fromkeys(("verify", "VerifyResult"), "verification"),
+    "STAGES": "progress",
+}
 
-        return getattr(core, name)
+
+def __getattr__(name: str):  # the torch-dependent pipeline loads on first use
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -226,7 +226,7 @@ def verify_command(
 
 
 class VerifyOutcome:
-    """``run_verify``'s result: the parity :class:`~kvembed.export.core.VerifyResult` (its attributes
+    """``run_verify``'s result: the parity :class:`~kvembed.export.verification.VerifyResult` (its attributes
     are readable here too) and the backend comparison (None when not run); passed only if both pass."""
 
     def __init__(self, result: Any, comparison: Any = None) -> None:
@@ -307,7 +307,7 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True) ->
         import logging
         import warnings
 
-        from .core import verify
+        from .verification import verify
 
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         with warnings.catch_warnings(), StageDisplay(console) as display:

@@ -8,44 +8,34 @@ Memory: :func:`export_result` holds one copy of the weights at a time. The PyTor
 the gate's texts first and keeps only its outputs; the trace writes the weights to external data
 as it goes (transposed on the way, not in memory); then the PyTorch weights are freed, before
 onnxruntime opens any session (offline optimisation, calibration, the gate). Conversions read
-and write one weight at a time (:func:`~kvembed.export.graph.stream_initializers`).
+and write one weight at a time (:func:`~kvembed.export.external_data.stream_initializers`).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import gc
-import hashlib
-import json
 import os
 import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from .. import __version__
-from ..runtime.artifact import (
-    ENCODER_TOKENIZER, MODEL, SCHEMA_VERSION, TOKENIZER, check_files, encoder_from_manifest, file_records,
-)
-from ..runtime.artifact import read_manifest, write_manifest
+from ..runtime.artifact import ENCODER_TOKENIZER, MODEL, TOKENIZER, encoder_from_manifest, file_records
+from ..runtime.artifact import write_manifest
 from ..staging import OutputExistsError, check_output, staged  # noqa: F401  (the exporter's, re-exported)
-from ..methods.sharing import AlsoRequest, output_names
-from .graph import DATA_FILE, ExportError, decoder_layers_in_graph, input_axes, input_names, optimize_with_onnxruntime
-from .graph import resolve_attention
-from .graph import rms_norm_as_div, settle_layout, weight_matmuls
+from ..methods.sharing import output_names
+from .checks import check_graph
+from .external_data import settle_layout
+from .graph import ExportError, resolve_attention
 from .graph import trace as trace_graph
-from .ops import ALLOWED_OPS, non_portable_ops, op_types
-from .parity import ParityReport, reference_runs, run_parity
+from .manifest import build_manifest, source_record
+from .parity import ParityReport, parity_reports, parity_session, reference_runs
 from .precision import INT8_RECIPES, SameGraphError, check_int8_recipe, check_precision, convert, int8_plan
+from .progress import Progress, advance_of, silent
+from .rewrites import optimize_with_onnxruntime, rms_norm_as_div
 from .smoothing import calibration_feeds
-
-Progress = Callable[[str, str], None]
-
-#: pipeline stages, in order, as reported to ``progress(stage, detail)`` ("reference" and "release"
-#: only where the exporter frees the PyTorch weights after the trace: :func:`export_result`)
-STAGES = ("load", "reference", "trace", "release", "optimize", "convert", "check", "parity", "write")
 
 
 class ParityError(ExportError):
@@ -56,16 +46,6 @@ class ParityError(ExportError):
         super().__init__(prefix + report.summary())
         self.report = report
         self.output = output
-
-
-def _silent(stage: str, detail: str) -> None:
-    return None
-
-
-def advance_of(progress: Progress) -> Callable[[int, int], None] | None:
-    """``progress.advance(done, total)`` where the progress display has one (the CLI's shows the
-    time left of a long stage), else None."""
-    return getattr(progress, "advance", None)
 
 
 # -- loading ------------------------------------------------------------------------------------
@@ -92,48 +72,6 @@ def load_embedder(
         return TorchEmbedder.from_pretrained(
             model, method, max_length=max_length, padding_side=padding_side, **options
         )
-
-
-def source_record(embedder: Any) -> dict[str, Any]:
-    """Where the model came from, and a hash of its config, for the manifest."""
-    from ..methods import resolve_model
-
-    given = embedder.source if embedder.source is not None else ""
-    location, preset_id = getattr(embedder, "location", None), getattr(embedder, "preset_id", None)
-    if location is None and given:  # built without from_pretrained
-        location, preset_id = resolve_model(given)
-    config = embedder.model.decoder.config
-    record: dict[str, Any] = {
-        "model": given, "location": None, "preset_id": preset_id, "revision": getattr(embedder, "revision", None)
-    }
-    if location is not None and Path(location).is_dir():
-        record["location"] = str(Path(location).resolve())
-    elif location is not None:
-        record["location"] = location  # a hub id
-    record["model_type"] = config.model_type
-    record["config_sha256"] = config_hash(location, config)
-    record["num_layers"] = int(config.num_hidden_layers)
-    record["hidden_size"] = int(config.hidden_size)
-    # the dtype the checkpoint's weights are stored in (bfloat16 for most 4B-8B releases); the
-    # export itself traces and checks in float32
-    record["dtype"] = getattr(embedder, "source_dtype", None)
-    if getattr(embedder, "gguf", None):
-        record["gguf"] = dict(embedder.gguf)  # file name, sha256, quantization type, architecture
-    if getattr(embedder, "causal2vec", None):
-        record["causal2vec"] = dict(embedder.causal2vec)  # encoder, projector sha256, adapter merged
-    return record
-
-
-def config_hash(location: str | None, config: Any) -> str:
-    """sha256 of the model folder's ``config.json`` bytes, else of the config as canonical JSON."""
-    if location is not None:
-        path = Path(location) / "config.json"
-        if path.is_file():
-            return hashlib.sha256(path.read_bytes()).hexdigest()
-    data = config.to_dict()
-    data.pop("transformers_version", None)
-    data.pop("_attn_implementation_autoset", None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
 # -- output directory ---------------------------------------------------------------------------
@@ -184,7 +122,7 @@ class Exporter:
         self.weights_released = False
         self.embedder = embedder
         self.optimize = optimize
-        self.progress = progress or _silent
+        self.progress = progress or silent
         self._workdir: Path | None = None
         self._graph: dict[str, Any] | None = None
         self._reference_outputs: dict[Any, Any] = {}  # the traced embedder's parity outputs
@@ -303,7 +241,8 @@ class Exporter:
                     self.progress("fallback", f"{same}; trying {recipes[attempt]}")
                     continue
                 self.progress("check", "checking operators and layers")
-                manifest = self._manifest(precision, self._check_graph(model_path, precision), conversion)
+                facts = check_graph(model_path, precision, embedder)
+                manifest = build_manifest(embedder, self._graph, self.opset, precision, facts, conversion)
                 self.progress("parity", "running the graph in onnxruntime against PyTorch")
                 reports = self._parity(staging, manifest, precision, reference)
                 report = reports.pop(None)
@@ -349,100 +288,6 @@ class Exporter:
                        ranges=ranges, step=lambda detail: self.progress("convert", detail),
                        advance=advance_of(self.progress))
 
-    def _context_matmuls(self) -> int:
-        """Weight matrix products of Causal2Vec's encoder and projector (one per ``nn.Linear``)."""
-        from torch import nn
-
-        encoder = self.embedder.model.context_encoder
-        return 0 if encoder is None else sum(isinstance(m, nn.Linear) for m in encoder.modules())
-
-    def _check_graph(self, model_path: Path, precision: str) -> dict[str, Any]:
-        import onnx
-
-        model = onnx.load(str(model_path), load_external_data=False)
-        counts = op_types(model)
-        bad = non_portable_ops(model, ALLOWED_OPS)
-        if bad and precision != "int8":
-            raise ExportError(
-                f"the {precision} graph contains operators outside the portable allow-list: {', '.join(bad)}"
-            )
-        layers = decoder_layers_in_graph(model, self._context_matmuls())
-        needed = self.embedder.model.layers_needed
-        if layers != needed:
-            raise ExportError(f"the graph holds the weights of {layers} decoder layers, the method needs {needed}")
-        onnx.checker.check_model(str(model_path), full_check=False)
-        return {
-            "op_types": dict(sorted(counts.items())),
-            "nodes": len(model.graph.node),
-            "decoder_layers": int(layers),
-            "weight_matmuls": weight_matmuls(model),
-            "tensorrt_ready": not bad,
-            "non_portable_ops": bad,
-            "external_data": (model_path.parent / DATA_FILE).exists(),
-        }
-
-    def _manifest(self, precision: str, graph_facts: Mapping[str, Any], conversion: Mapping[str, Any]) -> dict[str, Any]:
-        import onnx
-        import onnxruntime
-        import torch
-        import transformers
-
-        embedder = self.embedder
-        encoder = embedder.encoder
-        names = input_names(embedder)
-        model = embedder.model
-        assert self._graph is not None
-        graph = {
-            "exporter": self._graph["exporter"],
-            # fused (one Attention op per layer, opset 23) or decomposed, and the oldest
-            # onnxruntime / TensorRT that run this graph
-            "attention": self._graph["attention"],
-            "optimizations": self._graph["optimizations"],
-            **graph_facts,
-            "precision_conversion": dict(conversion),
-            "versions": {
-                "torch": torch.__version__,
-                "transformers": transformers.__version__,
-                "onnx": onnx.__version__,
-                "onnxruntime": onnxruntime.__version__,
-            },
-        }
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "kvembed_version": __version__,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "source": source_record(embedder),
-            "method": embedder.method.to_dict(),
-            # layers="auto": the intrinsic-dimension curve and the set it chose (else null)
-            "layer_selection": getattr(embedder, "layer_selection", None),
-            "dim": int(embedder.dim),
-            "max_length": int(embedder.max_length),
-            "opset": self.opset,
-            "precision": precision,
-            "padding_side": embedder.padding_side,
-            "placeholder_id": encoder.placeholder_id,
-            "pad_id": encoder.pad_id,
-            "fallback_id": encoder.fallback_id,
-            "inputs": [{"name": n, "dtype": "int64", "shape": list(input_axes(n))} for n in names],
-            # Causal2Vec: the context encoder's tokenizer file, length limit and pad id (else null)
-            "context_encoder": None if encoder.context_tokenizer is None else {
-                "tokenizer": ENCODER_TOKENIZER, "max_length": encoder.context_max_length, "pad_id": encoder.context_pad_id,
-            },
-            # extra methods read from the same forward pass (--also): label -> method
-            "also": {label: method.to_dict() for label, method in model.also.items()},
-            "outputs": [
-                {
-                    "name": name, "dtype": "float32", "shape": ["batch", model.readout_dim(method)],
-                    "normalized": normalized, "method": method.name if label is None else label,
-                }
-                for label, method in model.readouts
-                for name, normalized in zip(output_names(label), (True, False))
-            ],
-            "graph": graph,
-            "files": {},
-            "parity": {},
-        }
-
     def _parity(
         self, directory: Path, manifest: Mapping[str, Any], precision: str, reference: Any
     ) -> dict[str | None, ParityReport]:
@@ -459,44 +304,6 @@ class Exporter:
                                   advance=advance_of(self.progress))
         finally:
             del session
-
-
-def parity_reports(
-    session: Any,
-    encoder: Any,
-    references: Mapping[str | None, Any],
-    precision: str,
-    cache: dict[Any, Any] | None = None,
-    advance: Callable[[int, int], None] | None = None,
-) -> dict[str | None, ParityReport]:
-    """Parity of every output pair of the graph (label None: the main one) against its
-    single-method reference (:meth:`TorchEmbedder.references`)."""
-    return {
-        label: run_parity(session, encoder, reference, precision, cache=cache, outputs=output_names(label),
-                          advance=advance)
-        for label, reference in references.items()
-    }
-
-
-def parity_session(path: Path) -> Any:
-    """An onnxruntime CPU session for the gate (no thread spinning: torch runs in between).
-
-    No MatMul weight pre-packing: a packed copy of every weight would sit beside the (memory-mapped)
-    weights for a session that runs a dozen calls, whose batches of hundreds to thousands of rows
-    make packing on the fly a small part of each product. No memory arena or memory pattern: the
-    gate's batches differ in shape, and the arena would keep (and round up to powers of two) the
-    activations of the largest one for the rest of the export."""
-    import onnxruntime as ort
-
-    from ..runtime.session import open_session
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.disable_prepacking", "1")
-    options.enable_cpu_mem_arena = False
-    options.enable_mem_pattern = False
-    return open_session(path, options, ["CPUExecutionProvider"])
 
 
 def _copy_graph(source: Path, target: Path, move: bool = False) -> None:
@@ -555,7 +362,7 @@ def export_result(
         from .memory import export_memory_check
 
         export_memory_check(model, method, precision, **options)
-    progress = progress or _silent
+    progress = progress or silent
     progress("load", f"loading {model} ({method})")
     embedder = load_embedder(model, method, max_length=max_length, padding_side=padding_side, **options)
     with Exporter(embedder, opset=opset, optimize=optimize, progress=progress, attention=attention,
@@ -564,101 +371,14 @@ def export_result(
                               int8_recipe=int8_recipe)
 
 
-# -- verify -------------------------------------------------------------------------------------
-
-
-@dataclass
-class VerifyResult:
-    directory: Path
-    manifest: dict[str, Any]
-    report: ParityReport | None
-    file_problems: list[str]
-    source_problems: list[str]
-    also: dict[str, ParityReport] = field(default_factory=dict)
-    """Parity of each extra method's outputs (``--also``), by label."""
-
-    @property
-    def passed(self) -> bool:
-        return (
-            self.report is not None and self.report.passed and all(r.passed for r in self.also.values())
-            and not self.file_problems and not self.source_problems
-        )
-
-
-def reference_for(manifest: Mapping[str, Any]) -> Any:
-    """Rebuild the PyTorch reference an artifact was exported from (model, options, max_length)."""
-    source = manifest["source"]
-    location = source.get("location")
-    candidates = []
-    if location and Path(location).is_dir():
-        candidates.append(location)
-    if source.get("model"):
-        candidates.append(source["model"])
-    if location and location not in candidates:
-        candidates.append(location)
-    if not candidates:
-        raise ValueError("the manifest does not say which model the artifact came from")
-    method = manifest["method"]
-    also = [
-        AlsoRequest(method=extra["name"], options=dict(extra["options"]), label=label)
-        for label, extra in (manifest.get("also") or {}).items()
-    ]
-    last_error: Exception | None = None
-    for candidate in candidates:
-        try:
-            return load_embedder(
-                candidate, method["name"], max_length=int(manifest["max_length"]),
-                padding_side=manifest.get("padding_side", "right"), also=also, **dict(method["options"]),
-            )
-        except FileNotFoundError as err:
-            last_error = err
-    raise FileNotFoundError(f"cannot load the source model of this artifact ({', '.join(candidates)}): {last_error}")
-
-
-def verify(directory: str | os.PathLike[str], progress: Progress | None = None) -> VerifyResult:
-    """Re-run the parity gate of an existing artifact against a freshly built PyTorch reference."""
-    progress = progress or _silent
-    directory = Path(directory).expanduser()
-    manifest = read_manifest(directory)
-    progress("check", "checking file hashes")
-    file_problems = check_files(directory, manifest)
-    if file_problems:  # a damaged graph or tokenizer cannot be run meaningfully: report, don't crash
-        return VerifyResult(directory, manifest, None, file_problems, [])
-    progress("load", f"loading the reference {manifest['source'].get('model')}")
-    reference = reference_for(manifest)
-    source_problems = []
-    now = source_record(reference)
-    if now["config_sha256"] != manifest["source"].get("config_sha256"):
-        source_problems.append("the source model's config changed since export (config_sha256 differs)")
-    # as at export: the reference runs the gate's batches first and its weights are freed before
-    # onnxruntime opens the artifact, so the model is never in memory twice
-    progress("reference", "running the PyTorch reference on the parity texts")
-    references, cache = reference.references(), {}
-    for label, single in references.items():
-        reference_runs(single, cache, outputs=output_names(label), advance=advance_of(progress))
-    reference.model.to("meta")
-    gc.collect()
-    progress("parity", "running the graph in onnxruntime against PyTorch")
-    encoder = encoder_from_manifest(directory, manifest)
-    session = parity_session(directory / MODEL)
-    reports = parity_reports(session, encoder, references, manifest["precision"], cache=cache,
-                             advance=advance_of(progress))
-    report = reports.pop(None)
-    return VerifyResult(directory, manifest, report, file_problems, source_problems, reports)
-
-
 __all__ = [
-    "STAGES",
     "ExportError",
     "ExportResult",
     "Exporter",
     "OutputExistsError",
     "ParityError",
-    "VerifyResult",
     "check_output",
     "export",
     "export_result",
     "load_embedder",
-    "reference_for",
-    "verify",
 ]

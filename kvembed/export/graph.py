@@ -1,4 +1,4 @@
-"""Tracing the patched model into an ONNX graph (fp32), and offline graph optimisation.
+"""Tracing the patched model into an ONNX graph (fp32), in one of two attention forms.
 
 We trace with ``torch.onnx.export(..., dynamo=True)``: ``torch.export`` runs the module's Python
 (forward hooks, the ``kvembed_prefix`` kwarg, the attention function registered with
@@ -16,11 +16,9 @@ needs no rewrite: torch.onnx's opset-23 translation of ``scaled_dot_product_atte
 repeating K/V first (its ``TRANSFORMERS_SDPA_FORCE_GQA`` switch, set for the trace only), and run
 onnxscript's optimizer without its opset-23 fusions, so that ``Attention`` is the only op the fused
 graph adds. RMSNormalization is not needed (onnxruntime fuses the decomposed RMSNorm at load).
-RotaryEmbedding was tried (onnxscript's rule fuses every query and key rotation; 0.96x the time of
-a 1 x 32 call on the Qwen3-0.6B-shaped model, no gain at 16 x 128) and left out: OpenVINO 2026.4
-runs such a graph wrongly even after kvembed's mend of its grouped-query fault (worst row cosine 0.64
-against onnxruntime at f32 on stories260k kv-embedding; ``RotaryEmbedding`` -> ``Attention`` alone in
-a small graph is exact), and TensorRT parses it only from 10.15.1.
+RotaryEmbedding was tried (onnxscript's rule fuses every query and key rotation) and left out: it
+gained no speed, OpenVINO runs such a graph wrongly even after kvembed's mend of its grouped-query
+fault, and TensorRT parses it only from 10.15.1 (benchmarks/RESULTS.md, "RotaryEmbedding").
 The manifest's minimum TensorRT version is the newest any op in the graph needs
 (``TENSORRT_OPS_SINCE``).
 """
@@ -34,24 +32,14 @@ import logging
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from ..errors import CheckFailed
-from .ops import ALLOWED_OPS, STANDARD_DOMAINS, TENSORRT_OPS_SINCE, non_portable_ops, version_key
+from .external_data import EXTERNAL_MIN_BYTES
+from .ops import STANDARD_DOMAINS, TENSORRT_OPS_SINCE, version_key
 
-MODEL_FILE = "model.onnx"
-DATA_FILE = "model.onnx.data"
-#: from this many weight bytes on, an artifact's weights go to DATA_FILE (the exporter's own
-#: intermediate graphs always keep them there). protobuf cannot hold 2 GiB at all, and well below
-#: that an inline graph costs several copies of itself wherever it is read whole: onnx.load plus
-#: its serialisation to write it, onnx's checker, onnxruntime's parse of the file; external weights
-#: are read one tensor at a time or memory-mapped instead (benchmarks/RESULTS.md, issue 30). Small
-#: graphs stay one file.
-EXTERNAL_DATA_THRESHOLD = 256 * 1024**2
-#: tensors smaller than this stay inside the graph file when the weights are external
-EXTERNAL_MIN_BYTES = 1024
 MIN_OPSET = 18
 #: the first opset with the standard ``Attention`` operator
 FUSED_OPSET = 23
@@ -406,245 +394,3 @@ def _save_program(program: Any, path: Path) -> None:
 
     ir.save(program.model, path, external_data=path.name + ".data", size_threshold_bytes=EXTERNAL_MIN_BYTES,
             max_workers=1)
-
-
-# -- onnxruntime offline optimisation ---------------------------------------------------------
-
-
-def optimize_with_onnxruntime(path: Path) -> dict[str, Any]:
-    """Run onnxruntime's basic (hardware-independent, standard-op) graph optimisations offline.
-
-    Replaces ``path`` only if the result is smaller and still uses standard ops from the allow-list
-    only. Extended and layout levels are never used: they fuse into ``com.microsoft`` contrib ops.
-    """
-    import onnx
-    import onnxruntime as ort
-
-    record: dict[str, Any] = {"name": "onnxruntime ORT_ENABLE_BASIC (offline)", "applied": False}
-    before = onnx.load(str(path), load_external_data=False)
-    record["nodes_before"] = len(before.graph.node)
-    external = any(_is_external(t) for t in before.graph.initializer)
-    target = path.with_name(path.stem + ".ortopt.onnx")
-    target_data = target.with_name(target.name + ".data")
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.optimized_model_filepath = str(target)
-    options.add_session_config_entry("session.disable_prepacking", "1")  # never run: no packed copy of the weights
-    if external:
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", target_data.name)
-        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-    try:
-        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        optimized = onnx.load(str(target), load_external_data=False)
-    except Exception as err:  # keep the unoptimised graph
-        record["reason"] = f"onnxruntime failed: {type(err).__name__}"
-        _remove(target, target_data)
-        return record
-    _drop_unused_opsets(optimized)
-    record["nodes_after"] = len(optimized.graph.node)
-    bad = non_portable_ops(optimized, ALLOWED_OPS)
-    if bad:
-        record["reason"] = f"would introduce non-portable ops: {', '.join(bad)}"
-    elif record["nodes_after"] >= record["nodes_before"]:
-        record["reason"] = "no node removed"
-    else:
-        record["applied"] = True
-    if record["applied"]:
-        data = path.with_name(path.name + ".data")
-        if external:
-            for tensor in optimized.graph.initializer:
-                for entry in tensor.external_data:
-                    if entry.key == "location":
-                        entry.value = data.name
-            os.replace(target_data, data)
-        onnx.save(optimized, str(path))
-    _remove(target, target_data)
-    return record
-
-
-def rms_norm_as_div(path: Path) -> dict[str, Any]:
-    """Rewrite ``x * Reciprocal(Sqrt(v))`` as ``x / Sqrt(v)`` in the graph at ``path``.
-
-    The exporter spells RMSNorm's ``rsqrt`` as Sqrt -> Reciprocal -> Mul; onnxruntime's
-    SimplifiedLayerNormFusion only recognises the Sqrt -> Div form, so without this rewrite every
-    RMSNorm runs as six element-wise kernels instead of one fused SimplifiedLayerNormalization
-    (at session load; the file keeps standard ops). Same math, within one rounding.
-    """
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    graph = model.graph
-    producers, consumers = node_edges(graph)
-    graph_outputs = {o.name for o in graph.output}
-    dropped: set[int] = set()
-    for node in graph.node:
-        if node.op_type != "Reciprocal" or node.domain not in ("", "ai.onnx") or node.output[0] in graph_outputs:
-            continue
-        source, users = producers.get(node.input[0]), consumers.get(node.output[0], [])
-        if source is None or source.op_type != "Sqrt" or len(users) != 1 or users[0].op_type != "Mul":
-            continue
-        mul = users[0]
-        other = mul.input[1] if mul.input[0] == node.output[0] else mul.input[0]
-        mul.op_type = "Div"
-        del mul.input[:]
-        mul.input.extend([other, node.input[0]])
-        dropped.add(id(node))
-    record: dict[str, Any] = {"name": "RMSNorm rsqrt as Div (onnxruntime fuses it at load)", "applied": bool(dropped),
-                              "rewritten": len(dropped)}
-    if dropped:
-        kept = [node for node in graph.node if id(node) not in dropped]
-        del graph.node[:]
-        graph.node.extend(kept)
-        onnx.save(model, str(path))
-    return record
-
-
-def node_edges(graph: Any) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-    """(value -> the node producing it, value -> the nodes reading it) of an ``onnx.GraphProto``."""
-    producers = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    return producers, consumers
-
-
-def _is_external(tensor: Any) -> bool:
-    import onnx
-
-    return tensor.data_location == onnx.TensorProto.EXTERNAL
-
-
-def _drop_unused_opsets(model: Any) -> None:
-    used = {node.domain for node in model.graph.node}
-    keep = [o for o in model.opset_import if o.domain in used or o.domain in STANDARD_DOMAINS]
-    del model.opset_import[:]
-    model.opset_import.extend(keep)
-
-
-def _remove(*paths: Path) -> None:
-    for p in paths:
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-
-
-#: weight matrices per decoder layer in the Llama layout: q, k, v, o, gate, up, down projections
-MATRICES_PER_LAYER = 7
-
-
-def weight_matmuls(model: Any) -> int:
-    """How many (quantized) matrix multiplications in ``model`` take a weight initializer."""
-    matrices = {t.name for t in model.graph.initializer if len(t.dims) == 2}
-    count = 0
-    for node in model.graph.node:
-        if node.op_type in ("MatMul", "MatMulInteger", "Gemm") and len(node.input) > 1 and node.input[1] in matrices:
-            count += 1
-    return count
-
-
-def decoder_layers_in_graph(model: Any, other_matmuls: int = 0) -> int:
-    """Decoder layers whose weights the graph holds: ``ceil(weight matmuls / 7)``, not counting
-    ``other_matmuls`` that belong to something else (Causal2Vec's encoder and projector).
-
-    Every layer but the last contributes all 7 projections; the last may contribute fewer, as the
-    exporter drops what the readout does not use (``va`` keeps only the last layer's ``v_proj``).
-    Counting weights rather than reading initializer names: the exporter renames transposed
-    weights and de-duplicates identical tensors (e.g. the all-ones norm weights of a fresh model).
-    """
-    return -(-(weight_matmuls(model) - other_matmuls) // MATRICES_PER_LAYER)
-
-
-def weight_bytes(model: Any) -> int:
-    """Bytes of ``model``'s initializers (an ``onnx.ModelProto``, external ones counted by their length)."""
-    return sum(_tensor_bytes(t) for t in model.graph.initializer)
-
-
-def stream_initializers(model: Any, source_dir: Path, target: Path, transform: Any = None,
-                        sources: Mapping[str, Path] | None = None, advance: Any = None) -> int:
-    """Write ``model`` (an ``onnx.ModelProto`` loaded without its external data, whose weights live
-    in ``source_dir``, or for the tensors named in ``sources`` in the directory given there) as
-    ``target``, its weights in ``<target>.data``, one tensor at a time: each is read, passed to
-    ``transform(tensor)`` (which may rewrite it in place), appended to the data file and dropped,
-    so no more than one weight is ever in memory. ``advance(done, total)`` is told the tensors
-    handled so far. Returns the bytes written to the data file."""
-    import onnx
-    from onnx.external_data_helper import (
-        load_external_data_for_tensor, save_external_data, set_external_data, uses_external_data,
-    )
-
-    data = target.with_name(target.name + ".data")
-    data.write_bytes(b"")
-    total = len(model.graph.initializer)
-    for done, tensor in enumerate(model.graph.initializer, 1):
-        # each weight is handled in a message of its own: protobuf (upb) allocates a message's
-        # fields in its arena and frees them only with the message, so bytes set on the model's
-        # own tensors would stay allocated, clearing them or not, until the whole model is gone
-        work = onnx.TensorProto()
-        work.CopyFrom(tensor)
-        if uses_external_data(work):
-            load_external_data_for_tensor(work, str((sources or {}).get(work.name, source_dir)))
-            work.data_location = onnx.TensorProto.DEFAULT
-            del work.external_data[:]
-        if transform is not None:
-            transform(work)
-        if work.HasField("raw_data") and len(work.raw_data) >= EXTERNAL_MIN_BYTES:
-            set_external_data(work, data.name)
-            save_external_data(work, str(target.parent))
-            work.ClearField("raw_data")
-            work.data_location = onnx.TensorProto.EXTERNAL
-        tensor.CopyFrom(work)
-        del work
-        if advance is not None:
-            advance(done, total)
-    onnx.save_model(model, str(target))
-    return data.stat().st_size
-
-
-def settle_layout(path: Path) -> bool:
-    """Give the artifact's graph at ``path`` (weights external) its layout: weights inside
-    ``model.onnx`` below :data:`EXTERNAL_DATA_THRESHOLD`, in ``model.onnx.data`` from there on.
-    Returns whether the weights stay external."""
-    import onnx
-
-    data = path.with_name(path.name + ".data")
-    if not data.exists():
-        return False
-    if data.stat().st_size >= EXTERNAL_DATA_THRESHOLD:
-        return True
-    model = onnx.load(str(path))  # a small graph: its weights fit twice over
-    onnx.save_model(model, str(path))
-    data.unlink()
-    return False
-
-
-def save_model(model: Any, path: Path) -> bool:
-    """Save an ``onnx.ModelProto`` as ``path``, weights in ``<name>.data`` when it would pass 2 GB."""
-    import onnx
-
-    size = sum(_tensor_bytes(t) for t in model.graph.initializer)
-    external = size >= EXTERNAL_DATA_THRESHOLD
-    if external:
-        onnx.save_model(
-            model,
-            str(path),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=path.name + ".data",
-            size_threshold=1024,
-        )
-    else:
-        onnx.save_model(model, str(path))
-    return external
-
-
-def _tensor_bytes(tensor: Any) -> int:
-    import onnx
-
-    if tensor.raw_data:
-        return len(tensor.raw_data)
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:
-        for entry in tensor.external_data:
-            if entry.key == "length":
-                return int(entry.value)
-    dims = int(np.prod(tensor.dims)) if tensor.dims else 1
-    return dims * 4

@@ -1,4 +1,4 @@
-"""Refuse an export the machine cannot hold, before any weights load (issue 30).
+"""Refuse an export the machine cannot hold, before any weights load.
 
 An export that runs out of memory is killed by the kernel minutes in, with no message. So
 :func:`export_memory_check` estimates the export's peak from ``config.json`` (never the weights)

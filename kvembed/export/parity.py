@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, Tuple
 
 import numpy as np
 
+from ..methods.sharing import output_names
 from .graph import ExportError
 
 #: METHODS.md: worst row cosine (and, for fp32, max abs difference on normalised vectors)
@@ -310,3 +312,41 @@ def _finite(x: float) -> float:
     if math.isinf(x):
         return 1e30 if x > 0 else -1e30
     return float(x)
+
+
+def parity_reports(
+    session: Any,
+    encoder: Any,
+    references: Mapping[str | None, Any],
+    precision: str,
+    cache: dict[Any, Any] | None = None,
+    advance: Callable[[int, int], None] | None = None,
+) -> dict[str | None, ParityReport]:
+    """Parity of every output pair of the graph (label None: the main one) against its
+    single-method reference (:meth:`TorchEmbedder.references`)."""
+    return {
+        label: run_parity(session, encoder, reference, precision, cache=cache, outputs=output_names(label),
+                          advance=advance)
+        for label, reference in references.items()
+    }
+
+
+def parity_session(path: Path) -> Any:
+    """An onnxruntime CPU session for the gate (no thread spinning: torch runs in between).
+
+    No MatMul weight pre-packing: a packed copy of every weight would sit beside the (memory-mapped)
+    weights for a session that runs a dozen calls, whose batches of hundreds to thousands of rows
+    make packing on the fly a small part of each product. No memory arena or memory pattern: the
+    gate's batches differ in shape, and the arena would keep (and round up to powers of two) the
+    activations of the largest one for the rest of the export."""
+    import onnxruntime as ort
+
+    from ..runtime.session import open_session
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = False
+    return open_session(path, options, ["CPUExecutionProvider"])

@@ -18,25 +18,21 @@ also emits duplicate Cast outputs and unsorted nodes when a node block list is g
 
 int8: ``onnxruntime.quantization.quantize_dynamic`` on MatMul weights (int8 per output channel,
 in a 7-bit range; activations uint8, dynamic per tensor), after a recipe of :data:`INT8_RECIPES`.
-Random weights quantise well as they are; trained LLMs do not (SmolLM2-135M: worst gate cosine
-0.92 with every MatMul quantised), because a few channels carry activations tens to thousands of
-times the median. The default recipes calibrate on the built-in calibration texts, fold
+Random weights quantise well as they are; trained LLMs do not (with every MatMul quantised they
+miss the gate), because a few channels carry activations tens to thousands of times the median. The default recipes calibrate on the built-in calibration texts, fold
 SmoothQuant into the weights (:mod:`kvembed.export.smoothing`) and keep fp32 the few MatMuls whose
 inputs hold massive activations ("smooth"), then also the ``down_proj``s whose inputs spread over
 10x their median channel ("smooth-keep-wide-down"), then every ``down_proj``
 ("smooth-keep-down"); the exporter writes the first recipe that passes the parity gate
-(``--int8-recipe``). ``benchmarks/int8_options.py`` measures the alternatives (RESULTS.md; on
-SmolLM2 with VNNI: 0.989 / 0.993 / 0.996 worst cosine against fp32 at 3.2x / 2.8x / 2.4x
-PyTorch fp32 at 16 x 128).
+(``--int8-recipe``): each later recipe keeps more fp32, more accurate and slower.
+``benchmarks/int8_options.py`` measures the alternatives (benchmarks/RESULTS.md).
 
 Weights are int8 (U8S8, onnxruntime's fast kernel) quantised to 7 bits (``reduce_range``): on
 x86 CPUs without VNNI (AVX2 / AVX-512F only) onnxruntime's U8S8 kernel adds pairs of u8 x s8
-products in saturating int16 (``vpmaddubsw``), and full-range int8 weights overflow it (an
-AVX2-only EPYC gave the demo model's kv-embedding worst cosine 0.845, SmolLM2 -0.02); with 7-bit
-weights a pair stays within 2 x 255 x 64 = 32,640, below int16's limit, the remedy onnxruntime's
-quantization guide names. uint8 weights (U8U8) avoid saturation too but run a slower kernel: on a
-Zen 4 with VNNI 1.8-2.0x PyTorch fp32 against 3.2x for 7-bit int8 (and less accurate there: 0.980 vs
-0.989). The file must hold on every CPU it is copied to, so the export does not pick by the
+products in saturating int16 (``vpmaddubsw``), and full-range int8 weights overflow it (the
+gate's cosine collapses there); with 7-bit weights a pair stays within 2 x 255 x 64 = 32,640,
+below int16's limit, the remedy onnxruntime's quantization guide names. uint8 weights (U8U8) avoid
+saturation too but run a slower kernel, and are less accurate with VNNI (benchmarks/RESULTS.md). The file must hold on every CPU it is copied to, so the export does not pick by the
 exporting machine. It yields ``DynamicQuantizeLinear``/``MatMulInteger``: standard ONNX ops
 that onnxruntime runs fast on CPU, but TensorRT does not support (build TensorRT engines from the
 fp32 or fp16 artifact and let TensorRT pick precisions).
@@ -51,12 +47,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .graph import node_edges, settle_layout, stream_initializers
+from .external_data import settle_layout, stream_initializers
+from .rewrites import node_edges
 from .smoothing import DEFAULT_ALPHA
 
 #: int8 keeps fp32 the MatMuls whose input's top channel exceeds this many times its median channel
 MASSIVE_SPREAD = 50.0
-#: "smooth-keep-wide-down" also keeps fp32 the down_projs whose input spreads over this (SmolLM2: 15 of 30)
+#: "smooth-keep-wide-down" also keeps fp32 the down_projs whose input spreads over this
 WIDE_DOWN_SPREAD = 10.0
 
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -159,7 +156,7 @@ def to_fp16(source: Path, target: Path, advance: Callable[[int, int], None] | No
     """Convert the fp32 graph at ``source`` to fp16 at ``target`` (see the module docstring).
 
     The graph is rewritten without its weights; they are then converted one tensor at a time on
-    their way to the target's data file (:func:`~kvembed.export.graph.stream_initializers`), so
+    their way to the target's data file (:func:`~kvembed.export.external_data.stream_initializers`), so
     the conversion holds one weight at a time, not the model.
     """
     import numpy as np

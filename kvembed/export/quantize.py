@@ -7,7 +7,7 @@ the options, so the same result comes from quantising slices: the MatMuls that r
 activation (so its single ``DynamicQuantizeLinear`` stays shared, as in a whole-model run) are
 cut out with their weights into a small model, quantised by ``quantize_dynamic`` itself, and
 spliced back; the int8 weights go to disk as each slice is done, and the final graph is written
-one tensor at a time (:func:`~kvembed.export.graph.stream_initializers`). Memory: one slice.
+one tensor at a time (:func:`~kvembed.export.external_data.stream_initializers`). Memory: one slice.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .graph import EXTERNAL_MIN_BYTES
+from .external_data import EXTERNAL_MIN_BYTES
 
 #: fp32 weight bytes per slice: big enough that a slice is a layer or so, small beside the model
 SLICE_BYTES = 256 * 1024**2
@@ -47,7 +47,7 @@ def quantize_dynamic_streamed(
     import onnx
     from onnx.external_data_helper import set_external_data
 
-    from .graph import stream_initializers
+    from .external_data import stream_initializers
     from .precision import toposort
 
     model = onnx.load(str(source), load_external_data=False)

@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterable, Mapping, Tuple
 
 import numpy as np
 
-#: SmoothQuant's migration strength (SmolLM2-135M, gate rows: 0.5 -> 0.973, 0.65 -> 0.989, 0.8 -> 0.966)
+#: SmoothQuant's migration strength: of those measured on a trained model, the one the gate liked
+#: best (benchmarks/RESULTS.md, int8 options)
 DEFAULT_ALPHA = 0.65
 #: calibration texts: the first of the built-in calibration set, as queries and as documents
 CALIBRATION_TEXTS = 64
@@ -52,7 +53,7 @@ class SmoothGroup:
 
 def smoothable_groups(model: Any) -> list[SmoothGroup]:
     """The groups of an fp32 ``onnx.ModelProto`` whose activation scale can be folded (module docstring)."""
-    from .graph import node_edges
+    from .rewrites import node_edges
 
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
@@ -258,7 +259,7 @@ def smooth_file(source: Path, target: Path, groups: list[SmoothGroup], ranges: M
             value = apply_steps(numpy_helper.to_array(tensor).astype(np.float32), plan[tensor.name])
             tensor.CopyFrom(numpy_helper.from_array(value, tensor.name))
 
-    from .graph import stream_initializers
+    from .external_data import stream_initializers
 
     stream_initializers(model, source.parent, target, fold, advance=advance)
 

@@ -1,0 +1,98 @@
+"""``kvembed verify``: re-run an artifact's parity gate against a freshly built PyTorch reference,
+after checking its file hashes and whether the source model's config changed since the export.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..methods.sharing import AlsoRequest, output_names
+from ..runtime.artifact import MODEL, check_files, encoder_from_manifest, read_manifest
+from .core import load_embedder
+from .manifest import source_record
+from .parity import ParityReport, parity_reports, parity_session, reference_runs
+from .progress import Progress, advance_of, silent
+
+
+@dataclass
+class VerifyResult:
+    directory: Path
+    manifest: dict[str, Any]
+    report: ParityReport | None
+    file_problems: list[str]
+    source_problems: list[str]
+    also: dict[str, ParityReport] = field(default_factory=dict)
+    """Parity of each extra method's outputs (``--also``), by label."""
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.report is not None and self.report.passed and all(r.passed for r in self.also.values())
+            and not self.file_problems and not self.source_problems
+        )
+
+
+def reference_for(manifest: Mapping[str, Any]) -> Any:
+    """Rebuild the PyTorch reference an artifact was exported from (model, options, max_length)."""
+    source = manifest["source"]
+    location = source.get("location")
+    candidates = []
+    if location and Path(location).is_dir():
+        candidates.append(location)
+    if source.get("model"):
+        candidates.append(source["model"])
+    if location and location not in candidates:
+        candidates.append(location)
+    if not candidates:
+        raise ValueError("the manifest does not say which model the artifact came from")
+    method = manifest["method"]
+    also = [
+        AlsoRequest(method=extra["name"], options=dict(extra["options"]), label=label)
+        for label, extra in (manifest.get("also") or {}).items()
+    ]
+    last_error: Exception | None = None
+    for candidate in candidates:
+        try:
+            return load_embedder(
+                candidate, method["name"], max_length=int(manifest["max_length"]),
+                padding_side=manifest.get("padding_side", "right"), also=also, **dict(method["options"]),
+            )
+        except FileNotFoundError as err:
+            last_error = err
+    raise FileNotFoundError(f"cannot load the source model of this artifact ({', '.join(candidates)}): {last_error}")
+
+
+def verify(directory: str | os.PathLike[str], progress: Progress | None = None) -> VerifyResult:
+    """Re-run the parity gate of an existing artifact against a freshly built PyTorch reference."""
+    progress = progress or silent
+    directory = Path(directory).expanduser()
+    manifest = read_manifest(directory)
+    progress("check", "checking file hashes")
+    file_problems = check_files(directory, manifest)
+    if file_problems:  # a damaged graph or tokenizer cannot be run meaningfully: report, don't crash
+        return VerifyResult(directory, manifest, None, file_problems, [])
+    progress("load", f"loading the reference {manifest['source'].get('model')}")
+    reference = reference_for(manifest)
+    source_problems = []
+    now = source_record(reference)
+    if now["config_sha256"] != manifest["source"].get("config_sha256"):
+        source_problems.append("the source model's config changed since export (config_sha256 differs)")
+    # as at export: the reference runs the gate's batches first and its weights are freed before
+    # onnxruntime opens the artifact, so the model is never in memory twice
+    progress("reference", "running the PyTorch reference on the parity texts")
+    references, cache = reference.references(), {}
+    for label, single in references.items():
+        reference_runs(single, cache, outputs=output_names(label), advance=advance_of(progress))
+    reference.model.to("meta")
+    gc.collect()
+    progress("parity", "running the graph in onnxruntime against PyTorch")
+    encoder = encoder_from_manifest(directory, manifest)
+    session = parity_session(directory / MODEL)
+    reports = parity_reports(session, encoder, references, manifest["precision"], cache=cache,
+                             advance=advance_of(progress))
+    report = reports.pop(None)
+    return VerifyResult(directory, manifest, report, file_problems, source_problems, reports)
