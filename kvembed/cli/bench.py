@@ -12,8 +12,8 @@ from typing import Any, Optional, Sequence
 import typer
 from rich.console import Console
 
-from .. import cli_options as opt
-from ..cli_options import method_options
+from . import options as opt
+from .options import method_options
 
 console = Console()
 errors = Console(stderr=True)
@@ -49,7 +49,7 @@ def parse_names(option: str, text: str | None, choices: Sequence[str]) -> tuple[
 def _progress_class() -> type:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from .runner import BenchProgress
+    from ..bench.runner import BenchProgress
 
     class RichProgress(BenchProgress):
         """Stage lines with elapsed time, and a progress bar over the measured cells."""
@@ -121,8 +121,8 @@ def bench_command(
     options = method_options(locals())
 
     def configure() -> Any:
-        from .runner import PRECISIONS, BenchConfig
-        from .measure import BACKENDS
+        from ..bench.runner import PRECISIONS, BenchConfig
+        from ..bench.measure import BACKENDS
 
         config = BenchConfig.create(
             out, quick=quick, model=model, method=method, options=options, artifact=artifact,
@@ -145,7 +145,7 @@ def bench_command(
         import logging
         import warnings
 
-        from .runner import run_bench
+        from ..bench.runner import run_bench
 
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         progress = _progress_class()()
@@ -157,7 +157,7 @@ def bench_command(
             progress.bar.stop()
 
     results = job()
-    from .report import COST_PLOT, LATENCY_PLOT, RESULTS_JSON, RESULTS_MD, markdown_table
+    from ..bench.report import COST_PLOT, LATENCY_PLOT, RESULTS_JSON, RESULTS_MD, markdown_table
 
     console.print(markdown_table(results["cells"]), markup=False, highlight=False, soft_wrap=True)
     for note in results["notes"]:

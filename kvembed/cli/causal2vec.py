@@ -25,7 +25,7 @@ def assemble(
 ) -> None:
     """Write an untrained checkpoint: copies of ENCODER and LLM, a random projector, causal2vec.json."""
     from ..methods.models import resolve_model
-    from .layout import assemble as write
+    from ..causal2vec.layout import assemble as write
 
     location, _ = resolve_model(llm)
     checkpoint = write(encoder, location if Path(location).is_dir() else llm, out, seed=seed, placeholder=placeholder, force=force)

@@ -27,9 +27,9 @@ def build_engine_command(
     """Build a TensorRT engine (polygraphy) from ARTIFACT into OUT; needs tensorrt and an NVIDIA GPU."""
     from rich.console import Console
 
-    from ..cli_support import run_guarded
+    from .support import run_guarded
     from ..runtime.engine import engine_limits
-    from .engine import build_engine
+    from ..export.engine import build_engine
 
     def job() -> dict:
         if fp16 and bf16:

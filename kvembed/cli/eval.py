@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .. import cli_options as opt
-from ..cli_options import method_options
+from . import options as opt
+from .options import method_options
 
 console = Console()
 errors = Console(stderr=True)
@@ -44,8 +44,8 @@ def eval_command(
     kvembed eval ARTIFACT --task sample --out eval/ | kvembed eval smollm2-135m --task sample-sts
     --config last-token --config kv=kv-embedding --config kv-none=kv-embedding:layers=none --out eval/
     """
-    from . import configs as plans
-    from .tasks import load_tasks
+    from ..eval import configs as plans
+    from ..eval.tasks import load_tasks
 
     if not task and not mteb_task:
         raise ValueError("give at least one --task FILE (or --task sample) or --mteb-task NAME")
@@ -64,7 +64,7 @@ def eval_command(
         raise ValueError(f"--out {str(out)!r} exists and is not a folder")
 
     logging.getLogger("mteb").setLevel(logging.ERROR)  # mteb logs every phase at INFO/WARNING
-    from . import report, runner
+    from ..eval import report, runner
 
     tasks = runner.mteb_tasks(local, list(mteb_task or []))
     described = [_describe(t, local) for t in tasks]

@@ -15,9 +15,9 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-export needs typer and rich: pip install 'kvembed[export]' ({err})")
 
-from .. import cli_options as opt
-from ..cli_options import method_options
-from ..cli_support import DEBUG_HELP, EXIT_FAILED, guard_app, run_app
+from . import options as opt
+from .options import method_options
+from .support import DEBUG_HELP, EXIT_FAILED, guard_app, run_app
 
 console = Console()
 errors = Console(stderr=True)
@@ -157,11 +157,11 @@ def export_command(
     ),
 ) -> None:
     """Export MODEL computing METHOD as an ONNX artifact in OUT, gated on parity with PyTorch."""
-    from .core import check_output
-    from .precision import check_int8_recipe, check_precision
+    from ..export.core import check_output
+    from ..export.precision import check_int8_recipe, check_precision
 
     options = method_options(locals())
-    from .graph import resolve_attention
+    from ..export.graph import resolve_attention
 
     def preflight() -> None:  # cheap checks before importing torch or loading weights
         from ..methods import get_method
@@ -183,8 +183,8 @@ def export_command(
         import logging
         import warnings
 
-        from .core import export_result
-        from .memory import MemoryEstimateWarning
+        from ..export.core import export_result
+        from ..export.memory import MemoryEstimateWarning
 
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         with warnings.catch_warnings(), StageDisplay(console) as display:
@@ -200,7 +200,7 @@ def export_command(
     result = job()
     console.print(files_table(result.path, result.manifest))
     console.print(parity_table(result.parity, f"parity vs PyTorch ({result.manifest['precision']})"))
-    from .parity import ParityReport
+    from ..export.parity import ParityReport
 
     print_extra_parity({label: ParityReport(**extra) for label, extra in result.manifest["parity"].get("also", {}).items()})
     graph = result.manifest["graph"]
@@ -263,14 +263,14 @@ def comparison_table(comparison: Any) -> Table:
 
 def _selected_backends(directory: Path, backends: str) -> list[str]:
     """Validate ``--backends`` before the slow parity run: unknown or absent backends exit 2."""
-    from .backends import resolve_backends
+    from ..export.backends import resolve_backends
 
     return resolve_backends(directory, backends)[0]
 
 
 def run_compare(directory: Path, backends: str = "auto") -> Any:
     """The backend comparison of ``kvembed verify``: prints its table (or why nothing was compared)."""
-    from .backends import compare_backends
+    from ..export.backends import compare_backends
 
     names = _selected_backends(directory, backends)
     if len(names) < 2:
@@ -307,7 +307,7 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True) ->
         import logging
         import warnings
 
-        from .core import verify
+        from ..export.core import verify
 
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         with warnings.catch_warnings(), StageDisplay(console) as display:

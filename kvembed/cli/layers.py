@@ -19,7 +19,7 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-layers needs typer and rich: pip install 'kvembed[cli]' ({err})")
 
-from ..cli_support import DEBUG_HELP, guard_app, run_app
+from .support import DEBUG_HELP, guard_app, run_app
 
 app = typer.Typer(add_completion=False, help=__doc__)
 console = Console()
@@ -41,8 +41,8 @@ def layers(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table."),
 ) -> None:
     """Compute the per-layer intrinsic dimension of MODEL and pick kv-embedding's re-routing set."""
-    from .report import write_report
-    from .selection import compute_layer_selection
+    from ..layers.report import write_report
+    from ..layers.selection import compute_layer_selection
 
     started = time.perf_counter()
     progress = Progress(

@@ -14,9 +14,9 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"the kvembed command line needs typer and rich: pip install 'kvembed[cli]' ({err})")
 
-from . import cli_options as opt
-from .cli_options import method_options
-from .cli_support import DEBUG_HELP, guard_app, run_app
+from . import options as opt
+from .options import method_options
+from .support import DEBUG_HELP, guard_app, run_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, epilog=DEBUG_HELP)
 console = Console()
@@ -56,8 +56,8 @@ def check_artifact_argument(first: str | None) -> str:
 
 def check_artifact_options(directory: str, method: str | None, options: dict[str, Any], max_length: int | None) -> None:
     """Refuse method options that would contradict what the artifact computes (it fixes them all)."""
-    from .methods import get_method
-    from .runtime.artifact import read_manifest
+    from ..methods import get_method
+    from ..runtime.artifact import read_manifest
 
     manifest = read_manifest(directory)
     held = manifest["method"]
@@ -104,7 +104,7 @@ def embed(
     """
     import numpy as np
 
-    from .runtime.textio import TextRecords, check_input_path, check_output_path, count_lines, is_stdin, write_embeddings
+    from ..runtime.textio import TextRecords, check_input_path, check_output_path, count_lines, is_stdin, write_embeddings
 
     items = list(texts or [])
     options = method_options(locals())
@@ -124,17 +124,17 @@ def embed(
         check_output_path(output)
     if artifact:
         check_artifact_options(source, method, options, max_length)
-        from .runtime import Embedder
+        from ..runtime import Embedder
 
         embedder: Any = Embedder.load(source, provider=provider, threads=threads, ov_precision=ov_precision)
         embedder.dim_of(use)  # an unknown label fails here, naming the artifact's outputs
     else:
         if use is not None:
             raise ValueError("--use picks an output of an artifact exported with --also; give the artifact directory")
-        from .sources import preflight
+        from ..sources import preflight
 
         preflight(source, method or "kv-embedding", options)  # a bad option fails now, not after loading
-        from .reference import TorchEmbedder
+        from ..reference import TorchEmbedder
 
         embedder = TorchEmbedder.from_pretrained(source, method or "kv-embedding", max_length=max_length, **options)
     title = f"{use or embedder.method.name} on {source}"
@@ -196,7 +196,7 @@ def verify(
 ) -> None:
     """Re-run the parity check of an exported artifact against a freshly built PyTorch reference,
     then compare the graph across the backends present (polygraphy)."""
-    from .export.cli import EXIT_FAILED, run_verify
+    from .export import EXIT_FAILED, run_verify
 
     if not run_verify(directory, backends=backends, compare=not no_compare).passed:
         raise typer.Exit(EXIT_FAILED)

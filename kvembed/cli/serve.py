@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from .. import cli_options as opt
-from ..cli_support import fail
+from . import options as opt
+from .support import fail
 
 if TYPE_CHECKING:
     from ..runtime import Embedder
-    from .app import ServerState
-    from .config import ServeConfig
+    from ..serve.app import ServerState
+    from ..serve.config import ServeConfig
 
 
 def serve_command(
@@ -47,8 +47,8 @@ def serve_command(
         from uvicorn.config import LOG_LEVELS
 
         from ..runtime.session import PROVIDERS
-        from .config import ServeConfig, parse_artifact, parse_call_cost, parse_long_input_tokens, parse_size
-        from .server import DrainingServer  # noqa: F401  (fail here, not later, without the serve extra)
+        from ..serve.config import ServeConfig, parse_artifact, parse_call_cost, parse_long_input_tokens, parse_size
+        from ..serve.server import DrainingServer  # noqa: F401  (fail here, not later, without the serve extra)
     except ImportError as err:
         from ..errors import MissingDependency
 
@@ -94,9 +94,9 @@ def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float | N
     ready, serve until SIGTERM/SIGINT; a damaged artifact, a taken port or a failed load exits 2."""
     import uvicorn
 
-    from .app import create_app, load_embedders, log
-    from .preflight import check_artifacts
-    from .server import DrainingServer
+    from ..serve.app import create_app, load_embedders, log
+    from ..serve.preflight import check_artifacts
+    from ..serve.server import DrainingServer
 
     check_artifacts(config)  # before the bind: a broken artifact never starts a server
     try:  # bind here, so a taken port is one line and exit 2 (uvicorn would log and exit 1)

@@ -21,8 +21,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .errors import CheckFailed, KvembedError
-from .extras import missing_extra_message
+from ..errors import CheckFailed, KvembedError
+from ..extras import missing_extra_message
 
 EXIT_FAILED, EXIT_USER, EXIT_INTERRUPTED = 1, 2, 130
 DEBUG_FLAG, DEBUG_ENV = "--debug", "KVEMBED_DEBUG"

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from ..cli_support import run_guarded
+from .support import run_guarded
 from ..errors import MissingDependency
 
 app = typer.Typer(
@@ -62,7 +62,7 @@ def build(
 
     def job() -> Path:
         _needs_tritonclient()
-        from .repository import write_repository
+        from ..triton.repository import write_repository
 
         return write_repository(
             artifacts, out, name or None, backend=backend, max_batch_size=max_batch_size, instances=instances,
@@ -107,7 +107,7 @@ def serve(
     def start() -> Any:
         nonlocal server
         _needs_tritonclient()
-        from .server import Ports, TritonServer
+        from ..triton.server import Ports, TritonServer
 
         ports = Ports(http_port, grpc_port, metrics_port)
         server = TritonServer(repository, python=python, ports=ports, host=host, log=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from ..errors import InvalidInput
 from .layers import AUTO, parse_layers
 from .models import presets_for
 from .spec import CONTEXT, KINDS, PLACEHOLDER, MethodSpec, OptionSpec, ResolveContext, ResolvedMethod
@@ -48,7 +49,7 @@ def _default_aggregate_layers(ctx: ResolveContext) -> Any:
 
 
 def _check_layers(value: Any, ctx: ResolveContext, allow_empty: bool, auto: bool = False) -> str | None:
-    parsed = parse_layers(value, ctx.num_layers)  # raises ValueError with the reason
+    parsed = parse_layers(value, ctx.num_layers)  # raises InvalidInput with the reason
     if parsed == AUTO:
         if auto:  # resolve() is torch-free and runs no model: the caller computes the set first
             return (
@@ -308,8 +309,8 @@ def get_method(name: str) -> MethodSpec:
     if key in METHODS:
         return METHODS[key]
     if key in PLANNED:
-        raise ValueError(f"method {name!r}: {PLANNED[key]}; available methods: {', '.join(METHODS)}")
-    raise ValueError(f"unknown method {name!r}; available methods: {', '.join(METHODS)}")
+        raise InvalidInput(f"method {name!r}: {PLANNED[key]}; available methods: {', '.join(METHODS)}")
+    raise InvalidInput(f"unknown method {name!r}; available methods: {', '.join(METHODS)}")
 
 
 def resolve(
@@ -320,14 +321,15 @@ def resolve(
 ) -> ResolvedMethod:
     """Check ``options`` against ``method`` for a model with ``num_layers`` decoder layers.
 
-    Unknown options, wrong types and out-of-range values raise ``ValueError`` naming the valid
-    choices. Options left out take the model preset, then the method default.
+    Unknown options, wrong types and out-of-range values raise :class:`~kvembed.errors.InvalidInput`
+    (a ``ValueError``) naming the valid choices. Options left out take the model preset, then the
+    method default.
     """
     spec = method if isinstance(method, MethodSpec) else get_method(method)
     unknown = sorted(set(options) - set(spec.option_names))
     if unknown:
         valid = ", ".join(spec.option_names) or "(none)"
-        raise ValueError(f"unknown option {', '.join(unknown)} for method {spec.name!r}; valid options: {valid}")
+        raise InvalidInput(f"unknown option {', '.join(unknown)} for method {spec.name!r}; valid options: {valid}")
     presets = presets_for(preset_id, spec.name)
     resolved: dict[str, Any] = {}
     requested: dict[str, Any] = {}
@@ -344,14 +346,14 @@ def resolve(
         if given is not None:
             requested[opt.name] = value  # the user's value, typed, before any clamp
         if opt.choices is not None and value not in opt.choices:
-            raise ValueError(
+            raise InvalidInput(
                 f"option {opt.name}={value!r} of method {spec.name!r} is not valid; choose one of "
                 f"{', '.join(map(str, opt.choices))}"
             )
         if opt.check is not None:
             problem = opt.check(value, ctx)
             if problem:
-                raise ValueError(f"option {opt.name} of method {spec.name!r} {problem}")
+                raise InvalidInput(f"option {opt.name} of method {spec.name!r} {problem}")
         if opt.clamp is not None:
             value = opt.clamp(value, ctx)
         resolved[opt.name] = value
@@ -400,7 +402,7 @@ def _coerce(method: str, opt: OptionSpec, value: Any) -> Any:
             return [value]
         if hasattr(value, "__iter__") and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
             return [int(i) for i in value]
-        raise ValueError(f"option layers of method {method!r} expects a layer set like '12-21' or a list of ints, got {value!r}")
+        raise InvalidInput(f"option layers of method {method!r} expects a layer set like '12-21' or a list of ints, got {value!r}")
     try:
         if opt.type is bool:
             if isinstance(value, bool):
@@ -424,4 +426,4 @@ def _coerce(method: str, opt: OptionSpec, value: Any) -> Any:
             return value
     except (TypeError, ValueError):
         pass
-    raise ValueError(f"option {opt.name} of method {method!r} expects {opt.type.__name__}, got {value!r}")
+    raise InvalidInput(f"option {opt.name} of method {method!r} expects {opt.type.__name__}, got {value!r}")
