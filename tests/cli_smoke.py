@@ -32,7 +32,7 @@ def command_paths() -> list[list[str]]:
     """Every program and subcommand the package installs, read from the typer apps themselves."""
     import typer
 
-    from kvembed.cli import app
+    from kvembed.cli.main import app
 
     def walk(group: typer.Typer, prefix: list[str]) -> list[list[str]]:
         paths = [prefix]

@@ -13,7 +13,6 @@ import typer
 from rich.console import Console
 
 from . import options as opt
-from .options import method_options
 
 console = Console()
 errors = Console(stderr=True)
@@ -81,20 +80,12 @@ def _progress_class() -> type:
     return RichProgress
 
 
+@opt.method_flags
 def bench_command(
     out: Path = typer.Option(..., "--out", "-o", help="Directory for results.json, results.md, plots and exported artifacts."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model folder, alias or hub id to export (default: stories260k)."),
     method: Optional[str] = typer.Option(None, "--method", help="Embedding method to export (default: kv-embedding)."),
-    layers: opt.Layers = None,
-    bias: opt.Bias = None,
-    num_prefix: opt.NumPrefix = None,
-    prefix_rope: opt.PrefixRope = None,
-    pooling: opt.Pooling = None,
-    prompt: opt.Prompt = None,
-    wva: opt.Wva = None,
-    tp_start: opt.TpStart = None,
-    tp_stop: opt.TpStop = None,
-    exit_layer: opt.ExitLayer = None,
+    options: opt.MethodOptions = opt.METHOD_FLAGS,
     artifact: Optional[Path] = typer.Option(None, "--artifact", help="Benchmark this exported artifact (no export; its precision only)."),
     precision: Optional[str] = typer.Option(None, "--precision", help="Comma list of fp32, fp16, int8 (default: fp32,int8)."),
     batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="Comma list (default: 1,8,32; --quick: 1,4)."),
@@ -118,7 +109,6 @@ def bench_command(
     kvembed bench --quick --out bench/ | kvembed bench --model DIR --method va --out bench/
     | kvembed bench --artifact ARTIFACT_DIR --backends runtime --out bench/
     """
-    options = method_options(locals())
 
     def configure() -> Any:
         from ..bench.runner import PRECISIONS, BenchConfig

@@ -118,6 +118,7 @@ def _layers_option(default: Any, allow_empty: bool, help: str, auto: bool = Fals
         default,
         help,
         check=lambda value, ctx: _check_layers(value, ctx, allow_empty, auto),
+        flag="Layer set: '12-21', '10,11,26-31', 'none', 'auto'.",
     )
 
 
@@ -131,7 +132,8 @@ def _prompt_option(names: tuple[str, ...], default: str, placeholder: bool = Fal
             return None
         return f"must be one of {', '.join(names)} or a template containing {needs}, got {value!r}"
 
-    return OptionSpec("prompt", str, default, f"prompt: {', '.join(names)}, or a custom template with {needs}", check=check)
+    return OptionSpec("prompt", str, default, f"prompt: {', '.join(names)}, or a custom template with {needs}", check=check,
+                      flag="Named prompt of the method, or a template with {text}.")
 
 
 # ----- the methods -----------------------------------------------------------------------
@@ -163,10 +165,14 @@ register(
             _layers_option(
                 _default_reroute_layers, True, "re-routing layer set R ('12-21', '10,11,26-31', 'none', 'auto')", auto=True
             ),
-            OptionSpec("bias", float, 1.0, "logit bias added to the prefix column", check=_finite),
-            OptionSpec("num_prefix", int, 1, "prepend the key/value of the last n real tokens", check=_positive_int),
-            OptionSpec("prefix_rope", str, "keep", "prefix key rotation: its own position or position 0", ("keep", "zero")),
-            OptionSpec("pooling", str, "last-mean", "pooling of final hidden states", ("last-mean", "last", "mean")),
+            OptionSpec("bias", float, 1.0, "logit bias added to the prefix column", check=_finite,
+                       flag="kv-embedding: prefix logit bias."),
+            OptionSpec("num_prefix", int, 1, "prepend the key/value of the last n real tokens", check=_positive_int,
+                       flag="kv-embedding: prepend the last n tokens."),
+            OptionSpec("prefix_rope", str, "keep", "prefix key rotation: its own position or position 0", ("keep", "zero"),
+                       flag="kv-embedding: keep or zero."),
+            OptionSpec("pooling", str, "last-mean", "pooling of final hidden states", ("last-mean", "last", "mean"),
+                       flag="kv-embedding: last-mean, last or mean."),
             _prompt_option(("compress",), "compress"),
         ),
     )
@@ -195,7 +201,8 @@ register(
         options=(
             _layers_option(_default_aggregate_layers, False, "aggregation layer set S"),
             _prompt_option(("prompteol", "futureeol"), "prompteol"),
-            OptionSpec("wva", bool, False, "read the attention output before o_proj (concatenated heads)"),
+            OptionSpec("wva", bool, False, "read the attention output before o_proj (concatenated heads)",
+                       flag="aligned-wva: read before o_proj."),
         ),
     )
 )
@@ -211,11 +218,12 @@ register(
         placeholder=True,
         paper="token-prepending.txt",
         options=(
-            OptionSpec("exit_layer", int, _default_exit, "output after decoder layer exit_layer-1 (early exit)", check=_check_exit),
+            OptionSpec("exit_layer", int, _default_exit, "output after decoder layer exit_layer-1 (early exit)", check=_check_exit,
+                       flag="token-prepending: early-exit layer."),
             OptionSpec("tp_stop", int, _default_tp_stop, "last prepending layer + 1 (past exit_layer: the exit)",
-                       check=_check_tp_stop, clamp=_clamp_tp_stop),
+                       check=_check_tp_stop, clamp=_clamp_tp_stop, flag="token-prepending: last rewired layer + 1."),
             OptionSpec("tp_start", int, _default_tp_start, "first layer whose input is rewired", check=_check_tp_start,
-                       clamp=_clamp_tp_start),
+                       clamp=_clamp_tp_start, flag="token-prepending: first rewired layer."),
             _prompt_option(tuple(TP_PROMPTS), "prompteol", placeholder=True),
         ),
     )
