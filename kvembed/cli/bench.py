@@ -12,22 +12,23 @@ from typing import Any, Optional, Sequence
 import typer
 from rich.console import Console
 
+from ..errors import InvalidInput
 from . import options as opt
 
 console = Console()
 errors = Console(stderr=True)
 
 def parse_ints(option: str, text: str | None) -> tuple[int, ...] | None:
-    """``"1,8,32"`` -> ``(1, 8, 32)``; anything but positive integers is a ValueError naming it."""
+    """``"1,8,32"`` -> ``(1, 8, 32)``; anything but positive integers is an InvalidInput naming it."""
     if text is None:
         return None
     items = [item.strip() for item in text.split(",")]
     if not any(items):
-        raise ValueError(f"{option}: give a comma-separated list of positive integers")
+        raise InvalidInput(f"{option}: give a comma-separated list of positive integers")
     values = []
     for item in items:
         if not item.isdigit() or int(item) < 1:
-            raise ValueError(f"{option}: {item!r} is not a positive integer")
+            raise InvalidInput(f"{option}: {item!r} is not a positive integer")
         values.append(int(item))
     return tuple(dict.fromkeys(values))
 
@@ -38,10 +39,10 @@ def parse_names(option: str, text: str | None, choices: Sequence[str]) -> tuple[
         return None
     items = [item.strip().lower() for item in text.split(",") if item.strip()]
     if not items:
-        raise ValueError(f"{option}: give a comma-separated list of {', '.join(choices)}")
+        raise InvalidInput(f"{option}: give a comma-separated list of {', '.join(choices)}")
     for item in items:
         if item not in choices:
-            raise ValueError(f"{option}: unknown value {item!r}; choose from {', '.join(choices)}")
+            raise InvalidInput(f"{option}: unknown value {item!r}; choose from {', '.join(choices)}")
     return tuple(dict.fromkeys(items))
 
 

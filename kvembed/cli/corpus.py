@@ -11,8 +11,8 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from .support import EXIT_INTERRUPTED, fail, run_guarded
 from ..corpus.signals import Terminated, die_by_signal, sigterm_as_interrupt
+from .support import EXIT_INTERRUPTED, fail, run_guarded
 
 console = Console()
 

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..errors import InvalidInput
 from . import options as opt
 
 console = Console()
@@ -39,20 +40,20 @@ def eval_command(
     from ..eval.tasks import load_tasks
 
     if not task and not mteb_task:
-        raise ValueError("give at least one --task FILE (or --task sample) or --mteb-task NAME")
+        raise InvalidInput("give at least one --task FILE (or --task sample) or --mteb-task NAME")
     if batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+        raise InvalidInput(f"--batch-size must be >= 1, got {batch_size}")
     from ..runtime.session import PROVIDERS
 
     if provider not in PROVIDERS:  # the runtime checks again when an artifact loads, after mteb and the tasks
-        raise ValueError(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+        raise InvalidInput(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
     if threads is not None and threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
+        raise InvalidInput(f"--threads must be >= 1, got {threads}")
     local = load_tasks(list(task or []))  # bad task files fail here, before any model or mteb loads
     configurations = plans.plan(list(sources or []), list(config or []), method, options, max_length)
     plans.preflight(configurations)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {str(out)!r} exists and is not a folder")
+        raise InvalidInput(f"--out {str(out)!r} exists and is not a folder")
 
     logging.getLogger("mteb").setLevel(logging.ERROR)  # mteb logs every phase at INFO/WARNING
     from ..eval import report, runner

@@ -19,6 +19,7 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-layers needs typer and rich: pip install 'kvembed[cli]' ({err})")
 
+from ..errors import InvalidInput
 from .support import DEBUG_HELP, guard_app, run_app
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -59,7 +60,7 @@ def layers(
 
     def run() -> Any:
         if batch_size < 1:
-            raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+            raise InvalidInput(f"--batch-size must be >= 1, got {batch_size}")
         from ..sources import locate_model
 
         locate_model(model)  # a wrong --model fails before any progress bar

@@ -14,6 +14,7 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"the kvembed command line needs typer and rich: pip install 'kvembed[cli]' ({err})")
 
+from ..errors import InvalidInput
 from . import options as opt
 from .support import DEBUG_HELP, guard_app, run_app
 
@@ -34,23 +35,23 @@ def is_artifact(path: str | os.PathLike[str] | None) -> bool:
 
 
 def check_artifact_argument(first: str | None) -> str:
-    """The artifact directory named by the first positional argument, or a ValueError saying what
+    """The artifact directory named by the first positional argument, or an InvalidInput saying what
     an artifact is and how to embed with a PyTorch model instead."""
     if first is None:
-        raise ValueError("give an artifact directory and texts (kvembed embed ARTIFACT TEXT...) or a model "
-                         "with --model (kvembed embed --model stories260k TEXT...)")
+        raise InvalidInput("give an artifact directory and texts (kvembed embed ARTIFACT TEXT...) or a model "
+                           "with --model (kvembed embed --model stories260k TEXT...)")
     if is_artifact(first):
         return first
     where = Path(first).expanduser()
     if where.is_dir():
-        raise ValueError(f"{first!r} is a directory but not a kvembed artifact (no kvembed.json); an artifact "
-                         f"directory holds {ARTIFACT_FILES}; to embed with the PyTorch model in a model "
-                         f"folder, use --model {first}")
+        raise InvalidInput(f"{first!r} is a directory but not a kvembed artifact (no kvembed.json); an artifact "
+                           f"directory holds {ARTIFACT_FILES}; to embed with the PyTorch model in a model "
+                           f"folder, use --model {first}")
     if where.exists() or os.sep in first or "/" in first or first.startswith((".", "~")):
-        raise ValueError(f"no kvembed artifact at {first!r}; an artifact directory holds {ARTIFACT_FILES}")
-    raise ValueError(f"{first!r} is not an artifact directory: kvembed embed ARTIFACT TEXT... embeds with an "
-                     f"exported artifact; to embed texts with a PyTorch model, name it with --model "
-                     f"(e.g. kvembed embed --model stories260k {first!r})")
+        raise InvalidInput(f"no kvembed artifact at {first!r}; an artifact directory holds {ARTIFACT_FILES}")
+    raise InvalidInput(f"{first!r} is not an artifact directory: kvembed embed ARTIFACT TEXT... embeds with an "
+                       f"exported artifact; to embed texts with a PyTorch model, name it with --model "
+                       f"(e.g. kvembed embed --model stories260k {first!r})")
 
 
 def check_artifact_options(directory: str, method: str | None, options: opt.MethodOptions, max_length: int | None) -> None:
@@ -97,11 +98,11 @@ def embed(
         source = check_artifact_argument(items.pop(0) if items else None)
     artifact = is_artifact(source)
     if (input is None) == (not items):
-        raise ValueError("give texts as arguments or one --input file (not both, not neither)")
+        raise InvalidInput("give texts as arguments or one --input file (not both, not neither)")
     if input is not None:
         check_input_path(input)
         if output is None and is_stdin(input):
-            raise ValueError("--input - (standard input) needs --output FILE (.npy or .jsonl)")
+            raise InvalidInput("--input - (standard input) needs --output FILE (.npy or .jsonl)")
     if output is not None:
         check_output_path(output)
     if artifact:
@@ -112,7 +113,7 @@ def embed(
         embedder.dim_of(use)  # an unknown label fails here, naming the artifact's outputs
     else:
         if use is not None:
-            raise ValueError("--use picks an output of an artifact exported with --also; give the artifact directory")
+            raise InvalidInput("--use picks an output of an artifact exported with --also; give the artifact directory")
         from ..sources import preflight
 
         preflight(source, method or "kv-embedding", options)  # a bad option fails now, not after loading

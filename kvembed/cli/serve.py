@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from ..errors import InvalidInput
 from . import options as opt
 from .support import fail
 
@@ -55,15 +56,15 @@ def serve_command(
         raise MissingDependency(f"kvembed serve needs the serve extra: pip install 'kvembed[serve]' ({err})") from None
 
     if provider not in PROVIDERS:  # checked before binding (the artifacts load after)
-        raise ValueError(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+        raise InvalidInput(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
     opt.check_ov_precision(provider, ov_precision)
     if log_level not in LOG_LEVELS:
-        raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
+        raise InvalidInput(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
     if not 0 <= port <= 65535:
-        raise ValueError(f"--port must be in 0-65535, got {port}")
+        raise InvalidInput(f"--port must be in 0-65535, got {port}")
     for flag, seconds in (("--keep-alive", keep_alive), ("--graceful-timeout", graceful_timeout)):
         if seconds is not None and seconds < 0:
-            raise ValueError(f"{flag} must be >= 0 seconds, got {seconds}")
+            raise InvalidInput(f"{flag} must be >= 0 seconds, got {seconds}")
     config = ServeConfig(
         artifacts=tuple(parse_artifact(a) for a in artifacts), api_key=api_key or None,
         max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,

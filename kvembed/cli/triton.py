@@ -13,8 +13,8 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from ..errors import InvalidInput, MissingDependency
 from .support import run_guarded
-from ..errors import MissingDependency
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True,
@@ -36,7 +36,7 @@ def _sizes(text: Optional[str]) -> tuple[int, ...]:
     try:
         return tuple(int(item) for item in text.split(",") if item.strip())
     except ValueError:
-        raise ValueError(f"--preferred-batch-sizes takes comma-separated integers, got {text!r}") from None
+        raise InvalidInput(f"--preferred-batch-sizes takes comma-separated integers, got {text!r}") from None
 
 
 @app.command()
