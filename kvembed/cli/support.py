@@ -19,8 +19,8 @@ from typing import Any, Callable, Sequence, TypeVar
 import click
 import typer
 from rich.console import Console
-from typer.core import TyperGroup
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from ..errors import CheckFailed, KvembedError
 from ..extras import missing_extra_message
