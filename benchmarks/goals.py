@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from args import positive  # benchmarks/args.py, beside this script
 
-from kvembed.bench.args import positive
 from kvembed.bench.measure import TorchBackend, cosine_rows, interleaved, peak_rss_mb, ratio
 from kvembed.bench.worker import CellInput, WorkerSpec, run_isolated
 from kvembed.bench.peak import gemm_call, model_shape, weight_gemms_call

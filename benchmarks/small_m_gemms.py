@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from args import positive  # benchmarks/args.py, beside this script
 
-from kvembed.bench.args import positive
 from kvembed.bench.measure import interleaved, time_calls
 from kvembed.bench.peak import fp32_matmul_weights, gemm_call, matmuls_call
 from kvembed.bench.report import machine_info

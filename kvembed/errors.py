@@ -2,6 +2,8 @@
 
 The command line prints these as one line on stderr: :class:`CheckFailed` exits 1 (a check ran
 and failed), every other :class:`KvembedError` exits 2 (the input or the environment is wrong).
+Any other exception is a bug, and the command line says so. Bad input raises :class:`InvalidInput`,
+which is also a ``ValueError``, so callers' ``except ValueError`` keeps catching it.
 """
 
 from __future__ import annotations
@@ -9,6 +11,10 @@ from __future__ import annotations
 
 class KvembedError(Exception):
     """A failure whose message names the problem and the fix."""
+
+
+class InvalidInput(KvembedError, ValueError):
+    """Wrong user input (an option, an argument, a file's content): the message names it and the fix."""
 
 
 class CheckFailed(KvembedError):

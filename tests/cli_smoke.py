@@ -32,17 +32,18 @@ def command_paths() -> list[list[str]]:
     """Every program and subcommand the package installs, read from the typer apps themselves."""
     import typer
 
-    from kvembed.cli import app
+    from kvembed.cli.main import app
 
     def walk(group: typer.Typer, prefix: list[str]) -> list[list[str]]:
         paths = [prefix]
         for info in group.registered_commands:
-            paths.append(prefix + [info.name or info.callback.__name__.replace("_", "-")])
+            if not info.hidden:  # ``kvembed export``'s default command runs as ``kvembed export``
+                paths.append(prefix + [info.name or info.callback.__name__.replace("_", "-")])
         for sub in group.registered_groups:
             paths += walk(sub.typer_instance, prefix + [sub.name])
         return paths
 
-    return walk(app, ["kvembed"]) + [["kvembed-export"], ["kvembed-layers"]]
+    return walk(app, ["kvembed"]) + [["kvembed-export"], ["kvembed-export", "verify"], ["kvembed-layers"]]
 
 
 def run(argv: list[str]) -> subprocess.CompletedProcess:

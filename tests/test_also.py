@@ -143,7 +143,7 @@ def test_verify_checks_extra_outputs(tmp_path):
 @pytest.fixture(scope="module")
 def va_with_mean(tmp_path_factory):
     """``kvembed-export --method va --layers 1 --also mean``: one export for the two tests below."""
-    from kvembed.export.cli import app
+    from kvembed.cli.export import app
 
     out = tmp_path_factory.mktemp("also") / "a"
     result = CliRunner().invoke(app, ["--model", STORIES, "--method", "va", "--layers", "1", "--also", "mean", "--out", str(out)])
@@ -152,7 +152,7 @@ def va_with_mean(tmp_path_factory):
 
 
 def test_cli_refuses_methods_that_cannot_share(va_with_mean, tmp_path):
-    from kvembed.export.cli import app
+    from kvembed.cli.export import app
 
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["--model", STORIES, "--method", "kv-embedding", "--also", "va", "--out", str(out)])
@@ -165,7 +165,7 @@ def test_cli_refuses_methods_that_cannot_share(va_with_mean, tmp_path):
 
 
 def test_embed_cli_uses_an_extra_output(va_with_mean, tmp_path):
-    from kvembed.cli import app
+    from kvembed.cli.main import app
 
     out = va_with_mean[0]
     target = tmp_path / "v.npy"

@@ -138,7 +138,7 @@ def test_form_and_opset_rules():
 def test_cli_refuses_a_contradictory_form_and_opset_before_loading(tmp_path):
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "kvembed.export.cli", "--model", STORIES, "--method", "va",
+        [sys.executable, "-m", "kvembed.cli.export", "--model", STORIES, "--method", "va",
          "--attention", "fused", "--opset", "18", "--out", str(out)],
         capture_output=True, text=True, timeout=120,
     )

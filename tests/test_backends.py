@@ -102,7 +102,7 @@ def test_a_different_graph_fails(artifact, real_parity, tmp_path):
     assert not subtle.passed and not subtle.polygraphy_passed, subtle.summary()
     assert pair.worst_row["text"] in {"sentence", "long", "unicode", "empty", "question", "short", "code"}
     # and ``kvembed verify`` fails (exit 1) on a failed comparison even when parity passed
-    from kvembed.export.cli import VerifyOutcome
+    from kvembed.cli.export import VerifyOutcome
 
     assert VerifyOutcome(real_parity, None).passed and not VerifyOutcome(real_parity, result).passed
 
@@ -116,7 +116,7 @@ def test_a_backend_that_cannot_run_is_a_failure_not_a_crash(artifact, tmp_path):
 
 
 def test_cli_verify_prints_the_comparison(artifact):
-    from kvembed.cli import app
+    from kvembed.cli.main import app
 
     result = runner.invoke(app, ["verify", str(artifact)])
     assert result.exit_code == 0, result.output
@@ -130,7 +130,7 @@ def test_cli_verify_prints_the_comparison(artifact):
 def test_cli_verify_exits_1_when_the_comparison_fails(artifact, monkeypatch):
     """The real parity gate passes; the comparison misses a too-strict bar (exact equality of
     onnxruntime and numpy): exit 1, the worst row named."""
-    from kvembed.cli import app
+    from kvembed.cli.main import app
 
     monkeypatch.setitem(bk.BACKEND_TOLERANCES, "fp32", bk.BackendTolerance(atol=0.0, rtol=0.0, min_cosine=1.0))
     monkeypatch.setattr(bk, "COMPARE_PLAN", (("document", ("sentence", "code")),))  # short batches: fast
@@ -143,7 +143,7 @@ def test_cli_verify_exits_1_when_the_comparison_fails(artifact, monkeypatch):
 
 
 def test_cli_one_backend_says_so(artifact, capsys, monkeypatch):
-    from kvembed.export import cli
+    from kvembed.cli import export as cli
 
     assert cli.run_compare(artifact, "onnxruntime-cpu") is None
     assert "only onnxruntime-cpu was selected: nothing to compare" in capsys.readouterr().out
@@ -153,13 +153,13 @@ def test_cli_one_backend_says_so(artifact, capsys, monkeypatch):
         assert "only onnxruntime-cpu is present: nothing to compare" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("entry", ["kvembed", "kvembed-export"])
+@pytest.mark.parametrize("entry", ["kvembed verify", "kvembed export verify", "kvembed-export verify"])
 def test_cli_unknown_backend_exits_2(artifact, entry):
-    from kvembed.cli import app
-    from kvembed.export.cli import verify_app
+    from kvembed.cli import export
+    from kvembed.cli.main import app
 
-    args = ["verify", str(artifact)] if entry == "kvembed" else [str(artifact)]
-    result = runner.invoke(app if entry == "kvembed" else verify_app, args + ["--backends", "cpu,vulkan"])
+    args = {"kvembed verify": ["verify"], "kvembed export verify": ["export", "verify"], "kvembed-export verify": ["verify"]}[entry]
+    result = runner.invoke(export.app if entry.startswith("kvembed-export") else app, args + [str(artifact), "--backends", "cpu,vulkan"])
     assert result.exit_code == 2, result.output
     assert "unknown backends 'cpu', 'vulkan'" in result.output
     assert "onnxruntime-cpu, onnxruntime-cuda, onnxruntime-tensorrt, tensorrt, openvino-f32, openvino-bf16, onnx-reference, openvino" in result.output
@@ -168,7 +168,7 @@ def test_cli_unknown_backend_exits_2(artifact, entry):
 
 @pytest.mark.skipif(HAS_TENSORRT, reason="TensorRT is installed here")
 def test_cli_absent_tensorrt_exits_2_with_install_hint(artifact):
-    from kvembed.cli import app
+    from kvembed.cli.main import app
 
     result = runner.invoke(app, ["verify", str(artifact), "--backends", "tensorrt"])
     assert result.exit_code == 2, result.output
@@ -178,7 +178,7 @@ def test_cli_absent_tensorrt_exits_2_with_install_hint(artifact):
 
 @pytest.mark.skipif(HAS_CUDA, reason="onnxruntime has CUDA here")
 def test_cli_absent_cuda_exits_2_with_install_hint(artifact):
-    from kvembed.cli import app
+    from kvembed.cli.main import app
 
     result = runner.invoke(app, ["verify", str(artifact), "--backends", "auto,onnxruntime-cuda"])
     assert result.exit_code == 2, result.output
@@ -189,7 +189,7 @@ def test_verify_backends_openvino(artifact):
     """``kvembed verify --backends openvino``: OpenVINO f32 and bf16 against onnxruntime-cpu (added
     as the baseline), f32 at the fp32 bar, bf16 at the fp32 and bf16 (fp16's) angles added."""
     pytest.importorskip("openvino", reason="needs the openvino package (pip install 'kvembed[openvino]')")
-    from kvembed.cli import app
+    from kvembed.cli.main import app
 
     result = bk.compare_backends(artifact, "openvino")
     assert result.backends == ["onnxruntime-cpu", "openvino-f32", "openvino-bf16"]

@@ -18,7 +18,7 @@ from checks import run_without_torch
 from kvembed.bench.measure import Timing, cosine_rows, default_backends, time_calls
 from kvembed.bench.peak import ModelShape, fp32_matmul_weights, gemm_peak, matmul_params, weight_gemms_call
 from kvembed.bench.workload import exact_rows, make_batch, mixed_corpus
-from kvembed.cli import app
+from kvembed.cli.main import app
 
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

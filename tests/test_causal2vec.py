@@ -179,7 +179,7 @@ def test_bad_layouts_are_one_line_errors(checkpoints, tmp_path, how, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         TorchEmbedder.from_pretrained(broken, "causal2vec")
     result = subprocess.run(
-        [sys.executable, "-m", "kvembed.export.cli", "--model", str(broken), "--method", "causal2vec", "--out",
+        [sys.executable, "-m", "kvembed.cli.export", "--model", str(broken), "--method", "causal2vec", "--out",
          str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 2, result.stderr
@@ -207,7 +207,7 @@ def test_command_line_exports_and_embeds_a_checkpoint(checkpoints, tmp_path):
     """kvembed-export --model CHECKPOINT --method causal2vec, then kvembed embed on the artifact."""
     out = tmp_path / "artifact"
     export = subprocess.run(
-        [sys.executable, "-m", "kvembed.export.cli", "--model", str(checkpoints["mistral"]), "--method", "causal2vec",
+        [sys.executable, "-m", "kvembed.cli.export", "--model", str(checkpoints["mistral"]), "--method", "causal2vec",
          "--out", str(out)], capture_output=True, text=True, timeout=600,
     )
     assert export.returncode == 0, export.stderr

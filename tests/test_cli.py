@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kvembed.cli import app
+from kvembed.cli.main import app
 from kvembed.modeling.reference import TorchEmbedder
 from kvembed.runtime import Embedder
 
@@ -128,7 +128,7 @@ def test_a_graph_onnxruntime_cannot_parse_is_named(tmp_path):
 def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(tmp_path):
     import typer
 
-    from kvembed.cli_support import run_guarded
+    from kvembed.cli.support import run_guarded
 
     with pytest.raises(typer.Exit) as exit_info:
         run_guarded(lambda: {}["missing-key"])
@@ -147,7 +147,7 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(tmp_path):
         ("kvembed.cli", ["embed", "--no-such-flag", "x"], "No such option: --no-such-flag (see kvembed embed --help)"),
         ("kvembed.cli", ["embed", "--batch-size", "many", "x"], "'--batch-size'"),
         ("kvembed.cli", ["no-such-command"], "No such command"),
-        ("kvembed.export.cli", ["--model", "stories260k"], "Missing option '--method'"),
+        ("kvembed.cli.export", ["--model", "stories260k"], "Missing option '--method'"),
     ],
 )
 def test_usage_errors_are_one_line_too(module, args, words):
@@ -158,7 +158,7 @@ def test_usage_errors_are_one_line_too(module, args, words):
 
 
 def test_export_errors_are_one_line_with_exit_codes(tmp_path):
-    result = run_process("kvembed.export.cli", "--model", "stories260k", "--method", "va", "--layers", "9", "--out", str(tmp_path / "a"))
+    result = run_process("kvembed.cli.export", "--model", "stories260k", "--method", "va", "--layers", "9", "--out", str(tmp_path / "a"))
     assert result.returncode == 2 and "Traceback" not in result.stderr and "valid indices are 0..4" in result.stderr
 
 
@@ -169,7 +169,7 @@ def test_export_errors_are_one_line_with_exit_codes(tmp_path):
     "module, args",
     [
         ("kvembed.cli", ["embed", "--model", "Qwen/Qwen3-0.6B", "x"]),
-        ("kvembed.export.cli", ["--model", "qwen3-4b", "--method", "kv-embedding", "--out", "{tmp}/q"]),
+        ("kvembed.cli.export", ["--model", "qwen3-4b", "--method", "kv-embedding", "--out", "{tmp}/q"]),
         ("kvembed.cli", ["embed", "--model", "nonexistent-dir", "x"]),
     ],
 )
@@ -249,7 +249,7 @@ def test_embed_validates_options_before_loading_weights(model_with_broken_weight
 
 def test_export_refuses_also_conflicts_before_loading_weights(model_with_broken_weights, tmp_path):
     result = run_process(
-        "kvembed.export.cli", "--model", str(model_with_broken_weights), "--method", "kv-embedding", "--also", "va",
+        "kvembed.cli.export", "--model", str(model_with_broken_weights), "--method", "kv-embedding", "--also", "va",
         "--out", str(tmp_path / "a"),
     )
     assert result.returncode == 2 and "prompt differs" in result.stderr, result.stderr

@@ -512,6 +512,6 @@ def test_cli_unreachable_ray_address_fails_at_once_without_touching_the_output(t
 
 
 def test_corpus_imports_without_torch():
-    script = "import sys, kvembed.corpus, kvembed.corpus.cli; assert 'torch' not in sys.modules and 'ray' not in sys.modules"
+    script = "import sys, kvembed.corpus, kvembed.cli.corpus; assert 'torch' not in sys.modules and 'ray' not in sys.modules"
     result = run_python(script, cwd=ROOT)
     assert result.returncode == 0, result.stderr

@@ -21,7 +21,7 @@ import pytest
 from scipy.stats import spearmanr
 from typer.testing import CliRunner
 
-from kvembed.cli import app
+from kvembed.cli.main import app
 from kvembed.eval.tasks import SAMPLES, load_task
 
 runner = CliRunner()

@@ -351,13 +351,13 @@ def _invoke(app, args):
 
 
 def test_cli_export_and_verify(tiny_models, tmp_path):
-    """The one-call path (load, trace, gate, commit) through the CLI, then ``kvembed verify``."""
-    from kvembed.cli import app as kvembed_app
-    from kvembed.export.cli import app
+    """The one-call path (load, trace, gate, commit) through ``kvembed export``, then ``kvembed verify``
+    and ``kvembed export verify``."""
+    from kvembed.cli.main import app as kvembed_app
 
     out = tmp_path / "cli-artifact"
-    result = _invoke(app, ["--model", str(tiny_models["llama"]), "--method", "va", "--layers", "0",
-                           "--precision", "fp32", "--out", str(out)])
+    result = _invoke(kvembed_app, ["export", "--model", str(tiny_models["llama"]), "--method", "va", "--layers", "0",
+                                   "--precision", "fp32", "--out", str(out)])
     assert result.exit_code == 0, result.output
     for word in ("model.onnx", "tokenizer.json", "kvembed.json", "passed", "trace"):
         assert word in result.output
@@ -368,8 +368,9 @@ def test_cli_export_and_verify(tiny_models, tmp_path):
     assert result.exit_code == 0, result.output
     assert "verified" in result.output
     (out / "model.onnx").write_bytes(b"broken")
-    result = _invoke(kvembed_app, ["verify", str(out)])
-    assert result.exit_code != 0
+    for command in (["verify"], ["export", "verify"]):
+        result = _invoke(kvembed_app, [*command, str(out)])
+        assert result.exit_code != 0 and "FAILED" in result.output, (command, result.output)
 
 
 @pytest.mark.parametrize(
@@ -384,7 +385,7 @@ def test_cli_export_and_verify(tiny_models, tmp_path):
     ],
 )
 def test_cli_user_errors_exit_2_without_traceback(tmp_path, gpt2_folder, args, message):
-    from kvembed.export.cli import app
+    from kvembed.cli.export import app
 
     args = [str(gpt2_folder) if a == "GPT2" else a for a in args]
     result = _invoke(app, args + ["--out", str(tmp_path / "out")])
@@ -395,7 +396,7 @@ def test_cli_user_errors_exit_2_without_traceback(tmp_path, gpt2_folder, args, m
 
 
 def test_cli_refuses_non_empty_out(tmp_path):
-    from kvembed.export.cli import app
+    from kvembed.cli.export import app
 
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "file").write_text("x")
@@ -406,7 +407,7 @@ def test_cli_refuses_non_empty_out(tmp_path):
 
 def test_cli_verify_parity_failure_exits_1(stories_kv, tmp_path):
     """A failing gate is not a user error: exit code 1 and a clear message."""
-    from kvembed.export import cli
+    from kvembed.cli import export as cli
 
     _, out = stories_kv
     manifest = read_manifest(out)
@@ -415,7 +416,7 @@ def test_cli_verify_parity_failure_exits_1(stories_kv, tmp_path):
     # rewrite the recorded method so the rebuilt reference differs from the graph (R = {2})
     manifest["method"]["options"]["layers"] = [2]
     (copy / "kvembed.json").write_text(json.dumps(manifest))
-    result = _invoke(cli.verify_app, [str(copy)])
+    result = _invoke(cli.app, ["verify", str(copy)])
     assert result.exit_code == 1
     assert "FAILED" in result.output
 

@@ -55,7 +55,7 @@ def write_config(folder: Path, config: dict) -> Path:
 
 def run_export(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "kvembed.export.cli", *args], capture_output=True, text=True,
+        [sys.executable, "-m", "kvembed.cli.export", *args], capture_output=True, text=True,
         env={**os.environ, **(env or {})}, timeout=600,
     )
 

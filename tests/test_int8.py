@@ -115,7 +115,7 @@ def test_the_int8_artifact_records_its_recipe(stories_artifact, fp32):
 ])
 def test_a_wrong_recipe_is_a_one_line_error(tmp_path, precision, recipe, message):
     result = subprocess.run(
-        [sys.executable, "-m", "kvembed.export.cli", "--model", str(demo_model_path()), "--method", "kv-embedding",
+        [sys.executable, "-m", "kvembed.cli.export", "--model", str(demo_model_path()), "--method", "kv-embedding",
          "--precision", precision, "--int8-recipe", recipe, "--out", str(tmp_path / "x")],
         capture_output=True, text=True, timeout=120, check=False,
     )

@@ -24,7 +24,7 @@ from kvembed.layers import (
     twonn,
     write_report,
 )
-from kvembed.layers.cli import app
+from kvembed.cli.layers import app
 from kvembed.modeling.reference import TorchEmbedder
 
 NUM_TEXTS = 200  # the CLI default is 1,000; 200 keeps this file fast

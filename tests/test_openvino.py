@@ -274,7 +274,7 @@ def test_cli_embed_and_serve_take_ov_precision(artifact, tmp_path):
     vectors; ``--ov-precision`` without the provider, or a bad value, is a one-line error (exit 2)."""
     from typer.testing import CliRunner
 
-    from kvembed.cli import app
+    from kvembed.cli.main import app
 
     path = artifact("stories260k", "kv-embedding")
     runner = CliRunner()

@@ -287,7 +287,7 @@ def test_mteb_adapter_follows_the_encoder_protocol(artifacts):
 def test_cli_embeds_with_an_artifact_and_files(artifacts, tmp_path):
     from typer.testing import CliRunner
 
-    from kvembed.cli import app
+    from kvembed.cli.main import app
 
     runner = CliRunner()
     directory = str(artifacts["va"])

@@ -432,7 +432,7 @@ def test_serve_imports_without_torch(artifacts):
         f"""
         from fastapi.testclient import TestClient
         from kvembed.serve import ServeConfig, create_app
-        import kvembed.serve.cli, kvembed.serve.server
+        import kvembed.cli.serve, kvembed.serve.server
 
         app = create_app(ServeConfig(artifacts=(("va", {str(artifacts["va"])!r}),), provider="cpu"))
         with TestClient(app) as client:
@@ -625,7 +625,7 @@ def test_kept_alive_connections_have_nagle_off():
     waits ~40 ms for the client's delayed ACK (uvicorn#3149). ``kvembed serve`` binds its own."""
     import socket
 
-    from kvembed.serve.cli import listening_socket
+    from kvembed.cli.serve import listening_socket
 
     assert _accepted_nodelay(listening_socket("127.0.0.1", 0)) == 1
     plain = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

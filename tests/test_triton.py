@@ -225,7 +225,7 @@ def test_write_repository_refuses_bad_input(artifacts, tmp_path):
 
 
 def test_cli_build_and_its_one_line_errors(artifacts, tmp_path):
-    from kvembed.cli import app
+    from kvembed.cli.main import app
 
     runner = CliRunner()
     out = tmp_path / "repo"
@@ -254,7 +254,7 @@ def test_cli_serve_refuses_what_it_cannot_bind_in_one_line(repositories):
     one port for two services fail before tritonserver starts: exit 2, one line naming them; the
     caller's signal handlers are its own again afterwards (here: pytest's Ctrl-C)."""
     require_tritonserver()
-    from kvembed.cli import app
+    from kvembed.cli.main import app
 
     handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
     ports = Ports.free()

@@ -5,5 +5,5 @@ the target (platform, Python; never this machine's site-packages), ``install.sh`
 systemd unit, a Dockerfile, a README and ``bundle.json``. Modules, one job each: :mod:`.target`
 (what the target is, in pip's and in marker terms), :mod:`.wheelhouse` (pip download and the
 closure check), :mod:`.artifacts` (copy and re-hash), :mod:`.render` (the templates),
-:mod:`.build` (the whole bundle, staged), :mod:`.cli` (the command).
+:mod:`.build` (the whole bundle, staged); the command is :mod:`kvembed.cli.bundle`.
 """

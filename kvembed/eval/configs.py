@@ -66,9 +66,11 @@ def plan(
                 raise ValueError(f"{source!r} is an artifact: it fixes its method and options, so --config applies "
                                  f"to models only; export one artifact per configuration, or evaluate a model")
             if not configs:
-                from ..cli import check_artifact_options  # lazy: kvembed.cli imports this package
+                from ..methods.fixed import check_artifact_options
+                from ..runtime.artifact import read_manifest
 
-                check_artifact_options(source, method, dict(options), max_length)
+                manifest = read_manifest(source)
+                check_artifact_options(source, manifest["method"], manifest["max_length"], method, options, max_length)
             plans.append(Configuration(label or Path(source).expanduser().resolve().name, source, True))
             continue
         if not requests:

@@ -6,8 +6,8 @@
 - :func:`layer_intrinsic_dimensions` / :func:`select_layers_for_model`: the per-layer ID of a
   model's final-token states on calibration texts (see :mod:`kvembed.layers.selection` for
   exactly which states), and the resulting :class:`LayerSelection`.
-- :func:`compute_layer_selection`: the same from a model name; ``kvembed-layers`` on the
-  command line (:mod:`kvembed.layers.cli`).
+- :func:`compute_layer_selection`: the same from a model name; ``kvembed layers`` (alias
+  ``kvembed-layers``) on the command line (:mod:`kvembed.cli.layers`).
 """
 
 from .calibration import builtin_calibration_path, generate_calibration, load_calibration

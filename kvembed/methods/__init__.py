@@ -1,6 +1,7 @@
 """Declarative method specs: one definition of every method, read by the patcher, the
 exporter and the runtime. Torch-free."""
 
+from .flags import flag_options
 from .layers import format_layers, parse_layers
 from .models import ALIASES, DEMO_MODEL, PRESETS, demo_model_path, resolve_model
 from .registry import METHODS, get_method, resolve
@@ -17,6 +18,7 @@ __all__ = [
     "OptionSpec",
     "ResolvedMethod",
     "demo_model_path",
+    "flag_options",
     "format_layers",
     "get_method",
     "parse_layers",

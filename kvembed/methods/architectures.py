@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidInput
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -28,13 +30,13 @@ SUPPORTED: dict[str, Architecture] = {
 
 
 def architecture_of(config: Any) -> Architecture:
-    """The :class:`Architecture` of a transformers config, or a ValueError listing the supported ones."""
+    """The :class:`Architecture` of a transformers config, or an InvalidInput listing the supported ones."""
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED:
-        raise ValueError(
+        raise InvalidInput(
             f"unsupported architecture {model_type!r}: kvembed supports "
             f"{', '.join(sorted(SUPPORTED))} (decoder-only models with the Llama layout)"
         )
     if getattr(config, "hidden_act", "silu") not in ("silu", "swish"):
-        raise ValueError(f"unsupported activation {config.hidden_act!r} for {model_type}; expected silu")
+        raise InvalidInput(f"unsupported activation {config.hidden_act!r} for {model_type}; expected silu")
     return SUPPORTED[model_type]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from ..errors import InvalidInput
+
 AUTO = "auto"
 NONE = "none"
 
@@ -15,13 +17,13 @@ NONE = "none"
 def parse_layers(spec: str | int | Iterable[int] | None, num_layers: int) -> tuple[int, ...] | str:
     """Parse a layer-set spec into sorted unique 0-based indices, or the string ``"auto"``.
 
-    Raises ``ValueError`` naming the valid range for an index outside ``0..num_layers-1`` and
-    showing the syntax for anything unparsable.
+    Raises :class:`~kvembed.errors.InvalidInput` (a ``ValueError``) naming the valid range for an
+    index outside ``0..num_layers-1`` and showing the syntax for anything unparsable.
     """
     if spec is None:
         return ()
     if isinstance(spec, bool):
-        raise ValueError(_syntax_error(spec))
+        raise InvalidInput(_syntax_error(spec))
     if isinstance(spec, int):
         indices: list[int] = [spec]
     elif isinstance(spec, str):
@@ -34,28 +36,28 @@ def parse_layers(spec: str | int | Iterable[int] | None, num_layers: int) -> tup
         for part in text.split(","):
             part = part.strip()
             if not part:
-                raise ValueError(_syntax_error(spec))
+                raise InvalidInput(_syntax_error(spec))
             lo, sep, hi = part.partition("-")
             try:
                 if sep:
                     start, stop = int(lo), int(hi)
                     if stop < start:
-                        raise ValueError(f"layer range {part!r} runs backwards; write it as {stop}-{start}")
+                        raise InvalidInput(f"layer range {part!r} runs backwards; write it as {stop}-{start}")
                     indices.extend(range(start, stop + 1))
                 else:
                     indices.append(int(part))
-            except ValueError as err:
-                if "backwards" in str(err):
-                    raise
-                raise ValueError(_syntax_error(spec)) from None
+            except InvalidInput:
+                raise
+            except ValueError:  # int() of something that is not a number
+                raise InvalidInput(_syntax_error(spec)) from None
     else:
         try:
             indices = [int(i) for i in spec]
         except (TypeError, ValueError):
-            raise ValueError(_syntax_error(spec)) from None
+            raise InvalidInput(_syntax_error(spec)) from None
     bad = sorted({i for i in indices if not 0 <= i < num_layers})
     if bad:
-        raise ValueError(
+        raise InvalidInput(
             f"layer index {', '.join(map(str, bad))} is out of range: this model has {num_layers} "
             f"decoder layers, valid indices are 0..{num_layers - 1}"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from ..errors import InvalidInput
 from .layers import AUTO, parse_layers
 from .models import presets_for
 from .spec import CONTEXT, KINDS, PLACEHOLDER, MethodSpec, OptionSpec, ResolveContext, ResolvedMethod
@@ -48,7 +49,7 @@ def _default_aggregate_layers(ctx: ResolveContext) -> Any:
 
 
 def _check_layers(value: Any, ctx: ResolveContext, allow_empty: bool, auto: bool = False) -> str | None:
-    parsed = parse_layers(value, ctx.num_layers)  # raises ValueError with the reason
+    parsed = parse_layers(value, ctx.num_layers)  # raises InvalidInput with the reason
     if parsed == AUTO:
         if auto:  # resolve() is torch-free and runs no model: the caller computes the set first
             return (
@@ -117,6 +118,7 @@ def _layers_option(default: Any, allow_empty: bool, help: str, auto: bool = Fals
         default,
         help,
         check=lambda value, ctx: _check_layers(value, ctx, allow_empty, auto),
+        flag="Layer set: '12-21', '10,11,26-31', 'none', 'auto'.",
     )
 
 
@@ -130,7 +132,8 @@ def _prompt_option(names: tuple[str, ...], default: str, placeholder: bool = Fal
             return None
         return f"must be one of {', '.join(names)} or a template containing {needs}, got {value!r}"
 
-    return OptionSpec("prompt", str, default, f"prompt: {', '.join(names)}, or a custom template with {needs}", check=check)
+    return OptionSpec("prompt", str, default, f"prompt: {', '.join(names)}, or a custom template with {needs}", check=check,
+                      flag="Named prompt of the method, or a template with {text}.")
 
 
 # ----- the methods -----------------------------------------------------------------------
@@ -162,10 +165,14 @@ register(
             _layers_option(
                 _default_reroute_layers, True, "re-routing layer set R ('12-21', '10,11,26-31', 'none', 'auto')", auto=True
             ),
-            OptionSpec("bias", float, 1.0, "logit bias added to the prefix column", check=_finite),
-            OptionSpec("num_prefix", int, 1, "prepend the key/value of the last n real tokens", check=_positive_int),
-            OptionSpec("prefix_rope", str, "keep", "prefix key rotation: its own position or position 0", ("keep", "zero")),
-            OptionSpec("pooling", str, "last-mean", "pooling of final hidden states", ("last-mean", "last", "mean")),
+            OptionSpec("bias", float, 1.0, "logit bias added to the prefix column", check=_finite,
+                       flag="kv-embedding: prefix logit bias."),
+            OptionSpec("num_prefix", int, 1, "prepend the key/value of the last n real tokens", check=_positive_int,
+                       flag="kv-embedding: prepend the last n tokens."),
+            OptionSpec("prefix_rope", str, "keep", "prefix key rotation: its own position or position 0", ("keep", "zero"),
+                       flag="kv-embedding: keep or zero."),
+            OptionSpec("pooling", str, "last-mean", "pooling of final hidden states", ("last-mean", "last", "mean"),
+                       flag="kv-embedding: last-mean, last or mean."),
             _prompt_option(("compress",), "compress"),
         ),
     )
@@ -194,7 +201,8 @@ register(
         options=(
             _layers_option(_default_aggregate_layers, False, "aggregation layer set S"),
             _prompt_option(("prompteol", "futureeol"), "prompteol"),
-            OptionSpec("wva", bool, False, "read the attention output before o_proj (concatenated heads)"),
+            OptionSpec("wva", bool, False, "read the attention output before o_proj (concatenated heads)",
+                       flag="aligned-wva: read before o_proj."),
         ),
     )
 )
@@ -210,11 +218,12 @@ register(
         placeholder=True,
         paper="token-prepending.txt",
         options=(
-            OptionSpec("exit_layer", int, _default_exit, "output after decoder layer exit_layer-1 (early exit)", check=_check_exit),
+            OptionSpec("exit_layer", int, _default_exit, "output after decoder layer exit_layer-1 (early exit)", check=_check_exit,
+                       flag="token-prepending: early-exit layer."),
             OptionSpec("tp_stop", int, _default_tp_stop, "last prepending layer + 1 (past exit_layer: the exit)",
-                       check=_check_tp_stop, clamp=_clamp_tp_stop),
+                       check=_check_tp_stop, clamp=_clamp_tp_stop, flag="token-prepending: last rewired layer + 1."),
             OptionSpec("tp_start", int, _default_tp_start, "first layer whose input is rewired", check=_check_tp_start,
-                       clamp=_clamp_tp_start),
+                       clamp=_clamp_tp_start, flag="token-prepending: first rewired layer."),
             _prompt_option(tuple(TP_PROMPTS), "prompteol", placeholder=True),
         ),
     )
@@ -308,8 +317,8 @@ def get_method(name: str) -> MethodSpec:
     if key in METHODS:
         return METHODS[key]
     if key in PLANNED:
-        raise ValueError(f"method {name!r}: {PLANNED[key]}; available methods: {', '.join(METHODS)}")
-    raise ValueError(f"unknown method {name!r}; available methods: {', '.join(METHODS)}")
+        raise InvalidInput(f"method {name!r}: {PLANNED[key]}; available methods: {', '.join(METHODS)}")
+    raise InvalidInput(f"unknown method {name!r}; available methods: {', '.join(METHODS)}")
 
 
 def resolve(
@@ -320,14 +329,15 @@ def resolve(
 ) -> ResolvedMethod:
     """Check ``options`` against ``method`` for a model with ``num_layers`` decoder layers.
 
-    Unknown options, wrong types and out-of-range values raise ``ValueError`` naming the valid
-    choices. Options left out take the model preset, then the method default.
+    Unknown options, wrong types and out-of-range values raise :class:`~kvembed.errors.InvalidInput`
+    (a ``ValueError``) naming the valid choices. Options left out take the model preset, then the
+    method default.
     """
     spec = method if isinstance(method, MethodSpec) else get_method(method)
     unknown = sorted(set(options) - set(spec.option_names))
     if unknown:
         valid = ", ".join(spec.option_names) or "(none)"
-        raise ValueError(f"unknown option {', '.join(unknown)} for method {spec.name!r}; valid options: {valid}")
+        raise InvalidInput(f"unknown option {', '.join(unknown)} for method {spec.name!r}; valid options: {valid}")
     presets = presets_for(preset_id, spec.name)
     resolved: dict[str, Any] = {}
     requested: dict[str, Any] = {}
@@ -344,14 +354,14 @@ def resolve(
         if given is not None:
             requested[opt.name] = value  # the user's value, typed, before any clamp
         if opt.choices is not None and value not in opt.choices:
-            raise ValueError(
+            raise InvalidInput(
                 f"option {opt.name}={value!r} of method {spec.name!r} is not valid; choose one of "
                 f"{', '.join(map(str, opt.choices))}"
             )
         if opt.check is not None:
             problem = opt.check(value, ctx)
             if problem:
-                raise ValueError(f"option {opt.name} of method {spec.name!r} {problem}")
+                raise InvalidInput(f"option {opt.name} of method {spec.name!r} {problem}")
         if opt.clamp is not None:
             value = opt.clamp(value, ctx)
         resolved[opt.name] = value
@@ -400,7 +410,7 @@ def _coerce(method: str, opt: OptionSpec, value: Any) -> Any:
             return [value]
         if hasattr(value, "__iter__") and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
             return [int(i) for i in value]
-        raise ValueError(f"option layers of method {method!r} expects a layer set like '12-21' or a list of ints, got {value!r}")
+        raise InvalidInput(f"option layers of method {method!r} expects a layer set like '12-21' or a list of ints, got {value!r}")
     try:
         if opt.type is bool:
             if isinstance(value, bool):
@@ -424,4 +434,4 @@ def _coerce(method: str, opt: OptionSpec, value: Any) -> Any:
             return value
     except (TypeError, ValueError):
         pass
-    raise ValueError(f"option {opt.name} of method {method!r} expects {opt.type.__name__}, got {value!r}")
+    raise InvalidInput(f"option {opt.name} of method {method!r} expects {opt.type.__name__}, got {value!r}")

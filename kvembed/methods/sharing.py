@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..errors import InvalidInput
 from .layers import format_layers
 from .spec import ResolvedMethod
 
@@ -36,13 +37,13 @@ class AlsoRequest:
 def parse_also(text: str) -> AlsoRequest:
     """Parse ``va``, ``va:layers=8-12``, ``last=kv-embedding:pooling=last``."""
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"--also expects METHOD[:option=value...], got {text!r}")
+        raise InvalidInput(f"--also expects METHOD[:option=value...], got {text!r}")
     head, *parts = text.strip().split(":")
     label = None
     if "=" in head:
         label, head = (s.strip() for s in head.split("=", 1))
         if not LABEL.match(label):
-            raise ValueError(
+            raise InvalidInput(
                 f"--also label {label!r} must be lower-case letters, digits, '-' or '_' (it names graph outputs)"
             )
     options: dict[str, Any] = {}
@@ -50,9 +51,9 @@ def parse_also(text: str) -> AlsoRequest:
         key, sep, value = part.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not key:
-            raise ValueError(f"--also {text!r}: expected option=value after ':', got {part!r}")
+            raise InvalidInput(f"--also {text!r}: expected option=value after ':', got {part!r}")
         if key in options:
-            raise ValueError(f"--also {text!r}: option {key} given twice")
+            raise InvalidInput(f"--also {text!r}: option {key} given twice")
         options[key] = value.strip()
     return AlsoRequest(method=head.strip().lower(), options=options, label=label)
 
@@ -171,7 +172,7 @@ def resolve_also(
 ) -> dict[str, ResolvedMethod]:
     """Resolve ``--also`` requests for the model ``main`` was resolved for: label -> method.
 
-    Raises ValueError naming the request and the reason when one is invalid or cannot share
+    Raises InvalidInput naming the request and the reason when one is invalid or cannot share
     ``main``'s forward pass.
     """
     from .registry import get_method, resolve
@@ -181,26 +182,26 @@ def resolve_also(
         request = parse_also(item) if isinstance(item, str) else item
         spec = get_method(request.method)
         if str(request.options.get("layers", "")).strip().lower() == "auto":
-            raise ValueError(f"--also {spec.name}: layers=auto is not available for extra outputs; give the set, e.g. layers=12-21")
+            raise InvalidInput(f"--also {spec.name}: layers=auto is not available for extra outputs; give the set, e.g. layers=12-21")
         try:
             method = resolve(spec, main.num_layers, preset_id, **request.options)
-        except ValueError as err:
-            raise ValueError(f"--also {spec.name}: {err}") from None
+        except InvalidInput as err:
+            raise InvalidInput(f"--also {spec.name}: {err}") from None
         problem = sharing_problem(main, method)
         if problem:
-            raise ValueError(f"--also {spec.name}: {problem}")
+            raise InvalidInput(f"--also {spec.name}: {problem}")
         label = request.label or default_label(spec.name, set(resolved) | {main.name})
         if label in resolved or label == main.name and request.label is not None:
-            raise ValueError(f"--also label {label!r} is used twice; give each extra output its own label")
+            raise InvalidInput(f"--also label {label!r} is used twice; give each extra output its own label")
         resolved[label] = method
     return resolved
 
 
 def output_label(output: str | None, main: str, labels: "list[str] | tuple[str, ...] | Mapping[str, Any]") -> str | None:
     """The extra-output label ``output`` names, or None for the main method (``None`` or its name);
-    ValueError listing what there is otherwise."""
+    InvalidInput listing what there is otherwise."""
     if output is None or (output == main and output not in labels):
         return None
     if output not in labels:
-        raise ValueError(f"no output {output!r}; this embedder computes: {', '.join([main, *labels])}")
+        raise InvalidInput(f"no output {output!r}; this embedder computes: {', '.join([main, *labels])}")
     return output

@@ -52,6 +52,15 @@ class OptionSpec:
     clamp: Callable[[Any, "ResolveContext"], Any] | None = None
     """Maps a checked value to the effective one (e.g. a token-prepending stop past the early exit
     is reached never, so it means the exit); the manifest records the effective value."""
+    flag: str | None = None
+    """The help of the option's command-line flag (``--num-prefix``; ``--wva/--no-wva`` for a bool),
+    shown by every command that takes method options; None: no flag (e.g. set by a checkpoint).
+    Methods sharing an option name share its flag, so they declare the same type and help."""
+
+    @property
+    def flag_name(self) -> str:
+        """``num_prefix`` -> ``--num-prefix``."""
+        return "--" + self.name.replace("_", "-")
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from ..cli_support import EXIT_INTERRUPTED, fail, run_guarded
-from .signals import Terminated, die_by_signal, sigterm_as_interrupt
+from ..corpus.signals import Terminated, die_by_signal, sigterm_as_interrupt
+from .support import EXIT_INTERRUPTED, fail, run_guarded
 
 console = Console()
 
@@ -46,7 +46,7 @@ def embed_corpus_command(
 
     def run() -> dict[str, Any]:
         try:
-            from . import CorpusOptions, embed_corpus
+            from ..corpus import CorpusOptions, embed_corpus
         except ImportError as err:
             from ..errors import MissingDependency
 

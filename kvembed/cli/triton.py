@@ -13,8 +13,8 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from ..cli_support import run_guarded
-from ..errors import MissingDependency
+from ..errors import InvalidInput, MissingDependency
+from .support import run_guarded
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True,
@@ -36,7 +36,7 @@ def _sizes(text: Optional[str]) -> tuple[int, ...]:
     try:
         return tuple(int(item) for item in text.split(",") if item.strip())
     except ValueError:
-        raise ValueError(f"--preferred-batch-sizes takes comma-separated integers, got {text!r}") from None
+        raise InvalidInput(f"--preferred-batch-sizes takes comma-separated integers, got {text!r}") from None
 
 
 @app.command()
@@ -62,7 +62,7 @@ def build(
 
     def job() -> Path:
         _needs_tritonclient()
-        from .repository import write_repository
+        from ..triton.repository import write_repository
 
         return write_repository(
             artifacts, out, name or None, backend=backend, max_batch_size=max_batch_size, instances=instances,
@@ -107,7 +107,7 @@ def serve(
     def start() -> Any:
         nonlocal server
         _needs_tritonclient()
-        from .server import Ports, TritonServer
+        from ..triton.server import Ports, TritonServer
 
         ports = Ports(http_port, grpc_port, metrics_port)
         server = TritonServer(repository, python=python, ports=ports, host=host, log=sys.stderr)

@@ -10,13 +10,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .. import cli_options as opt
-from ..cli_options import method_options
+from ..errors import InvalidInput
+from . import options as opt
 
 console = Console()
 errors = Console(stderr=True)
 
 
+@opt.method_flags
 def eval_command(
     sources: Optional[list[str]] = typer.Argument(None, help="Artifact directories and/or models (folder, .gguf, alias), each optionally LABEL=SOURCE.", show_default=False),
     task: Optional[list[str]] = typer.Option(None, "--task", "-t", help="Local task: a .tsv/.jsonl file (STS or classification) or a retrieval folder; 'sample' (or sample-sts, sample-retrieval, sample-classification) for the bundled demo tasks. Repeatable."),
@@ -24,16 +25,7 @@ def eval_command(
     config: Optional[list[str]] = typer.Option(None, "--config", "-c", help="[LABEL=]METHOD[:option=value...] for model sources, one configuration each (repeatable), e.g. kv-none=kv-embedding:layers=none."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder: results.json, results.md, results.png and mteb's result files (mteb/)."),
     method: Optional[str] = typer.Option(None, "--method", help="Method for model sources (default kv-embedding) when no --config is given."),
-    layers: opt.Layers = None,
-    bias: opt.Bias = None,
-    num_prefix: opt.NumPrefix = None,
-    prefix_rope: opt.PrefixRope = None,
-    pooling: opt.Pooling = None,
-    prompt: opt.Prompt = None,
-    wva: opt.Wva = None,
-    tp_start: opt.TpStart = None,
-    tp_stop: opt.TpStop = None,
-    exit_layer: opt.ExitLayer = None,
+    options: opt.MethodOptions = opt.METHOD_FLAGS,
     max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (model sources)."),
     batch_size: int = typer.Option(32, help="Texts per encode batch."),
     provider: str = typer.Option("auto", help="Runtime provider for artifacts: auto, cpu, cuda, tensorrt, openvino."),
@@ -44,27 +36,27 @@ def eval_command(
     kvembed eval ARTIFACT --task sample --out eval/ | kvembed eval smollm2-135m --task sample-sts
     --config last-token --config kv=kv-embedding --config kv-none=kv-embedding:layers=none --out eval/
     """
-    from . import configs as plans
-    from .tasks import load_tasks
+    from ..eval import configs as plans
+    from ..eval.tasks import load_tasks
 
     if not task and not mteb_task:
-        raise ValueError("give at least one --task FILE (or --task sample) or --mteb-task NAME")
+        raise InvalidInput("give at least one --task FILE (or --task sample) or --mteb-task NAME")
     if batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+        raise InvalidInput(f"--batch-size must be >= 1, got {batch_size}")
     from ..runtime.session import PROVIDERS
 
     if provider not in PROVIDERS:  # the runtime checks again when an artifact loads, after mteb and the tasks
-        raise ValueError(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+        raise InvalidInput(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
     if threads is not None and threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
+        raise InvalidInput(f"--threads must be >= 1, got {threads}")
     local = load_tasks(list(task or []))  # bad task files fail here, before any model or mteb loads
-    configurations = plans.plan(list(sources or []), list(config or []), method, method_options(locals()), max_length)
+    configurations = plans.plan(list(sources or []), list(config or []), method, options, max_length)
     plans.preflight(configurations)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {str(out)!r} exists and is not a folder")
+        raise InvalidInput(f"--out {str(out)!r} exists and is not a folder")
 
     logging.getLogger("mteb").setLevel(logging.ERROR)  # mteb logs every phase at INFO/WARNING
-    from . import report, runner
+    from ..eval import report, runner
 
     tasks = runner.mteb_tasks(local, list(mteb_task or []))
     described = [_describe(t, local) for t in tasks]

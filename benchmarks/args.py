@@ -1,4 +1,5 @@
-"""argparse types shared by the scripts in ``benchmarks/``: a wrong value is one line naming it."""
+"""argparse types shared by the scripts in ``benchmarks/`` (imported as ``args`` from the script's
+folder): a wrong value is one line naming it."""
 
 from __future__ import annotations
 

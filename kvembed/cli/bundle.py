@@ -28,8 +28,8 @@ def bundle_command(
     """Write an air-gapped bundle: artifacts, a wheelhouse resolved by pip for the target, install.sh,
     run.sh, a systemd unit, a Dockerfile, README.md and bundle.json. Needs the package index while it
     runs; the bundle then installs and serves with no network."""
-    from .build import build_bundle
-    from .target import parse_target
+    from ..bundle.build import build_bundle
+    from ..bundle.target import parse_target
 
     target = parse_target(platform, python, glibc)
     started = time.monotonic()

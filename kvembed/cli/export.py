@@ -1,8 +1,7 @@
-"""``kvembed-export``: turn a model + method into a portable ONNX embedding artifact."""
+"""``kvembed export`` (alias ``kvembed-export``): turn a model + method into a portable ONNX embedding artifact."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -15,12 +14,12 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-export needs typer and rich: pip install 'kvembed[export]' ({err})")
 
-from .. import cli_options as opt
-from ..cli_options import method_options
-from ..cli_support import DEBUG_HELP, EXIT_FAILED, guard_app, run_app
+from . import options as opt
+from .support import DEBUG_HELP, EXIT_FAILED, default_command_group, guard_app, run_app
 
 console = Console()
 errors = Console(stderr=True)
+VERIFY_HINT = "kvembed export verify DIR (or kvembed-export verify DIR) re-checks an artifact."
 
 class StageDisplay:
     """Prints each pipeline stage with its elapsed time, and a spinner while it runs."""
@@ -118,20 +117,12 @@ def _size(n: int) -> str:
     return str(n)
 
 
+@opt.method_flags
 def export_command(
     model: str = typer.Option(..., "--model", "-m", help="Model folder, alias (stories260k, qwen3-4b) or hub id."),
     method: str = typer.Option(..., "--method", help="Embedding method (kv-embedding, va, aligned-wva, token-prepending, last-token, mean, prompteol, echo)."),
     out: Path = typer.Option(..., "--out", "-o", help="Artifact directory to create (must be empty unless --force)."),
-    layers: opt.Layers = None,
-    bias: opt.Bias = None,
-    num_prefix: opt.NumPrefix = None,
-    prefix_rope: opt.PrefixRope = None,
-    pooling: opt.Pooling = None,
-    prompt: opt.Prompt = None,
-    wva: opt.Wva = None,
-    tp_start: opt.TpStart = None,
-    tp_stop: opt.TpStop = None,
-    exit_layer: opt.ExitLayer = None,
+    options: opt.MethodOptions = opt.METHOD_FLAGS,
     also: Optional[list[str]] = typer.Option(
         None, "--also", help="Add the outputs of another method read from the same forward pass: "
         "METHOD[:option=value...] or LABEL=METHOD[:...], e.g. 'mean', 'va:layers=8-12'; repeatable.",
@@ -157,11 +148,10 @@ def export_command(
     ),
 ) -> None:
     """Export MODEL computing METHOD as an ONNX artifact in OUT, gated on parity with PyTorch."""
-    from .core import check_output
-    from .precision import check_int8_recipe, check_precision
+    from ..export.core import check_output
+    from ..export.precision import check_int8_recipe, check_precision
 
-    options = method_options(locals())
-    from .graph import resolve_attention
+    from ..export.graph import resolve_attention
 
     def preflight() -> None:  # cheap checks before importing torch or loading weights
         from ..methods import get_method
@@ -183,8 +173,8 @@ def export_command(
         import logging
         import warnings
 
-        from .core import export_result
-        from .memory import MemoryEstimateWarning
+        from ..export.core import export_result
+        from ..export.memory import MemoryEstimateWarning
 
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         with warnings.catch_warnings(), StageDisplay(console) as display:
@@ -200,7 +190,7 @@ def export_command(
     result = job()
     console.print(files_table(result.path, result.manifest))
     console.print(parity_table(result.parity, f"parity vs PyTorch ({result.manifest['precision']})"))
-    from .parity import ParityReport
+    from ..export.parity import ParityReport
 
     print_extra_parity({label: ParityReport(**extra) for label, extra in result.manifest["parity"].get("also", {}).items()})
     graph = result.manifest["graph"]
@@ -263,14 +253,14 @@ def comparison_table(comparison: Any) -> Table:
 
 def _selected_backends(directory: Path, backends: str) -> list[str]:
     """Validate ``--backends`` before the slow parity run: unknown or absent backends exit 2."""
-    from .backends import resolve_backends
+    from ..export.backends import resolve_backends
 
     return resolve_backends(directory, backends)[0]
 
 
 def run_compare(directory: Path, backends: str = "auto") -> Any:
     """The backend comparison of ``kvembed verify``: prints its table (or why nothing was compared)."""
-    from .backends import compare_backends
+    from ..export.backends import compare_backends
 
     names = _selected_backends(directory, backends)
     if len(names) < 2:
@@ -307,7 +297,7 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True) ->
         import logging
         import warnings
 
-        from .verification import verify
+        from ..export.verification import verify
 
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         with warnings.catch_warnings(), StageDisplay(console) as display:
@@ -342,24 +332,20 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True) ->
     return outcome
 
 
-#: ``kvembed-export [OPTIONS]``: a single-command app (typer runs the command without a name)
-app = typer.Typer(add_completion=False, help=__doc__)
-app.command(help=export_command.__doc__, epilog=DEBUG_HELP)(export_command)
+#: ``kvembed export [OPTIONS]`` exports, ``kvembed export verify DIR`` re-checks an artifact;
+#: ``kvembed-export`` is the same group as a program of its own
+app = typer.Typer(
+    add_completion=False, cls=default_command_group("export"),
+    help="Export a model + method as an ONNX embedding artifact, gated on parity with PyTorch; verify DIR re-checks one.",
+)
+app.command("export", help=export_command.__doc__, epilog=f"{VERIFY_HINT}\n\n{DEBUG_HELP}", hidden=True)(export_command)
+app.command("verify", help=verify_command.__doc__, epilog=DEBUG_HELP)(verify_command)
 guard_app(app)
-
-#: ``kvembed-export verify DIR``
-verify_app = typer.Typer(add_completion=False)
-verify_app.command(help=verify_command.__doc__, epilog=DEBUG_HELP)(verify_command)
-guard_app(verify_app)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``kvembed-export`` (``kvembed-export verify DIR`` re-checks an artifact)."""
-    args = sys.argv[1:] if argv is None else list(argv)
-    if args and args[0] == "verify":
-        run_app(verify_app, args[1:], prog_name="kvembed-export verify")
-    else:
-        run_app(app, args, prog_name="kvembed-export")
+    """Entry point of ``kvembed-export``, the alias of ``kvembed export``."""
+    run_app(app, argv, prog_name="kvembed-export")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from ..errors import InvalidInput
+
 
 def build_engine_command(
     artifact: Path = typer.Argument(..., help="Artifact directory (kvembed-export output, fp32 or fp16)."),
@@ -27,13 +29,13 @@ def build_engine_command(
     """Build a TensorRT engine (polygraphy) from ARTIFACT into OUT; needs tensorrt and an NVIDIA GPU."""
     from rich.console import Console
 
-    from ..cli_support import run_guarded
+    from ..export.engine import build_engine
     from ..runtime.engine import engine_limits
-    from .engine import build_engine
+    from .support import run_guarded
 
     def job() -> dict:
         if fp16 and bf16:
-            raise ValueError("--fp16 and --bf16 exclude each other: pick one")
+            raise InvalidInput("--fp16 and --bf16 exclude each other: pick one")
         return build_engine(
             artifact, out, shapes=list(shapes or []), precision="fp16" if fp16 else "bf16" if bf16 else "fp32",
             timing_cache=timing_cache, workspace=workspace, opt_level=opt_level, force=force, parity=parity,

@@ -19,7 +19,8 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-layers needs typer and rich: pip install 'kvembed[cli]' ({err})")
 
-from ..cli_support import DEBUG_HELP, guard_app, run_app
+from ..errors import InvalidInput
+from .support import DEBUG_HELP, guard_app, run_app
 
 app = typer.Typer(add_completion=False, help=__doc__)
 console = Console()
@@ -41,8 +42,8 @@ def layers(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table."),
 ) -> None:
     """Compute the per-layer intrinsic dimension of MODEL and pick kv-embedding's re-routing set."""
-    from .report import write_report
-    from .selection import compute_layer_selection
+    from ..layers.report import write_report
+    from ..layers.selection import compute_layer_selection
 
     started = time.perf_counter()
     progress = Progress(
@@ -59,7 +60,7 @@ def layers(
 
     def run() -> Any:
         if batch_size < 1:
-            raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+            raise InvalidInput(f"--batch-size must be >= 1, got {batch_size}")
         from ..modeling.sources import locate_model
 
         locate_model(model)  # a wrong --model fails before any progress bar

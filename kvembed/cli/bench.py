@@ -12,23 +12,23 @@ from typing import Any, Optional, Sequence
 import typer
 from rich.console import Console
 
-from .. import cli_options as opt
-from ..cli_options import method_options
+from ..errors import InvalidInput
+from . import options as opt
 
 console = Console()
 errors = Console(stderr=True)
 
 def parse_ints(option: str, text: str | None) -> tuple[int, ...] | None:
-    """``"1,8,32"`` -> ``(1, 8, 32)``; anything but positive integers is a ValueError naming it."""
+    """``"1,8,32"`` -> ``(1, 8, 32)``; anything but positive integers is an InvalidInput naming it."""
     if text is None:
         return None
     items = [item.strip() for item in text.split(",")]
     if not any(items):
-        raise ValueError(f"{option}: give a comma-separated list of positive integers")
+        raise InvalidInput(f"{option}: give a comma-separated list of positive integers")
     values = []
     for item in items:
         if not item.isdigit() or int(item) < 1:
-            raise ValueError(f"{option}: {item!r} is not a positive integer")
+            raise InvalidInput(f"{option}: {item!r} is not a positive integer")
         values.append(int(item))
     return tuple(dict.fromkeys(values))
 
@@ -39,17 +39,17 @@ def parse_names(option: str, text: str | None, choices: Sequence[str]) -> tuple[
         return None
     items = [item.strip().lower() for item in text.split(",") if item.strip()]
     if not items:
-        raise ValueError(f"{option}: give a comma-separated list of {', '.join(choices)}")
+        raise InvalidInput(f"{option}: give a comma-separated list of {', '.join(choices)}")
     for item in items:
         if item not in choices:
-            raise ValueError(f"{option}: unknown value {item!r}; choose from {', '.join(choices)}")
+            raise InvalidInput(f"{option}: unknown value {item!r}; choose from {', '.join(choices)}")
     return tuple(dict.fromkeys(items))
 
 
 def _progress_class() -> type:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from .runner import BenchProgress
+    from ..bench.runner import BenchProgress
 
     class RichProgress(BenchProgress):
         """Stage lines with elapsed time, and a progress bar over the measured cells."""
@@ -81,20 +81,12 @@ def _progress_class() -> type:
     return RichProgress
 
 
+@opt.method_flags
 def bench_command(
     out: Path = typer.Option(..., "--out", "-o", help="Directory for results.json, results.md, plots and exported artifacts."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model folder, alias or hub id to export (default: stories260k)."),
     method: Optional[str] = typer.Option(None, "--method", help="Embedding method to export (default: kv-embedding)."),
-    layers: opt.Layers = None,
-    bias: opt.Bias = None,
-    num_prefix: opt.NumPrefix = None,
-    prefix_rope: opt.PrefixRope = None,
-    pooling: opt.Pooling = None,
-    prompt: opt.Prompt = None,
-    wva: opt.Wva = None,
-    tp_start: opt.TpStart = None,
-    tp_stop: opt.TpStop = None,
-    exit_layer: opt.ExitLayer = None,
+    options: opt.MethodOptions = opt.METHOD_FLAGS,
     artifact: Optional[Path] = typer.Option(None, "--artifact", help="Benchmark this exported artifact (no export; its precision only)."),
     precision: Optional[str] = typer.Option(None, "--precision", help="Comma list of fp32, fp16, int8 (default: fp32,int8)."),
     batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="Comma list (default: 1,8,32; --quick: 1,4)."),
@@ -118,11 +110,10 @@ def bench_command(
     kvembed bench --quick --out bench/ | kvembed bench --model DIR --method va --out bench/
     | kvembed bench --artifact ARTIFACT_DIR --backends runtime --out bench/
     """
-    options = method_options(locals())
 
     def configure() -> Any:
-        from .runner import PRECISIONS, BenchConfig
-        from .measure import BACKENDS
+        from ..bench.runner import PRECISIONS, BenchConfig
+        from ..bench.measure import BACKENDS
 
         config = BenchConfig.create(
             out, quick=quick, model=model, method=method, options=options, artifact=artifact,
@@ -145,7 +136,7 @@ def bench_command(
         import logging
         import warnings
 
-        from .runner import run_bench
+        from ..bench.runner import run_bench
 
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         progress = _progress_class()()
@@ -157,7 +148,7 @@ def bench_command(
             progress.bar.stop()
 
     results = job()
-    from .report import COST_PLOT, LATENCY_PLOT, RESULTS_JSON, RESULTS_MD, markdown_table
+    from ..bench.report import COST_PLOT, LATENCY_PLOT, RESULTS_JSON, RESULTS_MD, markdown_table
 
     console.print(markdown_table(results["cells"]), markup=False, highlight=False, soft_wrap=True)
     for note in results["notes"]:

@@ -14,9 +14,9 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"the kvembed command line needs typer and rich: pip install 'kvembed[cli]' ({err})")
 
-from . import cli_options as opt
-from .cli_options import method_options
-from .cli_support import DEBUG_HELP, guard_app, run_app
+from ..errors import InvalidInput
+from . import options as opt
+from .support import DEBUG_HELP, guard_app, run_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, epilog=DEBUG_HELP)
 console = Console()
@@ -35,58 +35,42 @@ def is_artifact(path: str | os.PathLike[str] | None) -> bool:
 
 
 def check_artifact_argument(first: str | None) -> str:
-    """The artifact directory named by the first positional argument, or a ValueError saying what
+    """The artifact directory named by the first positional argument, or an InvalidInput saying what
     an artifact is and how to embed with a PyTorch model instead."""
     if first is None:
-        raise ValueError("give an artifact directory and texts (kvembed embed ARTIFACT TEXT...) or a model "
-                         "with --model (kvembed embed --model stories260k TEXT...)")
+        raise InvalidInput("give an artifact directory and texts (kvembed embed ARTIFACT TEXT...) or a model "
+                           "with --model (kvembed embed --model stories260k TEXT...)")
     if is_artifact(first):
         return first
     where = Path(first).expanduser()
     if where.is_dir():
-        raise ValueError(f"{first!r} is a directory but not a kvembed artifact (no kvembed.json); an artifact "
-                         f"directory holds {ARTIFACT_FILES}; to embed with the PyTorch model in a model "
-                         f"folder, use --model {first}")
+        raise InvalidInput(f"{first!r} is a directory but not a kvembed artifact (no kvembed.json); an artifact "
+                           f"directory holds {ARTIFACT_FILES}; to embed with the PyTorch model in a model "
+                           f"folder, use --model {first}")
     if where.exists() or os.sep in first or "/" in first or first.startswith((".", "~")):
-        raise ValueError(f"no kvembed artifact at {first!r}; an artifact directory holds {ARTIFACT_FILES}")
-    raise ValueError(f"{first!r} is not an artifact directory: kvembed embed ARTIFACT TEXT... embeds with an "
-                     f"exported artifact; to embed texts with a PyTorch model, name it with --model "
-                     f"(e.g. kvembed embed --model stories260k {first!r})")
+        raise InvalidInput(f"no kvembed artifact at {first!r}; an artifact directory holds {ARTIFACT_FILES}")
+    raise InvalidInput(f"{first!r} is not an artifact directory: kvembed embed ARTIFACT TEXT... embeds with an "
+                       f"exported artifact; to embed texts with a PyTorch model, name it with --model "
+                       f"(e.g. kvembed embed --model stories260k {first!r})")
 
 
-def check_artifact_options(directory: str, method: str | None, options: dict[str, Any], max_length: int | None) -> None:
+def check_artifact_options(directory: str, method: str | None, options: opt.MethodOptions, max_length: int | None) -> None:
     """Refuse method options that would contradict what the artifact computes (it fixes them all)."""
-    from .methods import get_method
-    from .runtime.artifact import read_manifest
+    from ..methods.fixed import check_artifact_options as check
+    from ..runtime.artifact import read_manifest
 
     manifest = read_manifest(directory)
-    held = manifest["method"]
-    holds = f"{held['name']} ({', '.join(f'{k}={v}' for k, v in held.get('options', {}).items()) or 'no options'})"
-    if method is not None and get_method(method).name != held["name"]:
-        raise ValueError(f"artifact {directory!r} computes {holds}, not {method!r}; drop --method, or export "
-                         f"another artifact with kvembed-export --method {method}")
-    if options or max_length is not None:
-        given = ", ".join("--" + name.replace("_", "-") for name in [*options, *(["max_length"] if max_length is not None else [])])
-        raise ValueError(f"artifact {directory!r} fixes its method options: it computes {holds} with max_length="
-                         f"{manifest['max_length']}; drop {given}, or re-export with kvembed-export")
+    check(directory, manifest["method"], manifest["max_length"], method, options, max_length)
 
 
 @app.command()
+@opt.method_flags
 def embed(
     texts: Optional[list[str]] = typer.Argument(None, help="ARTIFACT TEXT... (torch-free runtime), or TEXT... with --model."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Embed with the PyTorch reference of this model folder, alias (stories260k) or hub id; all arguments are then texts."),
     method: Optional[str] = typer.Option(None, "--method", help="Embedding method with --model (default kv-embedding); an artifact fixes it."),
     kind: str = typer.Option("document", "--kind", help="query or document (selects the prompt)."),
-    layers: opt.Layers = None,
-    bias: opt.Bias = None,
-    num_prefix: opt.NumPrefix = None,
-    prefix_rope: opt.PrefixRope = None,
-    pooling: opt.Pooling = None,
-    prompt: opt.Prompt = None,
-    wva: opt.Wva = None,
-    tp_start: opt.TpStart = None,
-    tp_stop: opt.TpStop = None,
-    exit_layer: opt.ExitLayer = None,
+    options: opt.MethodOptions = opt.METHOD_FLAGS,
     max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (with --model)."),
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="Read texts from a .txt (one per line) or .jsonl file, or - for standard input."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write embeddings to a .npy or .jsonl file."),
@@ -104,10 +88,9 @@ def embed(
     """
     import numpy as np
 
-    from .runtime.textio import TextRecords, check_input_path, check_output_path, count_lines, is_stdin, write_embeddings
+    from ..runtime.textio import TextRecords, check_input_path, check_output_path, count_lines, is_stdin, write_embeddings
 
     items = list(texts or [])
-    options = method_options(locals())
     opt.check_ov_precision(provider, ov_precision)
     if model is not None:
         source = model
@@ -115,26 +98,26 @@ def embed(
         source = check_artifact_argument(items.pop(0) if items else None)
     artifact = is_artifact(source)
     if (input is None) == (not items):
-        raise ValueError("give texts as arguments or one --input file (not both, not neither)")
+        raise InvalidInput("give texts as arguments or one --input file (not both, not neither)")
     if input is not None:
         check_input_path(input)
         if output is None and is_stdin(input):
-            raise ValueError("--input - (standard input) needs --output FILE (.npy or .jsonl)")
+            raise InvalidInput("--input - (standard input) needs --output FILE (.npy or .jsonl)")
     if output is not None:
         check_output_path(output)
     if artifact:
         check_artifact_options(source, method, options, max_length)
-        from .runtime import Embedder
+        from ..runtime import Embedder
 
         embedder: Any = Embedder.load(source, provider=provider, threads=threads, ov_precision=ov_precision)
         embedder.dim_of(use)  # an unknown label fails here, naming the artifact's outputs
     else:
         if use is not None:
-            raise ValueError("--use picks an output of an artifact exported with --also; give the artifact directory")
-        from .modeling.sources import preflight
+            raise InvalidInput("--use picks an output of an artifact exported with --also; give the artifact directory")
+        from ..modeling.sources import preflight
 
         preflight(source, method or "kv-embedding", options)  # a bad option fails now, not after loading
-        from .modeling.reference import TorchEmbedder
+        from ..modeling.reference import TorchEmbedder
 
         embedder = TorchEmbedder.from_pretrained(source, method or "kv-embedding", max_length=max_length, **options)
     title = f"{use or embedder.method.name} on {source}"
@@ -188,32 +171,21 @@ def _chunked(items: Any, size: int) -> Any:
         yield chunk
 
 
-@app.command()
-def verify(
-    directory: Path = typer.Argument(..., help="Artifact directory written by kvembed-export."),
-    backends: opt.Backends = "auto",
-    no_compare: opt.NoCompare = False,
-) -> None:
-    """Re-run the parity check of an exported artifact against a freshly built PyTorch reference,
-    then compare the graph across the backends present (polygraphy)."""
-    from .export.cli import EXIT_FAILED, run_verify
-
-    if not run_verify(directory, backends=backends, compare=not no_compare).passed:
-        raise typer.Exit(EXIT_FAILED)
-
-
 #: commands that live in their own modules: (command name, module, attribute). Each module imports
 #: only typer/rich at the top (heavy imports happen inside the command), so ``kvembed --help`` stays fast.
 #: An attribute that is a ``typer.Typer`` becomes a command group (``kvembed NAME SUBCOMMAND``).
 SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
-    ("bench", "kvembed.bench.cli", "bench_command"),
-    ("serve", "kvembed.serve.cli", "serve_command"),
-    ("triton", "kvembed.triton.cli", "app"),
-    ("embed-corpus", "kvembed.corpus.cli", "embed_corpus_command"),
-    ("eval", "kvembed.eval.cli", "eval_command"),
-    ("build-engine", "kvembed.export.engine_cli", "build_engine_command"),
-    ("causal2vec", "kvembed.causal2vec.cli", "app"),
-    ("bundle", "kvembed.bundle.cli", "bundle_command"),
+    ("verify", "kvembed.cli.export", "verify_command"),
+    ("bench", "kvembed.cli.bench", "bench_command"),
+    ("serve", "kvembed.cli.serve", "serve_command"),
+    ("triton", "kvembed.cli.triton", "app"),
+    ("embed-corpus", "kvembed.cli.corpus", "embed_corpus_command"),
+    ("eval", "kvembed.cli.eval", "eval_command"),
+    ("export", "kvembed.cli.export", "app"),
+    ("layers", "kvembed.cli.layers", "layers"),
+    ("build-engine", "kvembed.cli.engine", "build_engine_command"),
+    ("causal2vec", "kvembed.cli.causal2vec", "app"),
+    ("bundle", "kvembed.cli.bundle", "bundle_command"),
 )
 
 

@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from .. import cli_options as opt
-from ..cli_support import fail
+from ..errors import InvalidInput
+from . import options as opt
+from .support import fail
 
 if TYPE_CHECKING:
     from ..runtime import Embedder
-    from .app import ServerState
-    from .config import ServeConfig
+    from ..serve.app import ServerState
+    from ..serve.config import ServeConfig
 
 
 def serve_command(
@@ -47,23 +48,23 @@ def serve_command(
         from uvicorn.config import LOG_LEVELS
 
         from ..runtime.session import PROVIDERS
-        from .config import ServeConfig, parse_artifact, parse_call_cost, parse_long_input_tokens, parse_size
-        from .server import DrainingServer  # noqa: F401  (fail here, not later, without the serve extra)
+        from ..serve.config import ServeConfig, parse_artifact, parse_call_cost, parse_long_input_tokens, parse_size
+        from ..serve.server import DrainingServer  # noqa: F401  (fail here, not later, without the serve extra)
     except ImportError as err:
         from ..errors import MissingDependency
 
         raise MissingDependency(f"kvembed serve needs the serve extra: pip install 'kvembed[serve]' ({err})") from None
 
     if provider not in PROVIDERS:  # checked before binding (the artifacts load after)
-        raise ValueError(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+        raise InvalidInput(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
     opt.check_ov_precision(provider, ov_precision)
     if log_level not in LOG_LEVELS:
-        raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
+        raise InvalidInput(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
     if not 0 <= port <= 65535:
-        raise ValueError(f"--port must be in 0-65535, got {port}")
+        raise InvalidInput(f"--port must be in 0-65535, got {port}")
     for flag, seconds in (("--keep-alive", keep_alive), ("--graceful-timeout", graceful_timeout)):
         if seconds is not None and seconds < 0:
-            raise ValueError(f"{flag} must be >= 0 seconds, got {seconds}")
+            raise InvalidInput(f"{flag} must be >= 0 seconds, got {seconds}")
     config = ServeConfig(
         artifacts=tuple(parse_artifact(a) for a in artifacts), api_key=api_key or None,
         max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
@@ -94,9 +95,9 @@ def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float | N
     ready, serve until SIGTERM/SIGINT; a damaged artifact, a taken port or a failed load exits 2."""
     import uvicorn
 
-    from .app import create_app, load_embedders, log
-    from .preflight import check_artifacts
-    from .server import DrainingServer
+    from ..serve.app import create_app, load_embedders, log
+    from ..serve.preflight import check_artifacts
+    from ..serve.server import DrainingServer
 
     check_artifacts(config)  # before the bind: a broken artifact never starts a server
     try:  # bind here, so a taken port is one line and exit 2 (uvicorn would log and exit 1)

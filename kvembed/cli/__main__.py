@@ -1,0 +1,5 @@
+"""``python -m kvembed.cli``: the ``kvembed`` program."""
+
+from .main import main
+
+main()
