@@ -57,7 +57,7 @@ def check_artifact_argument(first: str | None) -> str:
 def check_artifact_options(directory: str, method: str | None, options: dict[str, Any], max_length: int | None) -> None:
     """Refuse method options that would contradict what the artifact computes (it fixes them all)."""
     from .methods import get_method
-    from .runtime.artifact import read_manifest
+    from .artifact import read_manifest
 
     manifest = read_manifest(directory)
     held = manifest["method"]

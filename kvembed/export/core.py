@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import __version__
-from ..runtime.artifact import (
-    ENCODER_TOKENIZER, MODEL, SCHEMA_VERSION, TOKENIZER, check_files, encoder_from_manifest, file_records,
-)
-from ..runtime.artifact import read_manifest, write_manifest
-from ..staging import OutputExistsError, check_output, staged  # noqa: F401  (the exporter's, re-exported)
+from ..artifact import ENCODER_TOKENIZER, MODEL, SCHEMA_VERSION, TOKENIZER, check_files, file_records
+from ..artifact import read_manifest, write_manifest
+from ..runtime.artifact import encoder_from_manifest
+from ..artifact.staging import OutputExistsError, check_output, staged  # noqa: F401  (the exporter's, re-exported)
 from ..methods.sharing import AlsoRequest, output_names
 from .graph import DATA_FILE, ExportError, decoder_layers_in_graph, input_axes, input_names, optimize_with_onnxruntime
 from .graph import resolve_attention
