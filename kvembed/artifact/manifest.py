@@ -148,7 +148,7 @@ class Source:
 @dataclass(frozen=True)
 class GraphFacts:
     """What the exporter recorded about the graph. ``attention_form`` ("fused" or "decomposed") is
-    None in manifests from before the choice existed (their graphs are decomposed)."""
+    None in manifests from before the choice existed."""
 
     attention_form: str | None = None
     #: the oldest runtime versions that run the graph (e.g. ``{"tensorrt": "10.14"}``)
