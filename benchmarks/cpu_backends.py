@@ -28,7 +28,7 @@ from kvembed.bench.measure import TorchBackend, cosine_rows, interleaved
 from kvembed.bench.report import machine_info
 from kvembed.bench.workload import exact_rows, make_batch
 from kvembed.runtime import Embedder
-from kvembed.runtime.artifact import read_manifest
+from kvembed.artifact import read_manifest
 
 BASE = "onnxruntime fp32"
 

@@ -171,7 +171,8 @@ def gate_work(artifact: Path) -> dict[str, int]:
     tokenizer) and the calibration's (int8), from the artifact's files."""
     from kvembed.export.parity import PARITY_TEXTS, gate_batches
     from kvembed.export.smoothing import calibration_feeds
-    from kvembed.runtime.artifact import encoder_from_manifest, read_manifest
+    from kvembed.artifact import read_manifest
+    from kvembed.runtime.artifact import encoder_from_manifest
 
     encoder = encoder_from_manifest(artifact, read_manifest(artifact))
     gate = sum(encoder.pad(encoder.encode([PARITY_TEXTS[n] for n in names], kind), side)["input_ids"].size

@@ -43,7 +43,7 @@ from kvembed.bench.report import machine_info
 from kvembed.bench.synthetic import build_random_model
 from kvembed.bench.workload import mixed_corpus, raw_token_batch
 from kvembed.runtime import Embedder
-from kvembed.runtime.artifact import read_manifest
+from kvembed.artifact import read_manifest
 
 
 def artifacts_for(model: Path, root: Path, layers: int) -> dict[str, Path]:

@@ -40,7 +40,8 @@ from kvembed.bench.workload import raw_token_batch
 from kvembed.export.parity import KINDS, PARITY_TEXTS, cosine_rows
 from kvembed.export.precision import INT8_RECIPES, to_int8
 from kvembed.export.smoothing import calibration_feeds
-from kvembed.runtime.artifact import encoder_from_manifest, read_manifest
+from kvembed.artifact import read_manifest
+from kvembed.runtime.artifact import encoder_from_manifest
 
 
 #: weight matmuls per decoder layer in the graph: q, k, v, o, gate, up, down (in this order)

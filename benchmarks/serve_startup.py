@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from serve_util import free_port, kvembed_command, stop_process  # noqa: E402
 
 from kvembed.runtime import Embedder  # noqa: E402
-from kvembed.runtime.artifact import check_files, read_manifest  # noqa: E402
+from kvembed.artifact import check_files, read_manifest  # noqa: E402
 from kvembed.serve.config import ServeConfig  # noqa: E402
 from kvembed.serve.preflight import check_artifact  # noqa: E402
 

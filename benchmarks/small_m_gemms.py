@@ -24,7 +24,7 @@ from args import positive  # benchmarks/args.py, beside this script
 from kvembed.bench.measure import interleaved, time_calls
 from kvembed.bench.peak import fp32_matmul_weights, gemm_call, matmuls_call
 from kvembed.bench.report import machine_info
-from kvembed.runtime.artifact import MODEL
+from kvembed.artifact import MODEL
 
 
 def read_rate_gbs(threads: int, gib: int = 1) -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from kvembed.export.engine import choose_precision, engine_record, parse_shapes
-from kvembed.runtime.artifact import sha256_file
+from kvembed.artifact import sha256_file
 from kvembed.runtime.engine import ENGINE_JSON, PLAN
 
 STAND_IN_PLAN = b"stand-in plan: TensorRT cannot run on this machine"

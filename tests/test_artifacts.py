@@ -23,7 +23,8 @@ from kvembed.export.verification import verify
 from kvembed.export.parity import run_parity
 from kvembed.modeling.reference import TorchEmbedder
 from kvembed.runtime import Embedder
-from kvembed.runtime.artifact import check_files, encoder_from_manifest, read_manifest
+from kvembed.artifact import check_files, read_manifest
+from kvembed.runtime.artifact import encoder_from_manifest
 
 TEXTS = ["A man is playing a guitar.", "", "Ünïcödé café — 東京 🤖", "What is the capital of France?"]
 
@@ -118,7 +119,7 @@ def test_a_manifest_without_a_valid_schema_version_is_refused(stories_artifact, 
 
 
 def test_older_and_newer_schema_versions_say_what_to_do(stories_artifact, tmp_path, monkeypatch):
-    from kvembed.runtime import artifact as artifact_module
+    from kvembed.artifact import manifest as artifact_module
 
     artifact = copy_of(stories_artifact("mean"), tmp_path)
     _rewrite_manifest(artifact, lambda m: m.update(schema_version=2))

@@ -164,7 +164,7 @@ def external_artifact(stories_artifact, tmp_path_factory) -> Path:
     data, and the manifest's file records rewritten."""
     import onnx
 
-    from kvembed.runtime.artifact import MODEL, file_records, read_manifest, write_manifest
+    from kvembed.artifact import MODEL, file_records, read_manifest, write_manifest
 
     source = stories_artifact("kv-embedding")
     out = Path(shutil.copytree(source, tmp_path_factory.mktemp("external") / "kv"))

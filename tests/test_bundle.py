@@ -27,7 +27,7 @@ import pytest
 from serve_util import free_port, stop_process
 
 from kvembed.runtime import Embedder
-from kvembed.runtime.artifact import read_manifest, sha256_file
+from kvembed.artifact import read_manifest, sha256_file
 
 KVEMBED = str(Path(sys.executable).with_name("kvembed"))
 THIS_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from kvembed.errors import CheckFailed, MissingDependency
-from kvembed.staging import staged
+from kvembed.artifact.staging import staged
 from kvembed.export.engine import (
     DEFAULT_SHAPES, EngineParityError, ShapeRange, build_engine, check_engine_parity, check_tensorrt_supports,
     choose_precision, default_shapes, engine_parity, engine_record, parse_shapes, parse_size,
@@ -26,7 +26,7 @@ from kvembed.export.engine import (
 from kvembed.export.parity import PARITY_TEXTS
 from kvembed.export.graph import min_tensorrt
 from kvembed.export.ops import version_key
-from kvembed.runtime.artifact import sha256_file
+from kvembed.artifact import sha256_file
 from engine_util import STAND_IN_PLAN, make_engine_dir
 from kvembed.runtime.engine import (
     ENGINE_JSON, ENGINE_KEYS, EngineSession, check_engine_matches, check_feeds_fit, engine_limits, read_engine_json,

@@ -23,7 +23,7 @@ import transformers
 from checks import MAX_ABS_FP32, MIN_COSINE, assert_matches_oracle, assert_same
 from kvembed.export import ALLOWED_OPS, non_portable_ops, op_types, read_manifest
 from kvembed.runtime import Embedder
-from kvembed.runtime.artifact import REQUIRED_KEYS, sha256_file
+from kvembed.artifact import REQUIRED_KEYS, sha256_file
 from kvembed.export.checks import MATRICES_PER_LAYER, decoder_layers_in_graph, weight_matmuls
 from kvembed.export.core import OutputExistsError, ParityError, export
 from kvembed.export.verification import verify

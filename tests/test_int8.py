@@ -20,7 +20,8 @@ from conftest import TEXTS
 from kvembed.export.precision import INT8_AUTO, INT8_RECIPES, to_int8
 from kvembed.export.smoothing import activation_ranges, calibration_feeds, massive_input_nodes, smooth, smoothable_groups
 from kvembed.methods import demo_model_path
-from kvembed.runtime.artifact import encoder_from_manifest, read_manifest
+from kvembed.artifact import read_manifest
+from kvembed.runtime.artifact import encoder_from_manifest
 
 
 def _session(path: Path) -> ort.InferenceSession:

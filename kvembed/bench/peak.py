@@ -26,6 +26,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..artifact import MODEL, Manifest
+
 MATMUL_OPS = ("MatMul", "MatMulInteger", "Gemm")
 
 
@@ -175,7 +177,7 @@ class ModelShape:
 
 
 def model_shape(
-    manifest: Mapping[str, Any], artifact: str | os.PathLike[str], config: Mapping[str, Any] | None = None
+    manifest: Manifest | Mapping[str, Any], artifact: str | os.PathLike[str], config: Mapping[str, Any] | None = None
 ) -> ModelShape:
     """The shape of the model an artifact runs.
 
@@ -184,23 +186,24 @@ def model_shape(
     from ``config`` (the torch model's, when the benchmark just exported it), else the source
     model's ``config.json``, else estimated as ``hidden_size`` (said so in ``sources``).
     """
-    source = manifest.get("source", {})
+    manifest = Manifest.of(manifest)
+    source = manifest.source
     sources: dict[str, str] = {"matmul_params": "onnx initializers"}
-    params = matmul_params(Path(artifact) / "model.onnx")
-    layers = manifest.get("graph", {}).get("decoder_layers")
+    params = matmul_params(Path(artifact) / MODEL)
+    layers = manifest.graph.decoder_layers
     sources["layers_run"] = "manifest graph.decoder_layers"
     if layers is None:
-        layers = manifest["method"]["layers_needed"]
+        layers = manifest.method.layers_needed
         sources["layers_run"] = "manifest method.layers_needed"
     if config is None:
-        location = source.get("location")
+        location = source.location
         path = Path(location) / "config.json" if location else None
         if path is not None and path.is_file():
             config = json.loads(path.read_text(encoding="utf-8"))
             sources["attention_width"] = f"{path}"
     elif config is not None:
         sources["attention_width"] = "torch model config"
-    hidden = int(source.get("hidden_size") or (config or {}).get("hidden_size") or 0)
+    hidden = int(source.hidden_size or (config or {}).get("hidden_size") or 0)
     if config and config.get("num_attention_heads"):
         heads = int(config["num_attention_heads"])
         head_dim = int(config.get("head_dim") or int(config.get("hidden_size", hidden)) // heads)

@@ -14,6 +14,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from ..artifact.staging import write_text_atomic
+
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 LATENCY_PLOT = "latency_vs_batch.png"
@@ -67,11 +69,7 @@ def machine_info(threads: int) -> dict[str, Any]:
 
 
 def write_json(results: Mapping[str, Any], out: Path) -> Path:
-    path = Path(out) / RESULTS_JSON
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(Path(out) / RESULTS_JSON, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
 
 
 # -- Markdown -----------------------------------------------------------------------------------

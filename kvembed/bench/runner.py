@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..runtime.artifact import MODEL, check_files, encoder_from_manifest, read_manifest
+from ..artifact import MODEL, check_files, load_manifest
+from ..runtime.artifact import encoder_from_manifest
 from .measure import BACKENDS, Timing, cosine_rows, default_backends
 from .peak import gemm_peak, model_shape
 from .report import SCHEMA, machine_info, usable_cores, write_json, write_markdown, write_plots
@@ -118,9 +119,7 @@ class BenchConfig:
                 raise ValueError("an artifact fixes its model, method and options; drop --model/--method/method options")
             if Path(self.out).expanduser().resolve() == Path(self.artifact).expanduser().resolve():
                 raise ValueError("--out must not be the --artifact directory")
-            from ..runtime.artifact import read_manifest
-
-            read_manifest(self.artifact)  # not an artifact: one line before any progress bar
+            load_manifest(self.artifact)  # not an artifact: one line before any progress bar
         else:  # model, method and options checked against config.json before any weights load
             from ..modeling.sources import preflight
 
@@ -213,7 +212,7 @@ def _smallest(artifacts: Mapping[str, Path]) -> Path:
 def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dict[str, Any]:
     """Run the benchmark ``config`` describes, write its reports into ``config.out``, return the
     results (the content of ``results.json``)."""
-    from ..export.core import check_output  # torch-free
+    from ..artifact.staging import check_output
 
     progress = progress or BenchProgress()
     started = time.perf_counter()
@@ -226,11 +225,11 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dic
     torch_facts: dict[str, Any] | None = None
     if config.artifact is not None:
         artifact = Path(config.artifact).expanduser()
-        manifest = read_manifest(artifact)
-        given = str(manifest["precision"])
+        manifest = load_manifest(artifact)
+        given = manifest.precision
         if config.precisions is not None and tuple(config.precisions) != (given,):
             raise ValueError(f"the artifact is {given}; drop --precision (an artifact has one precision)")
-        check_lengths(config.seq_lens, int(manifest["max_length"]), "the artifact")
+        check_lengths(config.seq_lens, manifest.max_length, "the artifact")
         progress.stage(f"checking {artifact}")
         problems = check_files(artifact, manifest)
         if problems:
@@ -241,14 +240,14 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dic
         precisions = tuple(dict.fromkeys(config.precisions or DEFAULT_PRECISIONS))
         # no mkdir first: a bad model or option leaves no empty --out behind
         artifacts, torch_facts = export_artifacts(config, out / "artifacts", precisions, progress)
-    manifests = {precision: read_manifest(path) for precision, path in artifacts.items()}
+    manifests = {precision: load_manifest(path) for precision, path in artifacts.items()}
     main_precision = next(iter(artifacts))
     manifest = manifests[main_precision]
 
     # 2. the inputs, from the artifact's own tokenizer (torch-free)
     progress.stage("building inputs of exact token lengths")
     encoder = encoder_from_manifest(artifacts[main_precision], manifest)
-    padding_side = str(manifest.get("padding_side", "right"))
+    padding_side = manifest.padding_side
     batches, rows_by_len = build_batches(encoder, config, padding_side)
     for seq_len, rows in rows_by_len.items():
         if not rows.exact:
@@ -274,14 +273,14 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dic
     specs = []
     if "runtime" in config.backends:
         for precision, path in artifacts.items():
-            specs.append(WorkerSpec("runtime", str(path), manifests[precision], threads, cells_in,
+            specs.append(WorkerSpec("runtime", str(path), manifests[precision].to_dict(), threads, cells_in,
                                     label=f"runtime {precision}", **timing))
     if "openvino" in config.backends:  # on the fp32 artifact where there is one: bf16 is its fast path
         precision = "fp32" if "fp32" in artifacts else main_precision
-        specs.append(WorkerSpec("openvino", str(artifacts[precision]), manifests[precision], threads, cells_in,
+        specs.append(WorkerSpec("openvino", str(artifacts[precision]), manifests[precision].to_dict(), threads, cells_in,
                                 label=f"openvino {precision}", **timing))
     if "torch" in config.backends:
-        specs.append(WorkerSpec("torch", str(artifacts[main_precision]), manifest, threads, cells_in,
+        specs.append(WorkerSpec("torch", str(artifacts[main_precision]), manifest.to_dict(), threads, cells_in,
                                 label="torch fp32", **timing))
     progress.start_cells(len(specs) * len(cells_in))
     processes = []
@@ -304,7 +303,7 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dic
         for precision, path in artifacts.items():
             progress.stage(f"profiling runtime {precision} at {cell_key(*largest)}")
             profiles[precision] = {"cell": cell_key(*largest),
-                                   **op_breakdown(Path(path) / "model.onnx", batches[largest].inputs, threads)}
+                                   **op_breakdown(Path(path) / MODEL, batches[largest].inputs, threads)}
 
     # 5. cells, comparisons, reports
     cells = assemble_cells(processes, batches, shape, peak, config.warmup)
@@ -319,9 +318,9 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dic
         "schema": SCHEMA,
         "machine": machine_info(threads),
         "setup": {
-            "model": config.model or manifest["source"].get("model") or DEFAULT_MODEL,
-            "method": manifest["method"]["name"],
-            "method_options": manifest["method"]["options"],
+            "model": config.model or manifest.source.model or DEFAULT_MODEL,
+            "method": manifest.method.name,
+            "method_options": dict(manifest.method.options),
             "kind": config.kind,
             "precisions": list(artifacts),
             "batch_sizes": list(config.batch_sizes),
@@ -339,9 +338,9 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dic
         "artifacts": {precision: str(path) for precision, path in artifacts.items()},
         "model": {
             **shape.to_dict(),
-            "dim": int(manifest["dim"]),
-            "max_length": int(manifest["max_length"]),
-            "source": manifest["source"],
+            "dim": manifest.dim,
+            "max_length": manifest.max_length,
+            "source": dict(manifest.source.raw),
         },
         "peak": peak,
         "processes": [{k: v for k, v in p.items() if k != "cells"} for p in processes],

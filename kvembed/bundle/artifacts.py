@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..runtime.artifact import MANIFEST, read_manifest, sha256_file
+from ..artifact import MANIFEST, load_manifest, sha256_file
 
 #: model names end up in file paths, shell scripts and a systemd unit: keep them plain
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -28,7 +28,7 @@ def parse_artifact_argument(value: str) -> tuple[str, Path]:
         raise ValueError(f"model name {name!r} (from {value!r}) must be letters, digits, '.', '_' or '-': use NAME=DIR")
     if (directory / "engine.json").is_file():
         raise ValueError(f"{value!r} is a TensorRT engine directory (GPU-bound): bundle the ONNX artifact it was built from")
-    read_manifest(directory)  # one line if it is not an artifact
+    load_manifest(directory)  # one line if it is not an artifact
     return name, directory
 
 
@@ -47,11 +47,11 @@ def link_or_copy(source: Path, dest: Path) -> str:
 def add_artifact(source: Path, dest: Path) -> dict[str, Any]:
     """Put one artifact at ``dest``; returns its bundle.json record (method, precision, files with
     sha256). A file that does not match its manifest hash is refused (one line, naming it)."""
-    manifest = read_manifest(source)
+    manifest = load_manifest(source)
     dest.mkdir(parents=True)
     how = set()
     files: dict[str, dict[str, Any]] = {}
-    for name, record in manifest["files"].items():
+    for name, record in manifest.files.items():
         if Path(name).name != name:
             raise ValueError(f"{source / MANIFEST} lists {name!r}: not a plain file name")
         origin = source / name
@@ -59,14 +59,14 @@ def add_artifact(source: Path, dest: Path) -> dict[str, Any]:
             raise FileNotFoundError(f"artifact {str(source)!r} lacks {name}, which its manifest lists")
         how.add(link_or_copy(origin, dest / name))
         digest = sha256_file(dest / name)
-        if digest != record["sha256"] or (dest / name).stat().st_size != record["bytes"]:
+        if digest != record.sha256 or (dest / name).stat().st_size != record.size:
             raise ValueError(f"{origin} does not match the sha256 in its manifest: the artifact was changed after "
                              "export; re-export it (or restore the file)")
-        files[name] = {"sha256": digest, "bytes": record["bytes"]}
+        files[name] = record.to_dict()
     shutil.copy2(source / MANIFEST, dest / MANIFEST)
     files[MANIFEST] = {"sha256": sha256_file(dest / MANIFEST), "bytes": (dest / MANIFEST).stat().st_size}
     return {
-        "path": f"artifacts/{dest.name}", "method": manifest["method"]["name"], "precision": manifest["precision"],
-        "dim": manifest["dim"], "max_length": manifest["max_length"], "kvembed_version": manifest["kvembed_version"],
+        "path": f"artifacts/{dest.name}", "method": manifest.method.name, "precision": manifest.precision,
+        "dim": manifest.dim, "max_length": manifest.max_length, "kvembed_version": manifest.kvembed_version,
         "copy": "+".join(sorted(how)) or "none", "files": files,
     }

@@ -1,5 +1,5 @@
 """One bundle, written whole or not at all: everything goes into a staging directory beside
-``--out`` (:func:`kvembed.staging.staged`) that is renamed into place only once the wheelhouse
+``--out`` (:func:`kvembed.artifact.staging.staged`) that is renamed into place only once the wheelhouse
 resolved, every artifact re-hashed and every file was written; the ``.tar.gz`` likewise appears
 under its name only after the directory did."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .. import __version__
-from ..runtime.artifact import sha256_file
+from ..artifact import sha256_file
 from .artifacts import add_artifact, parse_artifact_argument
 from .render import template_values, write_templates
 from .target import Target
@@ -61,7 +61,7 @@ def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: Sequ
     say = progress or (lambda message: None)
     import packaging.requirements  # noqa: F401  (without the bundle extra: fail now, naming it, not after the download)
 
-    from ..staging import staged
+    from ..artifact.staging import staged
 
     if not artifacts:
         raise ValueError("give at least one artifact directory (kvembed bundle ARTIFACT... --out DIR)")

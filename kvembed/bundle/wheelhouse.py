@@ -25,7 +25,7 @@ from typing import Iterable
 
 from .. import __version__
 from ..errors import KvembedError
-from ..runtime.artifact import sha256_file
+from ..artifact import sha256_file
 from .target import Target
 
 #: packages that must never reach a bundle: torch and what only torch brings

@@ -100,7 +100,7 @@ def _is_demo_model(config: Any) -> bool:
 
     if not config.artifact:
         return str(config.source) == DEMO_MODEL
-    from ..runtime.artifact import read_manifest
+    from ..artifact import read_manifest
 
     return read_manifest(config.source).get("source", {}).get("model") == DEMO_MODEL
 

@@ -14,6 +14,7 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"the kvembed command line needs typer and rich: pip install 'kvembed[cli]' ({err})")
 
+from ..artifact.layout import ARTIFACT_FILES, is_artifact
 from ..errors import InvalidInput
 from . import options as opt
 from .support import DEBUG_HELP, guard_app, run_app
@@ -25,13 +26,6 @@ errors = Console(stderr=True)
 @app.callback()
 def _group() -> None:
     """kvembed: training-free LLM text embeddings."""
-
-
-ARTIFACT_FILES = "kvembed.json, model.onnx and tokenizer.json, written by kvembed-export"
-
-
-def is_artifact(path: str | os.PathLike[str] | None) -> bool:
-    return path is not None and (Path(path) / "kvembed.json").is_file()
 
 
 def check_artifact_argument(first: str | None) -> str:
@@ -52,15 +46,6 @@ def check_artifact_argument(first: str | None) -> str:
     raise InvalidInput(f"{first!r} is not an artifact directory: kvembed embed ARTIFACT TEXT... embeds with an "
                        f"exported artifact; to embed texts with a PyTorch model, name it with --model "
                        f"(e.g. kvembed embed --model stories260k {first!r})")
-
-
-def check_artifact_options(directory: str, method: str | None, options: opt.MethodOptions, max_length: int | None) -> None:
-    """Refuse method options that would contradict what the artifact computes (it fixes them all)."""
-    from ..methods.fixed import check_artifact_options as check
-    from ..runtime.artifact import read_manifest
-
-    manifest = read_manifest(directory)
-    check(directory, manifest["method"], manifest["max_length"], method, options, max_length)
 
 
 @app.command()
@@ -106,6 +91,8 @@ def embed(
     if output is not None:
         check_output_path(output)
     if artifact:
+        from ..artifact import check_artifact_options
+
         check_artifact_options(source, method, options, max_length)
         from ..runtime import Embedder
 

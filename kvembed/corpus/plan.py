@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..runtime.artifact import MANIFEST as ARTIFACT_MANIFEST
-from ..runtime.artifact import sha256_file
+from ..artifact import MANIFEST as ARTIFACT_MANIFEST
+from ..artifact import sha256_file
 from .inputs import Columns, InputFile, find_files, resolve_columns, row_names, scan_file
 from .options import CorpusError, CorpusOptions
 

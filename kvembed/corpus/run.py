@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import MissingDependency
-from ..runtime.artifact import read_manifest
+from ..artifact import read_manifest
 from .inputs import check_first_records
 from .manifest import build_manifest, write_manifest
 from .options import CorpusError, CorpusOptions

@@ -15,11 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..artifact import check_artifact_options, is_artifact
 from .runner import LABEL, Configuration
-
-
-def _is_artifact(path: str) -> bool:
-    return (Path(path).expanduser() / "kvembed.json").is_file()
 
 
 def split_label(value: str) -> tuple[str | None, str]:
@@ -58,19 +55,15 @@ def plan(
         raise ValueError("give either --config (one per configuration) or --method with option flags, not both")
     requests = [parse_config(text) for text in configs]
     plans: list[Configuration] = []
-    models = [value for value in sources if not _is_artifact(split_label(value)[1])]
+    models = [value for value in sources if not is_artifact(split_label(value)[1])]
     for value in sources:
         label, source = split_label(value)
-        if _is_artifact(source):
+        if is_artifact(source):
             if configs and not models:
                 raise ValueError(f"{source!r} is an artifact: it fixes its method and options, so --config applies "
                                  f"to models only; export one artifact per configuration, or evaluate a model")
             if not configs:
-                from ..methods.fixed import check_artifact_options
-                from ..runtime.artifact import read_manifest
-
-                manifest = read_manifest(source)
-                check_artifact_options(source, manifest["method"], manifest["max_length"], method, options, max_length)
+                check_artifact_options(source, method, dict(options), max_length)
             plans.append(Configuration(label or Path(source).expanduser().resolve().name, source, True))
             continue
         if not requests:

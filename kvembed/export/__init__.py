@@ -5,11 +5,11 @@
 checks it against the reference (the parity gate) and writes ``out/`` with ``model.onnx``,
 ``tokenizer.json`` and the ``kvembed.json`` manifest. ``verify(out)`` re-runs the gate later.
 
-Reading artifacts back is the torch-free runtime's job (:class:`kvembed.runtime.Embedder`, which
-owns the manifest schema); exporting needs the ``export`` extra.
+Reading artifacts back is the torch-free runtime's job (:class:`kvembed.runtime.Embedder`); the
+manifest schema is :mod:`kvembed.artifact`'s. Exporting needs the ``export`` extra.
 """
 
-from ..runtime.artifact import MANIFEST, SCHEMA_VERSION, check_files, read_manifest
+from ..artifact import MANIFEST, SCHEMA_VERSION, check_files, read_manifest
 from .graph import ExportError
 from .ops import ALLOWED_OPS, TENSORRT_OPS, non_portable_ops, op_types
 from .parity import PARITY_TEXTS, TOLERANCES, ParityReport

@@ -71,7 +71,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..runtime.artifact import MODEL, encoder_from_manifest, read_manifest
+from ..artifact import MODEL, read_manifest
+from ..runtime.artifact import encoder_from_manifest
 from .parity import PADDING_SIDES, PARITY_TEXTS, cosine_rows
 
 try:  # the export extra brings polygraphy; the module still imports without it

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..runtime.artifact import ENCODER_TOKENIZER, MODEL, TOKENIZER, encoder_from_manifest, file_records
-from ..runtime.artifact import write_manifest
-from ..staging import OutputExistsError, check_output, staged  # noqa: F401  (the exporter's, re-exported)
+from ..artifact import ENCODER_TOKENIZER, MODEL, TOKENIZER, file_records, write_manifest
+from ..artifact.staging import OutputExistsError, check_output, staged  # noqa: F401  (the exporter's, re-exported)
 from ..methods.sharing import output_names
+from ..runtime.artifact import encoder_from_manifest
 from .checks import check_graph
 from .external_data import settle_layout
 from .graph import ExportError, resolve_attention

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import CheckFailed
-from ..runtime.artifact import sha256_file
+from ..artifact import MANIFEST, MODEL, TOKENIZER, Manifest, load_manifest, sha256_file
+from ..artifact.staging import check_output, staged
 from ..runtime.engine import ENGINE_JSON, ENGINE_SCHEMA_VERSION, PLAN, gpu_identity, require_tensorrt  # the loader's half
 from ..sizes import parse_size
 from .ops import version_key
@@ -121,20 +122,20 @@ def choose_precision(precision: str, tensorrt_version: str, artifact_precision: 
     return PrecisionPlan(precision, False, precision == "fp16", precision == "bf16")
 
 
-def check_tensorrt_supports(manifest: Mapping[str, Any], tensorrt_version: str) -> None:
+def check_tensorrt_supports(manifest: Manifest | Mapping[str, Any], tensorrt_version: str) -> None:
     """Refuse a graph whose ops this TensorRT's parser lacks (the manifest's minimum: Attention needs
     10.14, Causal2Vec's Gelu 10.15)."""
-    attention = (manifest.get("graph") or {}).get("attention") or {}
-    needed = (attention.get("min_versions") or {}).get("tensorrt")
+    graph = Manifest.of(manifest).graph
+    needed = graph.min_versions.get("tensorrt")
     if needed and version_key(tensorrt_version) < version_key(needed):
-        form = attention.get("form", "fused")
+        form = graph.attention_form or "fused"
         fix = "re-export with kvembed-export --attention decomposed" if form == "fused" else "upgrade TensorRT"
         raise ValueError(f"this artifact's graph ({form} attention) needs TensorRT >= {needed} "
                          f"(installed: {tensorrt_version}); {fix}")
 
 
 def engine_record(
-    manifest: Mapping[str, Any],
+    manifest: Manifest | Mapping[str, Any],
     model_sha256: str,
     ranges: Sequence[ShapeRange],
     plan: PrecisionPlan,
@@ -148,6 +149,7 @@ def engine_record(
 ) -> dict[str, Any]:
     """engine.json: what the plan was built from (sha256 of model.onnx) and for (TensorRT, GPU);
     ``plan_sha256`` lets the loader tell a damaged plan from a good one."""
+    manifest = Manifest.of(manifest)
     return {
         "schema_version": ENGINE_SCHEMA_VERSION,
         "tensorrt_version": str(tensorrt_version),
@@ -155,12 +157,11 @@ def engine_record(
         "profiles": [r.to_dict() for r in ranges],
         "precision": plan.precision,
         "strongly_typed": plan.strongly_typed,
-        "source": {"model_sha256": model_sha256, "artifact_precision": manifest.get("precision"),
-                   "attention": ((manifest.get("graph") or {}).get("attention") or {}).get("form"),
-                   "opset": manifest.get("opset"), "max_length": manifest.get("max_length")},
+        "source": {"model_sha256": model_sha256, "artifact_precision": manifest.precision,
+                   "attention": manifest.graph.attention_form, "opset": manifest.opset, "max_length": manifest.max_length},
         "build": {"created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "seconds": round(float(build_seconds), 1), **dict(options)},
-        "inputs": [i["name"] for i in manifest.get("inputs", [])],
+        "inputs": manifest.input_names,
         **({"plan_sha256": plan_sha256} if plan_sha256 else {}),
     }
 
@@ -184,15 +185,12 @@ def build_engine(
     renamed into place only when done; with ``parity`` (the default) only if the plan also passes
     :func:`engine_parity` (EngineParityError otherwise, nothing left at ``out``).
     """
-    from ..runtime.artifact import MODEL, TOKENIZER, read_manifest
-    from ..staging import check_output, staged
-
     artifact = Path(artifact).expanduser()
-    manifest = read_manifest(artifact)
-    if manifest.get("context_encoder"):
+    manifest = load_manifest(artifact)
+    if manifest.context_encoder is not None:
         raise ValueError("Causal2Vec artifacts have a second token sequence (the encoder's), which the engine's "
                          "shape profiles do not cover yet; run them with onnxruntime (--provider cpu|cuda|tensorrt)")
-    max_length = int(manifest["max_length"])
+    max_length = manifest.max_length
     ranges = [parse_shapes(s, max_length) for s in shapes] or [default_shapes(max_length)]
     workspace_bytes = parse_size(workspace)
     if not 0 <= int(opt_level) <= 5:
@@ -202,13 +200,13 @@ def build_engine(
     out = check_output(out, force)
     if out.resolve() == artifact.resolve():
         raise ValueError(f"--out {str(out)!r} is the artifact itself: pick another directory "
-                         "(the engine directory gets copies of its tokenizer.json and kvembed.json)")
+                         f"(the engine directory gets copies of its {TOKENIZER} and {MANIFEST})")
     trt, poly = require_tensorrt()
-    plan = choose_precision(precision, trt.__version__, manifest["precision"])
+    plan = choose_precision(precision, trt.__version__, manifest.precision)
     check_tensorrt_supports(manifest, trt.__version__)
     gpu_name, capability = gpu_identity()
 
-    names = [i["name"] for i in manifest["inputs"]]
+    names = manifest.input_names
     profiles = []
     for r in ranges:
         profile = poly.Profile()
@@ -228,7 +226,7 @@ def build_engine(
                                         save_timing_cache=str(timing_cache) if timing_cache else None)
         poly.SaveEngine(engine, path=str(staging / PLAN))()
         seconds = time.monotonic() - start
-        for name in (TOKENIZER, "kvembed.json"):
+        for name in (TOKENIZER, MANIFEST):
             shutil.copyfile(artifact / name, staging / name)
         record = engine_record(
             manifest, sha256_file(artifact / MODEL), ranges, plan, tensorrt_version=trt.__version__,

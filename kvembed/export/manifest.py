@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from .. import __version__
 from ..methods.sharing import output_names
-from ..runtime.artifact import ENCODER_TOKENIZER, SCHEMA_VERSION
+from ..artifact import ENCODER_TOKENIZER, SCHEMA_VERSION
 from .graph import input_axes, input_names
 
 

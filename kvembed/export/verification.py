@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..methods.sharing import AlsoRequest, output_names
-from ..runtime.artifact import MODEL, check_files, encoder_from_manifest, read_manifest
+from ..artifact import MODEL, check_files, read_manifest
+from ..runtime.artifact import encoder_from_manifest
 from .core import load_embedder
 from .manifest import source_record
 from .parity import ParityReport, parity_reports, parity_session, reference_runs

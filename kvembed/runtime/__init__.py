@@ -4,7 +4,7 @@ Importing this package never imports torch or transformers (a test proves it); a
 ``pip install kvembed`` brings only numpy, onnxruntime and tokenizers.
 """
 
-from .artifact import SCHEMA_VERSION, read_manifest
+from ..artifact import SCHEMA_VERSION, read_manifest
 from .embedder import Embedder
 from .encoding import TextEncoder, check_texts, format_prompt, preprocess_text
 

@@ -12,7 +12,8 @@ import numpy as np
 
 from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
-from .artifact import MODEL, check_files, encoder_from_manifest, read_manifest
+from ..artifact import MODEL, check_files, read_manifest
+from .artifact import encoder_from_manifest
 from .batching import CPU_CALL_COST, plan_batches
 from .engine import EngineSession, check_engine_files, is_engine_dir
 from .encoding import EncodedText, TextEncoder, check_texts

@@ -19,7 +19,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ..errors import MissingDependency
-from .artifact import MODEL, check_files, sha256_file
+from ..artifact import MODEL, check_files, sha256_file
 
 PLAN, ENGINE_JSON = "engine.plan", "engine.json"
 ENGINE_SCHEMA_VERSION = 1

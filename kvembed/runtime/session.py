@@ -127,7 +127,7 @@ def session_memory(directory: str | os.PathLike[str], provider: str = "cpu") -> 
     schedulers that must not put more sessions on a machine than fit (Ray's ``memory``): its graph
     files' bytes times what the provider makes of them, plus :data:`SESSION_OVERHEAD`. GPU
     providers are counted as the CPU (what the host holds while the weights are loaded)."""
-    from .artifact import read_manifest
+    from ..artifact import read_manifest
 
     path = Path(directory)
     precision = str(read_manifest(path).get("precision", "fp32"))

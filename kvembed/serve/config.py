@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runtime.artifact import MANIFEST
+from ..artifact import MANIFEST
 from ..sizes import parse_size  # noqa: F401  (re-exported: kvembed.serve.parse_size)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..runtime.artifact import check_files, encoder_from_manifest, read_manifest
+from ..artifact import check_files, read_manifest
+from ..runtime.artifact import encoder_from_manifest
 from ..runtime.engine import check_engine_files, is_engine_dir, read_engine_json
 from .config import ServeConfig
 from .model import input_cap

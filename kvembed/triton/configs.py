@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..artifact import MODEL, Manifest
 from ..runtime.engine import engine_limits
 from ..runtime.session import PROVIDERS as PYTHON_PROVIDERS
 
@@ -106,14 +107,17 @@ class ArtifactFacts:
     engine: Mapping[str, Any] | None = None
 
     @classmethod
-    def from_manifest(cls, name: str, manifest: Mapping[str, Any], engine: Mapping[str, Any] | None = None) -> "ArtifactFacts":
-        inputs = tuple(item["name"] for item in manifest["inputs"])
+    def from_manifest(
+        cls, name: str, manifest: Manifest | Mapping[str, Any], engine: Mapping[str, Any] | None = None
+    ) -> "ArtifactFacts":
+        manifest = Manifest.of(manifest)
+        inputs = tuple(manifest.input_names)
         unknown = [item for item in inputs if item not in TOKEN_INPUTS]
         if unknown:
             raise ValueError(f"artifact inputs {unknown} are not token inputs ({', '.join(TOKEN_INPUTS)}); re-export it")
         outputs: dict[str, tuple[str, int]] = {}
-        for item in manifest["outputs"]:
-            graph_name = str(item["name"])
+        for item in manifest.outputs:
+            graph_name = item.name
             head, _, label = graph_name.partition(".")
             if head != MAIN_OUTPUT:
                 continue
@@ -121,8 +125,8 @@ class ArtifactFacts:
                 raise ValueError(
                     f"the --also label {label!r} would collide with the ensemble's main output; re-export with another label"
                 )
-            outputs[graph_name] = (label or MAIN_OUTPUT, int(item["shape"][-1]))
-        max_length, min_sequence = int(manifest["max_length"]), 1
+            outputs[graph_name] = (label or MAIN_OUTPUT, item.width)
+        max_length, min_sequence = manifest.max_length, 1
         if engine is not None:
             limits = engine_limits(engine)
             max_length, min_sequence = min(max_length, limits.max_sequence), limits.min_sequence
@@ -201,7 +205,7 @@ def model_config(facts: ArtifactFacts, options: ServingOptions, sequence: int = 
                              "batch_size": "32", "max_tokens": str(options.max_tokens or ""), "max_padding": ""})
     elif options.backend == "onnxruntime":
         config.platform = "onnxruntime_onnx"
-        config.default_model_filename = "model.onnx"
+        config.default_model_filename = MODEL
         if options.threads:
             _parameters(config, {"intra_op_thread_count": str(options.threads)})
         if options.tensorrt_accelerator:

@@ -5,8 +5,8 @@ Per artifact ``<name>``: ``<name>_tokenize`` (python backend, the runtime's ``Te
 a TensorRT plan: an engine directory's from ``kvembed build-engine``, or built on the target GPU
 with the generated script) and the ensemble ``<name>`` (TEXT [+ KIND] -> embedding).
 The directory is self-contained (artifact files and the runtime code are placed in it: see
-:func:`place_file` for the weights) and is written to ``<out>.partial`` first, so a failure never
-leaves a half-written repository.
+:func:`place_file` for the weights) and is written by the staged writer
+(:func:`kvembed.artifact.staging.staged`), so a failure never leaves a half-written repository.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from typing import Callable, Sequence
 import numpy as np
 from tritonclient.utils import serialize_byte_tensor
 
-from ..runtime.artifact import MANIFEST, TOKENIZER, check_files, encoder_from_manifest, read_manifest
+from ..artifact import MANIFEST, MODEL, TOKENIZER, check_files, load_manifest
+from ..artifact.staging import check_output, staged
+from ..runtime.artifact import encoder_from_manifest
 from ..runtime.engine import PLAN, check_engine_files, is_engine_dir, read_engine_json
 from .configs import ArtifactFacts, ServingOptions, ensemble_config, model_config, plan_build_command, tokenize_config, write_config
 from .readme import repository_readme
@@ -69,17 +71,17 @@ def plan_entries(artifacts: Sequence[str | os.PathLike[str]], names: Sequence[st
         raise ValueError(f"model names collide ({', '.join(duplicates)}); pass distinct --name values")
     entries = []
     for path, name in zip(paths, chosen):
-        manifest = read_manifest(path)
+        manifest = load_manifest(path)
         engine = read_engine_json(path) if is_engine_dir(path) else None
         if engine is not None:
-            problems = check_engine_files(path, manifest, engine)
+            problems = check_engine_files(path, manifest.raw, engine)
             if problems:
                 raise ValueError(f"engine directory {str(path)!r} is damaged: {'; '.join(problems)}; rebuild it with kvembed build-engine")
         else:
             problems = check_files(path, manifest)
             if problems:
                 raise ValueError(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
-        if manifest.get("context_encoder"):
+        if manifest.context_encoder is not None:
             raise ValueError(
                 f"artifact {str(path)!r} is a Causal2Vec artifact (two token sequences per text); kvembed triton does "
                 "not write repositories for it yet: serve it with `kvembed serve` or embed with the runtime"
@@ -128,25 +130,12 @@ def write_repository(
     if engines and options.backend != "tensorrt":
         raise ValueError(f"{', '.join(engines)}: a TensorRT engine directory is served with --backend tensorrt (its plan "
                          f"is the model); for --backend {options.backend} give the artifact it was built from")
-    target = Path(out)
-    if target.exists() and not target.is_dir():  # even with --force: never replace a file
-        raise NotADirectoryError(f"{str(target)!r} is a file; the repository is a directory: give --out a directory path")
-    if target.exists() and any(target.iterdir()) and not force:
-        raise FileExistsError(f"{str(target)!r} exists and is not empty; pass --force to replace it")
-    staging = target.with_name(target.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    target = check_output(out, force)  # a file is refused even with --force (NotADirectoryError)
     copied: list[Path] = []
-    try:
+    with staged(target) as staging:
         for entry in entries:
             _write_entry(staging, entry, options, copied)
         (staging / "README.md").write_text(repository_readme([e.facts for e in entries], options), encoding="utf-8")
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)
     if copied and say is not None:
         size = sum(path.stat().st_size for path in copied) / 1e9
         say(f"copied {len(copied)} weight file(s) ({size:.1f} GB) into the repository: it is on another filesystem "
@@ -157,7 +146,7 @@ def write_repository(
 def _write_entry(root: Path, entry: Entry, options: ServingOptions, copied: list[Path]) -> None:
     facts = entry.facts
     options = facts.serving_options(options)
-    manifest = read_manifest(entry.artifact)
+    manifest = load_manifest(entry.artifact)
     encoder = encoder_from_manifest(entry.artifact, manifest)
     encoder.max_length, encoder.min_width = facts.max_length, facts.min_sequence
     warm_batch = encoder.pad(encoder.encode([WARMUP_TEXT], "document"))
@@ -171,9 +160,9 @@ def _write_entry(root: Path, entry: Entry, options: ServingOptions, copied: list
 
     model = root / facts.model
     write_config(model, model_config(facts, options, sequence=int(warm_batch["input_ids"].shape[1])))
-    graph_files = [name for name in manifest["files"] if name.startswith("model.onnx")]
+    graph_files = [name for name in manifest.files if name.startswith(MODEL)]
     if options.backend == "python":
-        _python_model(model / VERSION, "onnx_model.py", entry.artifact, [*manifest["files"], MANIFEST], copied)
+        _python_model(model / VERSION, "onnx_model.py", entry.artifact, [*manifest.files, MANIFEST], copied)
     elif options.backend == "onnxruntime":
         _copy(entry.artifact, model / VERSION, graph_files, copied)
     elif facts.engine is not None:  # kvembed build-engine's plan, built on the serving GPU

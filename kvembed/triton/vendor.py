@@ -5,9 +5,9 @@ code it runs, so Triton's python environment needs only the runtime's third-part
 (numpy, onnxruntime, tokenizers), never a matching ``pip install kvembed``. Which modules to copy
 is found by following the model file's import statements (module level, transitively, with every
 parent package), so a runtime module that gains an import is still copied complete. Every module
-of ``kvembed.runtime`` is copied whatever the model imports: the runtime imports some of its own
-modules lazily (the OpenVINO and TensorRT-engine sessions), which the import walk cannot see. The model
-files put their own directory first on ``sys.path``, so this copy wins over any installed kvembed.
+of the rooms in :data:`WHOLE_ROOMS` is copied whatever the model imports: the runtime loads its
+backends lazily (the OpenVINO and TensorRT-engine sessions), which the import walk cannot see. The
+model files put their own directory first on ``sys.path``, so this copy wins over any installed kvembed.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Iterator
 
 PACKAGE = Path(__file__).resolve().parents[1]  # .../kvembed
 TOP = PACKAGE.name
+#: rooms copied complete (those that exist): what the runtime may import lazily
+WHOLE_ROOMS = ("artifact", "backends", "runtime")
 
 
 def module_path(module: str) -> Path | None:
@@ -67,8 +69,11 @@ def imported_modules(path: Path, module: str) -> set[str]:
 
 def required_modules(entry: Path) -> set[str]:
     """Every kvembed module (and parent package) that importing the model file ``entry`` loads."""
-    runtime = sorted(f"{TOP}.runtime.{path.stem}" for path in (PACKAGE / "runtime").glob("*.py") if path.stem != "__init__")
-    pending = sorted(imported_modules(entry, "__main__")) + runtime
+    whole = sorted(
+        ".".join((TOP, *path.relative_to(PACKAGE).with_suffix("").parts))
+        for room in WHOLE_ROOMS for path in (PACKAGE / room).rglob("*.py") if path.stem != "__init__"
+    )
+    pending = sorted(imported_modules(entry, "__main__")) + whole
     seen: set[str] = set()
     while pending:
         name = pending.pop()

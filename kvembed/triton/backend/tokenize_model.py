@@ -19,7 +19,8 @@ import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 import kvembed  # noqa: E402
-from kvembed.runtime.artifact import encoder_from_manifest, read_manifest  # noqa: E402
+from kvembed.artifact import read_manifest  # noqa: E402
+from kvembed.runtime.artifact import encoder_from_manifest  # noqa: E402
 from kvembed.triton.rows import decode_strings, encode_rows, is_client_error, parse_kinds  # noqa: E402
 
 

@@ -1,5 +1,6 @@
 """Write a directory so that it appears whole or not at all: the one staged writer every
-command that writes a directory uses (artifacts, TensorRT engines, bundles).
+command that writes a directory uses (artifacts, TensorRT engines, bundles, Triton repositories),
+and :func:`write_text_atomic` for a single file.
 
 Dependency-free, so torch-free commands (``kvembed bundle``) can use it as the exporter does.
 """
@@ -18,11 +19,16 @@ class OutputExistsError(FileExistsError):
     """``out`` exists and is not an empty directory (and ``force`` was not given)."""
 
 
+class OutputIsAFileError(OutputExistsError, NotADirectoryError):
+    """``out`` is a file: refused even with ``force`` (a directory never replaces a file)."""
+
+
 def check_output(out: str | os.PathLike[str], force: bool = False) -> Path:
-    """Refuse an ``out`` that is a file, or a non-empty directory unless ``force``."""
+    """Refuse an ``out`` that is a file (even with ``force``), or a non-empty directory unless
+    ``force``; writes nothing."""
     path = Path(out).expanduser()
     if path.exists() and not path.is_dir():
-        raise OutputExistsError(f"output {str(path)!r} exists and is not a directory")
+        raise OutputIsAFileError(f"output {str(path)!r} is a file, not a directory; give a directory path")
     if path.is_dir() and any(path.iterdir()) and not force:
         raise OutputExistsError(f"output directory {str(path)!r} is not empty; use --force to replace it")
     return path
@@ -57,3 +63,15 @@ def _commit(staging: Path, out: Path) -> None:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a file beside it renamed into place, so a reader never
+    sees half a file."""
+    partial = path.with_name(f"{path.name}.partial-{uuid.uuid4().hex[:8]}")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path

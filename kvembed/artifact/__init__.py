@@ -1,0 +1,23 @@
+"""The artifact contract: what an exported artifact directory holds (:mod:`.layout`), its typed
+manifest (:mod:`.manifest`), its file hashes (:mod:`.files`) and the one staged writer that
+writes a directory whole or not at all (:mod:`.staging`).
+
+Torch-free and light (the standard library and :mod:`kvembed.methods`): the exporter writes
+through it, every loader reads through it.
+"""
+
+from .files import check_files, check_records, file_records, record_of, sha256_file
+from .layout import ARTIFACT_FILES, ENCODER_TOKENIZER, MANIFEST, MODEL, MODEL_DATA, TOKENIZER, is_artifact
+from .manifest import (
+    REQUIRED_KEYS, SCHEMA_VERSION, ContextEncoder, FileRecord, GraphFacts, Manifest, Source, TensorSpec, load_manifest,
+    read_manifest, write_manifest,
+)
+from .options import check_artifact_options
+from .staging import OutputExistsError, OutputIsAFileError, check_output, staged, write_text_atomic
+
+__all__ = [
+    "ARTIFACT_FILES", "ENCODER_TOKENIZER", "MANIFEST", "MODEL", "MODEL_DATA", "REQUIRED_KEYS", "SCHEMA_VERSION", "TOKENIZER",
+    "ContextEncoder", "FileRecord", "GraphFacts", "Manifest", "OutputExistsError", "OutputIsAFileError", "Source",
+    "TensorSpec", "check_artifact_options", "check_files", "check_output", "check_records", "file_records", "is_artifact", "load_manifest",
+    "read_manifest", "record_of", "sha256_file", "staged", "write_manifest", "write_text_atomic",
+]

@@ -1,0 +1,30 @@
+"""What an artifact directory holds, by name, and the one test of "is this an artifact?".
+
+Every command that takes an artifact (embed, serve, triton, bundle, corpus, eval, bench) decides it
+here, so a directory is an artifact for all of them or for none.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: the manifest: what the graph computes, how to tokenise for it, and every file's sha256
+MANIFEST = "kvembed.json"
+#: the ONNX graph (its weights in ``model.onnx.data`` beside it once they pass the 2 GB protobuf limit)
+MODEL = "model.onnx"
+#: the graph's external weights
+MODEL_DATA = MODEL + ".data"
+TOKENIZER = "tokenizer.json"
+#: Causal2Vec artifacts: the context encoder's tokenizer
+ENCODER_TOKENIZER = "encoder_tokenizer.json"
+#: for messages: what an artifact directory holds and what writes it
+ARTIFACT_FILES = f"{MANIFEST}, {MODEL} and {TOKENIZER}, written by kvembed-export"
+
+
+def is_artifact(path: str | os.PathLike[str] | None) -> bool:
+    """Whether ``path`` is an artifact directory (it holds the manifest); ``~`` is expanded.
+
+    Only the manifest's presence is tested, so this is cheap enough to decide how to read an
+    argument; :func:`kvembed.artifact.load_manifest` then checks what it says."""
+    return path is not None and (Path(path).expanduser() / MANIFEST).is_file()

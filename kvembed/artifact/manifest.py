@@ -1,0 +1,334 @@
+"""The manifest (``kvembed.json``) as a typed record: what every reader of an artifact relies on.
+
+The exporter writes the JSON; loaders (runtime, server, Triton, bundles, corpus jobs, benchmarks)
+read it back through :func:`load_manifest`, which names a missing or malformed field instead of
+failing later on a ``KeyError``. Fields added after the first schema get today's default when an
+older manifest lacks them (such artifacts computed exactly that default), and fields this kvembed
+does not know are kept (:attr:`Manifest.extra`), so a newer exporter's additions pass through.
+:attr:`Manifest.raw` is the JSON as read: what a writer copies, and what readers not yet on the
+typed fields use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..methods.spec import ResolvedMethod
+from .layout import ARTIFACT_FILES, MANIFEST
+from .staging import write_text_atomic
+
+SCHEMA_VERSION = 1
+
+#: manifest keys every artifact has, from the first schema on (tests and loaders rely on them)
+REQUIRED_KEYS = (
+    "schema_version",
+    "kvembed_version",
+    "source",
+    "method",
+    "dim",
+    "max_length",
+    "opset",
+    "precision",
+    "padding_side",
+    "placeholder_id",
+    "pad_id",
+    "fallback_id",
+    "inputs",
+    "outputs",
+    "graph",
+    "files",
+    "parity",
+)
+#: keys added since, with the value an artifact without them computed
+DEFAULTS: Mapping[str, Any] = {"created": None, "layer_selection": None, "context_encoder": None, "also": {}}
+PADDING_SIDES = ("left", "right")
+
+
+def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, optional: bool = False) -> Any:
+    """``data[key]`` if it is of ``kind`` (or null when ``optional``), else a ValueError naming it."""
+    value = data.get(key)
+    if value is None and optional:
+        return None
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise ValueError(f"{where}: {key} must be {'null or ' if optional else ''}{names}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One file as the manifest records it (``{"sha256": ..., "bytes": ...}`` in the JSON)."""
+
+    sha256: str
+    size: int
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "a file record") -> "FileRecord":
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where} must be {{\"sha256\": hex, \"bytes\": size}}, got {data!r}")
+        return cls(_field(data, "sha256", str, where), _field(data, "bytes", int, where))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "bytes": self.size}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A graph input or output. Outputs say whether they are L2-normalised and which method (or
+    ``--also`` label) computes them; manifests before ``--also`` did not name the method (None)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+    normalized: bool | None = None
+    method: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "TensorSpec":
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where} must be an object, got {data!r}")
+        return cls(
+            _field(data, "name", str, where), str(data.get("dtype", "")), tuple(_field(data, "shape", list, where)),
+            _field(data, "normalized", bool, where, optional=True), _field(data, "method", str, where, optional=True),
+        )
+
+    @property
+    def width(self) -> int:
+        """The last axis (an output's embedding width)."""
+        return int(self.shape[-1])
+
+
+@dataclass(frozen=True)
+class ContextEncoder:
+    """Causal2Vec's context encoder: its tokenizer file, token limit and pad id."""
+
+    tokenizer: str
+    max_length: int
+    pad_id: int
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "ContextEncoder":
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where} must be an object, got {data!r}")
+        return cls(_field(data, "tokenizer", str, where), _field(data, "max_length", int, where), _field(data, "pad_id", int, where))
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the exported model came from. Only ``model`` is in every manifest; the rest is
+    None where the exporter of the time did not record it (or for a model built in memory)."""
+
+    model: str = ""
+    location: str | None = None
+    preset_id: str | None = None
+    revision: str | None = None
+    model_type: str | None = None
+    config_sha256: str | None = None
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    #: the dtype the checkpoint's weights are stored in
+    dtype: str | None = None
+    gguf: Mapping[str, Any] | None = None
+    causal2vec: Mapping[str, Any] | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "Source":
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where} must be an object, got {data!r}")
+        known = {f.name for f in fields(cls)} - {"raw"}
+        return cls(**{key: data[key] for key in known if data.get(key) is not None}, raw=dict(data))
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    """What the exporter recorded about the graph. ``attention_form`` ("fused" or "decomposed") is
+    None in manifests from before the choice existed."""
+
+    attention_form: str | None = None
+    #: the oldest runtime versions that run the graph (e.g. ``{"tensorrt": "10.14"}``)
+    min_versions: Mapping[str, str] = field(default_factory=dict)
+    decoder_layers: int | None = None
+    external_data: bool = False
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "GraphFacts":
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where} must be an object, got {data!r}")
+        attention = data.get("attention") or {}
+        layers = data.get("decoder_layers")
+        return cls(
+            attention.get("form"), dict(attention.get("min_versions") or {}),
+            None if layers is None else int(layers), bool(data.get("external_data", False)), dict(data),
+        )
+
+
+def _method(data: Any, where: str) -> ResolvedMethod:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where} must be an object, got {data!r}")
+    try:
+        return ResolvedMethod.from_dict(data)
+    except KeyError as err:
+        raise ValueError(f"{where} lacks {err.args[0]}") from None
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where} is malformed: {err}") from None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """An artifact's ``kvembed.json``, checked and typed (see the module docstring)."""
+
+    schema_version: int
+    kvembed_version: str
+    source: Source
+    method: ResolvedMethod
+    dim: int
+    max_length: int
+    opset: int
+    precision: str
+    padding_side: str
+    #: the placeholder token's id (methods that re-route through one), else None
+    placeholder_id: int | None
+    pad_id: int
+    fallback_id: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    graph: GraphFacts
+    files: Mapping[str, FileRecord]
+    #: the parity gate's report (``passed``, ``worst_cosine``, ... and ``also`` per extra output)
+    parity: Mapping[str, Any]
+    created: str | None = None
+    #: ``--layers auto``: the intrinsic-dimension curve and the set it chose
+    layer_selection: Mapping[str, Any] | None = None
+    context_encoder: ContextEncoder | None = None
+    #: extra methods read from the same forward pass (``--also``): label -> method
+    also: Mapping[str, ResolvedMethod] = field(default_factory=dict)
+    #: top-level fields this kvembed does not know (a newer exporter's), kept as they are
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = MANIFEST) -> "Manifest":
+        """Check and type a manifest's JSON; ValueError names what is missing or malformed."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where} does not hold a JSON object")
+        version = data.get("schema_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ValueError(f"{where} has no valid schema_version (got {version!r}); is it a kvembed manifest?")
+        if version > SCHEMA_VERSION:
+            raise ValueError(
+                f"{where} has schema_version {version}, newer than this kvembed reads ({SCHEMA_VERSION}): "
+                "upgrade kvembed (pip install -U kvembed) to load this artifact"
+            )
+        if version < SCHEMA_VERSION:
+            raise ValueError(f"{where} has schema_version {version}, older than {SCHEMA_VERSION}: re-export the model")
+        missing = [key for key in REQUIRED_KEYS if key not in data]
+        if missing:
+            raise ValueError(f"{where} lacks {', '.join(missing)}")
+        padding_side = _field(data, "padding_side", str, where)
+        if padding_side not in PADDING_SIDES:
+            raise ValueError(f"{where}: padding_side must be one of {', '.join(PADDING_SIDES)}, got {padding_side!r}")
+        for key in ("inputs", "outputs"):
+            _field(data, key, list, where)
+        files = _field(data, "files", dict, where)
+        also = _field(data, "also", dict, where, optional=True) or {}
+        context = data.get("context_encoder")
+        return cls(
+            schema_version=version,
+            kvembed_version=str(data["kvembed_version"]),
+            source=Source.from_dict(data["source"], f"{where}: source"),
+            method=_method(data["method"], f"{where}: method"),
+            dim=_field(data, "dim", int, where),
+            max_length=_field(data, "max_length", int, where),
+            opset=_field(data, "opset", int, where),
+            precision=_field(data, "precision", str, where),
+            padding_side=padding_side,
+            placeholder_id=_field(data, "placeholder_id", int, where, optional=True),
+            pad_id=_field(data, "pad_id", int, where),
+            fallback_id=_field(data, "fallback_id", int, where),
+            inputs=tuple(TensorSpec.from_dict(item, f"{where}: inputs[{i}]") for i, item in enumerate(data["inputs"])),
+            outputs=tuple(TensorSpec.from_dict(item, f"{where}: outputs[{i}]") for i, item in enumerate(data["outputs"])),
+            graph=GraphFacts.from_dict(data["graph"], f"{where}: graph"),
+            files={name: FileRecord.from_dict(record, f"{where}: files[{name!r}]") for name, record in files.items()},
+            parity=_field(data, "parity", dict, where),
+            created=data.get("created", DEFAULTS["created"]),
+            layer_selection=data.get("layer_selection", DEFAULTS["layer_selection"]),
+            context_encoder=None if not context else ContextEncoder.from_dict(context, f"{where}: context_encoder"),
+            also={label: _method(method, f"{where}: also[{label!r}]") for label, method in also.items()},
+            extra={key: value for key, value in data.items() if key not in KNOWN_KEYS},
+            raw=data,
+        )
+
+    @classmethod
+    def of(cls, manifest: "Manifest | Mapping[str, Any]") -> "Manifest":
+        """``manifest`` typed: as it is, or checked from its JSON form (callers holding a dict)."""
+        return manifest if isinstance(manifest, Manifest) else cls.from_dict(manifest)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form, as read (a copy: the writer's to change)."""
+        return json.loads(json.dumps(self.raw))
+
+    def updated(self, **changes: Any) -> "Manifest":
+        """A manifest with some top-level fields replaced (given in their JSON form), checked again."""
+        return Manifest.from_dict({**self.raw, **changes})
+
+    @property
+    def input_names(self) -> list[str]:
+        return [spec.name for spec in self.inputs]
+
+    @property
+    def method_names(self) -> list[str]:
+        """The main method's name, then each ``--also`` label: what the artifact can embed with."""
+        return [self.method.name, *self.also]
+
+    def output(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.outputs if spec.name == name), None)
+
+    @property
+    def passed(self) -> bool:
+        """Whether the export's parity gate passed."""
+        return bool(self.parity.get("passed"))
+
+
+KNOWN_KEYS = frozenset({*REQUIRED_KEYS, *DEFAULTS})
+
+
+def _read_json(directory: str | os.PathLike[str]) -> tuple[Path, Any]:
+    directory = Path(directory)
+    made_by = f"an artifact directory holds {ARTIFACT_FILES}"
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no artifact directory at {str(directory)!r}; {made_by}")
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(directory)!r} is not a kvembed artifact: it has no {MANIFEST}; {made_by}")
+    try:
+        return path, json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None
+
+
+def load_manifest(directory: str | os.PathLike[str]) -> Manifest:
+    """The typed manifest of an artifact directory; FileNotFoundError / ValueError say what is wrong."""
+    path, data = _read_json(directory)
+    return Manifest.from_dict(data, str(path))
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest's JSON as a dict of its own, checked as :func:`load_manifest` checks it (the
+    public API of ``kvembed.runtime`` and ``kvembed.export``; new code reads the typed manifest)."""
+    path, data = _read_json(directory)
+    Manifest.from_dict(data, str(path))
+    return data
+
+
+def write_manifest(directory: Path, manifest: Manifest | Mapping[str, Any]) -> Path:
+    """Write ``kvembed.json`` into ``directory`` (atomically: a reader never sees half of it)."""
+    data = manifest.raw if isinstance(manifest, Manifest) else manifest
+    text = json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+    return write_text_atomic(directory / MANIFEST, text)
