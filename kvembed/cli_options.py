@@ -6,6 +6,8 @@ from typing import Annotated, Any, Mapping, Optional
 
 import typer
 
+from .backends.catalogue import VERIFY_HELP
+
 Layers = Annotated[Optional[str], typer.Option(help="Layer set: '12-21', '10,11,26-31', 'none', 'auto'.")]
 Bias = Annotated[Optional[float], typer.Option(help="kv-embedding: prefix logit bias.")]
 NumPrefix = Annotated[Optional[int], typer.Option(help="kv-embedding: prepend the last n tokens.")]
@@ -18,12 +20,7 @@ TpStop = Annotated[Optional[int], typer.Option(help="token-prepending: last rewi
 ExitLayer = Annotated[Optional[int], typer.Option(help="token-prepending: early-exit layer.")]
 
 # ``kvembed verify`` / ``kvembed-export verify``: the backend comparison
-Backends = Annotated[str, typer.Option(
-    "--backends", help="Backends to compare the graph on, comma-separated: auto (every backend present; "
-    "onnx-reference only for models under 50 MB) or names from onnxruntime-cpu, onnxruntime-cuda, "
-    "onnxruntime-tensorrt, tensorrt, openvino-f32, openvino-bf16 (openvino: both), onnx-reference "
-    "(e.g. 'auto,onnx-reference'); each is compared with onnxruntime-cpu.",
-)]
+Backends = Annotated[str, typer.Option("--backends", help=VERIFY_HELP)]
 NoCompare = Annotated[bool, typer.Option("--no-compare", help="Skip the backend comparison (parity against PyTorch only).")]
 
 

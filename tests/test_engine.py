@@ -28,7 +28,7 @@ from kvembed.export.graph import min_tensorrt
 from kvembed.export.ops import version_key
 from kvembed.runtime.artifact import sha256_file
 from engine_util import STAND_IN_PLAN, make_engine_dir
-from kvembed.runtime.engine import (
+from kvembed.backends.tensorrt import (
     ENGINE_JSON, ENGINE_KEYS, EngineSession, check_engine_matches, check_feeds_fit, engine_limits, read_engine_json,
 )
 

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import CheckFailed
 from ..runtime.artifact import sha256_file
-from ..runtime.engine import ENGINE_JSON, ENGINE_SCHEMA_VERSION, PLAN, gpu_identity, require_tensorrt  # the loader's half
+from ..backends.tensorrt import ENGINE_JSON, ENGINE_SCHEMA_VERSION, PLAN, gpu_identity, require_tensorrt  # the loader's half
 from ..sizes import parse_size
 from .ops import version_key
 from .parity import ParityReport, compare_runs

@@ -28,7 +28,7 @@ def build_engine_command(
     from rich.console import Console
 
     from ..cli_support import run_guarded
-    from ..runtime.engine import engine_limits
+    from ..backends.tensorrt import engine_limits
     from .engine import build_engine
 
     def job() -> dict:

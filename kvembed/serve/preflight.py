@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..runtime.artifact import check_files, encoder_from_manifest, read_manifest
-from ..runtime.engine import check_engine_files, is_engine_dir, read_engine_json
+from ..backends.tensorrt import check_engine_files, is_engine_dir, read_engine_json
 from .config import ServeConfig
 from .model import input_cap
 
@@ -20,7 +20,7 @@ from .model import input_cap
 def check_artifacts(config: ServeConfig) -> None:
     """Raise ValueError (FileNotFoundError, MissingDependency) naming the first model that cannot be served."""
     if config.provider != "openvino" and not all(is_engine_dir(directory) for _, directory in config.artifacts):
-        from ..runtime.session import provider_chain
+        from ..backends.onnxruntime import provider_chain
 
         provider_chain(config.provider)  # a GPU provider this onnxruntime lacks: named here, not after the bind
     for name, directory in config.artifacts:

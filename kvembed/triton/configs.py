@@ -14,8 +14,8 @@ from typing import Any, Mapping
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ..runtime.engine import engine_limits
-from ..runtime.session import PROVIDERS as PYTHON_PROVIDERS
+from ..backends.catalogue import PROVIDERS as PYTHON_PROVIDERS
+from ..backends.tensorrt import engine_limits
 
 BACKENDS = ("python", "onnxruntime", "tensorrt")
 KIND_CHOICES = ("query", "document", "both")

@@ -23,7 +23,7 @@ import numpy as np
 from tritonclient.utils import serialize_byte_tensor
 
 from ..runtime.artifact import MANIFEST, TOKENIZER, check_files, encoder_from_manifest, read_manifest
-from ..runtime.engine import PLAN, check_engine_files, is_engine_dir, read_engine_json
+from ..backends.tensorrt import PLAN, check_engine_files, is_engine_dir, read_engine_json
 from .configs import ArtifactFacts, ServingOptions, ensemble_config, model_config, plan_build_command, tokenize_config, write_config
 from .readme import repository_readme
 from .vendor import copy_runtime
