@@ -59,6 +59,12 @@ class Limits(NamedTuple):
     max_sequence: int
 
 
+def weight_factor(precision: str) -> float:
+    """Host bytes per byte of plan: the plan is read once to deserialise it, and the weights then
+    live on the GPU (an estimate: never measured, this project's machines have no GPU)."""
+    return 1.0
+
+
 def is_engine_dir(directory: str | os.PathLike[str]) -> bool:
     return (Path(directory) / ENGINE_JSON).is_file()
 
