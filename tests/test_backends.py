@@ -149,7 +149,7 @@ def test_cli_one_backend_says_so(artifact, capsys, monkeypatch):
 
     assert cli.run_compare(artifact, "onnxruntime-cpu") is None
     assert "only onnxruntime-cpu was selected: nothing to compare" in capsys.readouterr().out
-    monkeypatch.setattr(bk, "REFERENCE_AUTO_LIMIT", 0)  # as for a large model: auto leaves the reference out
+    monkeypatch.setattr(catalogue, "REFERENCE_AUTO_LIMIT", 0)  # as for a large model: auto leaves the reference out
     if not (HAS_TENSORRT or HAS_CUDA or HAS_OPENVINO):
         assert cli.run_compare(artifact, "auto") is None
         assert "only onnxruntime-cpu is present: nothing to compare" in capsys.readouterr().out
