@@ -83,6 +83,7 @@ def _is_engine_dir(directory: Path) -> bool:
 
 
 def check_provider(provider: str) -> None:
+    """A ValueError naming the valid providers, for a name that is not one."""
     if provider not in PROVIDERS:
         raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
 
