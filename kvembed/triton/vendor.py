@@ -5,8 +5,8 @@ code it runs, so Triton's python environment needs only the runtime's third-part
 (numpy, onnxruntime, tokenizers), never a matching ``pip install kvembed``. Which modules to copy
 is found by following the model file's import statements (module level, transitively, with every
 parent package), so a runtime module that gains an import is still copied complete. Every module
-of ``kvembed.runtime`` is copied whatever the model imports: the runtime imports some of its own
-modules lazily (the OpenVINO and TensorRT-engine sessions), which the import walk cannot see. The model
+of ``kvembed.runtime`` and ``kvembed.backends`` is copied whatever the model imports: the backends
+catalogue imports its backends lazily, which the import walk cannot see. The model
 files put their own directory first on ``sys.path``, so this copy wins over any installed kvembed.
 """
 
@@ -67,7 +67,7 @@ def imported_modules(path: Path, module: str) -> set[str]:
 
 def required_modules(entry: Path) -> set[str]:
     """Every kvembed module (and parent package) that importing the model file ``entry`` loads."""
-    runtime = sorted(f"{TOP}.runtime.{path.stem}" for path in (PACKAGE / "runtime").glob("*.py") if path.stem != "__init__")
+    runtime = sorted(f"{TOP}.{room}.{path.stem}" for room in ("runtime", "backends") for path in (PACKAGE / room).glob("*.py") if path.stem != "__init__")
     pending = sorted(imported_modules(entry, "__main__")) + runtime
     seen: set[str] = set()
     while pending:
