@@ -74,8 +74,8 @@ def open_embedder(artifact: Path, config: str, threads: int, cache: Path) -> Any
         return Embedder.load(artifact, provider="openvino", threads=threads, verify=False, ov_precision=precision,
                              ov_cache_dir=cache if config.endswith("cached") else False)
     from kvembed.artifact import MODEL, read_manifest
+    from kvembed.backends.onnxruntime import CPU, open_session, session_options
     from kvembed.runtime.artifact import encoder_from_manifest
-    from kvembed.runtime.session import CPU, open_session, session_options
 
     options = session_options(threads, memory_arena="noarena" not in config, prepacking="noprepack" not in config)
     manifest = read_manifest(artifact)

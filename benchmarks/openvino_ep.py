@@ -25,7 +25,7 @@ import json, sys, time
 import numpy as np
 sys.path.insert(0, {root!r})
 from kvembed.runtime import Embedder
-from kvembed.runtime.session import session_options
+from kvembed.backends.onnxruntime import session_options
 from kvembed.bench.workload import exact_rows, make_batch
 
 backend, artifact, batch, tokens, seconds, out = {args!r}

@@ -11,12 +11,13 @@ import pytest
 from checks import run_python
 from typer.testing import CliRunner
 
-from kvembed.export import backends as bk
+from kvembed.backends import catalogue
+from kvembed.export import compare as bk
 
 runner = CliRunner()
-HAS_TENSORRT = bk.tensorrt_problem() is None
-HAS_CUDA = "CUDAExecutionProvider" in bk.ort_providers()
-HAS_OPENVINO = bk.openvino_problem() is None
+HAS_TENSORRT = catalogue.BACKENDS["tensorrt"].probe() is None
+HAS_CUDA = catalogue.provider_problem("cuda") is None
+HAS_OPENVINO = catalogue.BACKENDS["openvino"].probe() is None
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +58,10 @@ def perturbed_copy(model: Path, out: Path, scale: float) -> Path:
 def test_module_imports_without_tensorrt_or_gpu():
     code = (
         "import sys; sys.modules['tensorrt'] = None\n"  # `import tensorrt` raises ImportError
-        "import kvembed.export.backends as b\n"
-        "assert b.tensorrt_problem().startswith('not installed'), b.tensorrt_problem()\n"
-        "print(sorted(b.BACKENDS))\n"
+        "import kvembed.export.compare, kvembed.backends.catalogue as b\n"
+        "problem = b.VERIFY_TARGETS['tensorrt'].problem()\n"
+        "assert problem.startswith('not installed'), problem\n"
+        "print(sorted(b.VERIFY_BACKENDS))\n"
     )
     done = run_python(code)
     assert done.returncode == 0, done.stderr
@@ -147,7 +149,7 @@ def test_cli_one_backend_says_so(artifact, capsys, monkeypatch):
 
     assert cli.run_compare(artifact, "onnxruntime-cpu") is None
     assert "only onnxruntime-cpu was selected: nothing to compare" in capsys.readouterr().out
-    monkeypatch.setattr(bk, "REFERENCE_AUTO_LIMIT", 0)  # as for a large model: auto leaves the reference out
+    monkeypatch.setattr(catalogue, "REFERENCE_AUTO_LIMIT", 0)  # as for a large model: auto leaves the reference out
     if not (HAS_TENSORRT or HAS_CUDA or HAS_OPENVINO):
         assert cli.run_compare(artifact, "auto") is None
         assert "only onnxruntime-cpu is present: nothing to compare" in capsys.readouterr().out
@@ -210,7 +212,7 @@ def test_verify_passes_an_int8_artifact_on_openvino_bf16(stories_artifact):
     """Issue 29: on a CPU with BF16, ``kvembed verify`` of a sound int8 artifact failed because the
     bf16 pair was held to one error's budget while it carries two (int8 steps and bf16 rounding)."""
     pytest.importorskip("openvino", reason="needs the openvino package (pip install 'kvembed[openvino]')")
-    if not bk.cpu_has_bf16():
+    if not catalogue.cpu_has_bf16():
         pytest.skip("this CPU has no BF16: OpenVINO's bf16 hint would run f32")
     result = bk.compare_backends(stories_artifact("va", "int8", layers="2-3"), "openvino-bf16")
     (pair,) = result.pairs
@@ -222,12 +224,13 @@ def test_verify_passes_an_int8_artifact_on_openvino_bf16(stories_artifact):
 def test_openvino_missing_is_named(artifact):
     code = (
         "import sys; sys.modules['openvino'] = None\n"
-        "import kvembed.export.backends as b\n"
+        "import kvembed.export.compare as b\n"
+        "from kvembed.backends.protocol import BackendUnavailableError\n"
         f"names, skipped = b.resolve_backends({str(artifact)!r})\n"
         "print(skipped['openvino-f32'])\n"
         "try:\n"
         f"    b.resolve_backends({str(artifact)!r}, 'openvino')\n"
-        "except b.BackendUnavailableError as err:\n"
+        "except BackendUnavailableError as err:\n"
         "    print(err)\n"
     )
     done = run_python(code)

@@ -26,7 +26,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HAS_OPENVINO = "openvino" in default_backends()
 OPENVINO_PRECISION = None
 if HAS_OPENVINO:
-    from kvembed.runtime.openvino import default_precision, import_openvino
+    from kvembed.backends.openvino import default_precision, import_openvino
 
     OPENVINO_PRECISION = "fp32/" + default_precision(import_openvino().Core())
 QUICK_CELLS = {("runtime", "fp32"), ("runtime", "int8"), ("torch", "fp32")} | (

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from kvembed.runtime import Embedder
-from kvembed.runtime.session import DISABLE_PREPACKING
+from kvembed.backends.onnxruntime import DISABLE_PREPACKING
 from kvembed.triton import write_repository
 
 MIB = 1024**2
@@ -57,7 +57,7 @@ HOLD = """
 import json, sys, time
 from pathlib import Path
 import numpy as np
-from kvembed.runtime.session import create_session
+from kvembed.backends.onnxruntime import create_session
 
 def rollup():
     # anonymous memory of the process, and Rss / Pss of its mappings of the weights file
@@ -254,7 +254,7 @@ print(json.dumps({"grew": hwm() - before}))
 def test_session_memory_covers_what_a_loaded_session_takes(external_artifact):
     """What a Ray actor reserves (session_memory) is at least what loading the artifact and
     embedding a 16-text batch made the process grow by, measured by the kernel (VmHWM)."""
-    from kvembed.runtime.session import session_memory
+    from kvembed.backends.catalogue import session_memory
 
     run = subprocess.run([sys.executable, "-c", LOAD_AND_EMBED, str(external_artifact)],
                          capture_output=True, text=True, timeout=300)
@@ -270,7 +270,7 @@ def ray_cluster(external_artifact):
     import ray
 
     from kvembed.corpus.ray_engine import ACTOR_OVERHEAD
-    from kvembed.runtime.session import session_memory
+    from kvembed.backends.catalogue import session_memory
 
     need = session_memory(external_artifact) + ACTOR_OVERHEAD
     ray.init(num_cpus=2, _memory=int(1.5 * need), include_dashboard=False, logging_level=logging.WARNING)

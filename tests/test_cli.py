@@ -117,7 +117,7 @@ def test_gpu_provider_without_onnxruntime_gpu_is_one_line(kv_artifact, provider)
 
 
 def test_a_graph_onnxruntime_cannot_parse_is_named(tmp_path):
-    from kvembed.runtime.session import create_session
+    from kvembed.backends.onnxruntime import create_session
 
     garbage = tmp_path / "model.onnx"
     garbage.write_bytes(b"\x08\x07 this is not a protobuf" * 50)

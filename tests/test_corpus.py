@@ -265,7 +265,7 @@ def test_openvino_provider(tmp_path, artifact, embedder):
     """--provider openvino: every worker runs OpenVINO; its vectors are onnxruntime's (f32 hint:
     the fp32 bar; bf16 where the CPU has it: 0.999), and the manifest records the provider."""
     pytest.importorskip("openvino", reason="needs the openvino package (pip install 'kvembed[openvino]')")
-    from kvembed.runtime.openvino import default_precision, import_openvino
+    from kvembed.backends.openvino import default_precision, import_openvino
 
     texts = corpus_texts(200, seed=7)
     (tmp_path / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")

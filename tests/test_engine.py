@@ -28,7 +28,7 @@ from kvembed.export.graph import min_tensorrt
 from kvembed.export.ops import version_key
 from kvembed.artifact import sha256_file
 from engine_util import STAND_IN_PLAN, make_engine_dir
-from kvembed.runtime.engine import (
+from kvembed.backends.tensorrt import (
     ENGINE_JSON, ENGINE_KEYS, EngineSession, check_engine_matches, check_feeds_fit, engine_limits, read_engine_json,
 )
 
@@ -201,10 +201,10 @@ def test_loader_is_lazy_and_names_what_to_install(artifact, manifest, tmp_path):
     assert not session.active and "tensorrt" not in sys.modules
     feeds = {"input_ids": np.ones((2, 20), np.int64), "attention_mask": np.ones((2, 20), np.int64)}
     with pytest.raises(MissingDependency, match="pip install tensorrt polygraphy"):
-        session.run(["embedding"], feeds)
+        session.run(feeds, ["embedding"])
     assert not session.active
     with pytest.raises(ValueError, match="outside every profile"):  # checked before TensorRT is needed
-        session.run(["embedding"], {k: np.ones((33, 20), np.int64) for k in feeds})
+        session.run({k: np.ones((33, 20), np.int64) for k in feeds}, ["embedding"])
 
 
 @pytest.mark.skipif(not NO_TENSORRT, reason="checks the behaviour where TensorRT is absent")

@@ -442,7 +442,7 @@ def test_onnxruntime_fuses_every_rms_norm_at_load(stories_kv, tmp_path):
     layer and the final one) into one SimplifiedLayerNormalization kernel."""
     import onnxruntime as ort
 
-    from kvembed.runtime.session import session_options
+    from kvembed.backends.onnxruntime import session_options
 
     _, out = stories_kv
     portable = onnx.load(str(out / "model.onnx"))

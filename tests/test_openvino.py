@@ -4,7 +4,7 @@ Qwen3, at f32 (cosine >= 0.99999) and under the bf16 hint (>= 0.999); padding-si
 batching invariance, ``--also`` outputs, external weights, and one-line errors.
 
 OpenVINO 2026.4's ONNX frontend mishandles grouped-query ``Attention`` nodes; the runtime mends
-the model it read by repeating K/V heads (:func:`kvembed.runtime.openvino.repeat_kv_heads`).
+the model it read by repeating K/V heads (:func:`kvembed.backends.openvino.repeat_kv_heads`).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def test_every_attention_node_gets_its_heads_repeated(artifact):
     import onnx
     import openvino as ov
 
-    from kvembed.runtime.openvino import repeat_kv_heads
+    from kvembed.backends.openvino import repeat_kv_heads
 
     path = artifact("qwen3", "kv-embedding") / "model.onnx"
     attention = sum(node.op_type == "Attention" for node in onnx.load(str(path)).graph.node)
@@ -189,7 +189,7 @@ def test_bad_precision_is_one_line_value_error(artifact):
 
 
 def test_damaged_graph_is_one_line_value_error(artifact, tmp_path):
-    from kvembed.runtime.openvino import OpenVINOSession
+    from kvembed.backends.openvino import OpenVINOSession
 
     broken = tmp_path / "model.onnx"
     broken.write_bytes((artifact("stories260k", "kv-embedding") / "model.onnx").read_bytes()[:5000])
@@ -199,7 +199,7 @@ def test_damaged_graph_is_one_line_value_error(artifact, tmp_path):
 
 
 def test_provider_listing_and_auto(artifact):
-    from kvembed.runtime.session import PROVIDERS
+    from kvembed.backends.catalogue import PROVIDERS
 
     assert "openvino" in PROVIDERS
     path = artifact("stories260k", "kv-embedding")
@@ -312,7 +312,7 @@ def test_release_pages_reclaims_without_losing_data(tmp_path):
     """MADV_PAGEOUT drops a touched copy-on-write mapping's resident pages; reads still give the file."""
     import mmap
 
-    from kvembed.runtime.openvino import release_pages
+    from kvembed.backends.openvino import release_pages
 
     path = tmp_path / "blob"
     data = np.random.default_rng(0).integers(0, 256, 32 << 20, dtype=np.uint8)
@@ -337,7 +337,7 @@ def test_pages_are_released_while_a_long_read_goes_on(tmp_path):
     import mmap
     import time
 
-    from kvembed.runtime.openvino import pages_released_meanwhile, release_pages
+    from kvembed.backends.openvino import pages_released_meanwhile, release_pages
 
     path = tmp_path / "blob"
     data = np.random.default_rng(1).integers(0, 256, 64 << 20, dtype=np.uint8)

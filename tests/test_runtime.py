@@ -115,7 +115,7 @@ def test_call_token_budget_slices_rows_without_changing_vectors(artifacts):
     want = whole.run(batch)
     for sliced in (runtime, one_row):
         rows_seen, real_run = [], sliced.session.run
-        sliced.session.run = lambda names, feeds: rows_seen.append(len(feeds["input_ids"])) or real_run(names, feeds)
+        sliced.session.run = lambda feeds, names: rows_seen.append(len(feeds["input_ids"])) or real_run(feeds, names)
         got = sliced.run(batch)
         step = sliced.rows_per_call(width)
         assert rows_seen == [min(step, 40 - i) for i in range(0, 40, step)], rows_seen

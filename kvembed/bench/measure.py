@@ -19,20 +19,17 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ..backends.catalogue import BACKENDS as RUNTIME_BACKENDS
 from ..export.parity import cosine_rows  # noqa: F401  (torch-free; re-exported for the bench)
 
+#: what the bench times: the runtime on onnxruntime's CPU provider, the PyTorch reference, and
+#: the runtime on OpenVINO (the backends catalogue's ``openvino``)
 BACKENDS = ("runtime", "torch", "openvino")
 
 
 def default_backends() -> tuple[str, ...]:
-    """runtime and torch, plus openvino where the package is installed (``kvembed[openvino]``)."""
-    try:
-        import importlib.util
-
-        present = importlib.util.find_spec("openvino") is not None
-    except (ImportError, ValueError):
-        present = False
-    return BACKENDS if present else BACKENDS[:2]
+    """runtime and torch, plus openvino where the catalogue's probe finds it (``kvembed[openvino]``)."""
+    return BACKENDS if RUNTIME_BACKENDS["openvino"].probe() is None else BACKENDS[:2]
 
 #: a cell whose repeats have a coefficient of variation above this is flagged noisy
 NOISY_CV = 0.25

@@ -43,7 +43,7 @@ def matmuls_call(
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from ..runtime.session import session_options
+    from ..backends.onnxruntime import session_options
 
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")

@@ -25,7 +25,7 @@ def op_breakdown(
     """
     import onnxruntime as ort
 
-    from ..runtime.session import session_options
+    from ..backends.onnxruntime import session_options
 
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")

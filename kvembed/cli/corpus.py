@@ -11,6 +11,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from ..backends.catalogue import PROVIDER_HELP
 from ..corpus.signals import Terminated, die_by_signal, sigterm_as_interrupt
 from .support import EXIT_INTERRUPTED, fail, run_guarded
 
@@ -29,7 +30,7 @@ def embed_corpus_command(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join: auto or HOST:PORT (default: start a local Ray)."),
     workers: int = typer.Option(1, "--workers", help="Ray actors, each with its own Embedder (--engine ray)."),
     threads_per_worker: Optional[int] = typer.Option(None, "--threads-per-worker", help="onnxruntime threads (= Ray CPUs) per worker (default: cores / workers)."),
-    provider: str = typer.Option("auto", "--provider", help="Runtime provider of every worker: auto, cpu, cuda, tensorrt, openvino."),
+    provider: str = typer.Option("auto", "--provider", help=f"Runtime provider of every worker: {PROVIDER_HELP}."),
     batch_tokens: int = typer.Option(16384, "--batch-tokens", help="Padded tokens per batch (length-sorted batching)."),
     rows_per_file: int = typer.Option(100_000, "--rows-per-file", help="Input rows per output shard (shards never span two input files)."),
     resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run in --output: finished shards are kept."),

@@ -29,8 +29,8 @@ def build_engine_command(
     """Build a TensorRT engine (polygraphy) from ARTIFACT into OUT; needs tensorrt and an NVIDIA GPU."""
     from rich.console import Console
 
+    from ..backends.tensorrt import engine_limits
     from ..export.engine import build_engine
-    from ..runtime.engine import engine_limits
     from .support import run_guarded
 
     def job() -> dict:

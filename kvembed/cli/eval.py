@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..backends.catalogue import PROVIDER_HELP
 from ..errors import InvalidInput
 from . import options as opt
 
@@ -28,7 +29,7 @@ def eval_command(
     options: opt.MethodOptions = opt.METHOD_FLAGS,
     max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (model sources)."),
     batch_size: int = typer.Option(32, help="Texts per encode batch."),
-    provider: str = typer.Option("auto", help="Runtime provider for artifacts: auto, cpu, cuda, tensorrt, openvino."),
+    provider: str = typer.Option("auto", help=f"Runtime provider for artifacts: {PROVIDER_HELP}."),
     threads: Optional[int] = typer.Option(None, help="Runtime intra-op threads for artifacts."),
 ) -> None:
     """Score artifacts or models on local tasks (STS, retrieval, classification) with mteb.
@@ -43,7 +44,7 @@ def eval_command(
         raise InvalidInput("give at least one --task FILE (or --task sample) or --mteb-task NAME")
     if batch_size < 1:
         raise InvalidInput(f"--batch-size must be >= 1, got {batch_size}")
-    from ..runtime.session import PROVIDERS
+    from ..backends.catalogue import PROVIDERS
 
     if provider not in PROVIDERS:  # the runtime checks again when an artifact loads, after mteb and the tasks
         raise InvalidInput(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")

@@ -253,14 +253,14 @@ def comparison_table(comparison: Any) -> Table:
 
 def _selected_backends(directory: Path, backends: str) -> list[str]:
     """Validate ``--backends`` before the slow parity run: unknown or absent backends exit 2."""
-    from ..export.backends import resolve_backends
+    from ..export.runners import resolve_backends
 
     return resolve_backends(directory, backends)[0]
 
 
 def run_compare(directory: Path, backends: str = "auto") -> Any:
     """The backend comparison of ``kvembed verify``: prints its table (or why nothing was compared)."""
-    from ..export.backends import compare_backends
+    from ..export.compare import compare_backends
 
     names = _selected_backends(directory, backends)
     if len(names) < 2:

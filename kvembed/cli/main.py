@@ -15,6 +15,7 @@ except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"the kvembed command line needs typer and rich: pip install 'kvembed[cli]' ({err})")
 
 from ..artifact.layout import ARTIFACT_FILES, is_artifact
+from ..backends.catalogue import PROVIDER_HELP
 from ..errors import InvalidInput
 from . import options as opt
 from .support import DEBUG_HELP, guard_app, run_app
@@ -60,7 +61,7 @@ def embed(
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="Read texts from a .txt (one per line) or .jsonl file, or - for standard input."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write embeddings to a .npy or .jsonl file."),
     batch_size: int = typer.Option(32, help="Rows per batch."),
-    provider: str = typer.Option("auto", help="Runtime provider: auto, cpu, cuda, tensorrt, openvino."),
+    provider: str = typer.Option("auto", help=f"Runtime provider: {PROVIDER_HELP}."),
     ov_precision: opt.OvPrecision = None,
     threads: Optional[int] = typer.Option(None, help="Runtime intra-op threads."),
     similarity: bool = typer.Option(False, "--similarity", help="Print the cosine similarity matrix."),

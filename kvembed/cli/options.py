@@ -11,6 +11,8 @@ from typing import Annotated, Any, Callable, Mapping, Optional, TypeVar
 
 import typer
 
+from ..backends.catalogue import VERIFY_HELP
+
 from ..errors import InvalidInput
 from ..methods import flag_options
 from ..methods.spec import OptionSpec
@@ -56,12 +58,7 @@ def method_flags(command: F) -> F:
 
 
 # ``kvembed verify`` / ``kvembed export verify``: the backend comparison
-Backends = Annotated[str, typer.Option(
-    "--backends", help="Backends to compare the graph on, comma-separated: auto (every backend present; "
-    "onnx-reference only for models under 50 MB) or names from onnxruntime-cpu, onnxruntime-cuda, "
-    "onnxruntime-tensorrt, tensorrt, openvino-f32, openvino-bf16 (openvino: both), onnx-reference "
-    "(e.g. 'auto,onnx-reference'); each is compared with onnxruntime-cpu.",
-)]
+Backends = Annotated[str, typer.Option("--backends", help=VERIFY_HELP)]
 NoCompare = Annotated[bool, typer.Option("--no-compare", help="Skip the backend comparison (parity against PyTorch only).")]
 
 OvPrecision = Annotated[Optional[str], typer.Option(

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from ..backends.catalogue import PROVIDER_HELP
 from ..errors import InvalidInput
 from . import options as opt
 from .support import fail
@@ -35,7 +36,7 @@ def serve_command(
     long_lane_nice: int = typer.Option(5, help="Niceness (0-19) added to the long lane's threads, so they yield the cores while short inputs run (0: equal priority; other processes on the machine also outrank them)."),
     threads: Optional[int] = typer.Option(None, help="onnxruntime intra-op threads per artifact, split among its workers (default: one per core)."),
     workers: int = typer.Option(1, help="Graph calls per artifact running at once, each on threads/workers threads (2 on 2 cores: more throughput under load, slower lone requests)."),
-    provider: str = typer.Option("auto", help="auto, cpu, cuda, tensorrt or openvino."),
+    provider: str = typer.Option("auto", help=f"Runtime provider: {PROVIDER_HELP}."),
     ov_precision: opt.OvPrecision = None,
     cors_origin: Optional[list[str]] = typer.Option(None, "--cors-origin", help="Allow browser calls from this origin (repeatable; default: no CORS)."),
     keep_alive: float = typer.Option(60.0, help="Seconds an idle kept-alive connection stays open (uvicorn's default, 5, races busy clients reusing it)."),
@@ -47,7 +48,7 @@ def serve_command(
     try:
         from uvicorn.config import LOG_LEVELS
 
-        from ..runtime.session import PROVIDERS
+        from ..backends.catalogue import PROVIDERS
         from ..serve.config import ServeConfig, parse_artifact, parse_call_cost, parse_long_input_tokens, parse_size
         from ..serve.server import DrainingServer  # noqa: F401  (fail here, not later, without the serve extra)
     except ImportError as err:

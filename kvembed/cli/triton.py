@@ -13,6 +13,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from ..backends.catalogue import PROVIDER_HELP
 from ..errors import InvalidInput, MissingDependency
 from .support import run_guarded
 
@@ -54,7 +55,7 @@ def build(
     tensorrt_accelerator: bool = typer.Option(False, "--tensorrt-accelerator", help="onnxruntime backend: run through its TensorRT execution accelerator."),
     fp16: bool = typer.Option(False, "--fp16", help="TensorRT precision FP16 (tensorrt backend, or --tensorrt-accelerator)."),
     threads: int = typer.Option(1, "--threads", help="onnxruntime intra-op threads per model instance (python/onnxruntime backends; 0 = one per core)."),
-    provider: str = typer.Option("auto", "--provider", help="python backend: runtime provider (auto, cpu, cuda, tensorrt, openvino; openvino needs the package in Triton's python env)."),
+    provider: str = typer.Option("auto", "--provider", help=f"python backend: runtime provider ({PROVIDER_HELP}; openvino needs the package in Triton's python env)."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="python backend: padded tokens per graph call (default: the runtime's call budget, 2048 on CPU, none on GPU)."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
 ) -> None:

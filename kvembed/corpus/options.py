@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KvembedError
-from ..runtime.session import PROVIDERS
+from ..backends.catalogue import PROVIDERS
 
 FORMATS = ("parquet", "jsonl", "txt")
 ENGINES = ("local", "ray")
@@ -54,7 +54,7 @@ class CorpusOptions:
     ray_address: str | None = None
     workers: int = 1
     threads: int | None = None
-    #: the runtime provider every worker loads the artifact with (kvembed.runtime.session.PROVIDERS)
+    #: the runtime provider every worker loads the artifact with (kvembed.backends.catalogue.PROVIDERS)
     provider: str = "auto"
     batch_tokens: int = 16384
     rows_per_file: int = 100_000

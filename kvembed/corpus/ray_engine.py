@@ -31,7 +31,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import ray
 
-from ..runtime.session import session_memory
+from ..backends.catalogue import session_memory
 from .options import CorpusError
 from .plan import Shard
 from .progress import CorpusProgress
@@ -45,7 +45,7 @@ ACTOR_OVERHEAD = 512 * 1024**2
 
 def actor_memory(job: Job) -> int:
     """Bytes of Ray's ``memory`` resource one actor reserves: its session's peak, from the
-    artifact's files (:func:`kvembed.runtime.session.session_memory`), plus :data:`ACTOR_OVERHEAD`."""
+    artifact's files (:func:`kvembed.backends.catalogue.session_memory`), plus :data:`ACTOR_OVERHEAD`."""
     return session_memory(job.artifact, job.provider) + ACTOR_OVERHEAD
 
 

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import CheckFailed
 from ..artifact import MANIFEST, MODEL, TOKENIZER, Manifest, load_manifest, sha256_file
 from ..artifact.staging import check_output, staged
-from ..runtime.engine import ENGINE_JSON, ENGINE_SCHEMA_VERSION, PLAN, gpu_identity, require_tensorrt  # the loader's half
+from ..backends.tensorrt import ENGINE_JSON, ENGINE_SCHEMA_VERSION, PLAN, gpu_identity, require_tensorrt  # the loader's half
 from ..sizes import parse_size
 from .ops import version_key
 from .parity import ParityReport, compare_runs

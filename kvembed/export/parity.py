@@ -341,7 +341,7 @@ def parity_session(path: Path) -> Any:
     activations of the largest one for the rest of the export."""
     import onnxruntime as ort
 
-    from ..runtime.session import open_session
+    from ..backends.onnxruntime import open_session
 
     options = ort.SessionOptions()
     options.log_severity_level = 3

@@ -1,4 +1,4 @@
-"""``Embedder``: load an exported artifact and embed text with onnxruntime. Torch-free."""
+"""``Embedder``: load an exported artifact and embed text on one of the backends. Torch-free."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..backends.catalogue import backend_for, open_session, options_for
+from ..backends.onnxruntime import CPU
+from ..backends.openvino import OPENVINO  # the openvino package itself is imported only when a session is made
+from ..backends.tensorrt import check_engine_files
 from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
-from ..artifact import MODEL, check_files, read_manifest
+from ..artifact import check_files, read_manifest
 from .artifact import encoder_from_manifest
 from .batching import CPU_CALL_COST, plan_batches
-from .engine import EngineSession, check_engine_files, is_engine_dir
 from .encoding import EncodedText, TextEncoder, check_texts
-from .openvino import OPENVINO  # the openvino package itself is imported only when a session is made
-from .session import CPU, create_session, run_session
 
 #: inputs with at least this many texts show a progress bar by default (when stderr is a terminal)
 PROGRESS_THRESHOLD = 1024
@@ -46,7 +47,7 @@ class Embedder:
         self.encoder = encoder
         self.session = session
         self.padding_side = str(manifest.get("padding_side", "right"))
-        self._inputs = [i.name for i in session.get_inputs()]
+        self._inputs = list(session.input_names)
         if max_call_tokens == "auto":
             max_call_tokens = CPU_CALL_TOKENS if self.providers[0] in (CPU, OPENVINO) else None
         if max_call_tokens is not None and (not isinstance(max_call_tokens, int) or isinstance(max_call_tokens, bool) or max_call_tokens < 1):
@@ -78,6 +79,7 @@ class Embedder:
         ov_cache_dir: str | os.PathLike[str] | None | bool = None,
         max_call_tokens: int | None | str = "auto",
         call_cost: int | None | str = "auto",
+        options: Any = None,
     ) -> "Embedder":
         """Open an artifact directory.
 
@@ -86,17 +88,22 @@ class Embedder:
         ``trt_fp16`` lets TensorRT use fp16 kernels). ``verify`` checks every file's sha256
         against the manifest first (a corrupted or altered file is named in the error).
         ``memory_arena=False`` returns activation memory after each call (see
-        :func:`kvembed.runtime.session.session_options`). ``prepacking=False`` leaves the weights as
+        :func:`kvembed.backends.onnxruntime.session_options`). ``prepacking=False`` leaves the weights as
         the artifact's memory-mapped file (one copy shared by the processes that load it, slower
-        calls; see :func:`~kvembed.runtime.session.session_options`).
+        calls; see :func:`~kvembed.backends.onnxruntime.session_options`).
 
         ``provider="openvino"`` runs the graph with OpenVINO's CPU plugin instead of onnxruntime
         (``pip install 'kvembed[openvino]'``; never chosen by ``"auto"``): ``ov_precision`` is its
         inference precision hint, ``"f32"`` or ``"bf16"`` (default: bf16 only where the CPU has
         BF16, else f32); compiled models are kept in ``ov_cache_dir`` (default
         ``$KVEMBED_CACHE_DIR/openvino``, i.e. ``~/.cache/kvembed/openvino``; False: none), so a second
-        load imports the compiled blob instead of compiling (SmolLM2-135M: 0.8 s instead of 5 s).
+        load imports the compiled blob instead of compiling, several times faster.
         ``threads`` sets its inference threads; ``device_id``, ``trt_*``, ``memory_arena`` and ``prepacking`` do not apply.
+
+        ``options``: instead of those flat keywords, the backend's own options dataclass
+        (:class:`~kvembed.backends.onnxruntime.OnnxRuntimeOptions`,
+        :class:`~kvembed.backends.openvino.OpenVINOOptions`,
+        :class:`~kvembed.backends.tensorrt.TensorRTOptions`; see :mod:`kvembed.backends.catalogue`).
 
         ``max_call_tokens``: padded tokens per graph call; a bigger padded batch runs in slices of
         whole rows (at least one). ``"auto"``: :data:`CPU_CALL_TOKENS` on the CPU and OpenVINO
@@ -114,23 +121,20 @@ class Embedder:
         """
         path = Path(directory)
         manifest = read_manifest(path)
-        if is_engine_dir(path):
+        backend = backend_for(path, provider)
+        backend_options = options_for(
+            backend, options, threads=threads, device_id=device_id, trt_cache_dir=trt_cache_dir, trt_fp16=trt_fp16,
+            memory_arena=memory_arena, prepacking=prepacking, ov_precision=ov_precision, ov_cache_dir=ov_cache_dir,
+        )
+        if backend == "tensorrt":
             return cls._load_engine(path, manifest, provider, verify, max_call_tokens, call_cost)
         if verify:
             problems = check_files(path, manifest)
             if problems:
                 raise ValueError(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
-        if provider == "openvino":
-            from .openvino import create_session as create_openvino_session
-
-            session: Any = create_openvino_session(path / MODEL, threads, ov_precision, ov_cache_dir)
-            return cls(path, manifest, encoder_from_manifest(path, manifest), session, max_call_tokens, call_cost)
         encoder = encoder_from_manifest(path, manifest)
-        provider_options: dict[str, Any] = {"device_id": device_id}
-        if provider == "tensorrt":
-            provider_options.update(trt_cache_dir=trt_cache_dir, trt_fp16=trt_fp16)
-        session = create_session(path / MODEL, provider, threads, memory_arena, prepacking, **provider_options)
-        if manifest.get("precision") == "fp16" and session.get_providers()[0] == "CPUExecutionProvider":
+        session = open_session(path, provider, backend_options)
+        if manifest.get("precision") == "fp16" and session.providers[0] == CPU:
             warnings.warn(
                 f"{str(path)!r} is an fp16 artifact on onnxruntime's CPU provider, which has no fp16 MatMul: it "
                 "holds fp32 copies of the weights (twice the artifact's size) and runs at fp32 speed; on a CPU "
@@ -142,12 +146,7 @@ class Embedder:
         cls, path: Path, manifest: Mapping[str, Any], provider: str, verify: bool, max_call_tokens: int | None | str,
         call_cost: int | None | str = "auto",
     ) -> "Embedder":
-        if provider not in ("auto", "tensorrt"):
-            raise ValueError(
-                f"{str(path)!r} is a TensorRT engine directory: it runs with provider 'tensorrt' (or 'auto'); "
-                f"for provider {provider!r} load the artifact it was built from"
-            )
-        session = EngineSession(path)
+        session: Any = open_session(path, provider)  # an engine directory's plan (provider auto or tensorrt)
         if verify:
             problems = check_engine_files(path, manifest, session.record)
             if problems:
@@ -194,7 +193,7 @@ class Embedder:
 
     @property
     def providers(self) -> list[str]:
-        return list(self.session.get_providers())
+        return list(self.session.providers)
 
     # -- embedding -----------------------------------------------------------------------------
 
@@ -207,9 +206,9 @@ class Embedder:
         rows, width = next(iter(feeds.values())).shape[:2]
         step = self.rows_per_call(width) or rows
         if rows <= step:
-            embedding, pooled = run_session(self.session, feeds, names)
+            embedding, pooled = self.session.run(feeds, names)
             return embedding, pooled
-        parts = [run_session(self.session, {k: v[i : i + step] for k, v in feeds.items()}, names) for i in range(0, rows, step)]
+        parts = [self.session.run({k: v[i : i + step] for k, v in feeds.items()}, names) for i in range(0, rows, step)]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def rows_per_call(self, width: int) -> int | None:
@@ -218,9 +217,9 @@ class Embedder:
         caps = []
         if self.max_call_tokens is not None:
             caps.append(max(1, self.max_call_tokens // max(1, width)))
-        max_rows = getattr(self.session, "max_rows", None)  # a TensorRT engine's profiles cap the rows per call
+        max_rows = self.session.max_rows(width)  # a TensorRT engine's profiles cap the rows per call
         if max_rows is not None:
-            caps.append(max_rows(width))
+            caps.append(max_rows)
         return min(caps) if caps else None
 
     def encode(

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..artifact import check_files, read_manifest
+from ..backends.tensorrt import check_engine_files, is_engine_dir, read_engine_json
 from ..runtime.artifact import encoder_from_manifest
-from ..runtime.engine import check_engine_files, is_engine_dir, read_engine_json
 from .config import ServeConfig
 from .model import input_cap
 
@@ -21,7 +21,7 @@ from .model import input_cap
 def check_artifacts(config: ServeConfig) -> None:
     """Raise ValueError (FileNotFoundError, MissingDependency) naming the first model that cannot be served."""
     if config.provider != "openvino" and not all(is_engine_dir(directory) for _, directory in config.artifacts):
-        from ..runtime.session import provider_chain
+        from ..backends.onnxruntime import provider_chain
 
         provider_chain(config.provider)  # a GPU provider this onnxruntime lacks: named here, not after the bind
     for name, directory in config.artifacts:

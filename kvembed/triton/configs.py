@@ -15,8 +15,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..artifact import MODEL, Manifest
-from ..runtime.engine import engine_limits
-from ..runtime.session import PROVIDERS as PYTHON_PROVIDERS
+from ..backends.catalogue import PROVIDERS as PYTHON_PROVIDERS
+from ..backends.tensorrt import engine_limits
 
 BACKENDS = ("python", "onnxruntime", "tensorrt")
 KIND_CHOICES = ("query", "document", "both")

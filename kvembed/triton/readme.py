@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .. import __version__
-from ..runtime.engine import describe_profiles
+from ..backends.tensorrt import describe_profiles
 from .configs import ArtifactFacts, ServingOptions, plan_build_command
 
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release kvembed tests against

@@ -24,8 +24,8 @@ from tritonclient.utils import serialize_byte_tensor
 
 from ..artifact import MANIFEST, MODEL, TOKENIZER, check_files, load_manifest
 from ..artifact.staging import check_output, staged
+from ..backends.tensorrt import PLAN, check_engine_files, is_engine_dir, read_engine_json
 from ..runtime.artifact import encoder_from_manifest
-from ..runtime.engine import PLAN, check_engine_files, is_engine_dir, read_engine_json
 from .configs import ArtifactFacts, ServingOptions, ensemble_config, model_config, plan_build_command, tokenize_config, write_config
 from .readme import repository_readme
 from .vendor import copy_runtime

@@ -25,7 +25,6 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 import kvembed  # noqa: E402
 from kvembed.runtime import Embedder  # noqa: E402
 from kvembed.runtime.batching import plan_batches  # noqa: E402
-from kvembed.runtime.session import run_session  # noqa: E402
 from kvembed.triton.rows import split_rows, unpad_rows  # noqa: E402
 
 
@@ -70,7 +69,7 @@ class TritonPythonModel:
             encoder, names = self.embedder.encoder, list(self.outputs)
             for chunk in plan_batches([len(row.ids) for row in rows], self.batch_size, self.max_tokens, self.max_padding):
                 batch = encoder.pad([rows[i] for i in chunk], self.embedder.padding_side)
-                for name, array in zip(names, run_session(self.embedder.session, batch, names)):
+                for name, array in zip(names, self.embedder.session.run(batch, names)):
                     results[name][chunk] = array
         except Exception as err:  # answer every request of this execution with the reason
             error = pb_utils.TritonError(f"{type(err).__name__}: {err}")

@@ -1,9 +1,9 @@
-"""Engine directories (``kvembed build-engine``): reading ``engine.json`` and running ``engine.plan``.
+"""TensorRT backend: engine directories (``kvembed build-engine``), reading ``engine.json`` and running ``engine.plan``.
 
-The loader's half of the TensorRT path, torch-free like the rest of the runtime: the record's
-schema and checks (same TensorRT, same GPU, shapes inside a profile) and :class:`EngineSession`,
-which runs the plan with polygraphy's ``TrtRunner``. The builder's half is
-:mod:`kvembed.export.engine`. tensorrt and polygraphy are imported only when a plan first runs;
+Here "engine" always means a TensorRT plan. The loader's half of the TensorRT path, torch-free
+like the rest of the runtime: the record's schema and checks (same TensorRT, same GPU, shapes
+inside a profile) and :class:`EngineSession`, which runs the plan with polygraphy's
+``TrtRunner``. The builder's half is :mod:`kvembed.export.engine`. tensorrt and polygraphy are imported only when a plan first runs;
 none of the GPU path has run on this project's CPU-only machines (README says so).
 """
 
@@ -14,6 +14,7 @@ import os
 import subprocess
 import threading
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -27,7 +28,28 @@ ENGINE_SCHEMA_VERSION = 1
 ENGINE_KEYS = ("schema_version", "tensorrt_version", "gpu", "profiles", "precision", "strongly_typed",
                "source", "build", "inputs")
 INSTALL_HINT = "pip install tensorrt polygraphy (TensorRT >= 10 with an NVIDIA GPU and driver)"
+#: where TensorRT itself comes from (PyPI's tensorrt is a stub without it)
+TENSORRT_HINT = "install TensorRT from NVIDIA, https://developer.nvidia.com/tensorrt"
+NAME = "tensorrt"
 TENSORRT = "TensorRT"
+
+
+@dataclass(frozen=True)
+class TensorRTOptions:
+    """How a plan is opened: nothing to choose (the plan fixes precision and shapes at build time)."""
+
+
+def probe() -> str | None:
+    """Why TensorRT cannot be used here, or None when ``import tensorrt`` gives a real TensorRT."""
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return f"not installed (pip has only stubs; {TENSORRT_HINT})"
+    except Exception as err:  # a broken install (missing libnvinfer, CUDA driver)
+        return f"import tensorrt failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); {TENSORRT_HINT}"
+    if not hasattr(tensorrt, "Builder"):
+        return f"the installed tensorrt package is a stub without TensorRT; {TENSORRT_HINT}"
+    return None
 
 
 class Limits(NamedTuple):
@@ -36,6 +58,12 @@ class Limits(NamedTuple):
     max_batch_size: int
     min_sequence: int
     max_sequence: int
+
+
+def weight_factor(precision: str) -> float:
+    """Host bytes per byte of plan: the plan is read once to deserialise it, and the weights then
+    live on the GPU (an estimate: never measured, this project's machines have no GPU)."""
+    return 1.0
 
 
 def is_engine_dir(directory: str | os.PathLike[str]) -> bool:
@@ -138,7 +166,8 @@ def gpu_identity() -> tuple[str, str]:
 
 
 class EngineSession:
-    """Runs an engine directory's ``engine.plan`` with polygraphy's TrtRunner, like an onnxruntime session.
+    """Runs an engine directory's ``engine.plan`` with polygraphy's TrtRunner, behind the
+    :class:`~kvembed.backends.protocol.Session` protocol.
 
     Construction reads only ``engine.json`` (no TensorRT needed); TensorRT, the GPU check (the
     plan's TensorRT version and GPU must be this machine's) and the runner are set up on the first
@@ -165,10 +194,14 @@ class EngineSession:
         fitting = [p["max"][0] for p in self.record["profiles"] if p["min"][1] <= sequence <= p["max"][1]]
         return max(fitting) if fitting else self.limits.max_batch_size
 
-    def get_inputs(self) -> list[Any]:
-        return [_Input(name) for name in self.record["inputs"]]
+    backend = NAME
 
-    def get_providers(self) -> list[str]:
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.record["inputs"])
+
+    @property
+    def providers(self) -> list[str]:
         return [TENSORRT, str(self.record["precision"])]
 
     def _activate(self) -> None:
@@ -180,7 +213,7 @@ class EngineSession:
         runner.activate()
         self._runner = runner
 
-    def run(self, outputs: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]:
         profile = check_feeds_fit(self.record, tuple(next(iter(feeds.values())).shape[:2]))
         with self._lock:
             if self._runner is None:
@@ -199,5 +232,8 @@ class EngineSession:
                 self._profile = None
 
 
-class _Input(NamedTuple):
-    name: str
+
+def open_graph(directory: str | os.PathLike[str], provider: str = NAME, options: TensorRTOptions | None = None) -> EngineSession:
+    """The plan of the engine directory ``directory`` (TensorRT itself is needed only when it first
+    runs; ``provider`` is ``"auto"`` or ``"tensorrt"``)."""
+    return EngineSession(directory)

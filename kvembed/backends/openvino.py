@@ -1,9 +1,8 @@
 """OpenVINO backend: runs an artifact's ``model.onnx`` with OpenVINO's CPU plugin instead of onnxruntime.
 
 ``openvino`` is optional (``pip install 'kvembed[openvino]'``) and imported only when a session is
-made, so the runtime imports without it. :class:`OpenVINOSession` offers exactly what
-:class:`~kvembed.runtime.embedder.Embedder` uses of an onnxruntime session: ``get_inputs()``,
-``get_providers()`` and ``run(output_names, feeds)``. Dynamic batch and sequence dimensions stay
+made, so the runtime imports without it. :class:`OpenVINOSession` implements the backends'
+:class:`~kvembed.backends.protocol.Session` protocol. Dynamic batch and sequence dimensions stay
 dynamic (the model is compiled as exported, never reshaped).
 
 OpenVINO 2026.4's ONNX frontend reads the opset-23 ``Attention`` op but gives its output the head
@@ -25,22 +24,50 @@ import sys
 import tempfile
 import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from ..cache import cache_root
 from ..errors import MissingDependency
 
+NAME = "openvino"
 OPENVINO = "OpenVINO"
 PRECISIONS = ("f32", "bf16")
 INSTALL = "pip install 'kvembed[openvino]'"
 MEND_VERSION = 1  # bump when repeat_kv_heads changes what it builds: kept blobs are then rebuilt
+#: compiling from the ONNX holds the weights read and their converted copy at once: resident bytes
+#: per byte of fp32-equivalent weights (an fp16 file counts twice; an int8 one, not measured, four times)
+OPENVINO_WEIGHT_FACTOR, FP32_EQUIVALENT = 2.5, {"fp32": 1.0, "fp16": 2.0, "int8": 4.0}
 
 
-class _Input(NamedTuple):
-    name: str
+@dataclass(frozen=True)
+class OpenVINOOptions:
+    """How an OpenVINO session is made (see :class:`OpenVINOSession`): inference threads, the
+    precision hint (None: bf16 only where the CPU has it) and the compiled-model cache directory
+    (None: :func:`default_cache_dir`; False: none)."""
+
+    threads: int | None = None
+    precision: str | None = None
+    cache_dir: str | os.PathLike[str] | None | bool = None
+
+
+def probe() -> str | None:
+    """Why OpenVINO cannot be used here, or None."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return f"openvino is not installed ({INSTALL})"
+    except Exception as err:  # a broken install
+        return f"import openvino failed ({type(err).__name__}); {INSTALL}"
+    return None
+
+
+def weight_factor(precision: str) -> float:
+    """Resident bytes per byte of graph file while OpenVINO compiles it (see :data:`OPENVINO_WEIGHT_FACTOR`)."""
+    return OPENVINO_WEIGHT_FACTOR * FP32_EQUIVALENT.get(precision, 4.0)
 
 
 def import_openvino() -> Any:
@@ -104,7 +131,7 @@ class CompiledCache:
     rebuilt in place, so the cache grows with the number of models, not of re-exports. The blob is
     imported from a memory map (the weights stay file-backed pages). OpenVINO's own ``CACHE_DIR``
     would need the mended model saved as IR beside its blob (twice the disk) or would hash the
-    model read from ONNX (no faster: measured 3.9 s vs 5.1 s uncached, 0.8 s here, SmolLM2-135M)."""
+    model read from ONNX, which is no faster than compiling (benchmarks/RESULTS.md)."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory).expanduser()
@@ -158,8 +185,8 @@ def release_pages(mapped: mmap.mmap) -> bool:
     Importing a blob reads every constant once, and the CPU plugin keeps its own repacked copy of
     the matmul weights; the blob's pages stay resident (counted in RSS) though most are not read
     again. ``MADV_PAGEOUT`` only reclaims: a page still needed is read back from the file on its
-    next touch, so this is safe whatever OpenVINO maps where. Measured on SmolLM2-135M bf16: RSS
-    after import 934 -> 419 MB; a 16 x 512 call touches ~50 MB of the blob again."""
+    next touch, so this is safe whatever OpenVINO maps where; a later call reads back only the
+    small part of the blob it touches."""
     if MADV_PAGEOUT is None or not hasattr(mapped, "madvise"):
         return False
     try:
@@ -173,7 +200,7 @@ def release_pages(mapped: mmap.mmap) -> bool:
 def pages_released_meanwhile(mapped: mmap.mmap, interval: float = 0.05) -> Iterator[None]:
     """Release ``mapped``'s pages every ``interval`` seconds while the body runs, and once after.
 
-    OpenVINO's import reads the whole blob (SmolLM2-135M: 540 MB of f32 constants) while it builds
+    OpenVINO's import reads the whole blob (every constant, as f32) while it builds
     its own, smaller copy; released only at the end, both are resident at once and set the
     process's peak. Released as the import goes, the peak is the plugin's copy plus what was read
     in the last ``interval``."""
@@ -199,7 +226,7 @@ def default_cache_dir() -> Path:
 
 
 class OpenVINOSession:
-    """A model compiled for OpenVINO's CPU device, used like an onnxruntime session.
+    """A model compiled for OpenVINO's CPU device, behind the :class:`~kvembed.backends.protocol.Session` protocol.
 
     ``precision``: ``INFERENCE_PRECISION_HINT`` (``"f32"`` or ``"bf16"``; None = bf16 only where
     the CPU has it). ``threads``: ``INFERENCE_NUM_THREADS`` (None = OpenVINO's choice).
@@ -242,12 +269,12 @@ class OpenVINOSession:
                 try:
                     cache.store(fingerprint, self.compiled)
                 except OSError as err:
-                    warnings.warn(f"OpenVINO cache {str(cache.directory)!r} not written ({err}); loads stay uncached", stacklevel=4)
+                    warnings.warn(f"OpenVINO cache {str(cache.directory)!r} not written ({err}); loads stay uncached", stacklevel=5)
                 else:
                     # the model compiled from ONNX holds every constant it read in anonymous memory;
                     # the one imported from the blob just written holds them as reclaimable pages
                     self.compiled = self._import(cache.load(fingerprint)) or self.compiled
-        self._inputs = [_Input(port.get_any_name()) for port in self.compiled.inputs]
+        self._inputs = [port.get_any_name() for port in self.compiled.inputs]
 
     def _compile(self) -> Any:
         """Read the ONNX, mend its attention, compile; OpenVINO's errors as one line."""
@@ -278,27 +305,31 @@ class OpenVINOSession:
                 compiled = self.core.import_model(tensor, "CPU", self.config)
         except (RuntimeError, OSError, ValueError) as err:
             detail = (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
-            warnings.warn(f"OpenVINO cache blob {str(blob)!r} unusable, recompiling ({detail})", stacklevel=5)
+            warnings.warn(f"OpenVINO cache blob {str(blob)!r} unusable, recompiling ({detail})", stacklevel=6)
             return None
         self._blob = (mapped, tensor)
         return compiled
 
-    def get_inputs(self) -> list[_Input]:
+    backend = NAME
+
+    @property
+    def input_names(self) -> list[str]:
         return list(self._inputs)
 
-    def get_providers(self) -> list[str]:
+    @property
+    def providers(self) -> list[str]:
         return [OPENVINO, self.precision]
 
-    def run(self, output_names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    def max_rows(self, width: int) -> int | None:
+        return None
+
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         request = self.compiled.create_infer_request()  # one per call: concurrent runs share nothing
         request.infer({name: np.ascontiguousarray(array) for name, array in feeds.items()})
         return [np.array(request.get_tensor(name).data, copy=True) for name in output_names]
 
 
-def create_session(
-    model_path: str | os.PathLike[str],
-    threads: int | None = None,
-    precision: str | None = None,
-    cache_dir: str | os.PathLike[str] | None | bool = None,
-) -> OpenVINOSession:
-    return OpenVINOSession(model_path, threads, precision, cache_dir)
+def open_graph(model_path: str | os.PathLike[str], provider: str = NAME, options: OpenVINOOptions | None = None) -> OpenVINOSession:
+    """``model_path`` compiled for OpenVINO's CPU plugin with ``options`` (``provider`` is always ``"openvino"``)."""
+    o = options or OpenVINOOptions()
+    return OpenVINOSession(model_path, o.threads, o.precision, o.cache_dir)

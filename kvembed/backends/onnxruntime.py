@@ -1,5 +1,6 @@
-"""onnxruntime sessions: provider choice (CPU, CUDA, TensorRT), tuned options, IO binding.
-(``"openvino"`` runs through :mod:`kvembed.runtime.openvino`, not onnxruntime.)
+"""onnxruntime backend: provider choice (CPU, CUDA, TensorRT execution provider), tuned options, IO binding.
+(``"openvino"`` runs through :mod:`kvembed.backends.openvino`, a TensorRT plan through
+:mod:`kvembed.backends.tensorrt`, not onnxruntime.)
 
 GPU paths are written against onnxruntime-gpu's real provider options and guarded: asking for
 them where onnxruntime-gpu (or its CUDA/TensorRT libraries) is missing raises a RuntimeError that
@@ -9,6 +10,7 @@ names the fix, and ``"auto"`` falls back to the CPU.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -17,19 +19,47 @@ import onnxruntime as ort
 
 from ..errors import MissingDependency
 
-PROVIDERS = ("auto", "cpu", "cuda", "tensorrt", "openvino")
+NAME = "onnxruntime"
+#: the runtime provider names this backend serves (``"auto"``: CUDA when present, else the CPU)
+ORT_PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
 GIB = 1024**3
-#: resident bytes per byte of the artifact's graph files, onnxruntime on the CPU: fp16 weights are
-#: cast to fp32 copies at load (its CPU provider has no fp16 MatMul); fp32 and int8 ones are packed
-#: in place of the mapped file (benchmarks/load_memory.py)
+#: resident bytes per byte of the artifact's graph files on the CPU: fp16 weights are cast to fp32
+#: copies at load (its CPU provider has no fp16 MatMul); fp32 and int8 ones are packed in place
+#: of the mapped file (benchmarks/load_memory.py)
 CPU_WEIGHT_FACTOR = {"fp32": 1.0, "int8": 1.0, "fp16": 2.0}
-#: OpenVINO: compiling from the ONNX holds the weights read and their converted copy at once; per
-#: byte of fp32-equivalent weights (an fp16 file counts twice; an int8 one, not measured, four times)
-OPENVINO_WEIGHT_FACTOR, FP32_EQUIVALENT = 2.5, {"fp32": 1.0, "fp16": 2.0, "int8": 4.0}
-#: what a session holds beyond its weights after calls of the runtime's token budget
-#: (CPU_CALL_TOKENS) at Qwen3-4B's widths: the arena's high-water mark, scratch, the interpreter
-SESSION_OVERHEAD = 1.5 * GIB
 CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
+GPU_HINT = "pip install 'kvembed[gpu]'"
+
+
+@dataclass(frozen=True)
+class OnnxRuntimeOptions:
+    """How an onnxruntime session is made (see :func:`session_options` and :func:`provider_chain`).
+
+    ``threads``: intra-op threads (None: one per physical core). ``device_id``: the GPU of the CUDA
+    and TensorRT providers. ``trt_cache_dir`` / ``trt_fp16``: the TensorRT execution provider's
+    engine cache and fp16 kernels."""
+
+    threads: int | None = None
+    memory_arena: bool = True
+    prepacking: bool = True
+    device_id: int = 0
+    trt_cache_dir: str | os.PathLike[str] | None = None
+    trt_fp16: bool = False
+
+
+def probe() -> str | None:
+    """None: onnxruntime is a dependency of kvembed, and its CPU provider is always there."""
+    return None
+
+
+def provider_problem(provider: str) -> str | None:
+    """Why onnxruntime's provider for ``provider`` (a runtime provider name) is absent here, or None."""
+    available = ort.get_available_providers()
+    if provider == "cuda" and CUDA not in available:
+        return f"this onnxruntime has no CUDAExecutionProvider ({GPU_HINT})"
+    if provider == "tensorrt" and TENSORRT not in available:
+        return f"this onnxruntime has no TensorrtExecutionProvider ({GPU_HINT}, plus TensorRT's libraries from NVIDIA)"
+    return None
 
 
 def provider_chain(
@@ -40,10 +70,12 @@ def provider_chain(
     trt_fp16: bool = False,
 ) -> list[Any]:
     """The onnxruntime ``providers`` list for a kvembed provider name."""
+    from .catalogue import PROVIDERS
+
     if provider not in PROVIDERS:
         raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
-    if provider == "openvino":
-        raise ValueError("provider 'openvino' is not an onnxruntime provider: open it with Embedder.load(..., provider='openvino')")
+    if provider not in ORT_PROVIDERS:
+        raise ValueError(f"provider {provider!r} is not an onnxruntime provider: open it with Embedder.load(..., provider={provider!r})")
     available = ort.get_available_providers()
     cuda = (CUDA, {"device_id": device_id})
     if provider == "cpu" or (provider == "auto" and CUDA not in available):
@@ -54,7 +86,7 @@ def provider_chain(
     if needed not in available:
         raise MissingDependency(
             f"provider {provider!r} needs onnxruntime's {needed}, which this onnxruntime does not have "
-            f"(available: {', '.join(available)}); install the GPU build: pip install 'kvembed[gpu]' "
+            f"(available: {', '.join(available)}); install the GPU build: {GPU_HINT} "
             f"(onnxruntime-gpu, with CUDA{' and TensorRT' if provider == 'tensorrt' else ''} libraries)"
         )
     if provider == "cuda":
@@ -83,8 +115,7 @@ def session_options(threads: int | None = None, memory_arena: bool = True, prepa
     ``memory_arena``: on by default, the CPU arena keeps the activation memory of the largest call
     (rounded up) for the next ones, which makes calls faster, int8 ones most; calls are cut to the
     runtime's token budget, so what it keeps is bounded by the model's widths, not its weights.
-    ``memory_arena=False`` gives activation memory back after every call instead (a 16 x 512 batch
-    of the 8-layer 0.6B-shaped model: 2.6 GB kept vs 0.6 GB resident after the call;
+    ``memory_arena=False`` gives activation memory back after every call instead (what each keeps:
     benchmarks/compare_graphs.py --memory), for servers that see rare large batches.
 
     ``prepacking``: on by default, each MatMul weight is packed once at load into the layout the
@@ -116,27 +147,10 @@ def create_session(
     prepacking: bool = True,
     **provider_options: Any,
 ) -> ort.InferenceSession:
-    """A session of ``model_path`` on ``provider`` with :func:`session_options`."""
+    """A plain ``ort.InferenceSession`` of ``model_path`` on ``provider`` with :func:`session_options`."""
     providers = provider_chain(provider, **provider_options)
     options = session_options(threads, memory_arena, prepacking)
     return open_session(model_path, options, providers)
-
-
-def session_memory(directory: str | os.PathLike[str], provider: str = "cpu") -> int:
-    """Bytes of memory one loaded session of the artifact in ``directory`` holds at its peak, for
-    schedulers that must not put more sessions on a machine than fit (Ray's ``memory``): its graph
-    files' bytes times what the provider makes of them, plus :data:`SESSION_OVERHEAD`. GPU
-    providers are counted as the CPU (what the host holds while the weights are loaded)."""
-    from ..artifact import read_manifest
-
-    path = Path(directory)
-    precision = str(read_manifest(path).get("precision", "fp32"))
-    graph = sum(p.stat().st_size for p in path.iterdir() if p.is_file() and p.name.startswith("model.onnx"))
-    if provider == "openvino":
-        factor = OPENVINO_WEIGHT_FACTOR * FP32_EQUIVALENT.get(precision, 4.0)
-    else:
-        factor = CPU_WEIGHT_FACTOR.get(precision, 2.0)
-    return int(graph * factor + SESSION_OVERHEAD)
 
 
 def open_session(model_path: str | os.PathLike[str], options: ort.SessionOptions, providers: Sequence[Any]) -> ort.InferenceSession:
@@ -154,18 +168,58 @@ def open_session(model_path: str | os.PathLike[str], options: ort.SessionOptions
         ) from err
 
 
-def run_session(
-    session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]
-) -> list[np.ndarray]:
-    """Run ``session``; on a GPU provider through IO binding (inputs copied once, outputs to host).
-    OpenVINO and TensorRT-engine sessions (:mod:`~kvembed.runtime.openvino`,
-    :mod:`~kvembed.runtime.engine`) have no IO binding and run directly."""
-    if session.get_providers()[0] == CPU or not hasattr(session, "io_binding"):
-        return session.run(list(outputs), dict(feeds))
-    binding = session.io_binding()
-    for name, array in feeds.items():
-        binding.bind_cpu_input(name, np.ascontiguousarray(array))
-    for name in outputs:
-        binding.bind_output(name, "cpu")
-    session.run_with_iobinding(binding)
-    return binding.copy_outputs_to_cpu()
+def weight_factor(precision: str) -> float:
+    """Resident bytes per byte of graph file once loaded (:data:`CPU_WEIGHT_FACTOR`); GPU providers
+    are counted as the CPU (what the host holds while the weights are loaded)."""
+    return CPU_WEIGHT_FACTOR.get(precision, 2.0)
+
+
+class OnnxRuntimeSession:
+    """An ``ort.InferenceSession`` behind the :class:`~kvembed.backends.protocol.Session` protocol.
+
+    ``ort`` is the onnxruntime session itself; its own methods (``get_session_options``,
+    ``get_providers``, ``get_inputs``, ...) stay reachable on this object, except ``run``, which
+    takes the protocol's ``(feeds, output_names)``."""
+
+    backend = NAME
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self.ort = session
+        self._inputs = [i.name for i in session.get_inputs()]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "ort":  # not set yet (unpickling, a failed __init__): no recursion
+            raise AttributeError(name)
+        return getattr(self.ort, name)
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self._inputs)
+
+    @property
+    def providers(self) -> list[str]:
+        return list(self.ort.get_providers())
+
+    def max_rows(self, width: int) -> int | None:
+        return None
+
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        """Run; on a GPU provider through IO binding (inputs copied once, outputs to host)."""
+        if self.ort.get_providers()[0] == CPU:
+            return self.ort.run(list(output_names), dict(feeds))
+        binding = self.ort.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name in output_names:
+            binding.bind_output(name, "cpu")
+        self.ort.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()
+
+
+def open_graph(model_path: str | os.PathLike[str], provider: str = "auto", options: OnnxRuntimeOptions | None = None) -> OnnxRuntimeSession:
+    """``model_path`` opened on ``provider`` (auto, cpu, cuda, tensorrt) with ``options``."""
+    o = options or OnnxRuntimeOptions()
+    provider_options: dict[str, Any] = {"device_id": o.device_id}
+    if provider == "tensorrt":
+        provider_options.update(trt_cache_dir=o.trt_cache_dir, trt_fp16=o.trt_fp16)
+    return OnnxRuntimeSession(create_session(model_path, provider, o.threads, o.memory_arena, o.prepacking, **provider_options))

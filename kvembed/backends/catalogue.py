@@ -1,0 +1,304 @@
+"""The backend catalogue: which backends kvembed has, whether each can run here (and why not), how
+each opens an artifact's graph with its own options, and what ``"auto"`` picks.
+
+Adding a backend is one file beside this one (``NAME``, ``probe()``, an options dataclass,
+``open_graph(path, provider, options)``, ``weight_factor(precision)``) and one entry in
+:data:`BACKENDS`; the runtime's provider names, ``kvembed verify --backends`` and the CLIs' help
+texts are read from here. Backend modules are imported only when an entry is used, so reading the
+names costs nothing (the CLIs build their help from them).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Mapping, Sequence
+
+from ..artifact import MODEL, read_manifest
+from .protocol import BackendUnavailableError, Session
+
+__all__ = [
+    "BACKENDS", "PROVIDERS", "PROVIDER_HELP", "VERIFY_BACKENDS", "VERIFY_ALIASES", "VERIFY_HELP", "REFERENCE_AUTO_LIMIT",
+    "Backend", "BackendUnavailableError", "VerifyTarget", "backend_for", "open_session", "options_for",
+    "provider_problem", "resolve_verify_backends", "session_memory", "verify_problems",
+]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend: its module in this room, its options dataclass and the runtime providers it serves."""
+
+    name: str
+    module: str
+    options: str
+    providers: tuple[str, ...]
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(self.module)
+
+    def probe(self) -> str | None:
+        """None when this backend can run here, else why not (and what to install)."""
+        return self.load().probe()
+
+    def options_type(self) -> type:
+        return getattr(self.load(), self.options)
+
+
+#: every backend, by name; ``tensorrt`` runs engine directories (``kvembed build-engine``)
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("onnxruntime", "kvembed.backends.onnxruntime", "OnnxRuntimeOptions", ("cpu", "cuda", "tensorrt")),
+    Backend("openvino", "kvembed.backends.openvino", "OpenVINOOptions", ("openvino",)),
+    Backend("tensorrt", "kvembed.backends.tensorrt", "TensorRTOptions", ("tensorrt",)),
+)}
+
+#: the runtime's provider names (``Embedder.load(provider=...)``, every CLI's ``--provider``).
+#: ``"auto"``: an engine directory's plan on TensorRT; else onnxruntime, on CUDA when onnxruntime-gpu
+#: sees a GPU and on the CPU otherwise (OpenVINO is never picked: ask for it)
+PROVIDERS: tuple[str, ...] = ("auto", *dict.fromkeys(p for b in BACKENDS.values() for p in b.providers))
+#: the provider names as the CLIs' ``--provider`` help lists them
+PROVIDER_HELP = ", ".join(PROVIDERS)
+#: the flat keywords of ``Embedder.load`` and the option field each becomes, per backend
+FLAT_KEYWORDS: dict[str, dict[str, str]] = {
+    "onnxruntime": {"threads": "threads", "memory_arena": "memory_arena", "prepacking": "prepacking",
+                    "device_id": "device_id", "trt_cache_dir": "trt_cache_dir", "trt_fp16": "trt_fp16"},
+    "openvino": {"threads": "threads", "ov_precision": "precision", "ov_cache_dir": "cache_dir"},
+    "tensorrt": {},
+}
+#: their defaults (a keyword at its default was not asked for)
+FLAT_DEFAULTS: dict[str, Any] = {
+    "threads": None, "device_id": 0, "trt_cache_dir": None, "trt_fp16": False, "memory_arena": True,
+    "prepacking": True, "ov_precision": None, "ov_cache_dir": None,
+}
+#: what a session holds beyond its weights after calls of the runtime's CPU token budget at a
+#: mid-sized LLM's widths: the arena's high-water mark, scratch, the interpreter
+SESSION_OVERHEAD = int(1.5 * 1024**3)
+
+
+def _is_engine_dir(directory: Path) -> bool:
+    from .tensorrt import is_engine_dir
+
+    return is_engine_dir(directory)
+
+
+def check_provider(provider: str) -> None:
+    """A ValueError naming the valid providers, for a name that is not one."""
+    if provider not in PROVIDERS:
+        raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+
+
+def backend_for(directory: str | os.PathLike[str], provider: str = "auto") -> str:
+    """The backend that opens ``directory`` for ``provider``: an engine directory's plan runs on
+    ``tensorrt`` (provider auto or tensorrt only), ``openvino`` on OpenVINO, the rest on onnxruntime."""
+    check_provider(provider)
+    path = Path(directory)
+    if _is_engine_dir(path):
+        if provider not in ("auto", "tensorrt"):
+            raise ValueError(
+                f"{str(path)!r} is a TensorRT engine directory: it runs with provider 'tensorrt' (or 'auto'); "
+                f"for provider {provider!r} load the artifact it was built from"
+            )
+        return "tensorrt"
+    return "openvino" if provider == "openvino" else "onnxruntime"
+
+
+def options_for(backend: str, options: Any = None, **flat: Any) -> Any:
+    """The options ``backend`` opens a graph with: ``options`` (its dataclass) as given, or built
+    from ``Embedder.load``'s flat keywords (those that do not apply to ``backend`` are ignored, as
+    they always were). Both at once is an error: one would silently lose."""
+    unknown = set(flat) - set(FLAT_DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown backend option{'s' if len(unknown) > 1 else ''}: {', '.join(sorted(unknown))}")
+    kind = BACKENDS[backend].options_type()
+    if options is not None:
+        if not isinstance(options, kind):
+            raise ValueError(f"backend {backend!r} takes {kind.__name__}, got {type(options).__name__}")
+        given = sorted(k for k, v in flat.items() if v != FLAT_DEFAULTS[k])
+        if given:
+            raise ValueError(f"pass either options= or {', '.join(given)}, not both")
+        return options
+    fields = {field: flat[key] for key, field in FLAT_KEYWORDS[backend].items() if key in flat}
+    return kind(**fields)
+
+
+def open_session(directory: str | os.PathLike[str], provider: str = "auto", options: Any = None) -> Session:
+    """The graph of the artifact (or engine directory) ``directory`` opened on ``provider``'s backend."""
+    path = Path(directory)
+    backend = backend_for(path, provider)
+    options = options_for(backend, options)
+    target = path if backend == "tensorrt" else path / MODEL
+    return BACKENDS[backend].load().open_graph(target, provider, options)
+
+
+def provider_problem(provider: str) -> str | None:
+    """Why the runtime provider ``provider`` cannot run here, or None (``auto`` always can: it falls back to the CPU)."""
+    check_provider(provider)
+    if provider == "openvino":
+        return BACKENDS["openvino"].probe()
+    if provider in ("cuda", "tensorrt"):
+        from .onnxruntime import provider_problem as ort_problem
+
+        return ort_problem(provider)
+    return None
+
+
+def session_memory(directory: str | os.PathLike[str], provider: str = "cpu") -> int:
+    """Bytes of memory one loaded session of the artifact in ``directory`` holds at its peak, for
+    schedulers that must not put more sessions on a machine than fit (Ray's ``memory``): its graph
+    files' bytes times what the backend makes of them (its ``weight_factor``), plus
+    :data:`SESSION_OVERHEAD`. GPU providers are counted as the CPU (what the host holds while the
+    weights are loaded)."""
+    path = Path(directory)
+    precision = str(read_manifest(path).get("precision", "fp32"))
+    graph = sum(p.stat().st_size for p in path.iterdir() if p.is_file() and p.name.startswith(MODEL))
+    backend = BACKENDS["openvino" if provider == "openvino" else "onnxruntime"]
+    return int(graph * backend.load().weight_factor(precision) + SESSION_OVERHEAD)
+
+
+# -- kvembed verify --backends: the same graph on every backend present ---------------------------
+
+
+@dataclass(frozen=True)
+class VerifyTarget:
+    """One thing ``kvembed verify --backends`` runs a graph on: a backend with one setting
+    (onnxruntime's provider, OpenVINO's precision hint), or ONNX's reference evaluator."""
+
+    name: str
+    backend: str
+    setting: str = ""
+
+    def problem(self) -> str | None:
+        """Why this target cannot run here, or None."""
+        if self.backend == "onnx-reference":
+            return reference_problem()
+        if self.backend == "onnxruntime":
+            return provider_problem(self.setting)
+        return BACKENDS[self.backend].probe()
+
+
+CPU, CUDA, ORT_TENSORRT, TENSORRT, OV_F32, OV_BF16, REFERENCE = (
+    "onnxruntime-cpu", "onnxruntime-cuda", "onnxruntime-tensorrt", "tensorrt", "openvino-f32", "openvino-bf16",
+    "onnx-reference",
+)
+#: every verify target, in the order they are run and reported (the first is the baseline)
+VERIFY_TARGETS: dict[str, VerifyTarget] = {t.name: t for t in (
+    VerifyTarget(CPU, "onnxruntime", "cpu"),
+    VerifyTarget(CUDA, "onnxruntime", "cuda"),
+    VerifyTarget(ORT_TENSORRT, "onnxruntime", "tensorrt"),
+    VerifyTarget(TENSORRT, "tensorrt"),
+    VerifyTarget(OV_F32, "openvino", "f32"),
+    VerifyTarget(OV_BF16, "openvino", "bf16"),
+    VerifyTarget(REFERENCE, "onnx-reference"),
+)}
+VERIFY_BACKENDS: tuple[str, ...] = tuple(VERIFY_TARGETS)
+#: names that stand for several targets
+VERIFY_ALIASES: dict[str, tuple[str, ...]] = {"openvino": (OV_F32, OV_BF16)}
+#: ``auto`` offers onnx-reference only below this model size (model.onnx + external data): pure Python is slow
+REFERENCE_AUTO_LIMIT = 50 * 1024 * 1024
+#: ``kvembed verify --backends`` help
+VERIFY_HELP = (
+    "Backends to compare the graph on, comma-separated: auto (every backend present; onnx-reference only for "
+    f"models under {REFERENCE_AUTO_LIMIT // 1024 // 1024} MB) or names from {', '.join(VERIFY_BACKENDS[:-1])} "
+    f"(openvino: both), {REFERENCE} (e.g. 'auto,{REFERENCE}'); each is compared with {CPU}."
+)
+
+
+def reference_problem() -> str | None:
+    """Why ONNX's reference evaluator cannot run here, or None."""
+    try:
+        importlib.import_module("onnx.reference")
+    except ImportError:
+        return "onnx is not installed (pip install 'kvembed[export]')"
+    return None
+
+
+def cpu_has_bf16() -> bool:
+    from .openvino import default_precision, import_openvino
+
+    return default_precision(import_openvino().Core()) == "bf16"
+
+
+def model_bytes(path: str | os.PathLike[str]) -> int:
+    """Size of an ONNX file plus its external data (``model.onnx.data``) if any."""
+    path = Path(path)
+    data = path.with_name(path.name + ".data")
+    return sum(p.stat().st_size for p in (path, data) if p.is_file())
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1024 / 1024:.1f} MB" if n < 1024 ** 3 else f"{n / 1024 ** 3:.1f} GB"
+
+
+def verify_problems(manifest: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """``name -> why it cannot run here`` for every verify target this machine (or this artifact's
+    graph: TensorRT's parser takes no int8 one) lacks; absent ones only."""
+    problems = {name: why for name, target in VERIFY_TARGETS.items() if (why := target.problem()) is not None}
+    graph = (manifest or {}).get("graph", {})
+    if TENSORRT not in problems and graph and not graph.get("tensorrt_ready", True):
+        ops = ", ".join(graph.get("non_portable_ops", [])) or "non-portable ops"
+        problems[TENSORRT] = f"TensorRT's parser does not take this graph ({ops}); export fp32 or fp16 for TensorRT"
+    return problems
+
+
+def resolve_verify_backends(
+    directory: str | os.PathLike[str] | None = None,
+    backends: str | Sequence[str] = "auto",
+    *,
+    manifest: Mapping[str, Any] | None = None,
+    model_path: str | os.PathLike[str] | None = None,
+    problems: Mapping[str, str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The targets to compare and ``{skipped target: reason}``.
+
+    ``backends`` is ``"auto"`` (every present target; onnx-reference only for models under
+    :data:`REFERENCE_AUTO_LIMIT`), a comma list of names, or a sequence; ``auto`` may be combined
+    with names (``"auto,onnx-reference"``). Unknown names raise ValueError naming the valid ones; a
+    target asked for by name that this machine lacks raises :class:`BackendUnavailableError`
+    saying what to install. Skipped targets (with reasons) are reported only for ``auto``.
+    ``problems``: what is absent (default :func:`verify_problems`).
+    """
+    if directory is not None:
+        manifest = read_manifest(directory) if manifest is None else manifest
+        model_path = Path(directory) / MODEL if model_path is None else model_path
+    if model_path is None:
+        raise ValueError("give an artifact directory or a model path")
+    names = [n.strip().lower() for n in (backends.split(",") if isinstance(backends, str) else backends)]
+    names = [n for n in names if n]
+    if not names:
+        raise ValueError(f"--backends is empty; give 'auto' or a comma list of {', '.join(VERIFY_BACKENDS)}")
+    unknown = [n for n in names if n != "auto" and n not in VERIFY_TARGETS and n not in VERIFY_ALIASES]
+    if unknown:
+        raise ValueError(
+            f"unknown backend{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            f"valid: auto, {', '.join(VERIFY_BACKENDS)}, {', '.join(VERIFY_ALIASES)}"
+        )
+    names = [member for n in names for member in VERIFY_ALIASES.get(n, (n,))]
+    problems = verify_problems(manifest) if problems is None else dict(problems)
+    chosen: set[str] = set()
+    skipped: dict[str, str] = {}
+    if "auto" in names:
+        size = model_bytes(model_path)
+        for name in VERIFY_BACKENDS:
+            if name in problems:
+                skipped[name] = problems[name]
+            elif name == REFERENCE and size >= REFERENCE_AUTO_LIMIT and REFERENCE not in names:
+                skipped[name] = (
+                    f"model is {_mb(size)} (auto takes it below {_mb(REFERENCE_AUTO_LIMIT)}: pure Python is slow); "
+                    f"ask for it with --backends auto,{REFERENCE}"
+                )
+            elif name == OV_BF16 and OV_BF16 not in names and not cpu_has_bf16():
+                skipped[name] = f"this CPU has no BF16 (OpenVINO would run f32 again); ask for it with --backends auto,{OV_BF16}"
+            else:
+                chosen.add(name)
+    for name in names:
+        if name == "auto":
+            continue
+        if name in problems:
+            raise BackendUnavailableError(f"backend {name} is not available here: {problems[name]}")
+        chosen.add(name)
+        skipped.pop(name, None)
+    if CPU not in problems:  # the baseline every target is compared with, asked for or not
+        chosen.add(CPU)
+    return [name for name in VERIFY_BACKENDS if name in chosen], skipped

@@ -1,0 +1,111 @@
+"""The backends catalogue: every backend file is listed, each probe tells the truth about this
+machine (real probes, no mocks), sessions follow the protocol, and ``Embedder.load`` still takes
+every keyword it ever took."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import pytest
+
+from kvembed.backends import catalogue
+from kvembed.backends.onnxruntime import DISABLE_PREPACKING, OnnxRuntimeOptions
+from kvembed.backends.openvino import OpenVINOOptions
+from kvembed.backends.protocol import Session
+from kvembed.runtime import Embedder
+
+ROOM = Path(catalogue.__file__).parent
+#: Embedder.load's keywords and defaults before the backends room (all must keep working)
+OLD_KEYWORDS = {
+    "provider": "auto", "threads": None, "verify": True, "device_id": 0, "trt_cache_dir": None, "trt_fp16": False,
+    "memory_arena": True, "prepacking": True, "ov_precision": None, "ov_cache_dir": None, "max_call_tokens": "auto",
+    "call_cost": "auto",
+}
+
+
+@pytest.fixture(scope="module")
+def artifact(stories_artifact):
+    return stories_artifact("kv-embedding")
+
+
+def test_the_catalogue_lists_every_backend_file():
+    files = {p.stem for p in ROOM.glob("*.py")} - {"__init__", "protocol", "catalogue"}
+    assert set(catalogue.BACKENDS) == files == {"onnxruntime", "openvino", "tensorrt"}
+    for name, backend in catalogue.BACKENDS.items():
+        module = backend.load()
+        assert module.NAME == name and callable(module.probe) and callable(module.open_graph) and callable(module.weight_factor)
+        assert backend.options_type().__module__ == module.__name__
+        assert set(backend.providers) <= set(catalogue.PROVIDERS)
+    assert catalogue.PROVIDERS == ("auto", "cpu", "cuda", "tensorrt", "openvino")
+    assert catalogue.PROVIDER_HELP == "auto, cpu, cuda, tensorrt, openvino"
+    assert {t.backend for t in catalogue.VERIFY_TARGETS.values()} == {*catalogue.BACKENDS, "onnx-reference"}
+    assert all(name in catalogue.VERIFY_HELP for name in catalogue.VERIFY_BACKENDS)
+
+
+def test_each_probe_says_why_it_cannot_run_here():
+    """Whatever this machine has: a probe is None exactly where its backend can run, else it names the fix."""
+    gpu = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    assert catalogue.provider_problem("cpu") is None and catalogue.provider_problem("auto") is None
+    cuda = catalogue.provider_problem("cuda")
+    assert (cuda is None) == gpu
+    if not gpu:
+        assert "no CUDAExecutionProvider" in cuda and "kvembed[gpu]" in cuda
+    trt_ep = catalogue.provider_problem("tensorrt")
+    if "TensorrtExecutionProvider" not in onnxruntime.get_available_providers():
+        assert "no TensorrtExecutionProvider" in trt_ep
+    tensorrt = catalogue.BACKENDS["tensorrt"].probe()
+    if importlib.util.find_spec("tensorrt") is None:
+        assert tensorrt.startswith("not installed") and "developer.nvidia.com/tensorrt" in tensorrt
+    openvino = catalogue.BACKENDS["openvino"].probe()
+    if importlib.util.find_spec("openvino") is None:
+        assert "pip install 'kvembed[openvino]'" in openvino
+    assert catalogue.provider_problem("openvino") == openvino
+    assert catalogue.BACKENDS["onnxruntime"].probe() is None
+    absent = catalogue.verify_problems()
+    assert "onnxruntime-cpu" not in absent and ("onnxruntime-cuda" in absent) == (not gpu)
+    with pytest.raises(ValueError, match="provider must be one of auto, cpu"):
+        catalogue.provider_problem("vulkan")
+
+
+def test_auto_picks_onnxruntime_for_an_artifact(artifact, tmp_path):
+    assert catalogue.backend_for(artifact, "auto") == "onnxruntime"
+    assert catalogue.backend_for(artifact, "openvino") == "openvino"
+    (tmp_path / "engine.json").write_text("{}")
+    assert catalogue.backend_for(tmp_path, "auto") == "tensorrt"
+    with pytest.raises(ValueError, match="TensorRT engine directory"):
+        catalogue.backend_for(tmp_path, "cpu")
+
+
+def test_embedder_load_takes_every_old_keyword(artifact):
+    parameters = inspect.signature(Embedder.load).parameters
+    for name, default in OLD_KEYWORDS.items():
+        assert parameters[name].default == default, name
+    embedder = Embedder.load(
+        artifact, provider="cpu", threads=1, verify=True, device_id=0, trt_cache_dir=None, trt_fp16=False,
+        memory_arena=False, prepacking=False, ov_precision=None, ov_cache_dir=None, max_call_tokens=64, call_cost=None,
+    )
+    assert isinstance(embedder.session, Session) and embedder.providers == ["CPUExecutionProvider"]
+    options = embedder.session.get_session_options()  # the onnxruntime session's own methods stay reachable
+    assert not options.enable_cpu_mem_arena and options.get_session_config_entry(DISABLE_PREPACKING) == "1"
+    assert options.intra_op_num_threads == 1 and embedder.max_call_tokens == 64 and embedder.call_cost is None
+    assert embedder.session.max_rows(512) is None
+    vector = embedder.encode("a short text")
+    same = Embedder.load(artifact, "cpu", options=OnnxRuntimeOptions(threads=1, memory_arena=False))
+    assert not same.session.get_session_options().enable_cpu_mem_arena
+    np.testing.assert_allclose(same.encode("a short text"), vector, atol=1e-6)
+    with pytest.raises(ValueError, match="either options= or memory_arena"):
+        Embedder.load(artifact, "cpu", memory_arena=False, options=OnnxRuntimeOptions())
+    with pytest.raises(ValueError, match="takes OnnxRuntimeOptions, got OpenVINOOptions"):
+        Embedder.load(artifact, "cpu", options=OpenVINOOptions())
+    with pytest.raises(ValueError, match="provider must be one of"):
+        Embedder.load(artifact, provider="vulkan")
+
+
+def test_session_memory_reads_the_backend_factor(artifact):
+    graph = sum(p.stat().st_size for p in Path(artifact).iterdir() if p.name.startswith("model.onnx"))
+    assert catalogue.session_memory(artifact, "cpu") == int(graph * 1.0 + catalogue.SESSION_OVERHEAD)
+    assert catalogue.session_memory(artifact, "openvino") == int(graph * 2.5 + catalogue.SESSION_OVERHEAD)
