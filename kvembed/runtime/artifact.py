@@ -141,6 +141,7 @@ def encoder_from_manifest(directory: str | os.PathLike[str], manifest: Mapping[s
         int(manifest["max_length"]),
         fallback_id=int(manifest["fallback_id"]),
         pad_id=int(manifest["pad_id"]),
+        padding_side=str(manifest.get("padding_side", "right")),
         **context,
     )
     if method.placeholder and encoder.placeholder_id != manifest["placeholder_id"]:

@@ -93,6 +93,8 @@ class TextEncoder:
     encoder's: it tokenises the bare text (cut to ``context_max_length`` by the tokenizer's own
     truncation, which keeps its special tokens), and the prompt's ``{context}`` becomes the
     checkpoint's placeholder token, whose position goes into ``pool``.
+
+    ``padding_side`` (the artifact manifest's) is where :meth:`pad` puts the padding.
     """
 
     def __init__(
@@ -105,8 +107,10 @@ class TextEncoder:
         context_tokenizer: Tokenizer | None = None,
         context_max_length: int = 512,
         context_pad_id: int = 0,
+        padding_side: str = "right",
     ) -> None:
         self.tokenizer = tokenizer
+        self.padding_side = check_padding_side(padding_side)
         self.method = method
         self.max_length = int(max_length)
         self.min_width = 1  # pad() pads every batch to at least this many tokens (a TensorRT profile's minimum)
@@ -215,10 +219,11 @@ class TextEncoder:
 
     # -- batches -----------------------------------------------------------------------------
 
-    def pad(self, items: Sequence[EncodedText], padding_side: str = "right") -> dict[str, np.ndarray]:
-        """Stack encoded texts into int64 ``input_ids`` / ``attention_mask`` (and ``pool_mask``)."""
-        if padding_side not in ("right", "left"):
-            raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+    def pad(self, items: Sequence[EncodedText], padding_side: str | None = None) -> dict[str, np.ndarray]:
+        """Stack encoded texts into int64 ``input_ids`` / ``attention_mask`` (and ``pool_mask``),
+        padded on the encoder's :attr:`padding_side`; ``padding_side`` overrides it for one call
+        (the parity gate pads both sides to prove the side does not matter)."""
+        padding_side = self.padding_side if padding_side is None else check_padding_side(padding_side)
         width = max(max((len(item.ids) for item in items), default=1), self.min_width)
         n = len(items)
         input_ids = np.full((n, width), self.pad_id, dtype=np.int64)
@@ -249,6 +254,12 @@ class TextEncoder:
             ids[row, : len(item.context)] = item.context
             mask[row, : len(item.context)] = 1
         return {"encoder_input_ids": ids, "encoder_attention_mask": mask}
+
+
+def check_padding_side(side: str) -> str:
+    if side not in ("right", "left"):
+        raise ValueError(f"padding_side must be 'right' or 'left', got {side!r}")
+    return side
 
 
 def context_token_id(tokenizer: Tokenizer, placeholder: str) -> int:
