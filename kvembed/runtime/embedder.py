@@ -182,9 +182,7 @@ class Embedder:
     def cap_input_tokens(self, tokens: int) -> None:
         """Cut (and flag as truncated) every later input at ``tokens``, prompt included; a cap above
         the artifact's max_length changes nothing (a server's per-input limit)."""
-        if tokens < 1:
-            raise ValueError(f"an input cap must be >= 1 token, got {tokens}")
-        self.encoder.max_length = min(self.encoder.max_length, int(tokens))
+        self.encoder.cap_input_tokens(tokens)
 
     @property
     def providers(self) -> list[str]:

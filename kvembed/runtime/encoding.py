@@ -132,6 +132,17 @@ class TextEncoder:
             context_tokenizer.no_padding()
             context_tokenizer.enable_truncation(self.context_max_length)
 
+    def cap_input_tokens(self, tokens: int) -> None:
+        """Cut (and flag as truncated) every later input at ``tokens``, prompt included; a cap above
+        the current :attr:`max_length` changes nothing (a server's per-input limit, an engine's profiles)."""
+        if tokens < 1:
+            raise ValueError(f"an input cap must be >= 1 token, got {tokens}")
+        self.max_length = min(self.max_length, int(tokens))
+
+    def pad_at_least(self, width: int) -> None:
+        """Pad every later batch to at least ``width`` tokens (a TensorRT profile's shortest sequence)."""
+        self.min_width = max(1, int(width))
+
     # -- one text ----------------------------------------------------------------------------
 
     def encode_one(self, text: str, kind: str = "document") -> EncodedText:
