@@ -161,7 +161,8 @@ def _write_entry(root: Path, entry: Entry, options: ServingOptions, copied: list
     options = facts.serving_options(options)
     manifest = read_manifest(entry.artifact)
     encoder = encoder_from_manifest(entry.artifact, manifest)
-    encoder.max_length, encoder.min_width = facts.max_length, facts.min_sequence
+    encoder.cap_input_tokens(facts.max_length)
+    encoder.pad_at_least(facts.min_sequence)
     warm_batch = encoder.pad(encoder.encode([WARMUP_TEXT], "document"))
 
     tokenize = root / facts.tokenize
