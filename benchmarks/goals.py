@@ -193,7 +193,7 @@ def main() -> None:
     def fixed_batches() -> None:
         for start in range(0, len(corpus), 16):
             encoded = kv.encoder.encode(corpus[start:start + 16], "document")
-            kv.run(kv.encoder.pad(encoded, kv.padding_side))
+            kv.run(kv.encoder.pad(encoded))
 
     t = interleaved({"budget": lambda: kv.encode(corpus, batch_size=16, max_tokens=16 * 128), "fixed": fixed_batches},
                     rounds=2, warmup=0)

@@ -43,19 +43,19 @@ def main() -> None:
 
         def run() -> None:
             for chunk in plan:
-                embedder.run(embedder.encoder.pad([rows[i] for i in chunk], embedder.padding_side))
+                embedder.run(embedder.encoder.pad([rows[i] for i in chunk]))
         run.padded = sum(len(c) * max(lengths[i] for i in c) for c in plan) / sum(lengths)  # type: ignore[attr-defined]
         return run
 
     def one_by_one() -> None:
         for row in rows:
-            embedder.run(embedder.encoder.pad([row], embedder.padding_side))
+            embedder.run(embedder.encoder.pad([row]))
     one_by_one.padded = 1.0  # type: ignore[attr-defined]
 
     settings = {"one text per call": one_by_one,
                 **{f"merged, {b} tokens": merged(b, None) for b in (256, 512, 1024, 2048, 4096)},
                 "merged, 4096 tokens, max_padding 0.1": merged(4096, 0.1)}
-    embedder.run(embedder.encoder.pad(rows[:2], embedder.padding_side))  # warm-up
+    embedder.run(embedder.encoder.pad(rows[:2]))  # warm-up
     cpu: dict[str, list[float]] = {name: [] for name in settings}
     for round_ in range(args.rounds):
         for name, run in settings.items():

@@ -297,7 +297,7 @@ def test_ray_actors_reserve_the_memory_of_their_session(ray_cluster, external_ar
     options = CorpusOptions(external_artifact, [str(tmp_path / "docs.txt")], tmp_path / "one", engine="ray", workers=1,
                             threads=1, rows_per_file=20, progress=False)
     plan = make_plan(options)
-    job = Job(artifact=str(external_artifact), threads=1, kind="document", batch_tokens=4096, output_dtype="float32",
+    job = Job(artifact=str(external_artifact), threads=1, kind="document", max_batch_tokens=4096, output_dtype="float32",
               on_error="fail", columns=plan.columns, files=tuple(plan.files), output=str(options.output))
     options.output.mkdir()
     with CorpusProgress(len(texts), 0, False) as progress:

@@ -119,7 +119,7 @@ def test_plan_batches_respects_rows_and_token_budget():
     assert plan[0] == [1]  # 100 tokens: two rows would exceed the budget
     assert plan_batches([3, 1, 2], batch_size=8) == [[0, 2, 1]]
     assert plan_batches([], batch_size=4) == []
-    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="max_batch_tokens must be an integer >= 1"):
         plan_batches([1], 4, max_tokens=0)
 
 
@@ -188,7 +188,7 @@ def test_plan_batches_with_a_call_cost_is_the_cheapest_plan():
     assert plan_batches([500, 3, 3], 4, max_tokens=100, call_cost=10) == [[0], [1, 2]]
     assert all(len({[9, 9, 4, 4, 4, 1][i] for i in b}) == 1 for b in plan_batches([9, 9, 4, 4, 4, 1], 8, call_cost=0))
     assert len(plan_batches(list(range(1, 11)), 4, call_cost=10**6)) == 3  # the fewest calls of <= 4 rows
-    with pytest.raises(ValueError, match="call_cost must be >= 0"):
+    with pytest.raises(ValueError, match="call_cost must be an integer >= 0"):
         plan_batches([1], 4, call_cost=-1)
     with pytest.raises(ValueError, match="not both"):
         plan_batches([1], 4, max_padding=0.1, call_cost=8)

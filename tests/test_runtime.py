@@ -123,7 +123,7 @@ def test_call_token_budget_slices_rows_without_changing_vectors(artifacts):
         np.testing.assert_allclose(got[1], want[1], atol=1e-5)
     assert_same(one_row.encode(texts, batch_size=40), whole.encode(texts, batch_size=40))
     for bad in (0, -5, 2.5, True, "many"):
-        with pytest.raises(ValueError, match="max_call_tokens must be a positive integer"):
+        with pytest.raises(ValueError, match="max_call_tokens must be an integer >= 1"):
             Embedder.load(artifacts["kv-embedding"], provider="cpu", max_call_tokens=bad)
 
 
@@ -137,8 +137,8 @@ def test_call_cost_cuts_encode_batches_by_padding_without_changing_vectors(artif
     assert planned.call_cost == 32 and greedy.call_cost is None
     sent: dict[str, list[int]] = {}
     for name, runtime in (("planned", planned), ("greedy", greedy)):
-        real_run, sent[name] = runtime.run, []
-        runtime.run = lambda batch, output=None, real_run=real_run, name=name: sent[name].append(batch["input_ids"].size) or real_run(batch, output)
+        real_run, sent[name] = runtime.run_outputs, []
+        runtime.run_outputs = lambda batch, names, policy=None, real_run=real_run, name=name: sent[name].append(batch["input_ids"].size) or real_run(batch, names, policy)
     assert_same(planned.encode(texts, batch_size=32), greedy.encode(texts, batch_size=32))
     lengths = [len(item.ids) for item in planned.encoder.encode(texts, "document")]
     order = sorted(lengths, reverse=True)

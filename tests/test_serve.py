@@ -127,7 +127,7 @@ def capped_oracles(artifacts) -> dict[str, Embedder]:
     """In-process embedders whose encoder cuts at CAP tokens, as the capped server's do."""
     embedders = {name: Embedder.load(path, provider="cpu") for name, path in artifacts.items()}
     for embedder in embedders.values():
-        embedder.encoder.max_length = CAP
+        embedder.cap_input_tokens(CAP)
     return embedders
 
 
@@ -642,25 +642,27 @@ def test_two_workers_run_graph_calls_at_once_and_every_row_goes_home(artifacts, 
     running at the same moment (their spans, timed around the real session, overlap)."""
     import time
 
+    from kvembed.runtime.batching import BatchPolicy
     from kvembed.serve.batcher import Batcher
     from kvembed.serve.metrics import Metrics
 
     embedder = Embedder.load(artifacts["va"], provider="cpu", threads=1)
     spans: list[tuple[float, float]] = []
-    run = embedder.run
+    run = embedder.run_outputs
 
-    def timed_run(feeds, output=None):
+    def timed_run(feeds, names, policy=None):
         start = time.perf_counter()
-        result = run(feeds, output)
+        result = run(feeds, names, policy)
         spans.append((start, time.perf_counter()))
         return result
 
-    embedder.run = timed_run
+    embedder.run_outputs = timed_run
     rng = random.Random(21)
     requests = [[random_text(rng, 200) for _ in range(rng.randint(1, 8))] for _ in range(40)]
 
     async def serve_all() -> list[np.ndarray]:
-        batcher = Batcher(embedder, "va", Metrics(), max_batch_tokens=2048, max_batch_size=16, workers=2)
+        policy = BatchPolicy.from_options(embedder.policy, max_batch_tokens=2048, batch_size=16)
+        batcher = Batcher(embedder, "va", Metrics(), policy, workers=2)
         batcher.start()
         try:
             return await asyncio.gather(*(batcher.embed(embedder.encoder.encode(texts), None) for texts in requests))

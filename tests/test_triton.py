@@ -212,7 +212,7 @@ def test_write_repository_refuses_bad_input(artifacts, tmp_path):
         write_repository(artifacts["kv"], tmp_path / "a", provider="rocm")
     with pytest.raises(ValueError, match="python-backend option"):
         write_repository(artifacts["kv"], tmp_path / "a", backend="onnxruntime", provider="openvino")
-    with pytest.raises(ValueError, match="max_tokens must be a positive integer"):
+    with pytest.raises(ValueError, match="max_batch_tokens must be a positive integer"):
         write_repository(artifacts["kv"], tmp_path / "a", max_tokens=0)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "file").write_text("x")
@@ -326,7 +326,7 @@ def test_openvino_provider_repository(server, connect, oracles, repositories):
     """--provider openvino --max-tokens 256: the graph model runs the copied runtime on OpenVINO."""
     config = read_config(repositories["ov"] / "kvov_model" / "config.pbtxt")
     assert config.parameters["provider"].string_value == "openvino"
-    assert config.parameters["max_tokens"].string_value == "256"
+    assert config.parameters["max_batch_tokens"].string_value == "256"
     assert "pip install \"numpy<2\" onnxruntime tokenizers openvino" in (repositories["ov"] / "README.md").read_text()
     if not stub_has_openvino():
         pytest.skip(f"the Triton stub environment {stub_python()} has no openvino (.ci/run installs it)")

@@ -31,7 +31,8 @@ def embed_corpus_command(
     workers: int = typer.Option(1, "--workers", help="Ray actors, each with its own Embedder (--engine ray)."),
     threads_per_worker: Optional[int] = typer.Option(None, "--threads-per-worker", help="onnxruntime threads (= Ray CPUs) per worker (default: cores / workers)."),
     provider: str = typer.Option("auto", "--provider", help=f"Runtime provider of every worker: {PROVIDER_HELP}."),
-    batch_tokens: int = typer.Option(16384, "--batch-tokens", help="Padded tokens per batch (length-sorted batching)."),
+    max_batch_tokens: int = typer.Option(16384, "--max-batch-tokens", help="Padded tokens (rows x longest row) per batch of length-sorted texts; the runtime runs a batch in graph calls of at most its per-call budget."),
+    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", hidden=True, help="Old name of --max-batch-tokens."),
     rows_per_file: int = typer.Option(100_000, "--rows-per-file", help="Input rows per output shard (shards never span two input files)."),
     resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run in --output: finished shards are kept."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete an earlier run in --output (its shards and records) and start again."),
@@ -56,7 +57,7 @@ def embed_corpus_command(
         options = CorpusOptions(
             artifact=artifact, inputs=tuple(input), output=output, text_column=text_column, id_column=id_column,
             kind=kind, format=format, engine=engine, ray_address=ray_address, workers=workers,
-            threads=threads_per_worker, provider=provider, batch_tokens=batch_tokens, rows_per_file=rows_per_file, resume=resume,
+            threads=threads_per_worker, provider=provider, max_batch_tokens=max_batch_tokens, batch_tokens=batch_tokens, rows_per_file=rows_per_file, resume=resume,
             overwrite=overwrite, output_dtype=output_dtype, on_error=on_error, progress=progress,
         )
         try:

@@ -23,10 +23,11 @@ def serve_command(
     host: str = typer.Option("127.0.0.1", help="Address to bind (default: this machine only)."),
     port: int = typer.Option(8080, help="TCP port."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="KVEMBED_API_KEY", help="Require 'Authorization: Bearer KEY' (env KVEMBED_API_KEY)."),
-    max_batch_tokens: int = typer.Option(16384, help="Padded tokens per graph call."),
-    max_batch_size: int = typer.Option(64, help="Rows per graph call."),
+    max_batch_tokens: int = typer.Option(16384, help="Padded tokens (rows x longest row) per batch; the runtime runs a batch in graph calls of at most its per-call budget (2048 padded tokens on the CPU and OpenVINO, the whole batch on GPUs)."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Rows per batch."),
+    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", hidden=True, help="Old name of --batch-size."),
     max_wait_ms: float = typer.Option(5.0, help="Longest wait for requests being tokenised to join a batch."),
-    call_cost: str = typer.Option("auto", help="Padded tokens one more graph call is worth: batches are cut where padding costs more (auto: 32 on the CPU, none on GPUs; none: cut only at --max-batch-size)."),
+    call_cost: str = typer.Option("auto", help="Padded tokens one more batch is worth: batches are cut where padding costs more (auto: 32 on the CPU, none on GPUs; none: cut only at --batch-size)."),
     max_concurrent_requests: int = typer.Option(512, help="Requests served at once; more get 429."),
     max_client_batch_size: int = typer.Option(2048, help="Inputs per request; more get 413."),
     payload_limit: str = typer.Option("2MB", help="Largest request body (e.g. 2MB, 512KiB); larger get 413."),
@@ -68,7 +69,7 @@ def serve_command(
             raise InvalidInput(f"{flag} must be >= 0 seconds, got {seconds}")
     config = ServeConfig(
         artifacts=tuple(parse_artifact(a) for a in artifacts), api_key=api_key or None,
-        max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
+        max_batch_tokens=max_batch_tokens, batch_size=batch_size, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
         max_concurrent_requests=max_concurrent_requests, max_client_batch_size=max_client_batch_size,
         payload_limit=parse_size(payload_limit), max_input_tokens=max_input_tokens, auto_truncate=auto_truncate,
         long_input_tokens=parse_long_input_tokens(long_input_tokens), long_lane_nice=long_lane_nice, threads=threads, workers=workers, call_cost=parse_call_cost(call_cost), provider=provider, ov_precision=ov_precision,

@@ -56,7 +56,8 @@ def build(
     fp16: bool = typer.Option(False, "--fp16", help="TensorRT precision FP16 (tensorrt backend, or --tensorrt-accelerator)."),
     threads: int = typer.Option(1, "--threads", help="onnxruntime intra-op threads per model instance (python/onnxruntime backends; 0 = one per core)."),
     provider: str = typer.Option("auto", "--provider", help=f"python backend: runtime provider ({PROVIDER_HELP}; openvino needs the package in Triton's python env)."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="python backend: padded tokens per graph call (default: the runtime's call budget, 2048 on CPU, none on GPU)."),
+    max_batch_tokens: Optional[int] = typer.Option(None, "--max-batch-tokens", help="python backend: padded tokens (rows x longest row) per batch of merged rows, run in graph calls of at most the runtime's per-call budget (default: that budget, 2048 on CPU, none on GPU)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", hidden=True, help="Old name of --max-batch-tokens."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
 ) -> None:
     """Write a Triton model repository serving each artifact as an ensemble TEXT (+ KIND) -> embedding."""
@@ -69,7 +70,7 @@ def build(
             artifacts, out, name or None, backend=backend, max_batch_size=max_batch_size, instances=instances,
             max_queue_delay_us=max_queue_delay_us, preferred_batch_sizes=_sizes(preferred_batch_sizes), kind=kind,
             warmup=warmup, tensorrt_accelerator=tensorrt_accelerator, fp16=fp16, threads=threads, provider=provider,
-            max_tokens=max_tokens, force=force, say=console.print,
+            max_batch_tokens=max_batch_tokens, max_tokens=max_tokens, force=force, say=console.print,
         )
 
     path = run_guarded(job)

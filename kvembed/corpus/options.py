@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import InitVar, asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,9 @@ class CorpusOptions:
     threads: int | None = None
     #: the runtime provider every worker loads the artifact with (kvembed.backends.catalogue.PROVIDERS)
     provider: str = "auto"
-    batch_tokens: int = 16384
+    #: padded tokens (rows x longest row) per batch; the runtime runs a batch in graph calls of at
+    #: most its per-call budget (``Embedder.max_call_tokens``)
+    max_batch_tokens: int = 16384
     rows_per_file: int = 100_000
     resume: bool = False
     #: delete an earlier run in ``output`` (this tool's shards and records) once the inputs pass their checks
@@ -64,8 +66,12 @@ class CorpusOptions:
     output_dtype: str = "float32"
     on_error: str = "fail"
     progress: bool | None = None
+    #: the old name of ``max_batch_tokens`` (accepted when building the options)
+    batch_tokens: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, batch_tokens: int | None) -> None:
+        if batch_tokens is not None:
+            object.__setattr__(self, "max_batch_tokens", batch_tokens)
         object.__setattr__(self, "artifact", Path(self.artifact))
         object.__setattr__(self, "output", Path(self.output))
         inputs = (self.inputs,) if isinstance(self.inputs, (str, os.PathLike)) else tuple(self.inputs)
@@ -86,7 +92,7 @@ class CorpusOptions:
         _choice("--output-dtype", self.output_dtype, OUTPUT_DTYPES)
         _choice("--on-error", self.on_error, ON_ERROR)
         _positive("--workers", self.workers)
-        _positive("--batch-tokens", self.batch_tokens)
+        _positive("--max-batch-tokens", self.max_batch_tokens)
         _positive("--rows-per-file", self.rows_per_file)
         if self.threads is not None:
             _positive("--threads-per-worker", self.threads)

@@ -60,7 +60,7 @@ def _embed(options: CorpusOptions, plan: Plan) -> tuple[dict[str, dict[str, Any]
     pending = [shard for shard in plan.shards if shard.name not in done]
     job = Job(
         artifact=str(Path(options.artifact).resolve()), threads=options.threads_per_worker, kind=options.kind,
-        batch_tokens=options.batch_tokens, output_dtype=options.output_dtype, on_error=options.on_error,
+        max_batch_tokens=options.max_batch_tokens, output_dtype=options.output_dtype, on_error=options.on_error,
         columns=plan.columns, files=tuple(plan.files), output=str(Path(options.output).resolve()), provider=options.provider,
     )
     stats = dict(done)

@@ -1,8 +1,8 @@
 """One worker's job, the same on both engines: read a shard's rows, embed them, write the shard.
 
-Texts are embedded a chunk at a time with the runtime's own pieces (``TextEncoder``,
-length-sorted token-budget ``plan_batches``, ``Embedder.run``), exactly as ``Embedder.encode``
-does, so each text is tokenised once and its token count and truncation feed the manifest.
+Texts are embedded a chunk at a time: tokenised once with the artifact's ``TextEncoder`` (their
+token counts and truncation feed the manifest), then embedded by ``Embedder.embed_encoded``, the
+runtime's batching loop that ``Embedder.encode`` runs too.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..runtime import Embedder
-from ..runtime.batching import plan_batches
+from ..runtime.batching import BatchPolicy
 from .inputs import Columns, InputFile, RecordPolicy, read_rows
 from .plan import Shard
 from .shards import ShardWriter
@@ -32,7 +32,7 @@ class Job:
     artifact: str
     threads: int
     kind: str
-    batch_tokens: int
+    max_batch_tokens: int
     output_dtype: str
     on_error: str
     columns: Columns
@@ -47,18 +47,18 @@ class ShardWorker:
     def __init__(self, job: Job) -> None:
         self.job = job
         self.embedder = Embedder.load(job.artifact, provider=job.provider, threads=job.threads)
+        # batches bounded by padded tokens only (no row count: a row has at least one token)
+        budget = job.max_batch_tokens
+        self.policy = BatchPolicy.from_options(self.embedder.policy, batch_size=budget, max_batch_tokens=budget)
 
     def embed(self, texts: list[str], progress: Progress) -> tuple[np.ndarray, int, int]:
         """``(vectors, tokens, truncated)`` of ``texts``, vectors in input order."""
-        encoder, embedder = self.embedder.encoder, self.embedder
         with warnings.catch_warnings():  # truncation is counted in the manifest instead
             warnings.simplefilter("ignore", UserWarning)
-            encoded = encoder.encode(texts, self.job.kind)
+            encoded = self.embedder.encoder.encode(texts, self.job.kind)
         lengths = [len(item.ids) for item in encoded]
-        vectors = np.zeros((len(texts), embedder.dim), dtype=np.float32)
-        for batch in plan_batches(lengths, self.job.batch_tokens, self.job.batch_tokens, call_cost=embedder.call_cost):
-            vectors[batch] = embedder.run(encoder.pad([encoded[i] for i in batch], embedder.padding_side))[0]
-            progress(len(batch), sum(lengths[i] for i in batch))
+        vectors = self.embedder.embed_encoded(
+            encoded, policy=self.policy, on_batch=lambda batch, _: progress(len(batch), sum(lengths[i] for i in batch)))
         return vectors, sum(lengths), sum(item.truncated for item in encoded)
 
     def run(self, shard: Shard, progress: Progress) -> dict[str, Any]:

@@ -26,7 +26,8 @@ def encoder_from_manifest(directory: str | os.PathLike[str], manifest: Manifest 
             "context_pad_id": spec.pad_id,
         }
     encoder = TextEncoder(
-        tokenizer, manifest.method, manifest.max_length, fallback_id=manifest.fallback_id, pad_id=manifest.pad_id, **context
+        tokenizer, manifest.method, manifest.max_length, fallback_id=manifest.fallback_id, pad_id=manifest.pad_id,
+        padding_side=manifest.padding_side, **context
     )
     if manifest.method.placeholder and encoder.placeholder_id != manifest.placeholder_id:
         raise ValueError(

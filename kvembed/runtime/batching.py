@@ -1,64 +1,133 @@
-"""Length-sorted, token-budget batching: little padding waste, rows returned in input order."""
+"""The one batching policy and the one batching loop: plan -> pad -> run -> scatter, in input order.
+
+Every caller that embeds many encoded inputs (``Embedder.encode``, ``kvembed serve``'s batcher,
+corpus workers, Triton's python model; the torch reference can too) goes through
+:func:`run_batches` under a :class:`BatchPolicy`, so the budgets mean the same everywhere.
+Torch-free and backend-free: the pad and run steps are passed in.
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
-#: padded tokens one more graph call is worth on the CPU (``call_cost`` of :func:`plan_batches`):
-#: a call's fixed cost is small there (stories260k: 0.3 ms for 1 x 16 tokens, ~13 us per token in a
-#: 64 x 64 batch, so a call is worth ~15-25 tokens) and small calls run as fast per token as big ones
-#: (SmolLM2-135M, a 256-text window of 1-400 characters: 1.21x faster than greedy cuts at 16, 1.13x at
-#: 64). Unmeasured on GPUs, where launches cost more: greedy cuts there (benchmarks/RESULTS.md).
+#: padded tokens one more graph call is worth on the CPU and OpenVINO (the ``call_cost`` default
+#: there): a call's fixed cost is small, so splitting a batch pays off once it saves a few rows of
+#: padding. GPUs, where launches cost more, cut greedily instead (benchmarks/RESULTS.md).
 CPU_CALL_COST = 32
+
+#: padded tokens per graph call on the CPU and OpenVINO (the ``max_call_tokens`` default there):
+#: bigger batches run in row slices, whose activations stay cache-sized, which is both leaner and
+#: faster there (benchmarks/RESULTS.md, "call slices").
+CPU_CALL_TOKENS = 2048
+
+#: the old names of :class:`BatchPolicy`'s fields, accepted by :meth:`BatchPolicy.from_options`
+ALIASES = {"max_tokens": "max_batch_tokens", "max_batch_size": "batch_size", "batch_tokens": "max_batch_tokens"}
+
+Item = TypeVar("Item")
+Batch = TypeVar("Batch")
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How encoded inputs are grouped into batches and graph calls; one name per idea.
+
+    A *batch* is what one pad step builds (rows padded to their longest); the run step may run it
+    in several *graph calls* of whole rows. Vectors never depend on the policy (rows are independent).
+    """
+
+    batch_size: int = 32
+    """Rows per batch."""
+    max_batch_tokens: int | None = None
+    """Padded tokens per batch (rows x longest row; None: no limit); a longer row runs alone."""
+    max_call_tokens: int | None = None
+    """Padded tokens per graph call: the run step runs a bigger batch in row slices (None: one call)."""
+    call_cost: int | None = None
+    """Padded tokens one more batch is worth: sorted rows are cut where that saves more padding (None: greedy cuts)."""
+    max_padding: float | None = None
+    """Largest fraction of a row that may be padding: a row padded more starts a new batch (None: any)."""
+
+    def __post_init__(self) -> None:
+        _integer("batch_size", self.batch_size, 1)
+        for name in ("max_batch_tokens", "max_call_tokens"):
+            if getattr(self, name) is not None:
+                _integer(name, getattr(self, name), 1)
+        if self.call_cost is not None:
+            _integer("call_cost", self.call_cost, 0, "(tokens)")
+        if self.max_padding is not None and (isinstance(self.max_padding, bool) or not 0 <= self.max_padding < 1):
+            raise ValueError(f"max_padding must be in [0, 1), got {self.max_padding!r}")
+        if self.call_cost is not None and self.max_padding is not None:
+            raise ValueError("give max_padding or call_cost, not both")
+
+    @classmethod
+    def from_options(cls, base: "BatchPolicy | None" = None, **options: Any) -> "BatchPolicy":
+        """``base`` (default: the defaults) with ``options`` replaced. The old names (``max_tokens``,
+        ``max_batch_size``, ``batch_tokens``) stand for their new ones; an old name given as None
+        counts as not given, and a new name and its old name may not disagree."""
+        names = {f.name for f in fields(cls)}
+        changes: dict[str, Any] = {}
+        for key, value in options.items():
+            new = ALIASES.get(key, key)
+            if new not in names:
+                raise TypeError(f"unknown batching option {key!r}; the options are {', '.join(sorted(names))}")
+            if key not in ALIASES:
+                changes.setdefault(new, value)
+            elif value is not None:
+                if options.get(new) is not None and options[new] != value:
+                    raise TypeError(f"give {new}= or its old name {key}=, not both")
+                changes[new] = value
+        return replace(base or cls(), **changes)
+
+    def plan(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Group the indices of ``lengths`` into batches, longest first (see :func:`plan_batches`)."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        if self.call_cost is not None:
+            cuts = cheapest_cuts([lengths[i] for i in order], self.batch_size, self.max_batch_tokens, self.call_cost)
+            return [order[a:b] for a, b in zip(cuts, cuts[1:])]
+        plan: list[list[int]] = []
+        current: list[int] = []
+        for index in order:
+            width = lengths[current[0]] if current else lengths[index]
+            fits_rows = len(current) < self.batch_size
+            fits_tokens = self.max_batch_tokens is None or (len(current) + 1) * width <= self.max_batch_tokens
+            fits_padding = self.max_padding is None or lengths[index] >= (1 - self.max_padding) * width
+            if current and not (fits_rows and fits_tokens and fits_padding):
+                plan.append(current)
+                current = []
+            current.append(index)
+        if current:
+            plan.append(current)
+        return plan
+
+    def rows_per_call(self, width: int) -> int | None:
+        """Rows of ``width`` padded tokens one graph call takes under :attr:`max_call_tokens`
+        (at least one; None: any number)."""
+        return None if self.max_call_tokens is None else max(1, self.max_call_tokens // max(1, width))
+
+
+def _integer(name: str, value: Any, low: int, unit: str = "") -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}{' ' + unit if unit else ''}, got {value!r}")
 
 
 def plan_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None,
                  max_padding: float | None = None, call_cost: int | None = None) -> list[list[int]]:
-    """Group the indices of ``lengths`` into batches, longest texts first.
+    """Group the indices of ``lengths`` into batches, longest texts first (``BatchPolicy.plan``).
 
     Each batch has at most ``batch_size`` rows and, when ``max_tokens`` is set, at most
     ``max_tokens`` padded tokens (rows x longest row); a text longer than the budget runs alone.
     Sorting by length keeps texts of similar length together, so padding waste stays small when
     there are many texts. A few texts of spread-out lengths (one dynamic-batcher merge) still pad
-    a lot: ``max_padding`` starts a new batch where a row would be more than that fraction padding
-    (Qwen3-0.6B-shaped, 48 texts of 62-239 tokens in 4,096-token calls: 29% padded tokens, 1.48x
-    the CPU per text of one text per call; benchmarks/RESULTS.md).
+    a lot: ``max_padding`` starts a new batch where a row would be more than that fraction padding.
 
     ``call_cost`` (tokens) plans instead the cheapest cut of the sorted lengths into calls, where a
     call costs its padded tokens plus ``call_cost``: it splits a batch only where that saves more
     padding than one more call costs, so calls stay full when lengths are close (see
     :func:`cheapest_cuts`).
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    if max_padding is not None and not 0 <= max_padding < 1:
-        raise ValueError(f"max_padding must be in [0, 1), got {max_padding}")
-    if call_cost is not None and call_cost < 0:
-        raise ValueError(f"call_cost must be >= 0 tokens, got {call_cost}")
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    if call_cost is not None:
-        if max_padding is not None:
-            raise ValueError("give max_padding or call_cost, not both")
-        cuts = cheapest_cuts([lengths[i] for i in order], batch_size, max_tokens, call_cost)
-        return [order[a:b] for a, b in zip(cuts, cuts[1:])]
-    plan: list[list[int]] = []
-    current: list[int] = []
-    for index in order:
-        width = lengths[current[0]] if current else lengths[index]
-        fits_rows = len(current) < batch_size
-        fits_tokens = max_tokens is None or (len(current) + 1) * width <= max_tokens
-        fits_padding = max_padding is None or lengths[index] >= (1 - max_padding) * width
-        if current and not (fits_rows and fits_tokens and fits_padding):
-            plan.append(current)
-            current = []
-        current.append(index)
-    if current:
-        plan.append(current)
-    return plan
+    return BatchPolicy(batch_size, max_tokens, None, call_cost, max_padding).plan(lengths)
 
 
 def cheapest_cuts(widths: Sequence[int], batch_size: int, max_tokens: int | None, call_cost: int) -> list[int]:
@@ -81,3 +150,46 @@ def cheapest_cuts(widths: Sequence[int], batch_size: int, max_tokens: int | None
     while cuts[-1] > 0:
         cuts.append(int(last[cuts[-1]]))
     return cuts[::-1]
+
+
+def run_batches(
+    items: Sequence[Item],
+    policy: BatchPolicy,
+    pad: Callable[[Sequence[Item]], Batch],
+    run: Callable[[Batch], Sequence[Any]],
+    outputs: Sequence[np.ndarray],
+    *,
+    lengths: Sequence[int] | None = None,
+    on_batch: Callable[[list[int], Batch], None] | None = None,
+) -> Sequence[np.ndarray]:
+    """The batching loop: plan ``items`` under ``policy``, ``pad`` each batch, ``run`` it, and
+    scatter its rows into ``outputs`` (preallocated, one row per item) at their input positions.
+
+    ``pad(items) -> batch`` and ``run(batch) -> arrays`` (one per output, rows in batch order) are
+    the caller's: the runtime's are ``TextEncoder.pad`` and ``Embedder.run``; the torch reference
+    passes its own forward. ``run`` owns the per-call budget (:meth:`BatchPolicy.rows_per_call`).
+    ``lengths`` defaults to ``len(item.ids)``; ``on_batch(indices, batch)`` follows each batch
+    (progress bars, metrics). Returns ``outputs``.
+    """
+    if lengths is None:
+        lengths = [len(item.ids) for item in items]  # type: ignore[attr-defined]
+    for chunk in policy.plan(lengths):
+        batch = pad([items[i] for i in chunk])
+        for out, array in zip(outputs, run(batch), strict=True):
+            out[chunk] = array
+        if on_batch is not None:
+            on_batch(chunk, batch)
+    return outputs
+
+
+def run_in_slices(
+    batch: Mapping[str, np.ndarray], rows_per_call: int | None, call: Callable[[Mapping[str, np.ndarray]], Sequence[np.ndarray]],
+) -> list[np.ndarray]:
+    """Run one padded ``batch`` as graph calls of at most ``rows_per_call`` whole rows (None: one
+    call) and join the outputs; rows are independent, so the vectors do not change."""
+    rows = len(next(iter(batch.values())))
+    step = rows_per_call or rows
+    if rows <= step:
+        return list(call(batch))
+    parts = [call({k: v[i : i + step] for k, v in batch.items()}) for i in range(0, rows, step)]
+    return [np.concatenate(column) for column in zip(*parts)]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -18,16 +19,13 @@ from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
 from ..artifact import check_files, read_manifest
 from .artifact import encoder_from_manifest
-from .batching import CPU_CALL_COST, plan_batches
-from .encoding import EncodedText, TextEncoder, check_texts
+from .batching import CPU_CALL_COST, CPU_CALL_TOKENS, BatchPolicy, run_batches, run_in_slices
+from .encoding import EncodedText, TextEncoder, check_padding_side, check_texts
+
+__all__ = ["CPU_CALL_COST", "CPU_CALL_TOKENS", "Embedder"]
 
 #: inputs with at least this many texts show a progress bar by default (when stderr is a terminal)
 PROGRESS_THRESHOLD = 1024
-#: padded tokens per graph call on CPU (onnxruntime, OpenVINO): bigger batches run in row slices.
-#: Measured at 16 x 512 (benchmarks/RESULTS.md, issue 14): slices of 4 rows instead of one call cut
-#: the peak RSS 3.2 -> 1.2 GB (Qwen3-0.6B-shaped, 8 layers) and 1.47 -> 0.83 GB (SmolLM2-135M)
-#: and were faster too (+8-18% tokens/s): the activations and attention scores stay cache-sized.
-CPU_CALL_TOKENS = 2048
 
 
 class Embedder:
@@ -35,6 +33,9 @@ class Embedder:
 
     Build it with :meth:`load`. It is safe to call :meth:`encode` from several threads at once
     (onnxruntime sessions and tokenizers are thread-safe; no state is shared between calls).
+    Every embedding method runs the runtime's one batching loop
+    (:func:`~kvembed.runtime.batching.run_batches`) under a
+    :class:`~kvembed.runtime.batching.BatchPolicy`, by default :attr:`policy`.
     """
 
     def __init__(
@@ -46,21 +47,15 @@ class Embedder:
         self.manifest = dict(manifest)
         self.encoder = encoder
         self.session = session
-        self.padding_side = str(manifest.get("padding_side", "right"))
         self._inputs = list(session.input_names)
-        if max_call_tokens == "auto":
-            max_call_tokens = CPU_CALL_TOKENS if self.providers[0] in (CPU, OPENVINO) else None
-        if max_call_tokens is not None and (not isinstance(max_call_tokens, int) or isinstance(max_call_tokens, bool) or max_call_tokens < 1):
-            raise ValueError(f"max_call_tokens must be a positive integer, None or 'auto', got {max_call_tokens!r}")
-        #: padded tokens per graph call (None: a padded batch runs as one call); see :data:`CPU_CALL_TOKENS`
-        self.max_call_tokens: int | None = max_call_tokens
-        if call_cost == "auto":
-            call_cost = CPU_CALL_COST if self.providers[0] in (CPU, OPENVINO) else None
-        if call_cost is not None and (not isinstance(call_cost, int) or isinstance(call_cost, bool) or call_cost < 0):
-            raise ValueError(f"call_cost must be an integer >= 0 (tokens), None or 'auto', got {call_cost!r}")
-        #: padded tokens one more batch is worth when texts are planned into batches (None: cut
-        #: every ``batch_size`` rows); see :data:`~kvembed.runtime.batching.CPU_CALL_COST`
-        self.call_cost: int | None = call_cost
+        cpu = self.providers[0] in (CPU, OPENVINO)
+        #: the default batching policy of every embedding method: the call budget and call cost
+        #: given to :meth:`load` ("auto": :data:`CPU_CALL_TOKENS` / :data:`CPU_CALL_COST` on the CPU
+        #: and OpenVINO, none on GPUs), 32 rows per batch, no padded-token limit per batch
+        self.policy = BatchPolicy(
+            max_call_tokens=(CPU_CALL_TOKENS if cpu else None) if _auto(max_call_tokens) else max_call_tokens,  # type: ignore[arg-type]
+            call_cost=(CPU_CALL_COST if cpu else None) if _auto(call_cost) else call_cost,  # type: ignore[arg-type]
+        )
 
     @classmethod
     def load(
@@ -152,8 +147,8 @@ class Embedder:
             if problems:
                 raise ValueError(f"engine directory {str(path)!r} is damaged: {'; '.join(problems)}; rebuild it with kvembed build-engine")
         encoder = encoder_from_manifest(path, manifest)
-        encoder.max_length = min(encoder.max_length, session.limits.max_sequence)
-        encoder.min_width = session.limits.min_sequence
+        encoder.cap_input_tokens(session.limits.max_sequence)
+        encoder.pad_at_least(session.limits.min_sequence)
         return cls(path, manifest, encoder, session, max_call_tokens, call_cost)
 
     # -- facts ---------------------------------------------------------------------------------
@@ -187,13 +182,38 @@ class Embedder:
     def cap_input_tokens(self, tokens: int) -> None:
         """Cut (and flag as truncated) every later input at ``tokens``, prompt included; a cap above
         the artifact's max_length changes nothing (a server's per-input limit)."""
-        if tokens < 1:
-            raise ValueError(f"an input cap must be >= 1 token, got {tokens}")
-        self.encoder.max_length = min(self.encoder.max_length, int(tokens))
+        self.encoder.cap_input_tokens(tokens)
 
     @property
     def providers(self) -> list[str]:
         return list(self.session.providers)
+
+    @property
+    def padding_side(self) -> str:
+        """Where batches are padded: the encoder's (from the manifest); never changes a vector."""
+        return self.encoder.padding_side
+
+    @padding_side.setter
+    def padding_side(self, side: str) -> None:
+        self.encoder.padding_side = check_padding_side(side)
+
+    @property
+    def max_call_tokens(self) -> int | None:
+        """Padded tokens per graph call (:attr:`policy`'s; None: a padded batch runs as one call)."""
+        return self.policy.max_call_tokens
+
+    @max_call_tokens.setter
+    def max_call_tokens(self, value: int | None) -> None:
+        self.policy = replace(self.policy, max_call_tokens=value)
+
+    @property
+    def call_cost(self) -> int | None:
+        """Padded tokens one more batch is worth when inputs are planned (:attr:`policy`'s)."""
+        return self.policy.call_cost
+
+    @call_cost.setter
+    def call_cost(self, value: int | None) -> None:
+        self.policy = replace(self.policy, call_cost=value)
 
     # -- embedding -----------------------------------------------------------------------------
 
@@ -201,22 +221,20 @@ class Embedder:
         """Run one padded batch (``TextEncoder.pad`` output); returns ``(embedding, pooled)`` of
         the main method, or of the extra method ``output``. Rows run in slices of
         :meth:`rows_per_call` (rows are independent: the vectors do not change)."""
-        feeds = {name: batch[name] for name in self._inputs}
-        names = output_names(self._label(output))
-        rows, width = next(iter(feeds.values())).shape[:2]
-        step = self.rows_per_call(width) or rows
-        if rows <= step:
-            embedding, pooled = self.session.run(feeds, names)
-            return embedding, pooled
-        parts = [self.session.run({k: v[i : i + step] for k, v in feeds.items()}, names) for i in range(0, rows, step)]
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        embedding, pooled = self.run_outputs(batch, output_names(self._label(output)))
+        return embedding, pooled
 
-    def rows_per_call(self, width: int) -> int | None:
+    def run_outputs(self, batch: Mapping[str, np.ndarray], names: Sequence[str], policy: BatchPolicy | None = None) -> list[np.ndarray]:
+        """The loop's run step: the graph outputs ``names`` of one padded batch, in graph calls of
+        at most :meth:`rows_per_call` rows under ``policy`` (default :attr:`policy`)."""
+        feeds = {name: batch[name] for name in self._inputs}
+        width = next(iter(feeds.values())).shape[1]
+        return run_in_slices(feeds, self.rows_per_call(width, policy), lambda part: self.session.run(part, list(names)))
+
+    def rows_per_call(self, width: int, policy: BatchPolicy | None = None) -> int | None:
         """How many rows of ``width`` padded tokens one graph call takes (None: any number): the
-        :attr:`max_call_tokens` budget (at least one row), and a TensorRT engine's profile limit."""
-        caps = []
-        if self.max_call_tokens is not None:
-            caps.append(max(1, self.max_call_tokens // max(1, width)))
+        policy's ``max_call_tokens`` budget (at least one row), and a TensorRT engine's profile limit."""
+        caps = [cap for cap in [(policy or self.policy).rows_per_call(width)] if cap is not None]
         max_rows = self.session.max_rows(width)  # a TensorRT engine's profiles cap the rows per call
         if max_rows is not None:
             caps.append(max_rows)
@@ -227,26 +245,29 @@ class Embedder:
         texts: Sequence[str] | str,
         kind: str = "document",
         batch_size: int = 32,
-        max_tokens: int | None = None,
+        max_batch_tokens: int | None = None,
         normalize: bool = True,
         show_progress_bar: bool | None = None,
         output: str | None = None,
         *,
         first_index: int = 0,
+        max_tokens: int | None = None,
     ) -> np.ndarray:
         """Embed ``texts`` as ``kind`` (``"query"``/``"document"``): float32 ``(n, dim)`` in input order.
 
-        Texts are sorted by length and batched by at most ``batch_size`` rows and ``max_tokens``
-        padded tokens. A single str gives a 1-D vector. Over-long texts are cut (the prompt
-        template stays whole) and named in one warning. ``output`` picks an extra method of an
-        artifact exported with ``--also`` (see :attr:`outputs`). ``first_index`` is the position of
-        ``texts[0]`` in a longer stream: errors and warnings name items by that index.
+        Texts are sorted by length and batched by at most ``batch_size`` rows and ``max_batch_tokens``
+        padded tokens (``max_tokens`` is its old name); each batch runs in graph calls of at most
+        :attr:`max_call_tokens` padded tokens. A single str gives a 1-D vector. Over-long texts are
+        cut (the prompt template stays whole) and named in one warning. ``output`` picks an extra
+        method of an artifact exported with ``--also`` (see :attr:`outputs`). ``first_index`` is the
+        position of ``texts[0]`` in a longer stream: errors and warnings name items by that index.
         """
         label = self._label(output)
         single = isinstance(texts, str)
         items = check_texts([texts] if single else texts, first_index)
         encoded = self.encoder.encode(items, kind, first_index)
-        out = self._embed(encoded, label, batch_size, max_tokens, normalize, show_progress_bar)
+        policy = BatchPolicy.from_options(self.policy, batch_size=batch_size, max_batch_tokens=max_batch_tokens, max_tokens=max_tokens)
+        out = self.embed_encoded(encoded, label, policy=policy, normalize=normalize, show_progress_bar=show_progress_bar)
         return out[0] if single else out
 
     def token_inputs(self, ids: Sequence[Sequence[int]], kind: str = "document") -> list[EncodedText]:
@@ -280,30 +301,62 @@ class Embedder:
         ids: Sequence[Sequence[int]],
         kind: str = "document",
         batch_size: int = 32,
-        max_tokens: int | None = None,
+        max_batch_tokens: int | None = None,
         normalize: bool = True,
         output: str | None = None,
+        *,
+        max_tokens: int | None = None,
     ) -> np.ndarray:
         """Embed pre-tokenised rows (see :meth:`token_inputs`): float32 ``(n, dim)`` in input order."""
-        return self._embed(self.token_inputs(ids, kind), self._label(output), batch_size, max_tokens, normalize, False)
+        policy = BatchPolicy.from_options(self.policy, batch_size=batch_size, max_batch_tokens=max_batch_tokens, max_tokens=max_tokens)
+        return self.embed_encoded(self.token_inputs(ids, kind), output, policy=policy, normalize=normalize)
 
-    def _embed(
+    def embed_encoded(
         self,
-        encoded: Sequence[EncodedText],
-        label: str | None,
-        batch_size: int,
-        max_tokens: int | None,
-        normalize: bool,
-        show_progress_bar: bool | None,
+        items: Sequence[EncodedText],
+        output: str | None = None,
+        *,
+        policy: BatchPolicy | None = None,
+        normalize: bool = True,
+        show_progress_bar: bool | None = False,
+        on_batch: Callable[[list[int], Mapping[str, np.ndarray]], None] | None = None,
     ) -> np.ndarray:
-        out = np.zeros((len(encoded), self.dim_of(label)), dtype=np.float32)
-        plan = plan_batches([len(item.ids) for item in encoded], batch_size, max_tokens, call_cost=self.call_cost)
-        with _progress(len(encoded), show_progress_bar) as advance:
-            for chunk in plan:
-                embedding, pooled = self.run(self.encoder.pad([encoded[i] for i in chunk], self.padding_side), label)
-                out[chunk] = embedding if normalize else pooled
+        """Embed already-encoded inputs (:meth:`TextEncoder.encode`, :meth:`token_inputs`, a server's
+        queue) under ``policy`` (default :attr:`policy`): float32 ``(n, dim)`` in input order, the
+        normalised embedding of ``output`` (or its pooled vector with ``normalize=False``).
+        ``on_batch(indices, padded_batch)`` follows every batch. The servers' entry point."""
+        name = output_names(self._label(output))[0 if normalize else 1]
+        return self.embed_outputs(items, [name], policy=policy, show_progress_bar=show_progress_bar, on_batch=on_batch)[name]
+
+    def embed_outputs(
+        self,
+        items: Sequence[EncodedText],
+        names: Sequence[str],
+        *,
+        policy: BatchPolicy | None = None,
+        show_progress_bar: bool | None = False,
+        on_batch: Callable[[list[int], Mapping[str, np.ndarray]], None] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """The graph outputs ``names`` (e.g. ``embedding`` and ``embedding.<label>``) of encoded
+        inputs in one pass: the batching loop with :meth:`TextEncoder.pad` and :meth:`run_outputs`."""
+        policy = policy or self.policy
+        outputs = {name: np.zeros((len(items), self._width(name)), dtype=np.float32) for name in names}
+        with _progress(len(items), show_progress_bar) as advance:
+
+            def after(chunk: list[int], batch: Mapping[str, np.ndarray]) -> None:
                 advance(len(chunk))
-        return out
+                if on_batch is not None:
+                    on_batch(chunk, batch)
+
+            run_batches(items, policy, self.encoder.pad, lambda batch: self.run_outputs(batch, names, policy),
+                        list(outputs.values()), on_batch=after)
+        return outputs
+
+    def _width(self, name: str) -> int:
+        """Width of the graph output ``name`` (the manifest's; pooled outputs are as wide as their embedding)."""
+        shapes = {o.get("name"): o.get("shape") for o in self.manifest.get("outputs", [])}
+        shape = shapes.get(name) or shapes.get(name.replace("pooled", "embedding", 1))
+        return self.dim if not shape else int(shape[-1])
 
     def encode_query(self, texts: Sequence[str] | str, **kwargs: Any) -> np.ndarray:
         return self.encode(texts, kind="query", **kwargs)
@@ -339,6 +392,10 @@ class Embedder:
 
     def _encode_chunk(self, chunk: list[Any], offset: int, kind: str, kwargs: dict[str, Any]) -> np.ndarray:
         return self.encode(chunk, kind=kind, show_progress_bar=False, first_index=offset, **kwargs)
+
+
+def _auto(value: Any) -> bool:
+    return isinstance(value, str) and value == "auto"
 
 
 def _is_id(value: Any, vocab: int) -> bool:

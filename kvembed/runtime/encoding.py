@@ -93,6 +93,8 @@ class TextEncoder:
     encoder's: it tokenises the bare text (cut to ``context_max_length`` by the tokenizer's own
     truncation, which keeps its special tokens), and the prompt's ``{context}`` becomes the
     checkpoint's placeholder token, whose position goes into ``pool``.
+
+    ``padding_side`` (the artifact manifest's) is where :meth:`pad` puts the padding.
     """
 
     def __init__(
@@ -105,8 +107,10 @@ class TextEncoder:
         context_tokenizer: Tokenizer | None = None,
         context_max_length: int = 512,
         context_pad_id: int = 0,
+        padding_side: str = "right",
     ) -> None:
         self.tokenizer = tokenizer
+        self.padding_side = check_padding_side(padding_side)
         self.method = method
         self.max_length = int(max_length)
         self.min_width = 1  # pad() pads every batch to at least this many tokens (a TensorRT profile's minimum)
@@ -127,6 +131,17 @@ class TextEncoder:
                 raise ValueError("causal2vec needs the context encoder's tokenizer (encoder/tokenizer.json)")
             context_tokenizer.no_padding()
             context_tokenizer.enable_truncation(self.context_max_length)
+
+    def cap_input_tokens(self, tokens: int) -> None:
+        """Cut (and flag as truncated) every later input at ``tokens``, prompt included; a cap above
+        the current :attr:`max_length` changes nothing (a server's per-input limit, an engine's profiles)."""
+        if tokens < 1:
+            raise ValueError(f"an input cap must be >= 1 token, got {tokens}")
+        self.max_length = min(self.max_length, int(tokens))
+
+    def pad_at_least(self, width: int) -> None:
+        """Pad every later batch to at least ``width`` tokens (a TensorRT profile's shortest sequence)."""
+        self.min_width = max(1, int(width))
 
     # -- one text ----------------------------------------------------------------------------
 
@@ -215,10 +230,11 @@ class TextEncoder:
 
     # -- batches -----------------------------------------------------------------------------
 
-    def pad(self, items: Sequence[EncodedText], padding_side: str = "right") -> dict[str, np.ndarray]:
-        """Stack encoded texts into int64 ``input_ids`` / ``attention_mask`` (and ``pool_mask``)."""
-        if padding_side not in ("right", "left"):
-            raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+    def pad(self, items: Sequence[EncodedText], padding_side: str | None = None) -> dict[str, np.ndarray]:
+        """Stack encoded texts into int64 ``input_ids`` / ``attention_mask`` (and ``pool_mask``),
+        padded on the encoder's :attr:`padding_side`; ``padding_side`` overrides it for one call
+        (the parity gate pads both sides to prove the side does not matter)."""
+        padding_side = self.padding_side if padding_side is None else check_padding_side(padding_side)
         width = max(max((len(item.ids) for item in items), default=1), self.min_width)
         n = len(items)
         input_ids = np.full((n, width), self.pad_id, dtype=np.int64)
@@ -249,6 +265,12 @@ class TextEncoder:
             ids[row, : len(item.context)] = item.context
             mask[row, : len(item.context)] = 1
         return {"encoder_input_ids": ids, "encoder_attention_mask": mask}
+
+
+def check_padding_side(side: str) -> str:
+    if side not in ("right", "left"):
+        raise ValueError(f"padding_side must be 'right' or 'left', got {side!r}")
+    return side
 
 
 def context_token_id(tokenizer: Tokenizer, placeholder: str) -> int:

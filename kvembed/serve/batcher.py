@@ -3,11 +3,14 @@
 
 The worker fills a *window* of up to ``WINDOW_BATCHES`` batches of token-encoded inputs, taking
 at most ``quantum`` inputs per request per turn so a huge request cannot starve the small ones
-behind it. The runtime's planner (:func:`plan_batches`) length-sorts the window and cuts it into
-graph calls where padding would cost more than a call (``call_cost``); a window of several batches
-gives it more lengths to sort, which is what keeps padding low (benchmarks/RESULTS.md, "`kvembed
-serve` vs in-process `Embedder.encode`" and its "Call cost and workers"). Each request's rows are
-written back at their input positions.
+behind it. The model's :class:`~kvembed.runtime.batching.BatchPolicy` length-sorts the window and
+cuts it into batches of at most ``batch_size`` rows and ``max_batch_tokens`` padded tokens, where
+padding would cost more than a batch (``call_cost``); a window of several batches gives it more
+lengths to sort, which is what keeps padding low (benchmarks/RESULTS.md, "`kvembed serve` vs
+in-process `Embedder.encode`" and its "Call cost and workers"). Each batch goes to a free worker,
+which embeds it with :meth:`Embedder.embed_encoded` (the runtime's batching loop, which keeps a
+planned batch whole and runs it in graph calls of at most the runtime's per-call budget); each
+request's rows are written back at their input positions.
 
 The worker waits up to ``max_wait_ms`` for more inputs only while accepted requests are still
 being tokenised: a lone client never pays the wait. ``workers`` calls run at once on one
@@ -27,13 +30,14 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from time import perf_counter
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
 from ..runtime import Embedder
-from ..runtime.batching import plan_batches
+from ..runtime.batching import BatchPolicy
 from ..runtime.encoding import EncodedText
 from .metrics import Metrics
 
@@ -78,21 +82,19 @@ class Batcher:
         embedder: Embedder,
         name: str,
         metrics: Metrics,
-        max_batch_tokens: int = 16384,
-        max_batch_size: int = 64,
+        policy: BatchPolicy | None = None,
         max_wait_ms: float = 5.0,
         workers: int = 1,
-        call_cost: int | None | str = "auto",
         lane: str = "",
         nice: int = 0,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.embedder, self.name, self.metrics = embedder, name, metrics
-        self.max_batch_tokens, self.max_batch_size = max_batch_tokens, max_batch_size
+        #: rows and padded tokens per batch, call cost, per-call budget (default: the embedder's)
+        self.policy = policy or embedder.policy
         self.max_wait = max_wait_ms / 1000
-        self.call_cost = embedder.call_cost if call_cost == "auto" else call_cost
-        self.quantum = max(1, math.ceil(max_batch_size / 4))
+        self.quantum = max(1, math.ceil(self.policy.batch_size / 4))
         self._jobs: deque[_Job] = deque()
         self._queued_items = self._queued_tokens = self._arriving = 0
         self._wake = asyncio.Event()
@@ -184,12 +186,14 @@ class Batcher:
                 return
 
     def _full(self) -> bool:
-        return self._queued_items >= self.max_batch_size or self._queued_tokens >= self.max_batch_tokens
+        tokens = self.policy.max_batch_tokens
+        return self._queued_items >= self.policy.batch_size or (tokens is not None and self._queued_tokens >= tokens)
 
     def _take_window(self) -> tuple[str | None, list[tuple[_Job, int]]]:
         """Up to a window of inputs, ``quantum`` per request per turn, from requests of the head's output."""
         label = self._jobs[0].label
-        max_items, max_tokens = self.max_batch_size * WINDOW_BATCHES, self.max_batch_tokens * WINDOW_BATCHES
+        max_items = self.policy.batch_size * WINDOW_BATCHES
+        max_tokens = math.inf if self.policy.max_batch_tokens is None else self.policy.max_batch_tokens * WINDOW_BATCHES
         window: list[tuple[_Job, int]] = []
         tokens = 0
         progress = True
@@ -219,11 +223,11 @@ class Batcher:
         return label, window
 
     async def _run_window(self, loop: asyncio.AbstractEventLoop, label: str | None, window: list[tuple[_Job, int]]) -> None:
-        """Dispatch the window's graph calls, each as soon as a worker is free; the caller holds
+        """Dispatch the window's batches, each as soon as a worker is free; the caller holds
         one free worker already (released here if the window turns out empty)."""
         lengths = [len(job.items[index].ids) for job, index in window]
         held = True
-        for batch in plan_batches(lengths, self.max_batch_size, self.max_batch_tokens, call_cost=self.call_cost):
+        for batch in self.policy.plan(lengths):
             if not held:
                 await self._free.acquire()
             held = False
@@ -238,14 +242,14 @@ class Batcher:
             self._free.release()
 
     async def _call(self, loop: asyncio.AbstractEventLoop, label: str | None, rows: list[tuple[_Job, int]]) -> None:
-        """One graph call on a worker thread; its rows go back to their requests."""
+        """One planned batch on a worker thread, through the runtime's batching loop; its rows go
+        back to their requests."""
         try:
-            feeds = self.embedder.encoder.pad([job.items[index] for job, index in rows], self.embedder.padding_side)
-            self.metrics.batch_size.labels(self.name).observe(len(rows))
-            self.metrics.batch_tokens.labels(self.name).observe(feeds["input_ids"].size)
+            items = [job.items[index] for job, index in rows]
             start = perf_counter()
             with self.metrics.calls_running.labels(self.name).track_inprogress():
-                embedding, _ = await loop.run_in_executor(self._executor, self.embedder.run, feeds, label)
+                embedding = await loop.run_in_executor(
+                    self._executor, partial(self.embedder.embed_encoded, items, label, policy=self.policy, on_batch=self._observe))
             self.metrics.inference.labels(self.name).observe(perf_counter() - start)
         except Exception as err:  # a failed graph call fails its requests, never the worker
             log.exception("graph call of %s failed", self.name)
@@ -255,10 +259,15 @@ class Batcher:
             return
         finally:
             self._free.release()
-        for (job, index), vector in zip(rows, embedding):
+        for (job, index), vector in zip(rows, embedding, strict=True):
             if job.future.done():
                 continue
             job.out[index] = vector
             job.left -= 1
             if job.left == 0:
                 job.future.set_result(job.out)
+
+    def _observe(self, indices: list[int], batch: Mapping[str, np.ndarray]) -> None:
+        """Metrics of one padded batch (called on the worker thread; prometheus is thread-safe)."""
+        self.metrics.batch_size.labels(self.name).observe(len(indices))
+        self.metrics.batch_tokens.labels(self.name).observe(batch["input_ids"].size)

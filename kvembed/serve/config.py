@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
 from ..artifact import MANIFEST
+from ..runtime.batching import BatchPolicy
 from ..sizes import parse_size  # noqa: F401  (re-exported: kvembed.serve.parse_size)
 
 
@@ -35,7 +36,10 @@ class ServeConfig:
     """(served model name, artifact directory), in the order given."""
     api_key: str | None = None
     max_batch_tokens: int = 16384
-    max_batch_size: int = 64
+    """Padded tokens (rows x longest row) per batch; the runtime runs a batch in graph calls of at
+    most its per-call budget (``Embedder.max_call_tokens``)."""
+    batch_size: int = 64
+    """Rows per batch."""
     max_wait_ms: float = 5.0
     max_concurrent_requests: int = 512
     max_client_batch_size: int = 2048
@@ -55,15 +59,19 @@ class ServeConfig:
     workers: int = 1
     """Graph calls of one artifact running at once, each on ``threads // workers`` threads."""
     call_cost: int | None | str = "auto"
-    """Padded tokens one more graph call is worth when the batcher cuts a window (None: cut every
-    ``max_batch_size`` rows, whatever the padding; "auto": the runtime's, 32 on the CPU)."""
+    """Padded tokens one more batch is worth when the batcher cuts a window (None: cut every
+    ``batch_size`` rows, whatever the padding; "auto": the runtime's, 32 on the CPU)."""
     provider: str = "auto"
     #: OpenVINO's precision hint (provider "openvino" only; None: bf16 where the CPU has it)
     ov_precision: str | None = None
     cors_origins: tuple[str, ...] = field(default_factory=tuple)
+    max_batch_size: InitVar[int | None] = None
+    """The old name of :attr:`batch_size` (accepted when building a config)."""
 
-    def __post_init__(self) -> None:
-        for name in ("max_batch_tokens", "max_batch_size", "max_concurrent_requests", "max_client_batch_size", "payload_limit",
+    def __post_init__(self, max_batch_size: int | None) -> None:
+        if max_batch_size is not None:
+            object.__setattr__(self, "batch_size", max_batch_size)
+        for name in ("max_batch_tokens", "batch_size", "max_concurrent_requests", "max_client_batch_size", "payload_limit",
                      "max_input_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -77,6 +85,7 @@ class ServeConfig:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.call_cost != "auto" and self.call_cost is not None and (not isinstance(self.call_cost, int) or self.call_cost < 0):
             raise ValueError(f"call-cost must be auto, none or an integer >= 0 (tokens), got {self.call_cost!r}")
+        BatchPolicy(self.batch_size, self.max_batch_tokens, call_cost=None if self.call_cost == "auto" else self.call_cost)
         if self.max_wait_ms < 0:
             raise ValueError(f"max-wait-ms must be >= 0, got {self.max_wait_ms}")
         if not self.artifacts:
@@ -86,6 +95,14 @@ class ServeConfig:
         if duplicates:
             raise ValueError(f"served model names must be unique, {', '.join(duplicates)} repeats; name them NAME=DIR")
 
+
+    def policy(self, runtime: BatchPolicy) -> BatchPolicy:
+        """The batching policy of a served artifact whose embedder's policy is ``runtime``: its
+        per-call budget, with this server's rows, padded tokens and call cost per batch."""
+        changes = {"batch_size": self.batch_size, "max_batch_tokens": self.max_batch_tokens}
+        if self.call_cost != "auto":
+            changes["call_cost"] = self.call_cost
+        return BatchPolicy.from_options(runtime, **changes)
 
     @property
     def threads_per_call(self) -> int | None:

@@ -22,16 +22,16 @@ class Metrics:
         self.texts = Counter("kvembed_texts", "Inputs embedded (successful requests)", ["model"], registry=r)
         self.tokens = Counter("kvembed_tokens", "Tokens embedded, prompt included (usage.prompt_tokens)", ["model"], registry=r)
         self.batch_size = Histogram(
-            "kvembed_batch_size", "Rows per graph call", ["model"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r
+            "kvembed_batch_size", "Rows per batch (a batch runs in graph calls of at most the runtime's per-call budget)", ["model"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r
         )
         self.batch_tokens = Histogram(
-            "kvembed_batch_tokens", "Padded tokens (rows x longest row) per graph call", ["model"],
+            "kvembed_batch_tokens", "Padded tokens (rows x longest row) per batch", ["model"],
             buckets=tuple(2**k for k in range(4, 18)), registry=r,
         )
         self.queue_depth = Gauge("kvembed_queue_depth", "Inputs waiting for the graph", ["model"], registry=r)
         self.calls_running = Gauge("kvembed_graph_calls_running", "Graph calls running now (at most --workers per lane)", ["model"], registry=r)
         self.in_flight = Gauge("kvembed_requests_in_flight", "Embedding requests being served", registry=r)
-        self.inference = Histogram("kvembed_inference_seconds", "Time of one graph call", ["model"], buckets=_LATENCY, registry=r)
+        self.inference = Histogram("kvembed_inference_seconds", "Time of one batch (its graph calls)", ["model"], buckets=_LATENCY, registry=r)
         self.latency = Histogram("kvembed_request_seconds", "Time from request to response", ["model"], buckets=_LATENCY, registry=r)
 
     def render(self) -> bytes:

@@ -50,8 +50,8 @@ def serve_model(name: str, embedder: Embedder, metrics: Metrics, config: ServeCo
     embedder.cap_input_tokens(input_cap(config, max_length))  # encode_one / token_inputs cut and flag at the cap
 
     def lane(label: str, nice: int = 0) -> Batcher:
-        return Batcher(embedder, name, metrics, config.max_batch_tokens, config.max_batch_size, config.max_wait_ms,
-                       config.workers, config.call_cost, lane=label, nice=nice)
+        return Batcher(embedder, name, metrics, config.policy(embedder.policy), config.max_wait_ms, config.workers,
+                       lane=label, nice=nice)
 
     long_tokens = config.long_input_tokens
     if long_tokens is None or long_tokens >= embedder.max_length:  # no input can be long

@@ -7,7 +7,7 @@ own schema rather than by hand-formatted strings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -47,10 +47,15 @@ class ServingOptions:
     threads: int = 1
     #: python backend: the runtime provider its model instances load the artifact with
     provider: str = "auto"
-    #: python backend: padded tokens per graph call (None: the runtime's Embedder.max_call_tokens)
-    max_tokens: int | None = None
+    #: python backend: padded tokens (rows x longest row) per batch of merged rows (None: the
+    #: runtime's per-call budget, Embedder.max_call_tokens); batches run in graph calls of at most that
+    max_batch_tokens: int | None = None
+    #: the old name of ``max_batch_tokens`` (accepted when building the options)
+    max_tokens: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, max_tokens: int | None) -> None:
+        if max_tokens is not None:
+            object.__setattr__(self, "max_batch_tokens", max_tokens)
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.kind not in KIND_CHOICES:
@@ -76,11 +81,11 @@ class ServingOptions:
         if self.provider != "auto" and self.backend != "python":
             raise ValueError(f"--provider {self.provider} is a python-backend option (the {self.backend} backend picks its own); "
                              "drop it or add --backend python")
-        if self.max_tokens is not None:
-            if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-                raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.max_batch_tokens is not None:
+            if not isinstance(self.max_batch_tokens, int) or isinstance(self.max_batch_tokens, bool) or self.max_batch_tokens < 1:
+                raise ValueError(f"max_batch_tokens must be a positive integer, got {self.max_batch_tokens!r}")
             if self.backend != "python":
-                raise ValueError("--max-tokens is a python-backend option (graph backends run what the tokenizer batched); add --backend python")
+                raise ValueError("--max-batch-tokens is a python-backend option (graph backends run what the tokenizer batched); add --backend python")
         if self.fp16 and self.backend == "python":
             raise ValueError("--fp16 applies to TensorRT (--backend tensorrt, or onnxruntime with --tensorrt-accelerator)")
 
@@ -202,7 +207,7 @@ def model_config(facts: ArtifactFacts, options: ServingOptions, sequence: int = 
     if options.backend == "python":
         config.backend = "python"
         _parameters(config, {"provider": options.provider, "threads": str(options.threads) if options.threads else "",
-                             "batch_size": "32", "max_tokens": str(options.max_tokens or ""), "max_padding": ""})
+                             "batch_size": "32", "max_batch_tokens": str(options.max_batch_tokens or ""), "max_padding": ""})
     elif options.backend == "onnxruntime":
         config.platform = "onnxruntime_onnx"
         config.default_model_filename = MODEL

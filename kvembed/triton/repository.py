@@ -106,6 +106,7 @@ def write_repository(
     fp16: bool = False,
     threads: int = 1,
     provider: str = "auto",
+    max_batch_tokens: int | None = None,
     max_tokens: int | None = None,
     force: bool = False,
     say: Say | None = None,
@@ -114,7 +115,7 @@ def write_repository(
 
     Options are those of ``kvembed triton build`` (see :class:`ServingOptions`). Raises
     ValueError / FileNotFoundError / FileExistsError naming the problem before writing anything.
-    ``say`` gets one line when big weights had to be copied instead of hard-linked (:func:`place_file`).
+    ``max_tokens`` is the old name of ``max_batch_tokens``. ``say`` gets one line when big weights had to be copied instead of hard-linked (:func:`place_file`).
     """
     if isinstance(artifacts, (str, os.PathLike)):
         artifacts = [artifacts]
@@ -123,7 +124,8 @@ def write_repository(
     options = ServingOptions(
         backend=backend, max_batch_size=max_batch_size, instances=instances, max_queue_delay_us=max_queue_delay_us,
         preferred_batch_sizes=tuple(int(size) for size in preferred_batch_sizes), kind=kind, warmup=warmup,
-        tensorrt_accelerator=tensorrt_accelerator, fp16=fp16, threads=threads, provider=provider, max_tokens=max_tokens,
+        tensorrt_accelerator=tensorrt_accelerator, fp16=fp16, threads=threads, provider=provider,
+        max_batch_tokens=max_batch_tokens, max_tokens=max_tokens,
     )
     entries = plan_entries(list(artifacts), list(names) if names else None)
     engines = [str(entry.artifact) for entry in entries if entry.facts.engine is not None]
@@ -148,7 +150,8 @@ def _write_entry(root: Path, entry: Entry, options: ServingOptions, copied: list
     options = facts.serving_options(options)
     manifest = load_manifest(entry.artifact)
     encoder = encoder_from_manifest(entry.artifact, manifest)
-    encoder.max_length, encoder.min_width = facts.max_length, facts.min_sequence
+    encoder.cap_input_tokens(facts.max_length)
+    encoder.pad_at_least(facts.min_sequence)
     warm_batch = encoder.pad(encoder.encode([WARMUP_TEXT], "document"))
 
     tokenize = root / facts.tokenize

@@ -32,9 +32,8 @@ class TritonPythonModel:
         manifest = read_manifest(artifact)
         self.encoder = encoder_from_manifest(artifact, manifest)
         # a TensorRT plan takes sequences only within its profiles: cut to, and pad to, their range
-        self.encoder.max_length = int(parameters.get("max_length") or self.encoder.max_length)
-        self.encoder.min_width = int(parameters.get("min_length") or 1)
-        self.padding_side = str(manifest.get("padding_side", "right"))
+        self.encoder.cap_input_tokens(int(parameters.get("max_length") or self.encoder.max_length))
+        self.encoder.pad_at_least(int(parameters.get("min_length") or 1))
         kind = parameters.get("kind", "both")
         self.fixed_kind = None if kind == "both" else kind
         # "request": each request padded to its own longest row (the python-backend graph model
@@ -48,7 +47,7 @@ class TritonPythonModel:
     def execute(self, requests):
         encoded = [self._encode(request) for request in requests]
         rows = [item for result in encoded if isinstance(result, list) for item in result]
-        shared = self.encoder.pad(rows, self.padding_side) if rows and not self.per_request else None
+        shared = self.encoder.pad(rows) if rows and not self.per_request else None
         responses, start = [], 0
         for result in encoded:
             if not isinstance(result, list):
@@ -58,7 +57,7 @@ class TritonPythonModel:
             if shared is not None:
                 batch = {name: shared[name][start:stop] for name in self.outputs}
             elif result:
-                batch = self.encoder.pad(result, self.padding_side)
+                batch = self.encoder.pad(result)
             else:  # an empty request (Triton normally refuses those before the model)
                 batch = {name: np.zeros((0, 1), dtype=np.int64) for name in self.outputs}
             responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, batch[n]) for n in self.outputs]))
