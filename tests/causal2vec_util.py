@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kvembed.layers.calibration import builtin_calibration_path  # real English to train the WordPiece vocab on
+from kvembed.modeling.layers.calibration import builtin_calibration_path  # real English to train the WordPiece vocab on
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 

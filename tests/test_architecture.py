@@ -19,7 +19,7 @@ MAX_LINES = 600
 LEVELS = {
     "leaves": 0, "methods": 1, "artifact": 2, "backends": 3, "runtime": 4,
     "serve": 5, "triton": 5, "corpus": 5, "bundle": 5, "modeling": 5,
-    "layers": 6, "export": 7, "eval": 8, "bench": 8, "cli": 9,
+    "export": 6, "eval": 7, "bench": 7, "cli": 8,
 }
 LEAVES = {"__init__", "errors", "cache", "lazy", "sizes", "extras", "data"}
 

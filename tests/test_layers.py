@@ -11,7 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from kvembed.layers import (
+from kvembed.modeling.layers import (
     MIN_POINTS,
     PROMPTS,
     builtin_calibration_path,

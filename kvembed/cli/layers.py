@@ -42,8 +42,8 @@ def layers(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table."),
 ) -> None:
     """Compute the per-layer intrinsic dimension of MODEL and pick kv-embedding's re-routing set."""
-    from ..layers.report import write_report
-    from ..layers.selection import compute_layer_selection
+    from ..modeling.layers.report import write_report
+    from ..modeling.layers.selection import compute_layer_selection
 
     started = time.perf_counter()
     progress = Progress(

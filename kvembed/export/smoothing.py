@@ -105,7 +105,7 @@ def calibration_feeds(encoder: Any, texts: list[str] | None = None, batch: int =
     maxima over real tokens, so the batching does not change them, only the padding run and the
     activations held at once."""
     if texts is None:
-        from ..layers.calibration import load_calibration
+        from ..modeling.layers.calibration import load_calibration
 
         texts = load_calibration(None, CALIBRATION_TEXTS)
     feeds = []

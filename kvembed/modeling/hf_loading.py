@@ -1,7 +1,7 @@
 """Loading a Hugging Face decoder for kvembed: find it, read its config, then its weights, quietly.
 
 One place for what the reference embedder (:mod:`kvembed.modeling.reference`) and layer selection
-(:mod:`kvembed.layers`) both need, so that neither imports the other. The config is read on its
+(:mod:`kvembed.modeling.layers`) both need, so that neither imports the other. The config is read on its
 own first: callers refuse an unsupported architecture or bad options before any weights load.
 """
 

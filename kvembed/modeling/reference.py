@@ -96,7 +96,7 @@ class TorchEmbedder:
         ValueError naming the valid ones. The architecture is checked before weights load.
 
         ``layers="auto"`` (kv-embedding) picks the re-routing set by intrinsic dimension
-        (:mod:`kvembed.layers`): the first ``num_calibration_texts`` texts of ``calibration`` (a
+        (:mod:`kvembed.modeling.layers`): the first ``num_calibration_texts`` texts of ``calibration`` (a
         list of texts, a file with one per line, or ``None`` for the built-in set) go through the
         plain model once, at load time; nothing is cached. The curve and the set are kept in
         ``embedder.layer_selection`` (a JSON-ready dict; ``None`` without ``auto``).
@@ -115,7 +115,7 @@ class TorchEmbedder:
         if not auto and calibration is not None:
             raise ValueError("calibration is only used with layers='auto' (kv-embedding)")
         if auto:  # a missing or too short calibration set fails before the weights load
-            from ..layers.calibration import load_calibration
+            from .layers.calibration import load_calibration
 
             calibration_texts = load_calibration(calibration, num_calibration_texts)
         # with auto, check every other option now (cheaply); the layer set comes after loading
@@ -126,7 +126,7 @@ class TorchEmbedder:
         limit = input_limit(config, tokenizer, max_length)
         selection = None
         if auto:
-            from ..layers.selection import calibration_label, select_layers_for_model
+            from .layers.selection import calibration_label, select_layers_for_model
 
             selection = select_layers_for_model(
                 hf_model,

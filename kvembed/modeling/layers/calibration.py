@@ -2,7 +2,7 @@
 
 The built-in set (``kvembed/data/calibration.txt``, one sentence per line) was written for this
 project: :func:`generate_calibration` builds it from the templates and vocabulary below (no
-dataset was copied), and ``python -c "from kvembed.layers.calibration import write_builtin;
+dataset was copied), and ``python -c "from kvembed.modeling.layers.calibration import write_builtin;
 write_builtin()"`` regenerates the shipped file byte for byte (a test checks that they agree).
 
 The paper used 1,000 sentences from F2LLM; any ~1,000 varied sentences serve the same purpose:

@@ -16,7 +16,7 @@ F2LLM" and "the final-token hidden state"; these are kvembed's choices):
   ``last_hidden_state``; we keep the raw output of layer ``L-1`` so that every point of the
   curve measures the same quantity.
 - Duplicates: repeated texts are dropped before the forward pass, and near-identical states
-  are merged by :func:`~kvembed.layers.estimate.distinct_points` before TwoNN.
+  are merged by :func:`~kvembed.modeling.layers.estimate.distinct_points` before TwoNN.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .. import __version__
-from ..methods import format_layers, resolve
-from ..methods.registry import METHODS
-from ..runtime.batching import plan_batches
-from ..runtime.encoding import TextEncoder, check_texts
+from ... import __version__
+from ...methods import format_layers, resolve
+from ...methods.registry import METHODS
+from ...runtime.batching import plan_batches
+from ...runtime.encoding import TextEncoder, check_texts
 from .estimate import DISCARD_FRACTION, MIN_POINTS, RULE, select_layers, twonn
 
 #: kv-embedding's prompts, the default inputs of the ID curve
@@ -125,7 +125,7 @@ def final_token_states(
     """
     import torch
 
-    from ..modeling.patch.architectures import base_model
+    from ..patch.architectures import base_model
 
     decoder = base_model(model)
     layers = list(decoder.layers)
@@ -249,7 +249,7 @@ def compute_layer_selection(
     ``calibration``: a list of texts, a file with one text per line, or ``None`` for the
     built-in set; its first ``num_texts`` distinct texts are used.
     """
-    from ..modeling.hf_loading import find_model, input_limit
+    from ..hf_loading import find_model, input_limit
     from .calibration import load_calibration
 
     template = prompt_template(prompt)

@@ -4,7 +4,7 @@
 - :func:`select_layers`: the rule of METHODS.md: ``l*`` = argmin of the ID over layers
   ``>= floor(0.2 L)``, ``R = {l*, ..., min(L-1, l* + floor(0.1 L))}``; torch-free.
 - :func:`layer_intrinsic_dimensions` / :func:`select_layers_for_model`: the per-layer ID of a
-  model's final-token states on calibration texts (see :mod:`kvembed.layers.selection` for
+  model's final-token states on calibration texts (see :mod:`kvembed.modeling.layers.selection` for
   exactly which states), and the resulting :class:`LayerSelection`.
 - :func:`compute_layer_selection`: the same from a model name; ``kvembed layers`` (alias
   ``kvembed-layers``) on the command line (:mod:`kvembed.cli.layers`).
