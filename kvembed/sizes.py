@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from .errors import InvalidInput
+
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", re.IGNORECASE)
 _POWERS = {"B": 0, "K": 1, "M": 2, "G": 3, "T": 4}
 
@@ -20,11 +22,11 @@ def parse_size(value: str | int) -> int:
     else:
         match = _SIZE.fullmatch(str(value))
         if not match:
-            raise ValueError(f"cannot read size {value!r}: use a number of bytes or a number with a unit "
+            raise InvalidInput(f"cannot read size {value!r}: use a number of bytes or a number with a unit "
                              "(B, KB, MB, GB, KiB, MiB, GiB), e.g. 2MB or 4GiB")
         unit = (match.group(2) or "B").upper()
         base = 1024 if "I" in unit else 1000
         size = int(float(match.group(1)) * base ** _POWERS[unit[0]])
     if size < 1:
-        raise ValueError(f"size {value!r} must be positive")
+        raise InvalidInput(f"size {value!r} must be positive")
     return size

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from ..methods.spec import ResolvedMethod
 from .layout import ARTIFACT_FILES, MANIFEST
 from .staging import write_text_atomic
+from ..errors import InvalidInput
 
 SCHEMA_VERSION = 1
 
@@ -56,7 +57,7 @@ def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], whe
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         names = " or ".join(k.__name__ for k in kinds)
-        raise ValueError(f"{where}: {key} must be {'null or ' if optional else ''}{names}, got {value!r}")
+        raise InvalidInput(f"{where}: {key} must be {'null or ' if optional else ''}{names}, got {value!r}")
     return value
 
 
@@ -70,7 +71,7 @@ class FileRecord:
     @classmethod
     def from_dict(cls, data: Any, where: str = "a file record") -> "FileRecord":
         if not isinstance(data, Mapping):
-            raise ValueError(f"{where} must be {{\"sha256\": hex, \"bytes\": size}}, got {data!r}")
+            raise InvalidInput(f"{where} must be {{\"sha256\": hex, \"bytes\": size}}, got {data!r}")
         return cls(_field(data, "sha256", str, where), _field(data, "bytes", int, where))
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,7 +92,7 @@ class TensorSpec:
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "TensorSpec":
         if not isinstance(data, Mapping):
-            raise ValueError(f"{where} must be an object, got {data!r}")
+            raise InvalidInput(f"{where} must be an object, got {data!r}")
         return cls(
             _field(data, "name", str, where), str(data.get("dtype", "")), tuple(_field(data, "shape", list, where)),
             _field(data, "normalized", bool, where, optional=True), _field(data, "method", str, where, optional=True),
@@ -114,7 +115,7 @@ class ContextEncoder:
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "ContextEncoder":
         if not isinstance(data, Mapping):
-            raise ValueError(f"{where} must be an object, got {data!r}")
+            raise InvalidInput(f"{where} must be an object, got {data!r}")
         return cls(_field(data, "tokenizer", str, where), _field(data, "max_length", int, where), _field(data, "pad_id", int, where))
 
 
@@ -140,7 +141,7 @@ class Source:
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "Source":
         if not isinstance(data, Mapping):
-            raise ValueError(f"{where} must be an object, got {data!r}")
+            raise InvalidInput(f"{where} must be an object, got {data!r}")
         known = {f.name for f in fields(cls)} - {"raw"}
         return cls(**{key: data[key] for key in known if data.get(key) is not None}, raw=dict(data))
 
@@ -160,7 +161,7 @@ class GraphFacts:
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "GraphFacts":
         if not isinstance(data, Mapping):
-            raise ValueError(f"{where} must be an object, got {data!r}")
+            raise InvalidInput(f"{where} must be an object, got {data!r}")
         attention = data.get("attention") or {}
         layers = data.get("decoder_layers")
         return cls(
@@ -171,13 +172,13 @@ class GraphFacts:
 
 def _method(data: Any, where: str) -> ResolvedMethod:
     if not isinstance(data, Mapping):
-        raise ValueError(f"{where} must be an object, got {data!r}")
+        raise InvalidInput(f"{where} must be an object, got {data!r}")
     try:
         return ResolvedMethod.from_dict(data)
     except KeyError as err:
-        raise ValueError(f"{where} lacks {err.args[0]}") from None
+        raise InvalidInput(f"{where} lacks {err.args[0]}") from None
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{where} is malformed: {err}") from None
+        raise InvalidInput(f"{where} is malformed: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -217,23 +218,23 @@ class Manifest:
     def from_dict(cls, data: Any, where: str = MANIFEST) -> "Manifest":
         """Check and type a manifest's JSON; ValueError names what is missing or malformed."""
         if not isinstance(data, Mapping):
-            raise ValueError(f"{where} does not hold a JSON object")
+            raise InvalidInput(f"{where} does not hold a JSON object")
         version = data.get("schema_version")
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise ValueError(f"{where} has no valid schema_version (got {version!r}); is it a kvembed manifest?")
+            raise InvalidInput(f"{where} has no valid schema_version (got {version!r}); is it a kvembed manifest?")
         if version > SCHEMA_VERSION:
-            raise ValueError(
+            raise InvalidInput(
                 f"{where} has schema_version {version}, newer than this kvembed reads ({SCHEMA_VERSION}): "
                 "upgrade kvembed (pip install -U kvembed) to load this artifact"
             )
         if version < SCHEMA_VERSION:
-            raise ValueError(f"{where} has schema_version {version}, older than {SCHEMA_VERSION}: re-export the model")
+            raise InvalidInput(f"{where} has schema_version {version}, older than {SCHEMA_VERSION}: re-export the model")
         missing = [key for key in REQUIRED_KEYS if key not in data]
         if missing:
-            raise ValueError(f"{where} lacks {', '.join(missing)}")
+            raise InvalidInput(f"{where} lacks {', '.join(missing)}")
         padding_side = _field(data, "padding_side", str, where)
         if padding_side not in PADDING_SIDES:
-            raise ValueError(f"{where}: padding_side must be one of {', '.join(PADDING_SIDES)}, got {padding_side!r}")
+            raise InvalidInput(f"{where}: padding_side must be one of {', '.join(PADDING_SIDES)}, got {padding_side!r}")
         for key in ("inputs", "outputs"):
             _field(data, key, list, where)
         files = _field(data, "files", dict, where)
@@ -310,7 +311,7 @@ def _read_json(directory: str | os.PathLike[str]) -> tuple[Path, Any]:
     try:
         return path, json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from None
+        raise InvalidInput(f"{path} is not valid JSON: {err}") from None
 
 
 def load_manifest(directory: str | os.PathLike[str]) -> Manifest:

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from ..artifact import MODEL, read_manifest
 from .protocol import BackendUnavailableError, Session
+from ..errors import InvalidInput
 
 __all__ = [
     "BACKENDS", "PROVIDERS", "PROVIDER_HELP", "VERIFY_BACKENDS", "VERIFY_ALIASES", "VERIFY_HELP", "REFERENCE_AUTO_LIMIT",
@@ -86,7 +87,7 @@ def _is_engine_dir(directory: Path) -> bool:
 def check_provider(provider: str) -> None:
     """A ValueError naming the valid providers, for a name that is not one."""
     if provider not in PROVIDERS:
-        raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+        raise InvalidInput(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
 
 
 def backend_for(directory: str | os.PathLike[str], provider: str = "auto") -> str:
@@ -96,7 +97,7 @@ def backend_for(directory: str | os.PathLike[str], provider: str = "auto") -> st
     path = Path(directory)
     if _is_engine_dir(path):
         if provider not in ("auto", "tensorrt"):
-            raise ValueError(
+            raise InvalidInput(
                 f"{str(path)!r} is a TensorRT engine directory: it runs with provider 'tensorrt' (or 'auto'); "
                 f"for provider {provider!r} load the artifact it was built from"
             )
@@ -114,10 +115,10 @@ def options_for(backend: str, options: Any = None, **flat: Any) -> Any:
     kind = BACKENDS[backend].options_type()
     if options is not None:
         if not isinstance(options, kind):
-            raise ValueError(f"backend {backend!r} takes {kind.__name__}, got {type(options).__name__}")
+            raise InvalidInput(f"backend {backend!r} takes {kind.__name__}, got {type(options).__name__}")
         given = sorted(k for k, v in flat.items() if v != FLAT_DEFAULTS[k])
         if given:
-            raise ValueError(f"pass either options= or {', '.join(given)}, not both")
+            raise InvalidInput(f"pass either options= or {', '.join(given)}, not both")
         return options
     fields = {field: flat[key] for key, field in FLAT_KEYWORDS[backend].items() if key in flat}
     return kind(**fields)
@@ -263,14 +264,14 @@ def resolve_verify_backends(
         manifest = read_manifest(directory) if manifest is None else manifest
         model_path = Path(directory) / MODEL if model_path is None else model_path
     if model_path is None:
-        raise ValueError("give an artifact directory or a model path")
+        raise InvalidInput("give an artifact directory or a model path")
     names = [n.strip().lower() for n in (backends.split(",") if isinstance(backends, str) else backends)]
     names = [n for n in names if n]
     if not names:
-        raise ValueError(f"--backends is empty; give 'auto' or a comma list of {', '.join(VERIFY_BACKENDS)}")
+        raise InvalidInput(f"--backends is empty; give 'auto' or a comma list of {', '.join(VERIFY_BACKENDS)}")
     unknown = [n for n in names if n != "auto" and n not in VERIFY_TARGETS and n not in VERIFY_ALIASES]
     if unknown:
-        raise ValueError(
+        raise InvalidInput(
             f"unknown backend{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
             f"valid: auto, {', '.join(VERIFY_BACKENDS)}, {', '.join(VERIFY_ALIASES)}"
         )

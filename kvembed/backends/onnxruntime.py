@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from ..errors import MissingDependency
+from ..errors import InvalidInput, MissingDependency
 
 NAME = "onnxruntime"
 #: the runtime provider names this backend serves (``"auto"``: CUDA when present, else the CPU)
@@ -73,9 +73,9 @@ def provider_chain(
     from .catalogue import PROVIDERS
 
     if provider not in PROVIDERS:
-        raise ValueError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+        raise InvalidInput(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
     if provider not in ORT_PROVIDERS:
-        raise ValueError(f"provider {provider!r} is not an onnxruntime provider: open it with Embedder.load(..., provider={provider!r})")
+        raise InvalidInput(f"provider {provider!r} is not an onnxruntime provider: open it with Embedder.load(..., provider={provider!r})")
     available = ort.get_available_providers()
     cuda = (CUDA, {"device_id": device_id})
     if provider == "cpu" or (provider == "auto" and CUDA not in available):
@@ -133,7 +133,7 @@ def session_options(threads: int | None = None, memory_arena: bool = True, prepa
     options.add_session_config_entry(DISABLE_PREPACKING, "0" if prepacking else "1")
     if threads is not None:
         if int(threads) < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
+            raise InvalidInput(f"threads must be >= 1, got {threads}")
         options.intra_op_num_threads = int(threads)
         options.inter_op_num_threads = 1
     return options
@@ -162,7 +162,7 @@ def open_session(model_path: str | os.PathLike[str], options: ort.SessionOptions
         if not type(err).__module__.startswith("onnxruntime"):
             raise
         detail = " ".join(str(err).split())[:300]
-        raise ValueError(
+        raise InvalidInput(
             f"onnxruntime cannot load {model_path} ({type(err).__name__}: {detail}); the file is damaged or "
             "not a kvembed graph: re-export the artifact"
         ) from err

@@ -31,7 +31,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..cache import cache_root
-from ..errors import MissingDependency
+from ..errors import InvalidInput, MissingDependency
 
 NAME = "openvino"
 OPENVINO = "OpenVINO"
@@ -244,9 +244,9 @@ class OpenVINOSession:
         cache_dir: str | os.PathLike[str] | None | bool = None,
     ) -> None:
         if precision is not None and precision not in PRECISIONS:
-            raise ValueError(f"ov_precision must be one of {', '.join(PRECISIONS)} (or None for automatic), got {precision!r}")
+            raise InvalidInput(f"ov_precision must be one of {', '.join(PRECISIONS)} (or None for automatic), got {precision!r}")
         if threads is not None and int(threads) < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
+            raise InvalidInput(f"threads must be >= 1, got {threads}")
         ov = import_openvino()
         self._ov = ov
         self.core = ov.Core()
@@ -285,7 +285,7 @@ class OpenVINOSession:
         except RuntimeError as err:
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
             detail = (lines[-1] if lines else type(err).__name__)[:300]  # OpenVINO puts the cause last
-            raise ValueError(
+            raise InvalidInput(
                 f"OpenVINO cannot compile {self.model_path} ({detail}); if the file is damaged re-export it, "
                 "else run it with provider='cpu' (onnxruntime)"
             ) from err

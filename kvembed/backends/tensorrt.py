@@ -19,7 +19,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import MissingDependency
+from ..errors import InvalidInput, MissingDependency
 from ..artifact import MODEL, check_files, sha256_file
 
 PLAN, ENGINE_JSON = "engine.plan", "engine.json"
@@ -78,12 +78,12 @@ def read_engine_json(directory: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         record = json.loads(path.read_text())
     except ValueError as err:
-        raise ValueError(f"{path} is not valid JSON ({err}): rebuild the engine with kvembed build-engine") from None
+        raise InvalidInput(f"{path} is not valid JSON ({err}): rebuild the engine with kvembed build-engine") from None
     for key in ENGINE_KEYS:
         if key not in record:
-            raise ValueError(f"{path} lacks {key}: rebuild the engine with kvembed build-engine")
+            raise InvalidInput(f"{path} lacks {key}: rebuild the engine with kvembed build-engine")
     if record["schema_version"] != ENGINE_SCHEMA_VERSION:
-        raise ValueError(f"{path} has schema_version {record['schema_version']!r}; this kvembed reads {ENGINE_SCHEMA_VERSION}")
+        raise InvalidInput(f"{path} has schema_version {record['schema_version']!r}; this kvembed reads {ENGINE_SCHEMA_VERSION}")
     return record
 
 
@@ -110,11 +110,11 @@ def check_engine_files(directory: str | os.PathLike[str], manifest: Mapping[str,
 def check_engine_matches(record: Mapping[str, Any], tensorrt_version: str, gpu_name: str, compute_capability: str) -> None:
     """Refuse a plan built by another TensorRT or for another GPU (plans are not portable)."""
     if str(record["tensorrt_version"]) != str(tensorrt_version):
-        raise ValueError(f"engine built with TensorRT {record['tensorrt_version']}, this is TensorRT {tensorrt_version}: "
+        raise InvalidInput(f"engine built with TensorRT {record['tensorrt_version']}, this is TensorRT {tensorrt_version}: "
                          "rebuild it here with kvembed build-engine")
     built = record["gpu"]
     if str(built["compute_capability"]) != str(compute_capability) or built["name"] != gpu_name:
-        raise ValueError(f"engine built for {built['name']} (compute capability {built['compute_capability']}), "
+        raise InvalidInput(f"engine built for {built['name']} (compute capability {built['compute_capability']}), "
                          f"this GPU is {gpu_name} ({compute_capability}): rebuild it here with kvembed build-engine")
 
 
@@ -137,7 +137,7 @@ def check_feeds_fit(record: Mapping[str, Any], shape: tuple[int, int]) -> int:
     for index, p in enumerate(record["profiles"]):
         if p["min"][0] <= batch <= p["max"][0] and p["min"][1] <= sequence <= p["max"][1]:
             return index
-    raise ValueError(f"a batch of {batch} x {sequence} tokens is outside every profile of this engine ({describe_profiles(record)}): "
+    raise InvalidInput(f"a batch of {batch} x {sequence} tokens is outside every profile of this engine ({describe_profiles(record)}): "
                      "pass a smaller batch_size / max_tokens, or rebuild with a wider --shapes")
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..backends.catalogue import BACKENDS as RUNTIME_BACKENDS
 from ..export.parity import cosine_rows  # noqa: F401  (torch-free; re-exported for the bench)
+from ..errors import InvalidInput
 
 #: what the bench times: the runtime on onnxruntime's CPU provider, the PyTorch reference, and
 #: the runtime on OpenVINO (the backends catalogue's ``openvino``)
@@ -54,13 +55,13 @@ def time_calls(
     slow cells affordable (few samples, but at least ``min_repeats``).
     """
     if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
+        raise InvalidInput(f"warmup must be >= 0, got {warmup}")
     if min_repeats < 1:
-        raise ValueError(f"min_repeats must be >= 1, got {min_repeats}")
+        raise InvalidInput(f"min_repeats must be >= 1, got {min_repeats}")
     if max_repeats < min_repeats:
-        raise ValueError(f"max_repeats ({max_repeats}) must be >= min_repeats ({min_repeats})")
+        raise InvalidInput(f"max_repeats ({max_repeats}) must be >= min_repeats ({min_repeats})")
     if min_seconds < 0:
-        raise ValueError(f"min_seconds must be >= 0, got {min_seconds}")
+        raise InvalidInput(f"min_seconds must be >= 0, got {min_seconds}")
     for _ in range(warmup):
         fn()
     samples: list[float] = []
@@ -92,7 +93,7 @@ def interleaved(
     spinning thread pool does not take the cores of the one being timed.
     """
     if gap < 0:
-        raise ValueError(f"gap must be >= 0 seconds, got {gap}")
+        raise InvalidInput(f"gap must be >= 0 seconds, got {gap}")
     for call in calls.values():
         for _ in range(warmup):
             call()
@@ -129,7 +130,7 @@ class Timing:
 
     def __post_init__(self) -> None:
         if not self.samples:
-            raise ValueError("a Timing needs at least one sample")
+            raise InvalidInput("a Timing needs at least one sample")
 
     @property
     def repeats(self) -> int:

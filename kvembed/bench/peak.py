@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..artifact import MODEL, Manifest
+from ..errors import InvalidInput
 
 MATMUL_OPS = ("MatMul", "MatMulInteger", "Gemm")
 
@@ -75,7 +76,7 @@ def gemm_call(threads: int, size: int = 2048) -> tuple[Callable[[], Any], float]
     is noisy).
     """
     if size < 1:
-        raise ValueError(f"size must be >= 1, got {size}")
+        raise InvalidInput(f"size must be >= 1, got {size}")
     weight = np.random.default_rng(1).standard_normal((size, size), dtype=np.float32)
     return matmuls_call([weight], size, threads, "gemm_peak")
 
@@ -96,7 +97,7 @@ def weight_gemms_call(
 def gemm_peak(threads: int, size: int = 2048, repeats: int = 5, warmup: int = 2) -> dict[str, Any]:
     """fp32 GFLOP/s of :func:`gemm_call` (best of ``repeats``)."""
     if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        raise InvalidInput(f"repeats must be >= 1, got {repeats}")
     call, flops = gemm_call(threads, size)
     for _ in range(warmup):
         call()
@@ -150,7 +151,7 @@ def fp32_matmul_weights(model_path: str | os.PathLike[str]) -> list[np.ndarray]:
         if node.op_type == "MatMul" and position == 1 and tensor.data_type == onnx.TensorProto.FLOAT
     ]
     if not weights:
-        raise ValueError(f"{model_path} has no fp32 MatMul weights (an int8 or fp16 graph?): use an fp32 artifact")
+        raise InvalidInput(f"{model_path} has no fp32 MatMul weights (an int8 or fp16 graph?): use an fp32 artifact")
     return weights
 
 

@@ -14,6 +14,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..errors import InvalidInput
+
 
 def op_breakdown(
     model_path: str | os.PathLike[str], feeds: Mapping[str, Any], threads: int, runs: int = 2
@@ -28,7 +30,7 @@ def op_breakdown(
     from ..backends.onnxruntime import session_options
 
     if runs < 1:
-        raise ValueError(f"runs must be >= 1, got {runs}")
+        raise InvalidInput(f"runs must be >= 1, got {runs}")
     with tempfile.TemporaryDirectory(prefix="kvembed-profile-") as tmp:
         options = session_options(threads)
         options.enable_profiling = True

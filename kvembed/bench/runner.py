@@ -24,6 +24,7 @@ from .peak import gemm_peak, model_shape
 from .report import SCHEMA, machine_info, usable_cores, write_json, write_markdown, write_plots
 from .worker import CellInput, WorkerSpec, run_isolated
 from .workload import Batch, exact_rows, make_batch
+from ..errors import InvalidInput
 
 DEFAULT_MODEL = "stories260k"
 DEFAULT_METHOD = "kv-embedding"
@@ -88,37 +89,37 @@ class BenchConfig:
 
         for name, values in (("--batch-sizes", self.batch_sizes), ("--seq-lens", self.seq_lens)):
             if not values:
-                raise ValueError(f"{name}: give at least one value")
+                raise InvalidInput(f"{name}: give at least one value")
             for value in values:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ValueError(f"{name}: {value!r} is not a positive integer")
+                    raise InvalidInput(f"{name}: {value!r} is not a positive integer")
         if not self.backends:
-            raise ValueError(f"--backends: give at least one of {', '.join(BACKENDS)}")
+            raise InvalidInput(f"--backends: give at least one of {', '.join(BACKENDS)}")
         for backend in self.backends:
             if backend not in BACKENDS:
-                raise ValueError(f"--backends: unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+                raise InvalidInput(f"--backends: unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
         for precision in self.precisions or ():
             if precision not in PRECISIONS:
-                raise ValueError(f"--precision: unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
+                raise InvalidInput(f"--precision: unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
         if self.precisions is not None and not self.precisions:
-            raise ValueError("--precision: give at least one precision")
+            raise InvalidInput("--precision: give at least one precision")
         if self.threads is not None and self.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {self.threads}")
+            raise InvalidInput(f"--threads must be >= 1, got {self.threads}")
         if self.warmup < 0:
-            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+            raise InvalidInput(f"--warmup must be >= 0, got {self.warmup}")
         if self.min_repeats < 1:
-            raise ValueError(f"--min-repeats must be >= 1, got {self.min_repeats}")
+            raise InvalidInput(f"--min-repeats must be >= 1, got {self.min_repeats}")
         if self.max_repeats < self.min_repeats:
-            raise ValueError(f"max_repeats ({self.max_repeats}) must be >= --min-repeats ({self.min_repeats})")
+            raise InvalidInput(f"max_repeats ({self.max_repeats}) must be >= --min-repeats ({self.min_repeats})")
         if self.min_seconds < 0:
-            raise ValueError(f"--min-seconds must be >= 0, got {self.min_seconds}")
+            raise InvalidInput(f"--min-seconds must be >= 0, got {self.min_seconds}")
         if self.kind not in ("query", "document"):
-            raise ValueError(f"--kind must be query or document, got {self.kind!r}")
+            raise InvalidInput(f"--kind must be query or document, got {self.kind!r}")
         if self.artifact is not None:
             if self.model is not None or self.method is not None or self.options:
-                raise ValueError("an artifact fixes its model, method and options; drop --model/--method/method options")
+                raise InvalidInput("an artifact fixes its model, method and options; drop --model/--method/method options")
             if Path(self.out).expanduser().resolve() == Path(self.artifact).expanduser().resolve():
-                raise ValueError("--out must not be the --artifact directory")
+                raise InvalidInput("--out must not be the --artifact directory")
             load_manifest(self.artifact)  # not an artifact: one line before any progress bar
         else:  # model, method and options checked against config.json before any weights load
             from ..modeling.sources import preflight
@@ -148,7 +149,7 @@ class BenchProgress:
 def check_lengths(seq_lens: Sequence[int], max_length: int, what: str) -> None:
     too_long = [n for n in seq_lens if n > max_length]
     if too_long:
-        raise ValueError(f"--seq-lens: {too_long[0]} is longer than {what}'s max_length ({max_length})")
+        raise InvalidInput(f"--seq-lens: {too_long[0]} is longer than {what}'s max_length ({max_length})")
 
 
 def export_artifacts(
@@ -228,12 +229,12 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dic
         manifest = load_manifest(artifact)
         given = manifest.precision
         if config.precisions is not None and tuple(config.precisions) != (given,):
-            raise ValueError(f"the artifact is {given}; drop --precision (an artifact has one precision)")
+            raise InvalidInput(f"the artifact is {given}; drop --precision (an artifact has one precision)")
         check_lengths(config.seq_lens, manifest.max_length, "the artifact")
         progress.stage(f"checking {artifact}")
         problems = check_files(artifact, manifest)
         if problems:
-            raise ValueError(f"artifact {str(artifact)!r} is damaged: {'; '.join(problems)}")
+            raise InvalidInput(f"artifact {str(artifact)!r} is damaged: {'; '.join(problems)}")
         out.mkdir(parents=True, exist_ok=True)
         artifacts = {given: artifact}
     else:

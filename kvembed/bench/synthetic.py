@@ -13,6 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
+from ..errors import InvalidInput
+
 #: Qwen3-0.6B's decoder widths (its config.json); ``layers`` is chosen per benchmark (28 in the real model)
 QWEN3_06B = {"hidden": 1024, "heads": 16, "kv_heads": 8, "head_dim": 128, "ffn": 3072}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -48,16 +50,16 @@ def build_random_model(
     for name, value in (("layers", layers), ("hidden", hidden), ("heads", heads), ("kv_heads", kv_heads),
                         ("head_dim", head_dim), ("ffn", ffn)):
         if int(value) < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+            raise InvalidInput(f"{name} must be >= 1, got {value}")
     if heads % kv_heads:
-        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+        raise InvalidInput(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
     if max_positions < 2048:
-        raise ValueError(f"max_positions must be >= 2048, got {max_positions}")
+        raise InvalidInput(f"max_positions must be >= 2048, got {max_positions}")
     demo = demo_model_path()
     tokenizer_size = Tokenizer.from_file(str(demo / "tokenizer.json")).get_vocab_size()
     vocab = int(vocab_size or tokenizer_size)
     if vocab < tokenizer_size:
-        raise ValueError(f"vocab_size {vocab} is smaller than the tokenizer's {tokenizer_size} tokens")
+        raise InvalidInput(f"vocab_size {vocab} is smaller than the tokenizer's {tokenizer_size} tokens")
     config = Qwen3Config(
         vocab_size=vocab,
         hidden_size=hidden,

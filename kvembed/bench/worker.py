@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import CheckFailed
+from ..errors import CheckFailed, InvalidInput
 from .measure import BACKENDS, OpenVINOBackend, RuntimeBackend, TorchBackend, current_rss_mb, peak_rss_mb, time_calls
 
 #: backend name -> its class (torch's takes the manifest, the others the artifact directory)
@@ -62,7 +62,7 @@ class WorkerSpec:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {self.backend!r}")
+            raise InvalidInput(f"unknown backend {self.backend!r}")
         if not self.label:
             self.label = self.backend
 

@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from ..runtime.encoding import EncodedText, TextEncoder
+from ..errors import InvalidInput
 
 WORDS_FILE = Path(__file__).resolve().parents[1] / "data" / "calibration.txt"
 #: used only if the package data is missing (a stripped install)
@@ -83,9 +84,9 @@ def text_of_length(encoder: TextEncoder, target: int, start: int = 0, kind: str 
     prefix found that does not exceed ``target`` (the prompt alone when ``target`` is shorter).
     """
     if target < 1:
-        raise ValueError(f"a row needs at least 1 token, got {target}")
+        raise InvalidInput(f"a row needs at least 1 token, got {target}")
     if target > encoder.max_length:
-        raise ValueError(f"{target} tokens is more than the artifact's max_length={encoder.max_length}")
+        raise InvalidInput(f"{target} tokens is more than the artifact's max_length={encoder.max_length}")
     empty = encoder.encode_one("", kind)
     if len(empty.ids) >= target:
         return "", empty
@@ -149,7 +150,7 @@ def row_of_length(
 def exact_rows(encoder: TextEncoder, seq_len: int, count: int, kind: str = "document", seed: int = 0) -> Rows:
     """``count`` different rows of ``seq_len`` tokens each (where the tokenizer allows)."""
     if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
+        raise InvalidInput(f"count must be >= 1, got {count}")
     lines = len(source_lines())
     made = [row_of_length(encoder, seq_len, (seed * 7919 + row * 13) % lines, kind) for row in range(count)]
     return Rows((seq_len,) * count, tuple(t for t, _ in made), tuple(e for _, e in made))
@@ -166,7 +167,7 @@ def mixed_corpus(
     """``count`` rows with lengths drawn uniformly from ``[min_tokens, max_tokens]`` (seeded): the
     realistic mixed-length corpus on which length-sorted batching pays off."""
     if not 1 <= min_tokens <= max_tokens:
-        raise ValueError(f"need 1 <= min_tokens <= max_tokens, got {min_tokens}..{max_tokens}")
+        raise InvalidInput(f"need 1 <= min_tokens <= max_tokens, got {min_tokens}..{max_tokens}")
     max_tokens = min(max_tokens, encoder.max_length)
     min_tokens = min(min_tokens, max_tokens)
     rng = random.Random(seed)
@@ -201,7 +202,7 @@ class Batch:
 def make_batch(encoder: TextEncoder, rows: Rows, batch_size: int, padding_side: str = "right") -> Batch:
     """The first ``batch_size`` rows padded together (batches of one grid share their rows)."""
     if not 1 <= batch_size <= len(rows):
-        raise ValueError(f"batch_size must be 1..{len(rows)}, got {batch_size}")
+        raise InvalidInput(f"batch_size must be 1..{len(rows)}, got {batch_size}")
     items: Sequence[EncodedText] = rows.encoded[:batch_size]
     inputs = encoder.pad(items, padding_side)
     return Batch(inputs, int(max(rows.targets[:batch_size])), tuple(len(i.ids) for i in items))
@@ -214,6 +215,6 @@ def raw_token_batch(encoder: TextEncoder, batch: int, seq: int) -> dict[str, np.
     for row in range(batch):
         ids = encoder.tokenizer.encode(word_stream(row * 17, 8 * seq)).ids[:seq]
         if len(ids) < seq:
-            raise ValueError(f"the word stream gives only {len(ids)} tokens, {seq} asked")
+            raise InvalidInput(f"the word stream gives only {len(ids)} tokens, {seq} asked")
         rows.append(ids)
     return {"input_ids": np.array(rows, dtype=np.int64), "attention_mask": np.ones((batch, seq), dtype=np.int64)}

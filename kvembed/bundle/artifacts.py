@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifact import MANIFEST, load_manifest, sha256_file
+from ..errors import InvalidInput
 
 #: model names end up in file paths, shell scripts and a systemd unit: keep them plain
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -25,9 +26,9 @@ def parse_artifact_argument(value: str) -> tuple[str, Path]:
     if not sep:
         name = directory.resolve().name
     if not NAME.fullmatch(name):
-        raise ValueError(f"model name {name!r} (from {value!r}) must be letters, digits, '.', '_' or '-': use NAME=DIR")
+        raise InvalidInput(f"model name {name!r} (from {value!r}) must be letters, digits, '.', '_' or '-': use NAME=DIR")
     if (directory / "engine.json").is_file():
-        raise ValueError(f"{value!r} is a TensorRT engine directory (GPU-bound): bundle the ONNX artifact it was built from")
+        raise InvalidInput(f"{value!r} is a TensorRT engine directory (GPU-bound): bundle the ONNX artifact it was built from")
     load_manifest(directory)  # one line if it is not an artifact
     return name, directory
 
@@ -53,14 +54,14 @@ def add_artifact(source: Path, dest: Path) -> dict[str, Any]:
     files: dict[str, dict[str, Any]] = {}
     for name, record in manifest.files.items():
         if Path(name).name != name:
-            raise ValueError(f"{source / MANIFEST} lists {name!r}: not a plain file name")
+            raise InvalidInput(f"{source / MANIFEST} lists {name!r}: not a plain file name")
         origin = source / name
         if not origin.is_file():
             raise FileNotFoundError(f"artifact {str(source)!r} lacks {name}, which its manifest lists")
         how.add(link_or_copy(origin, dest / name))
         digest = sha256_file(dest / name)
         if digest != record.sha256 or (dest / name).stat().st_size != record.size:
-            raise ValueError(f"{origin} does not match the sha256 in its manifest: the artifact was changed after "
+            raise InvalidInput(f"{origin} does not match the sha256 in its manifest: the artifact was changed after "
                              "export; re-export it (or restore the file)")
         files[name] = record.to_dict()
     shutil.copy2(source / MANIFEST, dest / MANIFEST)

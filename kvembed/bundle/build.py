@@ -23,6 +23,7 @@ from .artifacts import add_artifact, parse_artifact_argument
 from .render import template_values, write_templates
 from .target import Target
 from .wheelhouse import BundleError, build_own_wheel, resolve, root_requirement, run_pip, write_requirements
+from ..errors import InvalidInput
 
 BUNDLE_SCHEMA = 1
 MANIFEST = "bundle.json"
@@ -46,7 +47,7 @@ class BundleResult:
 def extras_for(with_: list[str]) -> list[str]:
     unknown = sorted(set(with_) - set(WITH_EXTRAS))
     if unknown:
-        raise ValueError(f"--with takes {' or '.join(WITH_EXTRAS)}, got {', '.join(map(repr, unknown))}")
+        raise InvalidInput(f"--with takes {' or '.join(WITH_EXTRAS)}, got {', '.join(map(repr, unknown))}")
     return ["serve", *sorted({WITH_EXTRAS[name] for name in with_})]
 
 
@@ -64,14 +65,14 @@ def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: Sequ
     from ..artifact.staging import staged
 
     if not artifacts:
-        raise ValueError("give at least one artifact directory (kvembed bundle ARTIFACT... --out DIR)")
+        raise InvalidInput("give at least one artifact directory (kvembed bundle ARTIFACT... --out DIR)")
     named = [parse_artifact_argument(a) for a in artifacts]
     names = [name for name, _ in named]
     if len(set(names)) != len(names):
-        raise ValueError(f"two artifacts are named {sorted({n for n in names if names.count(n) > 1})[0]!r}: name them NAME=DIR")
+        raise InvalidInput(f"two artifacts are named {sorted({n for n in names if names.count(n) > 1})[0]!r}: name them NAME=DIR")
     extras = extras_for(list(with_))
     if not re.fullmatch(r"/[A-Za-z0-9._/-]*", prefix):
-        raise ValueError(f"--prefix must be an absolute path of plain characters, got {prefix!r}")
+        raise InvalidInput(f"--prefix must be an absolute path of plain characters, got {prefix!r}")
     out = Path(out).expanduser()
     targets = [out, *([tarball_path(out)] if tar else [])]
     for path in targets:
@@ -79,7 +80,7 @@ def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: Sequ
             raise FileExistsError(f"{path} exists: choose another --out or add --force to replace it")
     for _, directory in named:
         if out.resolve() == directory.resolve() or out.resolve() in directory.resolve().parents:
-            raise ValueError(f"--out {out} would replace the artifact {directory}")
+            raise InvalidInput(f"--out {out} would replace the artifact {directory}")
 
     pip_version = _pip_version()  # no pip, no bundle: say so before any work
     pending_tar: Path | None = None

@@ -10,6 +10,8 @@ import re
 import sys
 from dataclasses import dataclass
 
+from ..errors import InvalidInput
+
 #: --platform value -> the machine name Python reports there (``platform.machine()``)
 PLATFORMS: dict[str, str] = {"linux-x86_64": "x86_64", "linux-aarch64": "aarch64"}
 #: the oldest glibc a bundle assumes unless told: manylinux_2_28 (RHEL 8, Debian 10+, Ubuntu 18.10+),
@@ -89,16 +91,16 @@ def parse_target(platform_name: str | None, python: str | None, glibc: str | Non
     if platform_name is None:
         platform_name = this_platform()
         if platform_name is None:
-            raise ValueError(f"this machine ({sys.platform} {platform.machine()}) is not a bundle target: "
+            raise InvalidInput(f"this machine ({sys.platform} {platform.machine()}) is not a bundle target: "
                              f"give --platform ({' or '.join(PLATFORMS)})")
     if platform_name not in PLATFORMS:
-        raise ValueError(f"--platform must be {' or '.join(PLATFORMS)}, got {platform_name!r}")
+        raise InvalidInput(f"--platform must be {' or '.join(PLATFORMS)}, got {platform_name!r}")
     python = this_python() if python is None else python.strip()
     if not re.fullmatch(r"3\.\d{1,2}", python):
-        raise ValueError(f"--python must be a CPython 3.x version such as 3.11 or 3.12, got {python!r}")
+        raise InvalidInput(f"--python must be a CPython 3.x version such as 3.11 or 3.12, got {python!r}")
     glibc = DEFAULT_GLIBC if glibc is None else glibc.strip()
     found = re.fullmatch(r"2\.(\d{1,2})", glibc)
     lowest = LOWEST_GLIBC_MINOR[PLATFORMS[platform_name]]
     if found is None or int(found.group(1)) < lowest:
-        raise ValueError(f"--glibc must be a glibc version 2.{lowest} or newer for {platform_name} (e.g. 2.28), got {glibc!r}")
+        raise InvalidInput(f"--glibc must be a glibc version 2.{lowest} or newer for {platform_name} (e.g. 2.28), got {glibc!r}")
     return Target(platform_name, python, glibc)

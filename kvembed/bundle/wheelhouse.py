@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .. import __version__
-from ..errors import KvembedError
+from ..errors import InvalidInput, KvembedError
 from ..artifact import sha256_file
 from .target import Target
 
@@ -118,7 +118,7 @@ def build_own_wheel(dest: Path, given: Path | None = None) -> Path | None:
     from a wheel and none was given (then pip downloads ``kvembed==VERSION`` like the rest)."""
     if given is not None:
         if not given.is_file() or not re.fullmatch(r"kvembed-[^-]+-py3-none-any\.whl", given.name):
-            raise ValueError(f"--kvembed-wheel must be a kvembed-VERSION-py3-none-any.whl file, got {str(given)!r}")
+            raise InvalidInput(f"--kvembed-wheel must be a kvembed-VERSION-py3-none-any.whl file, got {str(given)!r}")
         return Path(shutil.copy2(given, dest / given.name))
     root = source_tree()
     if root is None:

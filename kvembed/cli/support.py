@@ -30,12 +30,9 @@ DEBUG_FLAG, DEBUG_ENV = "--debug", "KVEMBED_DEBUG"
 #: the help epilog of every kvembed program: --debug is taken from argv by :func:`run_app`
 DEBUG_HELP = f"Add {DEBUG_FLAG} anywhere on the command line (or set {DEBUG_ENV}=1) to see tracebacks."
 
-#: exceptions the rooms still raise for bad input where they should raise InvalidInput; once they
-#: all do, this goes, and a bare ValueError is reported as the bug it is
-_NOT_YET_INVALID_INPUT: tuple[type[BaseException], ...] = (ValueError, TypeError, NotImplementedError)
 #: exceptions whose message is meant for the user: one line, exit 2 (click's usage errors are
 #: reported by :func:`run_app`); any other exception is a bug
-USER_ERRORS: tuple[type[BaseException], ...] = (KvembedError, OSError, *_NOT_YET_INVALID_INPUT)
+USER_ERRORS: tuple[type[BaseException], ...] = (KvembedError, OSError)
 
 #: exits and usage errors that typer/click report themselves
 _PASS_THROUGH: tuple[type[BaseException], ...] = (

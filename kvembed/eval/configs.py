@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from ..artifact import check_artifact_options, is_artifact
 from .runner import LABEL, Configuration
+from ..errors import InvalidInput
 
 
 def split_label(value: str) -> tuple[str | None, str]:
@@ -37,7 +38,7 @@ def parse_config(text: str) -> tuple[str | None, str, dict[str, Any]]:
     try:
         request = parse_also(text)
     except ValueError as err:
-        raise ValueError(str(err).replace("--also", "--config")) from None
+        raise InvalidInput(str(err).replace("--also", "--config")) from None
     return request.label, request.method, dict(request.options)
 
 
@@ -50,9 +51,9 @@ def plan(
 ) -> list[Configuration]:
     """Configurations in command-line order; labels must be unique (they name result files)."""
     if not sources:
-        raise ValueError("give at least one artifact directory or model to evaluate (kvembed eval SOURCE --task FILE)")
+        raise InvalidInput("give at least one artifact directory or model to evaluate (kvembed eval SOURCE --task FILE)")
     if configs and (method is not None or options):
-        raise ValueError("give either --config (one per configuration) or --method with option flags, not both")
+        raise InvalidInput("give either --config (one per configuration) or --method with option flags, not both")
     requests = [parse_config(text) for text in configs]
     plans: list[Configuration] = []
     models = [value for value in sources if not is_artifact(split_label(value)[1])]
@@ -60,7 +61,7 @@ def plan(
         label, source = split_label(value)
         if is_artifact(source):
             if configs and not models:
-                raise ValueError(f"{source!r} is an artifact: it fixes its method and options, so --config applies "
+                raise InvalidInput(f"{source!r} is an artifact: it fixes its method and options, so --config applies "
                                  f"to models only; export one artifact per configuration, or evaluate a model")
             if not configs:
                 check_artifact_options(source, method, dict(options), max_length)
@@ -80,7 +81,7 @@ def plan(
     seen: set[str] = set()
     for config in plans:
         if config.label in seen or any(config.slug == other.slug for other in plans if other is not config and other.label != config.label):
-            raise ValueError(f"two configurations are labelled {config.label!r}; name them apart with LABEL=SOURCE or "
+            raise InvalidInput(f"two configurations are labelled {config.label!r}; name them apart with LABEL=SOURCE or "
                              f"--config LABEL=METHOD[:...]")
         seen.add(config.label)
     return plans
@@ -95,4 +96,4 @@ def preflight(configs: Sequence[Configuration]) -> None:
             try:
                 check(config.source, config.method or "kv-embedding", dict(config.options))
             except ValueError as err:
-                raise ValueError(f"configuration {config.label!r}: {err}") from None
+                raise InvalidInput(f"configuration {config.label!r}: {err}") from None

@@ -68,6 +68,7 @@ from ..backends.protocol import BackendUnavailableError
 from ..runtime.artifact import encoder_from_manifest
 from .parity import PADDING_SIDES, PARITY_TEXTS, cosine_rows
 from .runners import make_runner, resolve_backends
+from ..errors import InvalidInput
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,7 @@ def comparison_feeds(
                     feed = {key: value for key, value in feed.items() if key in inputs}
                 batches.append(FeedBatch(kind, side, names, feed))
     if not batches:
-        raise ValueError("no comparison batches: no texts")
+        raise InvalidInput("no comparison batches: no texts")
     return batches
 
 
@@ -333,7 +334,7 @@ def _tolerance(precision: str, tolerance: BackendTolerance | None) -> BackendTol
     if tolerance is not None:
         return tolerance
     if precision not in BACKEND_TOLERANCES:
-        raise ValueError(f"precision must be one of {', '.join(BACKEND_TOLERANCES)}, got {precision!r}")
+        raise InvalidInput(f"precision must be one of {', '.join(BACKEND_TOLERANCES)}, got {precision!r}")
     return BACKEND_TOLERANCES[precision]
 
 
@@ -400,7 +401,7 @@ def compare_graphs(
     :func:`comparison_feeds`) or plain feed dicts."""
     for backend in (backend_a, backend_b):
         if backend not in VERIFY_BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(VERIFY_BACKENDS)}")
+            raise InvalidInput(f"unknown backend {backend!r}; valid: {', '.join(VERIFY_BACKENDS)}")
     tol = _tolerance(precision, tolerance)
     items = [
         b if isinstance(b, FeedBatch)

@@ -36,6 +36,7 @@ from .precision import INT8_RECIPES, SameGraphError, check_int8_recipe, check_pr
 from .progress import Progress, advance_of, silent
 from .rewrites import optimize_with_onnxruntime, rms_norm_as_div
 from .smoothing import calibration_feeds
+from ..errors import InvalidInput
 
 
 class ParityError(ExportError):
@@ -65,7 +66,7 @@ def load_embedder(
     from ..modeling.reference import TorchEmbedder
 
     if padding_side not in ("right", "left"):
-        raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+        raise InvalidInput(f"padding_side must be 'right' or 'left', got {padding_side!r}")
     hf_logging.disable_progress_bar()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -82,7 +83,7 @@ def _guard_source(out: Path, embedder: Any) -> None:
     if location and Path(location).is_dir():
         src, dst = Path(location).resolve(), out.resolve()
         if dst == src or dst in src.parents:
-            raise ValueError(f"output {str(out)!r} would replace the model folder {str(src)!r}")
+            raise InvalidInput(f"output {str(out)!r} would replace the model folder {str(src)!r}")
 
 
 # -- the exporter -------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..errors import CheckFailed
+from ..errors import CheckFailed, InvalidInput
 from ..artifact import MANIFEST, MODEL, TOKENIZER, Manifest, load_manifest, sha256_file
 from ..artifact.staging import check_output, staged
 from ..backends.tensorrt import ENGINE_JSON, ENGINE_SCHEMA_VERSION, PLAN, gpu_identity, require_tensorrt  # the loader's half
@@ -63,16 +63,16 @@ def parse_shapes(spec: str, max_length: int) -> ShapeRange:
     pattern = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$", re.IGNORECASE)
     points = [pattern.match(part) for part in parts]
     if len(parts) != 3 or not all(points):
-        raise ValueError(f"--shapes {spec!r}: expected MIN:OPT:MAX, each BATCHxSEQUENCE, e.g. {DEFAULT_SHAPES}")
+        raise InvalidInput(f"--shapes {spec!r}: expected MIN:OPT:MAX, each BATCHxSEQUENCE, e.g. {DEFAULT_SHAPES}")
     low, mid, high = ((int(m.group(1)), int(m.group(2))) for m in points)  # type: ignore[union-attr]
     if min(low) < 1:
-        raise ValueError(f"--shapes {spec!r}: batch and sequence must be >= 1")
+        raise InvalidInput(f"--shapes {spec!r}: batch and sequence must be >= 1")
     for axis, name in ((0, "batch"), (1, "sequence")):
         if not low[axis] <= mid[axis] <= high[axis]:
-            raise ValueError(f"--shapes {spec!r}: {name} must grow min <= opt <= max "
+            raise InvalidInput(f"--shapes {spec!r}: {name} must grow min <= opt <= max "
                              f"(got {low[axis]}, {mid[axis]}, {high[axis]})")
     if high[1] > max_length:
-        raise ValueError(f"--shapes {spec!r}: max sequence {high[1]} is past the artifact's max_length "
+        raise InvalidInput(f"--shapes {spec!r}: max sequence {high[1]} is past the artifact's max_length "
                          f"{max_length}; use at most {high[0]}x{max_length}")
     return ShapeRange(low, mid, high)
 
@@ -98,24 +98,24 @@ class PrecisionPlan:
 def choose_precision(precision: str, tensorrt_version: str, artifact_precision: str) -> PrecisionPlan:
     """The build recipe for ``precision``, or a ValueError saying which artifact to build from."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise InvalidInput(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if artifact_precision == "int8":
-        raise ValueError("an int8 artifact (MatMulInteger/DynamicQuantizeLinear) cannot become a TensorRT engine: "
+        raise InvalidInput("an int8 artifact (MatMulInteger/DynamicQuantizeLinear) cannot become a TensorRT engine: "
                          "build from the fp32 or fp16 artifact (kvembed-export --precision fp32|fp16)")
     major = version_key(tensorrt_version)[:1] or (0,)
     if major[0] < 10:
-        raise ValueError(f"TensorRT {tensorrt_version} is too old: kvembed builds engines with TensorRT >= 10")
+        raise InvalidInput(f"TensorRT {tensorrt_version} is too old: kvembed builds engines with TensorRT >= 10")
     if major[0] >= 11:  # strongly typed only: the graph's own types are the precision
         if precision != artifact_precision:
             source = "bf16 artifacts are refused by kvembed-export (onnxruntime's CPU provider cannot check " \
                      "their parity)" if precision == "bf16" else f"export one with kvembed-export --precision {precision}"
-            raise ValueError(
+            raise InvalidInput(
                 f"TensorRT {tensorrt_version} builds only strongly typed networks: a {precision} engine needs a "
                 f"{precision} artifact, this one is {artifact_precision} ({source})"
             )
         return PrecisionPlan(precision, True, False, False)
     if artifact_precision != "fp32" and precision != artifact_precision:
-        raise ValueError(f"a {artifact_precision} artifact builds only a {artifact_precision} engine "
+        raise InvalidInput(f"a {artifact_precision} artifact builds only a {artifact_precision} engine "
                          f"(asked for {precision}); use the fp32 artifact")
     if artifact_precision != "fp32":  # an fp16 graph already says where fp32 stays: keep its types
         return PrecisionPlan(precision, True, False, False)
@@ -130,7 +130,7 @@ def check_tensorrt_supports(manifest: Manifest | Mapping[str, Any], tensorrt_ver
     if needed and version_key(tensorrt_version) < version_key(needed):
         form = graph.attention_form or "fused"
         fix = "re-export with kvembed-export --attention decomposed" if form == "fused" else "upgrade TensorRT"
-        raise ValueError(f"this artifact's graph ({form} attention) needs TensorRT >= {needed} "
+        raise InvalidInput(f"this artifact's graph ({form} attention) needs TensorRT >= {needed} "
                          f"(installed: {tensorrt_version}); {fix}")
 
 
@@ -188,18 +188,18 @@ def build_engine(
     artifact = Path(artifact).expanduser()
     manifest = load_manifest(artifact)
     if manifest.context_encoder is not None:
-        raise ValueError("Causal2Vec artifacts have a second token sequence (the encoder's), which the engine's "
+        raise InvalidInput("Causal2Vec artifacts have a second token sequence (the encoder's), which the engine's "
                          "shape profiles do not cover yet; run them with onnxruntime (--provider cpu|cuda|tensorrt)")
     max_length = manifest.max_length
     ranges = [parse_shapes(s, max_length) for s in shapes] or [default_shapes(max_length)]
     workspace_bytes = parse_size(workspace)
     if not 0 <= int(opt_level) <= 5:
-        raise ValueError(f"--opt-level must be 0-5 (TensorRT's builder optimization level), got {opt_level}")
+        raise InvalidInput(f"--opt-level must be 0-5 (TensorRT's builder optimization level), got {opt_level}")
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise InvalidInput(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     out = check_output(out, force)
     if out.resolve() == artifact.resolve():
-        raise ValueError(f"--out {str(out)!r} is the artifact itself: pick another directory "
+        raise InvalidInput(f"--out {str(out)!r} is the artifact itself: pick another directory "
                          f"(the engine directory gets copies of its {TOKENIZER} and {MANIFEST})")
     trt, poly = require_tensorrt()
     plan = choose_precision(precision, trt.__version__, manifest.precision)

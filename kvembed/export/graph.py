@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckFailed
+from ..errors import CheckFailed, InvalidInput
 from .external_data import EXTERNAL_MIN_BYTES
 from .ops import STANDARD_DOMAINS, TENSORRT_OPS_SINCE, version_key
 
@@ -88,18 +88,18 @@ def output_names(embedder: Any) -> list[str]:
 def check_attention(attention: str, opset: int | None) -> int:
     """The opset for ``attention`` (``opset`` if given and compatible); ValueError naming the fix."""
     if attention not in ATTENTION_FORMS:
-        raise ValueError(f"attention must be one of {', '.join(ATTENTION_FORMS)}, got {attention!r}")
+        raise InvalidInput(f"attention must be one of {', '.join(ATTENTION_FORMS)}, got {attention!r}")
     if opset is None:
         return FUSED_OPSET if attention == "fused" else MIN_OPSET
     if isinstance(opset, bool) or not isinstance(opset, int):
         raise TypeError(f"opset must be an int, got {opset!r}")
     if opset < MIN_OPSET:
-        raise ValueError(f"opset {opset} is too old: the exporter needs opset >= {MIN_OPSET}")
+        raise InvalidInput(f"opset {opset} is too old: the exporter needs opset >= {MIN_OPSET}")
     if attention == "fused" and opset < FUSED_OPSET:
-        raise ValueError(f"--attention fused needs opset >= {FUSED_OPSET} (the Attention operator); "
+        raise InvalidInput(f"--attention fused needs opset >= {FUSED_OPSET} (the Attention operator); "
                          f"got {opset}: raise --opset or use --attention decomposed")
     if attention == "decomposed" and opset >= FUSED_OPSET:
-        raise ValueError(f"--attention decomposed needs opset < {FUSED_OPSET} (from {FUSED_OPSET} on, torch.onnx "
+        raise InvalidInput(f"--attention decomposed needs opset < {FUSED_OPSET} (from {FUSED_OPSET} on, torch.onnx "
                          f"emits the Attention operator); got {opset}: use --opset {MIN_OPSET}")
     return opset
 

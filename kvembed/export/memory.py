@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..errors import KvembedError
+from ..errors import InvalidInput, KvembedError
 from ..sizes import parse_size
 
 GIB = 1 << 30
@@ -127,7 +127,7 @@ def available_memory(
         try:
             limit = parse_size(cap)
         except ValueError as err:
-            raise ValueError(f"{LIMIT_ENV}: {err}") from None
+            raise InvalidInput(f"{LIMIT_ENV}: {err}") from None
         if budget.available is None or limit < budget.available:
             budget = MemoryBudget(limit, LIMIT_ENV)
     return budget
@@ -231,7 +231,7 @@ def count_parameters(config: Mapping[str, Any]) -> ParamCounts:
     def need(key: str) -> int:
         value = config.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"config.json has no valid {key!r}")
+            raise InvalidInput(f"config.json has no valid {key!r}")
         return value
 
     hidden, ffn, layers = need("hidden_size"), need("intermediate_size"), need("num_hidden_layers")
@@ -294,7 +294,7 @@ def estimate_export_peak(
     all), ``source_dtype`` is what the checkpoint stores, ``gguf`` when the weights come from a
     GGUF file not yet dequantized. ValueError for an unknown precision or a config missing keys."""
     if precision not in coefficients.session_bytes_per_param:
-        raise ValueError(f"no memory estimate for precision {precision!r}")
+        raise InvalidInput(f"no memory estimate for precision {precision!r}")
     counts = count_parameters(config)
     layers = counts.num_layers if layers_needed is None else max(1, min(int(layers_needed), counts.num_layers))
 

@@ -50,6 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .external_data import settle_layout, stream_initializers
 from .rewrites import node_edges
 from .smoothing import DEFAULT_ALPHA
+from ..errors import InvalidInput
 
 #: int8 keeps fp32 the MatMuls whose input's top channel exceeds this many times its median channel
 MASSIVE_SPREAD = 50.0
@@ -88,14 +89,14 @@ def _ort_version() -> str:
 def check_precision(precision: str) -> str:
     value = str(precision).strip().lower()
     if value == "bf16":
-        raise ValueError(
+        raise InvalidInput(
             "precision bf16 is not offered: onnxruntime's CPU provider has no bf16 kernels for MatMul, "
             f"Add, Mul or Softmax (onnxruntime {_ort_version()} installed here; tests/test_export.py checks "
             "that this still holds), so the parity gate cannot run it; "
             "use fp16 (or int8 on CPU)"
         )
     if value not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise InvalidInput(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     return value
 
 
@@ -333,7 +334,7 @@ def check_int8_recipe(recipe: str, precision: str) -> tuple[str, ...]:
     error (it would be silently ignored)."""
     plan = int8_plan(recipe)
     if recipe != "auto" and precision != "int8":
-        raise ValueError(f"--int8-recipe {recipe} applies to --precision int8 only (got --precision {precision}); "
+        raise InvalidInput(f"--int8-recipe {recipe} applies to --precision int8 only (got --precision {precision}); "
                          "drop it or export int8")
     return plan
 
@@ -346,7 +347,7 @@ def int8_plan(recipe: str) -> tuple[str, ...]:
     names = tuple(name.strip() for name in str(recipe).split(","))
     unknown = [name for name in names if name not in INT8_RECIPES]
     if unknown or len(set(names)) != len(names):
-        raise ValueError(f"int8 recipe must be auto, or one or more (comma-separated, no repeats) of "
+        raise InvalidInput(f"int8 recipe must be auto, or one or more (comma-separated, no repeats) of "
                          f"{', '.join(INT8_RECIPES)}, got {recipe!r}")
     return names
 

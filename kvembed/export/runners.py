@@ -23,6 +23,7 @@ from ..backends.catalogue import (
 )
 from ..backends.onnxruntime import GPU_HINT
 from ..backends.protocol import BackendUnavailableError
+from ..errors import InvalidInput
 
 try:  # the export extra brings polygraphy; the module still imports without it
     from polygraphy.backend.base import BaseRunner as _BaseRunner
@@ -250,7 +251,7 @@ def make_runner(
                 old = shapes.get(key, (0,) * np.ndim(value))
                 shapes[key] = tuple(max(a, b) for a, b in zip(old, np.shape(value)))
         if not shapes:
-            raise ValueError("tensorrt needs the feeds to size its optimisation profile")
+            raise InvalidInput("tensorrt needs the feeds to size its optimisation profile")
         from polygraphy.logger import G_LOGGER
 
         profile = Profile()
@@ -268,4 +269,4 @@ def make_runner(
         return OpenVINORunner(path, target.setting, name=name)
     if backend == REFERENCE:
         return OnnxReferenceRunner(path, name=name)
-    raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(VERIFY_BACKENDS)}")
+    raise InvalidInput(f"unknown backend {backend!r}; valid: {', '.join(VERIFY_BACKENDS)}")

@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterable, Mapping, Tuple
 
 import numpy as np
 
+from ..errors import InvalidInput
+
 #: SmoothQuant's migration strength: of those measured on a trained model, the one the gate liked
 #: best (benchmarks/RESULTS.md, int8 options)
 DEFAULT_ALPHA = 0.65
@@ -152,7 +154,7 @@ def activation_ranges(source: Path, groups: list[SmoothGroup], feeds: Iterable[M
     finally:
         probe.unlink(missing_ok=True)
     if groups and not ranges:
-        raise ValueError("no calibration tokens: SmoothQuant needs at least one non-empty text")
+        raise InvalidInput("no calibration tokens: SmoothQuant needs at least one non-empty text")
     return ranges
 
 
@@ -200,7 +202,7 @@ def smoothing_plan(read: Callable[[str], np.ndarray], groups: list[SmoothGroup],
     stored. Group by group as in the graph: a group's weights are seen with the steps of the groups
     before it applied (``up_proj`` is both gate/up's weight and down_proj's fold)."""
     if not 0.0 < alpha < 1.0:
-        raise ValueError(f"SmoothQuant alpha must be in (0, 1), got {alpha!r}")
+        raise InvalidInput(f"SmoothQuant alpha must be in (0, 1), got {alpha!r}")
     plan: dict[str, list[Step]] = {}
     for group in groups:
         x_max = np.maximum(ranges[group.activation].astype(np.float64), 1e-5)

@@ -17,6 +17,7 @@ from .core import load_embedder
 from .manifest import source_record
 from .parity import ParityReport, parity_reports, parity_session, reference_runs
 from .progress import Progress, advance_of, silent
+from ..errors import InvalidInput
 
 
 @dataclass
@@ -49,7 +50,7 @@ def reference_for(manifest: Mapping[str, Any]) -> Any:
     if location and location not in candidates:
         candidates.append(location)
     if not candidates:
-        raise ValueError("the manifest does not say which model the artifact came from")
+        raise InvalidInput("the manifest does not say which model the artifact came from")
     method = manifest["method"]
     also = [
         AlsoRequest(method=extra["name"], options=dict(extra["options"]), label=label)

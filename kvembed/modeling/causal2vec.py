@@ -34,6 +34,7 @@ import numpy as np
 
 from ..methods.architectures import architecture_of
 from ..methods.registry import CAUSAL2VEC_DOCUMENT, CAUSAL2VEC_QUERY
+from ..errors import InvalidInput
 
 CONFIG = "causal2vec.json"
 PROJECTOR = "projector.safetensors"
@@ -95,11 +96,11 @@ class Causal2VecCheckpoint:
         try:
             config = json.loads((root / CONFIG).read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{where}: {CONFIG} is not valid JSON ({err})") from None
+            raise InvalidInput(f"{where}: {CONFIG} is not valid JSON ({err})") from None
         if not isinstance(config, dict) or not isinstance(config.get("placeholder"), str) or not config["placeholder"]:
-            raise ValueError(f"{where}: {CONFIG} must be an object with a non-empty 'placeholder' token")
+            raise InvalidInput(f"{where}: {CONFIG} must be an object with a non-empty 'placeholder' token")
         if config.get("format", FORMAT) != FORMAT:
-            raise ValueError(f"{where}: {CONFIG} has format {config.get('format')!r}; this kvembed reads {FORMAT!r}")
+            raise InvalidInput(f"{where}: {CONFIG} has format {config.get('format')!r}; this kvembed reads {FORMAT!r}")
         for part in ("encoder", "llm"):
             if not (root / part / "config.json").is_file():
                 raise FileNotFoundError(f"{where} has no {part}/config.json; {part}/ must hold a Hugging Face model folder")
@@ -112,12 +113,12 @@ class Causal2VecCheckpoint:
         shapes = projector_shapes(root / PROJECTOR)
         missing = [key for key in PROJECTOR_KEYS if key not in shapes]
         if missing:
-            raise ValueError(f"{where}: {PROJECTOR} lacks {', '.join(missing)}; it holds {', '.join(sorted(shapes)) or 'nothing'}")
+            raise InvalidInput(f"{where}: {PROJECTOR} lacks {', '.join(missing)}; it holds {', '.join(sorted(shapes)) or 'nothing'}")
         d, k = llm_hidden, encoder_hidden
         want = {"fc1.weight": (d, k), "fc1.bias": (d,), "fc2.weight": (d, d), "fc2.bias": (d,)}
         for key, shape in want.items():
             if tuple(shapes[key]) != shape:
-                raise ValueError(
+                raise InvalidInput(
                     f"{where}: {PROJECTOR} {key} is {list(shapes[key])}, expected {list(shape)} for an encoder of width "
                     f"{k} and an LLM of width {d}; the projector does not fit these models"
                 )
@@ -128,7 +129,7 @@ def _hidden_size(folder: Path, where: str) -> int:
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     size = config.get("hidden_size") or (config.get("text_config") or {}).get("hidden_size")
     if not isinstance(size, int):
-        raise ValueError(f"{where}: {folder.name}/config.json has no hidden_size")
+        raise InvalidInput(f"{where}: {folder.name}/config.json has no hidden_size")
     return size
 
 
@@ -139,7 +140,7 @@ def projector_shapes(path: Path) -> dict[str, list[int]]:
         with safe_open(str(path), framework="numpy") as handle:
             return {key: list(handle.get_slice(key).get_shape()) for key in handle.keys()}
     except Exception as err:  # a truncated or foreign file
-        raise ValueError(f"{path} is not a readable safetensors file ({type(err).__name__}: {err})") from None
+        raise InvalidInput(f"{path} is not a readable safetensors file ({type(err).__name__}: {err})") from None
 
 
 def _token_text(value: Any) -> str | None:
@@ -171,7 +172,7 @@ def assemble(
     try:
         architecture_of(SimpleNamespace(model_type=llm_config.get("model_type"), hidden_act=llm_config.get("hidden_act", "silu")))
     except ValueError as err:
-        raise ValueError(f"--llm {str(llm)!r}: {err}") from None
+        raise InvalidInput(f"--llm {str(llm)!r}: {err}") from None
     if out.exists() and any(out.iterdir()):
         if not force:
             raise FileExistsError(f"{str(out)!r} exists and is not empty; pass --force to replace it")
@@ -182,7 +183,7 @@ def assemble(
     bos, end = _token_text(token_config.get("bos_token")), _token_text(token_config.get("eos_token"))
     placeholder = placeholder or bos or end
     if not placeholder:
-        raise ValueError(f"{str(llm)!r}: its tokenizer_config.json names no BOS or EOS token; pass --placeholder")
+        raise InvalidInput(f"{str(llm)!r}: its tokenizer_config.json names no BOS or EOS token; pass --placeholder")
     where = "Causal2Vec checkpoint"
     k, d = _hidden_size(encoder, where), _hidden_size(llm, where)
     out.mkdir(parents=True, exist_ok=True)

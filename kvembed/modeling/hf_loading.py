@@ -19,6 +19,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 from ..methods.architectures import architecture_of
 from .quiet import quiet_transformers
 from .sources import locate_model
+from ..errors import InvalidInput
 
 #: tokenizers report "no limit" as a huge number; anything above this is not a real bound
 _UNBOUNDED = 10**8
@@ -134,5 +135,5 @@ def input_limit(config: Any, tokenizer: Any, max_length: int | None) -> int:
     if max_length is None:
         return limit
     if int(max_length) < 1:
-        raise ValueError(f"max_length must be >= 1, got {max_length}")
+        raise InvalidInput(f"max_length must be >= 1, got {max_length}")
     return min(limit, int(max_length))

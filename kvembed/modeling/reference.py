@@ -19,6 +19,7 @@ from ..runtime.batching import plan_batches
 from ..runtime.encoding import EncodedText, TextEncoder, check_texts
 from .hf_loading import find_model, input_limit, model_max_length, stored_dtype
 from .patch import EmbeddingModel, architecture_of
+from ..errors import InvalidInput
 
 
 class TorchEmbedder:
@@ -40,7 +41,7 @@ class TorchEmbedder:
     ) -> None:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
-            raise ValueError(
+            raise InvalidInput(
                 f"{type(tokenizer).__name__} is not a fast tokenizer; kvembed needs one (tokenizer.json)"
             )
         fallback = next(
@@ -107,13 +108,13 @@ class TorchEmbedder:
         """
         if get_method(method).contextual:  # a Causal2Vec checkpoint folder, not a bare model
             if also:
-                raise ValueError("causal2vec cannot take --also: its Contextual token makes its forward pass its own")
+                raise InvalidInput("causal2vec cannot take --also: its Contextual token makes its forward pass its own")
             return cls._from_causal2vec(model, method, max_length=max_length, padding_side=padding_side, dtype=dtype, **options)
         found = find_model(model, revision, trust_remote_code)
         config, preset_id, text = found.config, found.preset_id, found.text
         auto = _is_auto(options.get("layers")) and get_method(method).name == "kv-embedding"
         if not auto and calibration is not None:
-            raise ValueError("calibration is only used with layers='auto' (kv-embedding)")
+            raise InvalidInput("calibration is only used with layers='auto' (kv-embedding)")
         if auto:  # a missing or too short calibration set fails before the weights load
             from .layers.calibration import load_calibration
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlparse
 
-from ..errors import ModelNotFound
+from ..errors import InvalidInput, ModelNotFound
 from ..methods import get_method, resolve, resolve_model
 from ..methods.architectures import architecture_of
 from ..methods.layers import AUTO
@@ -187,7 +187,7 @@ def preflight(
         from .causal2vec import Causal2VecCheckpoint
 
         if also:
-            raise ValueError("causal2vec cannot take --also: its Contextual token makes its forward pass its own")
+            raise InvalidInput("causal2vec cannot take --also: its Contextual token makes its forward pass its own")
         checkpoint = Causal2VecCheckpoint.read(model)
         config = json.loads((checkpoint.llm / "config.json").read_text(encoding="utf-8"))
         architecture_of(_Config(config.get("model_type"), config.get("hidden_act", "silu")))
@@ -198,7 +198,7 @@ def preflight(
     architecture_of(_Config(config.get("model_type"), config.get("hidden_act", "silu")))
     num_layers = config.get("num_hidden_layers")
     if not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"{source.requested!r}: config.json has no valid num_hidden_layers")
+        raise InvalidInput(f"{source.requested!r}: config.json has no valid num_hidden_layers")
     options = dict(options or {})
     auto = isinstance(options.get("layers"), str) and options["layers"].strip().lower() == AUTO
     auto = auto and spec.name == "kv-embedding"  # elsewhere resolve() refuses 'auto' with its own message

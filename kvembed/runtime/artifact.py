@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 from ..artifact import TOKENIZER, Manifest
 from .encoding import TextEncoder
+from ..errors import InvalidInput
 
 
 def encoder_from_manifest(directory: str | os.PathLike[str], manifest: Manifest | Mapping[str, Any]) -> TextEncoder:
@@ -30,7 +31,7 @@ def encoder_from_manifest(directory: str | os.PathLike[str], manifest: Manifest 
         padding_side=manifest.padding_side, **context
     )
     if manifest.method.placeholder and encoder.placeholder_id != manifest.placeholder_id:
-        raise ValueError(
+        raise InvalidInput(
             f"tokenizer.json gives the placeholder id {encoder.placeholder_id}, the manifest says {manifest.placeholder_id}"
         )
     return encoder

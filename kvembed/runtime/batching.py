@@ -13,6 +13,8 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
+from ..errors import InvalidInput
+
 #: padded tokens one more graph call is worth on the CPU and OpenVINO (the ``call_cost`` default
 #: there): a call's fixed cost is small, so splitting a batch pays off once it saves a few rows of
 #: padding. GPUs, where launches cost more, cut greedily instead (benchmarks/RESULTS.md).
@@ -57,9 +59,9 @@ class BatchPolicy:
         if self.call_cost is not None:
             _integer("call_cost", self.call_cost, 0, "(tokens)")
         if self.max_padding is not None and (isinstance(self.max_padding, bool) or not 0 <= self.max_padding < 1):
-            raise ValueError(f"max_padding must be in [0, 1), got {self.max_padding!r}")
+            raise InvalidInput(f"max_padding must be in [0, 1), got {self.max_padding!r}")
         if self.call_cost is not None and self.max_padding is not None:
-            raise ValueError("give max_padding or call_cost, not both")
+            raise InvalidInput("give max_padding or call_cost, not both")
 
     @classmethod
     def from_options(cls, base: "BatchPolicy | None" = None, **options: Any) -> "BatchPolicy":
@@ -109,7 +111,7 @@ class BatchPolicy:
 
 def _integer(name: str, value: Any, low: int, unit: str = "") -> None:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}{' ' + unit if unit else ''}, got {value!r}")
+        raise InvalidInput(f"{name} must be an integer >= {low}{' ' + unit if unit else ''}, got {value!r}")
 
 
 def plan_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None,

@@ -21,6 +21,7 @@ from ..artifact import check_files, read_manifest
 from .artifact import encoder_from_manifest
 from .batching import CPU_CALL_COST, CPU_CALL_TOKENS, BatchPolicy, run_batches, run_in_slices
 from .encoding import EncodedText, TextEncoder, check_padding_side, check_texts
+from ..errors import InvalidInput
 
 __all__ = ["CPU_CALL_COST", "CPU_CALL_TOKENS", "Embedder"]
 
@@ -126,7 +127,7 @@ class Embedder:
         if verify:
             problems = check_files(path, manifest)
             if problems:
-                raise ValueError(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
+                raise InvalidInput(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
         encoder = encoder_from_manifest(path, manifest)
         session = open_session(path, provider, backend_options)
         if manifest.get("precision") == "fp16" and session.providers[0] == CPU:
@@ -145,7 +146,7 @@ class Embedder:
         if verify:
             problems = check_engine_files(path, manifest, session.record)
             if problems:
-                raise ValueError(f"engine directory {str(path)!r} is damaged: {'; '.join(problems)}; rebuild it with kvembed build-engine")
+                raise InvalidInput(f"engine directory {str(path)!r} is damaged: {'; '.join(problems)}; rebuild it with kvembed build-engine")
         encoder = encoder_from_manifest(path, manifest)
         encoder.cap_input_tokens(session.limits.max_sequence)
         encoder.pad_at_least(session.limits.min_sequence)
@@ -281,10 +282,10 @@ class Embedder:
         """
         method = self.method
         if kind not in method.templates:
-            raise ValueError(f"kind must be one of {', '.join(method.templates)}, got {kind!r}")
+            raise InvalidInput(f"kind must be one of {', '.join(method.templates)}, got {kind!r}")
         raw = method.templates[kind] == "{text}" and not (method.preprocess or method.placeholder or method.uses_pool_mask)
         if not raw:
-            raise ValueError(
+            raise InvalidInput(
                 f"method {method.name!r} wraps text in a prompt ({method.templates[kind]!r}); token ids are "
                 "accepted only by raw-text methods (va, last-token, mean): send text instead"
             )
@@ -292,7 +293,7 @@ class Embedder:
         rows: list[EncodedText] = []
         for index, row in enumerate(ids):
             if isinstance(row, (str, bytes)) or not row or not all(_is_id(i, vocab) for i in row):
-                raise ValueError(f"ids[{index}] must be a non-empty list of token ids in [0, {vocab}), got {str(row)[:60]}")
+                raise InvalidInput(f"ids[{index}] must be a non-empty list of token ids in [0, {vocab}), got {str(row)[:60]}")
             rows.append(EncodedText(tuple(row[: self.max_length]), None, len(row) > self.max_length))
         return rows
 
@@ -375,7 +376,7 @@ class Embedder:
         """Embed an iterable of any length chunk by chunk, yielding ``(<= chunk_size, dim)`` arrays
         in input order; memory stays bounded by the chunk, whatever the input size."""
         if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+            raise InvalidInput(f"chunk_size must be >= 1, got {chunk_size}")
         chunk: list[Any] = []
         offset = 0
         with _progress(None, show_progress_bar) as advance:

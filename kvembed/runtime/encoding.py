@@ -15,6 +15,7 @@ import numpy as np
 from tokenizers import AddedToken, Tokenizer
 
 from ..methods.spec import CONTEXT, PLACEHOLDER, ResolvedMethod
+from ..errors import InvalidInput
 
 TEXT = "{text}"
 _EOL_ENDINGS = ('.', '?', '"', "'")
@@ -39,7 +40,7 @@ def format_prompt(template: str, text: str) -> tuple[str, tuple[int, int]]:
     """Fill every ``{text}`` of ``template``; return the string and the character span of the last copy."""
     parts = template.split(TEXT)
     if len(parts) < 2:
-        raise ValueError(f"prompt template {template!r} has no {TEXT} field")
+        raise InvalidInput(f"prompt template {template!r} has no {TEXT} field")
     head = text.join(parts[:-1])  # everything before the last copy, earlier copies filled in
     return head + text + parts[-1], (len(head), len(head) + len(text))
 
@@ -128,7 +129,7 @@ class TextEncoder:
         if method.contextual:
             self.context_id = context_token_id(tokenizer, str(method.options["placeholder"]))
             if context_tokenizer is None:
-                raise ValueError("causal2vec needs the context encoder's tokenizer (encoder/tokenizer.json)")
+                raise InvalidInput("causal2vec needs the context encoder's tokenizer (encoder/tokenizer.json)")
             context_tokenizer.no_padding()
             context_tokenizer.enable_truncation(self.context_max_length)
 
@@ -136,7 +137,7 @@ class TextEncoder:
         """Cut (and flag as truncated) every later input at ``tokens``, prompt included; a cap above
         the current :attr:`max_length` changes nothing (a server's per-input limit, an engine's profiles)."""
         if tokens < 1:
-            raise ValueError(f"an input cap must be >= 1 token, got {tokens}")
+            raise InvalidInput(f"an input cap must be >= 1 token, got {tokens}")
         self.max_length = min(self.max_length, int(tokens))
 
     def pad_at_least(self, width: int) -> None:
@@ -174,7 +175,7 @@ class TextEncoder:
         if pool is not None and not pool:  # empty text span (echo of ""): pool the last token
             pool = [len(ids) - 1]
         if self.placeholder_id is not None and ids.count(self.placeholder_id) != 1:
-            raise ValueError(
+            raise InvalidInput(
                 f"the prompt must contain {PLACEHOLDER} exactly once after tokenisation, found "
                 f"{ids.count(self.placeholder_id)}; does the text itself contain {PLACEHOLDER!r}?"
             )
@@ -190,7 +191,7 @@ class TextEncoder:
         for index, (token, offsets) in enumerate(zip(encoding.ids, encoding.offsets)):
             if token == self.context_id and tuple(offsets) == span:
                 return index
-        raise ValueError(
+        raise InvalidInput(
             f"the placeholder {self.method.options['placeholder']!r} did not tokenise as one token at its place in "
             f"the prompt; use a special token of the LLM's tokenizer (e.g. its BOS) as the placeholder"
         )
@@ -199,7 +200,7 @@ class TextEncoder:
         """Encode ``texts``; over-long ones are cut and named in one warning (indices counted from
         ``first_index``, the position of ``texts[0]`` in a longer stream)."""
         if kind not in self.method.templates:
-            raise ValueError(f"kind must be one of {', '.join(self.method.templates)}, got {kind!r}")
+            raise InvalidInput(f"kind must be one of {', '.join(self.method.templates)}, got {kind!r}")
         encoded = [self.encode_one(text, kind) for text in texts]
         cut = [first_index + i for i, item in enumerate(encoded) if item.truncated]
         if cut:
@@ -222,7 +223,7 @@ class TextEncoder:
             else:
                 hi = mid - 1
         if len(self._encode(template, text[:lo])[0].ids) > self.max_length:
-            raise ValueError(
+            raise InvalidInput(
                 f"the prompt template alone needs more than max_length={self.max_length} tokens; "
                 "raise max_length or use a shorter prompt"
             )
@@ -261,7 +262,7 @@ class TextEncoder:
         mask = np.zeros((len(items), width), dtype=np.int64)
         for row, item in enumerate(items):
             if item.context is None:
-                raise ValueError("a Causal2Vec batch needs every item's context encoder ids (TextEncoder.encode_one)")
+                raise InvalidInput("a Causal2Vec batch needs every item's context encoder ids (TextEncoder.encode_one)")
             ids[row, : len(item.context)] = item.context
             mask[row, : len(item.context)] = 1
         return {"encoder_input_ids": ids, "encoder_attention_mask": mask}
@@ -269,7 +270,7 @@ class TextEncoder:
 
 def check_padding_side(side: str) -> str:
     if side not in ("right", "left"):
-        raise ValueError(f"padding_side must be 'right' or 'left', got {side!r}")
+        raise InvalidInput(f"padding_side must be 'right' or 'left', got {side!r}")
     return side
 
 
@@ -278,7 +279,7 @@ def context_token_id(tokenizer: Tokenizer, placeholder: str) -> int:
     input embedding row is replaced, so an added token would have none)."""
     token_id = tokenizer.token_to_id(placeholder)
     if token_id is None:
-        raise ValueError(
+        raise InvalidInput(
             f"the placeholder {placeholder!r} is not a token of the LLM's vocabulary; set causal2vec.json's "
             "'placeholder' to one of its tokens (the paper uses the BOS, e.g. '<s>')"
         )

@@ -13,6 +13,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from ..errors import InvalidInput
+
 #: mteb's PromptType values -> kvembed kinds; no prompt type means a symmetric task: documents
 PROMPT_KINDS = {"query": "query", "document": "document", "passage": "document", None: "document"}
 
@@ -38,7 +40,7 @@ class MTEBEncoder:
     ) -> np.ndarray:
         kind = PROMPT_KINDS.get(getattr(prompt_type, "value", prompt_type))
         if kind is None:
-            raise ValueError(f"unknown prompt_type {prompt_type!r}; expected query, document or None")
+            raise InvalidInput(f"unknown prompt_type {prompt_type!r}; expected query, document or None")
         texts = _texts_of(inputs)
         batch_size = int(kwargs.get("batch_size", self.batch_size))
         return self.embedder.encode(texts, kind=kind, batch_size=batch_size)
@@ -52,7 +54,7 @@ class MTEBEncoder:
         """Cosine similarity of corresponding rows [n]."""
         a, b = _unit(embeddings1), _unit(embeddings2)
         if a.shape != b.shape:
-            raise ValueError(f"pairwise similarity needs equal shapes, got {a.shape} and {b.shape}")
+            raise InvalidInput(f"pairwise similarity needs equal shapes, got {a.shape} and {b.shape}")
         return (a * b).sum(axis=-1)
 
     @property
@@ -95,7 +97,7 @@ def _texts_of(inputs: Any) -> list[str]:
         elif isinstance(batch, Mapping) and "text" in batch:
             texts.extend(batch["text"])
         elif isinstance(batch, Mapping):
-            raise ValueError(f"kvembed embeds text only; got a batch with keys {sorted(batch)}")
+            raise InvalidInput(f"kvembed embeds text only; got a batch with keys {sorted(batch)}")
         else:
             raise TypeError(f"expected batches with a 'text' list or plain str items, got {type(batch).__name__}")
     return texts

@@ -17,6 +17,8 @@ from typing import IO, Any, Iterable, Iterator
 
 import numpy as np
 
+from ..errors import InvalidInput
+
 INPUT_SUFFIXES = (".txt", ".jsonl")
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
 STDIN = "-"
@@ -31,7 +33,7 @@ def check_input_path(path: Path) -> None:
     if is_stdin(path):
         return
     if path.suffix not in INPUT_SUFFIXES:
-        raise ValueError(f"--input must be a .txt or .jsonl file (or - for standard input), got {path}")
+        raise InvalidInput(f"--input must be a .txt or .jsonl file (or - for standard input), got {path}")
     if path.is_dir():
         raise IsADirectoryError(f"--input {str(path)!r} is a directory; give a .txt or .jsonl file")
     if not path.is_file():
@@ -57,7 +59,7 @@ class TextRecords:
                 try:
                     line = raw.decode("utf-8").rstrip("\n").rstrip("\r")
                 except UnicodeDecodeError as err:
-                    raise ValueError(
+                    raise InvalidInput(
                         f"{name}:{number} is not valid UTF-8 (byte {err.start}: {raw[err.start:err.start + 1]!r}); "
                         "re-encode the file as UTF-8"
                     ) from None
@@ -81,10 +83,10 @@ def _parse_jsonl(line: str, name: str, number: int) -> tuple[str, Any]:
     try:
         item = json.loads(line)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{name}:{number} is not valid JSON ({err.msg})") from None
+        raise InvalidInput(f"{name}:{number} is not valid JSON ({err.msg})") from None
     text = item.get("text") if isinstance(item, dict) else item
     if not isinstance(text, str):
-        raise ValueError(f'{name}:{number}: expected a JSON string or an object with a "text" string')
+        raise InvalidInput(f'{name}:{number}: expected a JSON string or an object with a "text" string')
     ident = item.get("id") if isinstance(item, dict) else None
     return text, ident
 
@@ -99,7 +101,7 @@ def count_lines(path: Path) -> int | None:
 
 def check_output_path(path: Path) -> None:
     if path.suffix not in OUTPUT_SUFFIXES:
-        raise ValueError(f"--output must end in .npy or .jsonl, got {path}")
+        raise InvalidInput(f"--output must end in .npy or .jsonl, got {path}")
     if path.is_dir():
         raise IsADirectoryError(f"--output {str(path)!r} is a directory; give a .npy or .jsonl file name")
 

@@ -40,6 +40,7 @@ from ..runtime import Embedder
 from ..runtime.batching import BatchPolicy
 from ..runtime.encoding import EncodedText
 from .metrics import Metrics
+from ..errors import InvalidInput
 
 #: a window holds up to this many batches' worth of inputs (see the module docstring)
 WINDOW_BATCHES = 4
@@ -89,7 +90,7 @@ class Batcher:
         nice: int = 0,
     ) -> None:
         if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+            raise InvalidInput(f"workers must be >= 1, got {workers}")
         self.embedder, self.name, self.metrics = embedder, name, metrics
         #: rows and padded tokens per batch, call cost, per-call budget (default: the embedder's)
         self.policy = policy or embedder.policy

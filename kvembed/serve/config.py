@@ -9,6 +9,7 @@ from pathlib import Path
 from ..artifact import MANIFEST
 from ..runtime.batching import BatchPolicy
 from ..sizes import parse_size  # noqa: F401  (re-exported: kvembed.serve.parse_size)
+from ..errors import InvalidInput
 
 
 #: ``--max-input-tokens``'s default. One input is one row of one graph call, which nothing can
@@ -74,26 +75,26 @@ class ServeConfig:
         for name in ("max_batch_tokens", "batch_size", "max_concurrent_requests", "max_client_batch_size", "payload_limit",
                      "max_input_tokens"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise InvalidInput(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.long_input_tokens is not None and self.long_input_tokens < 1:
-            raise ValueError(f"long-input-tokens must be >= 1 (or none), got {self.long_input_tokens}")
+            raise InvalidInput(f"long-input-tokens must be >= 1 (or none), got {self.long_input_tokens}")
         if not 0 <= self.long_lane_nice <= 19:
-            raise ValueError(f"long-lane-nice must be in 0-19, got {self.long_lane_nice}")
+            raise InvalidInput(f"long-lane-nice must be in 0-19, got {self.long_lane_nice}")
         if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
+            raise InvalidInput(f"threads must be >= 1, got {self.threads}")
         if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
+            raise InvalidInput(f"workers must be >= 1, got {self.workers}")
         if self.call_cost != "auto" and self.call_cost is not None and (not isinstance(self.call_cost, int) or self.call_cost < 0):
-            raise ValueError(f"call-cost must be auto, none or an integer >= 0 (tokens), got {self.call_cost!r}")
+            raise InvalidInput(f"call-cost must be auto, none or an integer >= 0 (tokens), got {self.call_cost!r}")
         BatchPolicy(self.batch_size, self.max_batch_tokens, call_cost=None if self.call_cost == "auto" else self.call_cost)
         if self.max_wait_ms < 0:
-            raise ValueError(f"max-wait-ms must be >= 0, got {self.max_wait_ms}")
+            raise InvalidInput(f"max-wait-ms must be >= 0, got {self.max_wait_ms}")
         if not self.artifacts:
-            raise ValueError("give at least one artifact directory (written by kvembed-export)")
+            raise InvalidInput("give at least one artifact directory (written by kvembed-export)")
         names = [name for name, _ in self.artifacts]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
-            raise ValueError(f"served model names must be unique, {', '.join(duplicates)} repeats; name them NAME=DIR")
+            raise InvalidInput(f"served model names must be unique, {', '.join(duplicates)} repeats; name them NAME=DIR")
 
 
     def policy(self, runtime: BatchPolicy) -> BatchPolicy:
@@ -119,7 +120,7 @@ def parse_artifact(value: str) -> tuple[str, Path]:
     if not sep:
         name = directory.resolve().name
     if not name:
-        raise ValueError(f"empty model name in {value!r}; use NAME=DIR")
+        raise InvalidInput(f"empty model name in {value!r}; use NAME=DIR")
     if not (directory / MANIFEST).is_file():
         raise FileNotFoundError(f"{str(directory)!r} is not a kvembed artifact (no {MANIFEST}); export one with kvembed-export")
     return name, directory
@@ -133,7 +134,7 @@ def parse_call_cost(value: str) -> int | None | str:
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"--call-cost must be auto, none or an integer >= 0 (tokens), got {value!r}") from None
+        raise InvalidInput(f"--call-cost must be auto, none or an integer >= 0 (tokens), got {value!r}") from None
 
 
 def parse_long_input_tokens(value: str) -> int | None:
@@ -144,4 +145,4 @@ def parse_long_input_tokens(value: str) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"--long-input-tokens must be an integer >= 1 (tokens) or none, got {value!r}") from None
+        raise InvalidInput(f"--long-input-tokens must be an integer >= 1 (tokens) or none, got {value!r}") from None

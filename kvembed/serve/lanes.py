@@ -23,6 +23,7 @@ import numpy as np
 
 from ..runtime.encoding import EncodedText
 from .batcher import Batcher
+from ..errors import InvalidInput
 
 
 class Lanes:
@@ -30,7 +31,7 @@ class Lanes:
 
     def __init__(self, short: Batcher, long: Batcher | None = None, long_tokens: int | None = None) -> None:
         if (long is None) != (long_tokens is None):
-            raise ValueError("give the long lane and its threshold (long_tokens) together")
+            raise InvalidInput("give the long lane and its threshold (long_tokens) together")
         self.short, self.long, self.long_tokens = short, long, long_tokens
         self.embedder = short.embedder
 

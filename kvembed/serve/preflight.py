@@ -16,6 +16,7 @@ from ..backends.tensorrt import check_engine_files, is_engine_dir, read_engine_j
 from ..runtime.artifact import encoder_from_manifest
 from .config import ServeConfig
 from .model import input_cap
+from ..errors import InvalidInput
 
 
 def check_artifacts(config: ServeConfig) -> None:
@@ -33,20 +34,20 @@ def check_artifact(name: str, directory: Path, config: ServeConfig) -> None:
     manifest = read_manifest(directory)
     if is_engine_dir(directory):
         if config.provider not in ("auto", "tensorrt"):
-            raise ValueError(f"model {name!r}: {str(directory)!r} is a TensorRT engine directory: serve it with --provider tensorrt (or auto)")
+            raise InvalidInput(f"model {name!r}: {str(directory)!r} is a TensorRT engine directory: serve it with --provider tensorrt (or auto)")
         problems, fix = check_engine_files(directory, manifest, read_engine_json(directory)), "rebuild it with kvembed build-engine"
     else:
         problems, fix = check_files(directory, manifest), "re-export it"
     if problems:
-        raise ValueError(f"model {name!r}: artifact {str(directory)!r} is damaged: {'; '.join(problems)}; {fix}")
+        raise InvalidInput(f"model {name!r}: artifact {str(directory)!r} is damaged: {'; '.join(problems)}; {fix}")
     try:
         encoder = encoder_from_manifest(directory, manifest)
     except Exception as err:  # tokenizers raises its own Exception type for an unreadable file
-        raise ValueError(f"model {name!r}: cannot read the tokenizer of {str(directory)!r}: {err}") from None
+        raise InvalidInput(f"model {name!r}: cannot read the tokenizer of {str(directory)!r}: {err}") from None
     cap = input_cap(config, encoder.max_length)
     prompt = max(len(encoder.encode_one("", kind).ids) for kind in encoder.method.templates)
     if prompt >= cap:
-        raise ValueError(
+        raise InvalidInput(
             f"--max-input-tokens {config.max_input_tokens} leaves no room for text in model {name!r}: its "
             f"{encoder.method.name} prompt alone takes {prompt} tokens; give more"
         )

@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ..artifact import MODEL, Manifest
 from ..backends.catalogue import PROVIDERS as PYTHON_PROVIDERS
 from ..backends.tensorrt import engine_limits
+from ..errors import InvalidInput
 
 BACKENDS = ("python", "onnxruntime", "tensorrt")
 KIND_CHOICES = ("query", "document", "both")
@@ -57,37 +58,37 @@ class ServingOptions:
         if max_tokens is not None:
             object.__setattr__(self, "max_batch_tokens", max_tokens)
         if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+            raise InvalidInput(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.kind not in KIND_CHOICES:
-            raise ValueError(f"kind must be one of {', '.join(KIND_CHOICES)}, got {self.kind!r}")
+            raise InvalidInput(f"kind must be one of {', '.join(KIND_CHOICES)}, got {self.kind!r}")
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 0:
-            raise ValueError(f"threads must be an integer >= 0 (0 = onnxruntime's default), got {self.threads!r}")
+            raise InvalidInput(f"threads must be an integer >= 0 (0 = onnxruntime's default), got {self.threads!r}")
         for name in ("max_batch_size", "instances"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise InvalidInput(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.max_queue_delay_us, int) or self.max_queue_delay_us < 0:
-            raise ValueError(f"max_queue_delay_us must be an integer >= 0, got {self.max_queue_delay_us!r}")
+            raise InvalidInput(f"max_queue_delay_us must be an integer >= 0, got {self.max_queue_delay_us!r}")
         bad = [size for size in self.preferred_batch_sizes if not 1 <= int(size) <= self.max_batch_size]
         if bad:
-            raise ValueError(
+            raise InvalidInput(
                 f"preferred batch sizes {bad} are outside 1..max_batch_size ({self.max_batch_size}); "
                 "lower them or raise --max-batch-size"
             )
         if self.tensorrt_accelerator and self.backend != "onnxruntime":
-            raise ValueError("--tensorrt-accelerator is an onnxruntime-backend option; add --backend onnxruntime")
+            raise InvalidInput("--tensorrt-accelerator is an onnxruntime-backend option; add --backend onnxruntime")
         if self.provider not in PYTHON_PROVIDERS:
-            raise ValueError(f"provider must be one of {', '.join(PYTHON_PROVIDERS)}, got {self.provider!r}")
+            raise InvalidInput(f"provider must be one of {', '.join(PYTHON_PROVIDERS)}, got {self.provider!r}")
         if self.provider != "auto" and self.backend != "python":
-            raise ValueError(f"--provider {self.provider} is a python-backend option (the {self.backend} backend picks its own); "
+            raise InvalidInput(f"--provider {self.provider} is a python-backend option (the {self.backend} backend picks its own); "
                              "drop it or add --backend python")
         if self.max_batch_tokens is not None:
             if not isinstance(self.max_batch_tokens, int) or isinstance(self.max_batch_tokens, bool) or self.max_batch_tokens < 1:
-                raise ValueError(f"max_batch_tokens must be a positive integer, got {self.max_batch_tokens!r}")
+                raise InvalidInput(f"max_batch_tokens must be a positive integer, got {self.max_batch_tokens!r}")
             if self.backend != "python":
-                raise ValueError("--max-batch-tokens is a python-backend option (graph backends run what the tokenizer batched); add --backend python")
+                raise InvalidInput("--max-batch-tokens is a python-backend option (graph backends run what the tokenizer batched); add --backend python")
         if self.fp16 and self.backend == "python":
-            raise ValueError("--fp16 applies to TensorRT (--backend tensorrt, or onnxruntime with --tensorrt-accelerator)")
+            raise InvalidInput("--fp16 applies to TensorRT (--backend tensorrt, or onnxruntime with --tensorrt-accelerator)")
 
     @property
     def gpu(self) -> bool:
@@ -119,7 +120,7 @@ class ArtifactFacts:
         inputs = tuple(manifest.input_names)
         unknown = [item for item in inputs if item not in TOKEN_INPUTS]
         if unknown:
-            raise ValueError(f"artifact inputs {unknown} are not token inputs ({', '.join(TOKEN_INPUTS)}); re-export it")
+            raise InvalidInput(f"artifact inputs {unknown} are not token inputs ({', '.join(TOKEN_INPUTS)}); re-export it")
         outputs: dict[str, tuple[str, int]] = {}
         for item in manifest.outputs:
             graph_name = item.name
@@ -127,7 +128,7 @@ class ArtifactFacts:
             if head != MAIN_OUTPUT:
                 continue
             if label == MAIN_OUTPUT:
-                raise ValueError(
+                raise InvalidInput(
                     f"the --also label {label!r} would collide with the ensemble's main output; re-export with another label"
                 )
             outputs[graph_name] = (label or MAIN_OUTPUT, item.width)

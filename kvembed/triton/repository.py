@@ -29,6 +29,7 @@ from ..runtime.artifact import encoder_from_manifest
 from .configs import ArtifactFacts, ServingOptions, ensemble_config, model_config, plan_build_command, tokenize_config, write_config
 from .readme import repository_readme
 from .vendor import copy_runtime
+from ..errors import InvalidInput
 
 BACKEND_DIR = Path(__file__).resolve().parent / "backend"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -58,17 +59,17 @@ def plan_entries(artifacts: Sequence[str | os.PathLike[str]], names: Sequence[st
     """Read and check every artifact (files against their sha256) and name its models."""
     paths = [Path(item) for item in artifacts]
     if not paths:
-        raise ValueError("give at least one artifact directory")
+        raise InvalidInput("give at least one artifact directory")
     if names and len(names) != len(paths):
-        raise ValueError(f"{len(names)} --name value(s) for {len(paths)} artifact(s); give one name per artifact, in order")
+        raise InvalidInput(f"{len(names)} --name value(s) for {len(paths)} artifact(s); give one name per artifact, in order")
     chosen = list(names) if names else [default_name(path) for path in paths]
     for name in chosen:
         if not NAME.match(name):
-            raise ValueError(f"model name {name!r} must start with a letter or digit and use only letters, digits, '_', '.', '-'")
+            raise InvalidInput(f"model name {name!r} must start with a letter or digit and use only letters, digits, '_', '.', '-'")
     taken = [f"{n}{suffix}" for n in chosen for suffix in ("", "_tokenize", "_model")]
     duplicates = sorted({n for n in taken if taken.count(n) > 1})
     if duplicates:
-        raise ValueError(f"model names collide ({', '.join(duplicates)}); pass distinct --name values")
+        raise InvalidInput(f"model names collide ({', '.join(duplicates)}); pass distinct --name values")
     entries = []
     for path, name in zip(paths, chosen):
         manifest = load_manifest(path)
@@ -76,13 +77,13 @@ def plan_entries(artifacts: Sequence[str | os.PathLike[str]], names: Sequence[st
         if engine is not None:
             problems = check_engine_files(path, manifest.raw, engine)
             if problems:
-                raise ValueError(f"engine directory {str(path)!r} is damaged: {'; '.join(problems)}; rebuild it with kvembed build-engine")
+                raise InvalidInput(f"engine directory {str(path)!r} is damaged: {'; '.join(problems)}; rebuild it with kvembed build-engine")
         else:
             problems = check_files(path, manifest)
             if problems:
-                raise ValueError(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
+                raise InvalidInput(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
         if manifest.context_encoder is not None:
-            raise ValueError(
+            raise InvalidInput(
                 f"artifact {str(path)!r} is a Causal2Vec artifact (two token sequences per text); kvembed triton does "
                 "not write repositories for it yet: serve it with `kvembed serve` or embed with the runtime"
             )
@@ -130,7 +131,7 @@ def write_repository(
     entries = plan_entries(list(artifacts), list(names) if names else None)
     engines = [str(entry.artifact) for entry in entries if entry.facts.engine is not None]
     if engines and options.backend != "tensorrt":
-        raise ValueError(f"{', '.join(engines)}: a TensorRT engine directory is served with --backend tensorrt (its plan "
+        raise InvalidInput(f"{', '.join(engines)}: a TensorRT engine directory is served with --backend tensorrt (its plan "
                          f"is the model); for --backend {options.backend} give the artifact it was built from")
     target = check_output(out, force)  # a file is refused even with --force (NotADirectoryError)
     copied: list[Path] = []

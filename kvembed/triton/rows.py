@@ -14,6 +14,7 @@ import numpy as np
 
 from ..methods.spec import KINDS
 from ..runtime.encoding import EncodedText
+from ..errors import InvalidInput
 
 
 def decode_strings(array: Any, name: str) -> list[str]:
@@ -26,7 +27,7 @@ def decode_strings(array: Any, name: str) -> list[str]:
     if values.ndim == 2 and values.shape[1] == 1:
         values = values[:, 0]
     if values.ndim != 1:
-        raise ValueError(f"{name} must have shape [batch, 1], got {list(np.asarray(array).shape)}")
+        raise InvalidInput(f"{name} must have shape [batch, 1], got {list(np.asarray(array).shape)}")
     texts = []
     for row, value in enumerate(values):
         if isinstance(value, str):
@@ -35,7 +36,7 @@ def decode_strings(array: Any, name: str) -> list[str]:
         try:
             texts.append(bytes(value).decode("utf-8"))
         except UnicodeDecodeError as err:
-            raise ValueError(f"{name}[{row}] is not valid UTF-8 ({err.reason} at byte {err.start}); send UTF-8 text") from None
+            raise InvalidInput(f"{name}[{row}] is not valid UTF-8 ({err.reason} at byte {err.start}); send UTF-8 text") from None
     return texts
 
 
@@ -45,12 +46,12 @@ def parse_kinds(values: Sequence[str] | None, rows: int, fixed: str | None) -> l
     if values is None:
         return [fixed or "document"] * rows
     if fixed is not None:
-        raise ValueError(f"this model embeds {fixed}s only and takes no KIND input; rebuild with --kind both")
+        raise InvalidInput(f"this model embeds {fixed}s only and takes no KIND input; rebuild with --kind both")
     if len(values) != rows:
-        raise ValueError(f"KIND has {len(values)} rows, TEXT has {rows}; send one KIND per text")
+        raise InvalidInput(f"KIND has {len(values)} rows, TEXT has {rows}; send one KIND per text")
     for row, kind in enumerate(values):
         if kind not in KINDS:
-            raise ValueError(f"KIND[{row}] is {kind!r}; use one of {', '.join(KINDS)}")
+            raise InvalidInput(f"KIND[{row}] is {kind!r}; use one of {', '.join(KINDS)}")
     return list(values)
 
 

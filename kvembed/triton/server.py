@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Sequence
 
-from ..errors import KvembedError, MissingDependency
+from ..errors import InvalidInput, KvembedError, MissingDependency
 
 PYTHON_ENV_VAR = "KVEMBED_TRITON_PYTHON"
 INSTALL_HINT = "pip install --no-deps nvidia-pytriton==0.7.0 (it carries tritonserver; --no-deps keeps your numpy)"
@@ -142,7 +142,7 @@ def bind_address(host: str) -> Address:
     try:
         found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except socket.gaierror as err:
-        raise ValueError(f"--host {host!r} is not an address this machine can resolve ({err.strerror}); give an IP address") from None
+        raise InvalidInput(f"--host {host!r} is not an address this machine can resolve ({err.strerror}); give an IP address") from None
     addresses = [ipaddress.ip_address(item[4][0]) for item in found]
     return next((a for a in addresses if a.version == 4), addresses[0])
 
@@ -185,9 +185,9 @@ class Ports:
         named = {"--http-port": self.http, "--grpc-port": self.grpc, "--metrics-port": self.metrics}
         for flag, port in named.items():
             if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-                raise ValueError(f"{flag} must be in 1-65535, got {port!r}")
+                raise InvalidInput(f"{flag} must be in 1-65535, got {port!r}")
         if len(set(named.values())) < len(named):
-            raise ValueError(f"HTTP, gRPC and metrics need three different ports, got {', '.join(f'{k} {v}' for k, v in named.items())}")
+            raise InvalidInput(f"HTTP, gRPC and metrics need three different ports, got {', '.join(f'{k} {v}' for k, v in named.items())}")
 
     @classmethod
     def free(cls, host: str = LOOPBACK) -> "Ports":

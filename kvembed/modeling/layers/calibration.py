@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .estimate import MIN_POINTS
+from ...errors import InvalidInput
 
 BUILTIN_NAME = "calibration.txt"
 BUILTIN_SIZE = 1000
@@ -41,7 +42,7 @@ def load_calibration(
     missing file and ``ValueError`` when fewer than :data:`MIN_POINTS` texts remain.
     """
     if isinstance(num_texts, bool) or int(num_texts) != num_texts or num_texts < MIN_POINTS:
-        raise ValueError(f"num_texts must be an integer >= {MIN_POINTS} (TwoNN needs that many points), got {num_texts!r}")
+        raise InvalidInput(f"num_texts must be an integer >= {MIN_POINTS} (TwoNN needs that many points), got {num_texts!r}")
     if calibration is None or isinstance(calibration, (str, os.PathLike)):
         path = builtin_calibration_path() if calibration is None else Path(calibration).expanduser()
         source = "the built-in calibration set" if calibration is None else str(path)
@@ -50,7 +51,7 @@ def load_calibration(
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
         except UnicodeDecodeError as err:
-            raise ValueError(f"calibration file {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+            raise InvalidInput(f"calibration file {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
     else:
         lines = list(calibration)
         source = "the calibration texts"
@@ -59,7 +60,7 @@ def load_calibration(
                 raise TypeError(f"calibration[{index}] is {type(item).__name__}, expected str")
     texts = list(dict.fromkeys(line.strip() for line in lines if line.strip()))
     if len(texts) < MIN_POINTS:
-        raise ValueError(
+        raise InvalidInput(
             f"{source} has {len(texts)} distinct non-empty text(s); TwoNN needs at least {MIN_POINTS} "
             "(the paper used 1,000)"
         )

@@ -16,6 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ...errors import InvalidInput
+
 #: fewest distinct points :func:`twonn` accepts (the paper used 1,000 texts)
 MIN_POINTS = 20
 #: fraction of the largest ratios left out of the fit (Facco et al. 2017)
@@ -70,15 +72,15 @@ def twonn(points: np.ndarray, discard_fraction: float = DISCARD_FRACTION) -> flo
     """
     x = np.asarray(points)
     if x.ndim != 2:
-        raise ValueError(f"points must be a 2-D array (one point per row), got shape {x.shape}")
+        raise InvalidInput(f"points must be a 2-D array (one point per row), got shape {x.shape}")
     if not np.issubdtype(x.dtype, np.number) or not np.all(np.isfinite(x)):
-        raise ValueError("points must be finite numbers (found NaN, inf or a non-numeric dtype)")
+        raise InvalidInput("points must be finite numbers (found NaN, inf or a non-numeric dtype)")
     if not 0.0 <= discard_fraction < 1.0:
-        raise ValueError(f"discard_fraction must be in [0, 1), got {discard_fraction}")
+        raise InvalidInput(f"discard_fraction must be in [0, 1), got {discard_fraction}")
     x = distinct_points(x)
     n = len(x)
     if n < MIN_POINTS:
-        raise ValueError(f"TwoNN needs at least {MIN_POINTS} distinct points, got {n}")
+        raise InvalidInput(f"TwoNN needs at least {MIN_POINTS} distinct points, got {n}")
     distances, _ = _cKDTree()(x).query(x, k=3)  # column 0 is the point itself
     mu = np.sort(distances[:, 2] / distances[:, 1])
     keep = int(n * (1.0 - discard_fraction))
@@ -86,7 +88,7 @@ def twonn(points: np.ndarray, discard_fraction: float = DISCARD_FRACTION) -> flo
     y = -np.log1p(-np.arange(1, keep + 1) / n)
     denominator = float(log_mu @ log_mu)
     if denominator <= 0.0:
-        raise ValueError("TwoNN is undefined here: every point's two nearest neighbours are equidistant")
+        raise InvalidInput("TwoNN is undefined here: every point's two nearest neighbours are equidistant")
     return float(log_mu @ y) / denominator
 
 
@@ -100,13 +102,13 @@ def select_layers(ids: Sequence[float], num_layers: int) -> list[int]:
     """
     L = int(num_layers)
     if L < 1:
-        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        raise InvalidInput(f"num_layers must be >= 1, got {num_layers}")
     values = np.asarray(ids, dtype=np.float64)
     if values.shape != (L,):
-        raise ValueError(f"need one intrinsic dimension per layer: {L} values, got {values.size}")
+        raise InvalidInput(f"need one intrinsic dimension per layer: {L} values, got {values.size}")
     start = math.floor(0.2 * L)
     candidates = np.where(np.isfinite(values[start:]), values[start:], np.inf)
     if not np.isfinite(candidates).any():
-        raise ValueError(f"no finite intrinsic dimension among layers {start}..{L - 1}; cannot select layers")
+        raise InvalidInput(f"no finite intrinsic dimension among layers {start}..{L - 1}; cannot select layers")
     l_star = start + int(np.argmin(candidates))
     return list(range(l_star, min(L - 1, l_star + math.floor(0.1 * L)) + 1))

@@ -35,6 +35,7 @@ from ...methods.registry import METHODS
 from ...runtime.batching import plan_batches
 from ...runtime.encoding import TextEncoder, check_texts
 from .estimate import DISCARD_FRACTION, MIN_POINTS, RULE, select_layers, twonn
+from ...errors import InvalidInput
 
 #: kv-embedding's prompts, the default inputs of the ID curve
 KV_PROMPTS: Mapping[str, str] = METHODS["kv-embedding"].prompts["compress"]
@@ -57,7 +58,7 @@ def prompt_template(prompt: str) -> str:
     if prompt in PROMPTS:
         return PROMPTS[prompt]
     if "{text}" not in prompt:
-        raise ValueError(f"prompt must be one of {', '.join(PROMPTS)} or a template containing '{{text}}', got {prompt!r}")
+        raise InvalidInput(f"prompt must be one of {', '.join(PROMPTS)} or a template containing '{{text}}', got {prompt!r}")
     return prompt
 
 
@@ -102,7 +103,7 @@ def _text_encoder(tokenizer: Any, num_layers: int, template: str, max_length: in
     else:
         backend, hf = getattr(tokenizer, "backend_tokenizer", None), tokenizer
         if backend is None:
-            raise ValueError(f"{type(tokenizer).__name__} is not a fast tokenizer; kvembed needs one (tokenizer.json)")
+            raise InvalidInput(f"{type(tokenizer).__name__} is not a fast tokenizer; kvembed needs one (tokenizer.json)")
     ids = [getattr(hf, name, None) for name in ("eos_token_id", "bos_token_id", "pad_token_id")] if hf else []
     fallback = next((t for t in ids if t is not None), 0)
     method = resolve("kv-embedding", num_layers, None, layers="none", prompt=template)
@@ -184,7 +185,7 @@ def layer_intrinsic_dimensions(
     """
     items = list(dict.fromkeys(check_texts(texts)))
     if len(items) < MIN_POINTS:
-        raise ValueError(f"need at least {MIN_POINTS} distinct texts for TwoNN, got {len(items)}")
+        raise InvalidInput(f"need at least {MIN_POINTS} distinct texts for TwoNN, got {len(items)}")
     states = final_token_states(
         model, tokenizer, items, template=template, batch_size=batch_size, max_length=max_length, progress=progress
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...methods.architectures import SUPPORTED, Architecture, architecture_of
+from ...errors import InvalidInput
 
 __all__ = ["SUPPORTED", "Architecture", "architecture_of", "base_model"]
 
@@ -17,4 +18,4 @@ def base_model(model: Any) -> Any:
         return inner
     if hasattr(model, "layers") and hasattr(model, "embed_tokens"):
         return model
-    raise ValueError(f"{type(model).__name__} has no decoder layer list (.layers); is it a decoder-only LLM?")
+    raise InvalidInput(f"{type(model).__name__} has no decoder layer list (.layers); is it a decoder-only LLM?")

@@ -15,6 +15,7 @@ from torch import nn
 
 from ..causal2vec import Causal2VecCheckpoint
 from .model import masked_mean
+from ...errors import InvalidInput
 
 
 class ContextEncoder(nn.Module):
@@ -77,5 +78,5 @@ def load_llm(checkpoint: Causal2VecCheckpoint, dtype: torch.dtype = torch.float3
         try:
             merged = PeftModel.from_pretrained(base, str(checkpoint.adapter)).merge_and_unload()
         except (ValueError, KeyError, OSError) as err:
-            raise ValueError(f"{checkpoint.root}/adapter is not a peft adapter of llm/ ({type(err).__name__}: {err})") from None
+            raise InvalidInput(f"{checkpoint.root}/adapter is not a peft adapter of llm/ ({type(err).__name__}: {err})") from None
         return merged
