@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoTokenizer
 from ..methods import ResolvedMethod, get_method, resolve
 from ..methods.layers import AUTO
 from ..methods.sharing import AlsoRequest, output_label, resolve_also
-from ..runtime.batching import plan_batches
+from ..runtime.batching import BatchPolicy, run_batches
 from ..runtime.encoding import EncodedText, TextEncoder, check_texts
 from .hf_loading import find_model, input_limit, model_max_length, stored_dtype
 from .patch import EmbeddingModel, architecture_of
@@ -241,10 +241,9 @@ class TorchEmbedder:
         items = check_texts([texts] if single else texts)
         encoded = self.encoder.encode(items, kind)
         out = np.zeros((len(items), self.model.readout_dim(method)), dtype=np.float32)
-        plan = plan_batches([len(item.ids) for item in encoded], batch_size)
         with torch.inference_mode(), self.model.patched():
-            for chunk in plan:
-                out[chunk] = self._run([encoded[i] for i in chunk], normalize, index)
+            run_batches(encoded, BatchPolicy(batch_size=batch_size), self._pad,
+                        lambda batch: [self._run(batch, normalize, index)], [out])
         return out[0] if single else out
 
     def encode_query(self, texts: Sequence[str] | str, **kwargs: Any) -> np.ndarray:
@@ -253,9 +252,14 @@ class TorchEmbedder:
     def encode_document(self, texts: Sequence[str] | str, **kwargs: Any) -> np.ndarray:
         return self.encode(texts, kind="document", **kwargs)
 
-    def _run(self, items: list[EncodedText], normalize: bool, index: int = 0) -> np.ndarray:
-        batch = {k: torch.from_numpy(v) for k, v in self.encoder.pad(items, self.padding_side).items()}
-        embedding, pooled = self.model(**batch)[2 * index : 2 * index + 2]
+    def _pad(self, items: Sequence[EncodedText]) -> dict[str, np.ndarray]:
+        """The loop's pad step: the encoder's, on this reference's ``padding_side``."""
+        return self.encoder.pad(items, self.padding_side)
+
+    def _run(self, batch: Mapping[str, np.ndarray], normalize: bool, index: int = 0) -> np.ndarray:
+        """The loop's run step: one padded batch through the patched model, output ``index``."""
+        tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
+        embedding, pooled = self.model(**tensors)[2 * index : 2 * index + 2]
         return (embedding if normalize else pooled).float().numpy()
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from ... import __version__
 from ...methods import format_layers, resolve
 from ...methods.registry import METHODS
-from ...runtime.batching import plan_batches
+from ...runtime.batching import BatchPolicy, run_batches
 from ...runtime.encoding import TextEncoder, check_texts
 from .estimate import DISCARD_FRACTION, MIN_POINTS, RULE, select_layers, twonn
 from ...errors import InvalidInput
@@ -134,34 +134,42 @@ def final_token_states(
     encoder = _text_encoder(tokenizer, len(layers), prompt_template(template), max_length)
     encoded = encoder.encode(items, "document")
     states = np.zeros((len(layers), len(items), decoder.config.hidden_size), dtype=np.float32)
-    current: dict[str, Any] = {}
+    captured: dict[int, np.ndarray] = {}
+    last: dict[str, Any] = {}
 
     def hook(index: int) -> Callable[..., None]:
         def capture(module: Any, args: Any, output: Any) -> None:
             hidden = output[0] if isinstance(output, tuple) else output
-            rows = hidden[torch.arange(hidden.shape[0]), current["last"]]
-            states[index, current["rows"]] = rows.float().cpu().numpy()
+            captured[index] = hidden[torch.arange(hidden.shape[0]), last["index"]].float().cpu().numpy()
 
         return capture
 
+    def run(batch: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """One padded batch through the plain decoder: each layer's last-real-token rows."""
+        captured.clear()
+        mask = torch.from_numpy(batch["attention_mask"])
+        last["index"] = mask.sum(dim=1) - 1
+        decoder(
+            input_ids=torch.from_numpy(batch["input_ids"]),
+            attention_mask=mask,
+            position_ids=(mask.cumsum(dim=-1) - 1).clamp(min=0),
+            use_cache=False,
+        )
+        return [captured[i] for i in range(len(layers))]
+
+    done = 0
+
+    def report(chunk: list[int], batch: Any) -> None:
+        nonlocal done
+        done += len(chunk)
+        if progress is not None:
+            progress("forward", done, len(items))
+
     handles = [layer.register_forward_hook(hook(i)) for i, layer in enumerate(layers)]
     try:
-        done = 0
         with torch.inference_mode():
-            for chunk in plan_batches([len(item.ids) for item in encoded], batch_size):
-                batch = encoder.pad([encoded[i] for i in chunk], "right")
-                mask = torch.from_numpy(batch["attention_mask"])
-                current["rows"] = np.asarray(chunk)
-                current["last"] = mask.sum(dim=1) - 1
-                decoder(
-                    input_ids=torch.from_numpy(batch["input_ids"]),
-                    attention_mask=mask,
-                    position_ids=(mask.cumsum(dim=-1) - 1).clamp(min=0),
-                    use_cache=False,
-                )
-                done += len(chunk)
-                if progress is not None:
-                    progress("forward", done, len(items))
+            run_batches(encoded, BatchPolicy(batch_size=batch_size), lambda chunk: encoder.pad(chunk, "right"),
+                        run, list(states), on_batch=report)
     finally:
         for handle in handles:
             handle.remove()
