@@ -14,6 +14,7 @@ from kvembed.artifact import (
     MANIFEST, MODEL, SCHEMA_VERSION, TOKENIZER, FileRecord, Manifest, OutputExistsError, check_artifact_options,
     check_files, check_output, is_artifact, load_manifest, read_manifest, staged, write_manifest, write_text_atomic,
 )
+from kvembed.artifact.staging import write_bytes_atomic
 from kvembed.runtime import Embedder
 from kvembed.runtime.artifact import encoder_from_manifest
 
@@ -189,3 +190,17 @@ def test_the_staged_writer_appears_whole_and_replaces_what_was_there(tmp_path):
     assert [p.name for p in out.iterdir()] == ["b"] and _leftovers(out.parent) == []
     write_text_atomic(out / "c", "c")
     assert (out / "c").read_text() == "c" and _leftovers(out) == []
+
+
+def test_an_atomic_file_write_that_fails_leaves_the_earlier_file_and_no_partial(tmp_path, monkeypatch):
+    target = tmp_path / "blob"
+    write_bytes_atomic(target, memoryview(b"earlier"))  # a buffer, as a compiled model exports
+    assert target.read_bytes() == b"earlier"
+
+    def interrupted(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("kvembed.artifact.staging.os.replace", interrupted)
+    with pytest.raises(OSError, match="disk full"):
+        write_bytes_atomic(target, b"later")
+    assert target.read_bytes() == b"earlier" and _leftovers(tmp_path) == []

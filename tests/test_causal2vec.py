@@ -203,6 +203,25 @@ def test_assemble_refuses_an_occupied_folder_and_reads_back(checkpoints, bert, t
     assert not (tmp_path / "wrong").exists()
 
 
+def test_assemble_replaces_an_occupied_folder_only_when_it_succeeds(bert, tiny_models, tmp_path, monkeypatch):
+    target = tmp_path / "ck"
+    target.mkdir()
+    (target / "earlier").write_text("earlier")
+    with pytest.raises(FileExistsError, match="--force"):
+        assemble(bert, tiny_models["llama"], target)
+
+    def disk_full(*args, **kwargs):
+        raise OSError("disk full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr("safetensors.numpy.save_file", disk_full)  # fails after the folders are copied
+        with pytest.raises(OSError, match="disk full"):
+            assemble(bert, tiny_models["llama"], target, force=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["ck"] and [p.name for p in target.iterdir()] == ["earlier"]
+    assemble(bert, tiny_models["llama"], target, force=True)
+    assert sorted(p.name for p in target.iterdir()) == sorted(["encoder", "llm", "projector.safetensors", "causal2vec.json"])
+
+
 def test_command_line_exports_and_embeds_a_checkpoint(checkpoints, tmp_path):
     """kvembed-export --model CHECKPOINT --method causal2vec, then kvembed embed on the artifact."""
     out = tmp_path / "artifact"

@@ -87,6 +87,32 @@ def test_gguf_and_its_cached_folder_give_the_same_embeddings(smol, cache):
     np.testing.assert_allclose(smol.encode(TEXTS), from_folder.encode(TEXTS), atol=1e-6)
     np.testing.assert_allclose(smol.encode(TEXTS), again.encode(TEXTS), atol=1e-6)
     assert smol.gguf["quantization"] == "Q4_1" and smol.gguf["sha256"] == again.gguf["sha256"]
+    assert folder.stat().st_mode & 0o777 == 0o755  # the cache may be shared
+    assert [p.name for p in folder.parent.iterdir() if ".partial-" in p.name or ".old-" in p.name] == []
+
+
+def test_a_dequantization_that_loses_the_race_to_fill_the_cache_does_not_fail(smol, tmp_path, monkeypatch):
+    """Two processes fill the same cache folder: the one whose rename fails because the other's
+    finished copy is in place already returns that copy."""
+    import contextlib
+
+    from kvembed.modeling import gguf as module
+
+    finished = Path(smol.location)
+    monkeypatch.setenv("KVEMBED_CACHE_DIR", str(tmp_path))
+    real_staged = module.staged
+
+    @contextlib.contextmanager
+    def losing(target):
+        with real_staged(target) as staging:
+            yield staging
+            shutil.copytree(finished, target)  # the other process renamed its copy into place first
+            raise OSError(39, "Directory not empty")
+
+    monkeypatch.setattr(module, "staged", losing)
+    target = module.materialize(SMOLLM2)
+    assert target.parent.parent == tmp_path and (target / module.MARKER).is_file()
+    assert [p.name for p in target.parent.iterdir() if p != target and p.name != "hashes.json"] == []
 
 
 def test_the_real_model_has_real_semantics(smol):

@@ -1,6 +1,6 @@
 """Write a directory so that it appears whole or not at all: the one staged writer every
 command that writes a directory uses (artifacts, TensorRT engines, bundles, Triton repositories),
-and :func:`write_text_atomic` for a single file.
+and :func:`write_text_atomic` / :func:`write_bytes_atomic` for a single file.
 
 Dependency-free, so torch-free commands (``kvembed bundle``) can use it as the exporter does.
 """
@@ -66,11 +66,16 @@ def _commit(staging: Path, out: Path) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a file beside it renamed into place, so a reader never
-    sees half a file."""
+    """Write ``text`` (UTF-8) to ``path`` atomically, as :func:`write_bytes_atomic` does."""
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes | bytearray | memoryview) -> Path:
+    """Write ``data`` to ``path`` through a file beside it renamed into place, so a reader never
+    sees half a file and a failed write leaves the earlier file, if any, as it was."""
     partial = path.with_name(f"{path.name}.partial-{uuid.uuid4().hex[:8]}")
     try:
-        partial.write_text(text, encoding="utf-8")
+        partial.write_bytes(data)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)

@@ -21,7 +21,6 @@ import json
 import mmap
 import os
 import sys
-import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..artifact.staging import write_bytes_atomic, write_text_atomic
 from ..cache import cache_root
 from ..errors import InvalidInput, MissingDependency
 
@@ -164,15 +164,8 @@ class CompiledCache:
         """Write the blob, then its fingerprint (each by atomic rename: readers never see half of one)."""
         slot = self.slot(fingerprint)
         self.directory.mkdir(parents=True, exist_ok=True)
-        for suffix, data in ((".blob", compiled.export_model().getbuffer()), (".json", json.dumps(fingerprint).encode())):
-            handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=slot.name, suffix=".part")
-            try:
-                with os.fdopen(handle, "wb") as out:
-                    out.write(data)
-                os.replace(temporary, slot.with_suffix(suffix))
-            except BaseException:
-                Path(temporary).unlink(missing_ok=True)
-                raise
+        write_bytes_atomic(slot.with_suffix(".blob"), compiled.export_model().getbuffer())
+        write_text_atomic(slot.with_suffix(".json"), json.dumps(fingerprint))
 
 
 #: Linux's MADV_PAGEOUT (5.4+; Python 3.11's mmap module does not name it)

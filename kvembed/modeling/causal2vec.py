@@ -32,6 +32,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..artifact.staging import check_output, staged
 from ..methods.architectures import architecture_of
 from ..methods.registry import CAUSAL2VEC_DOCUMENT, CAUSAL2VEC_QUERY
 from ..errors import InvalidInput
@@ -173,10 +174,7 @@ def assemble(
         architecture_of(SimpleNamespace(model_type=llm_config.get("model_type"), hidden_act=llm_config.get("hidden_act", "silu")))
     except ValueError as err:
         raise InvalidInput(f"--llm {str(llm)!r}: {err}") from None
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise FileExistsError(f"{str(out)!r} exists and is not empty; pass --force to replace it")
-        shutil.rmtree(out)
+    out = check_output(out, force)
     token_config: dict[str, Any] = {}
     if (llm / "tokenizer_config.json").is_file():
         token_config = json.loads((llm / "tokenizer_config.json").read_text(encoding="utf-8"))
@@ -186,9 +184,6 @@ def assemble(
         raise InvalidInput(f"{str(llm)!r}: its tokenizer_config.json names no BOS or EOS token; pass --placeholder")
     where = "Causal2Vec checkpoint"
     k, d = _hidden_size(encoder, where), _hidden_size(llm, where)
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(encoder, out / "encoder")
-    shutil.copytree(llm, out / "llm")
     rng = np.random.default_rng(seed)
     weights = {
         "fc1.weight": rng.normal(0, k**-0.5, (d, k)).astype(np.float32),
@@ -198,7 +193,6 @@ def assemble(
     }
     from safetensors.numpy import save_file
 
-    save_file(weights, str(out / PROJECTOR), metadata={"kvembed": "untrained projector", "seed": str(seed)})
     config = {
         "format": FORMAT,
         "placeholder": placeholder,
@@ -207,5 +201,9 @@ def assemble(
         "encoder_max_length": 512,
         "note": f"assembled by kvembed: random projector (seed {seed}), not trained",
     }
-    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    with staged(out) as tmp:  # an earlier out is replaced only once the new checkpoint is whole
+        shutil.copytree(encoder, tmp / "encoder")
+        shutil.copytree(llm, tmp / "llm")
+        save_file(weights, str(tmp / PROJECTOR), metadata={"kvembed": "untrained projector", "seed": str(seed)})
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return Causal2VecCheckpoint.read(out)

@@ -17,13 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..artifact.staging import staged, write_text_atomic
 from ..cache import cache_root
 from ..errors import KvembedError, MissingDependency
 
@@ -106,7 +105,7 @@ def sha256_of(path: Path) -> str:
     index[key] = digest.hexdigest()
     try:
         index_path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(index_path, json.dumps(index, indent=1))
+        write_text_atomic(index_path, json.dumps(index, indent=1))
     except OSError:
         pass  # a read-only cache only costs a re-hash next time
     return index[key]
@@ -172,25 +171,15 @@ def materialize(path: Path, info: GGUFInfo | None = None) -> Path:
     missing = [k for k in missing if not (k == "lm_head.weight" and getattr(config, "tie_word_embeddings", False))]
     if missing or unexpected:
         raise GGUFError(f"{str(path)!r}: weights do not match the architecture (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
-        with quiet_transformers():
-            fresh.save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
-        (staging / MARKER).write_text(json.dumps(info.to_dict(), indent=2), encoding="utf-8")
-        if target.exists():  # an incomplete earlier attempt
-            shutil.rmtree(target)
-        staging.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
-        staging.rename(target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        with staged(target) as staging:  # an incomplete earlier attempt at target is replaced
+            with quiet_transformers():
+                fresh.save_pretrained(staging, safe_serialization=True)
+            tokenizer.save_pretrained(staging)
+            (staging / MARKER).write_text(json.dumps(info.to_dict(), indent=2), encoding="utf-8")
+            staging.chmod(0o755)  # the cache may be shared whatever the umask
+    except OSError:
+        if (target / MARKER).is_file():  # another process filled the cache at the same time
+            return target
+        raise
     return target
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(temp, path)
