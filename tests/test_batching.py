@@ -236,9 +236,9 @@ def test_tritons_python_model_runs_the_loop_within_the_backends_row_limit(echo, 
     real_run = session.run
     session.max_rows = lambda width: 2  # what a TensorRT engine's profiles say
 
-    def run(names, feeds):
+    def run(feeds, names):
         rows_per_call.append(len(feeds["input_ids"]))
-        return real_run(names, feeds)
+        return real_run(feeds, names)
 
     session.run = run
     oracle = Embedder.load(echo, provider="cpu")
@@ -260,7 +260,7 @@ def test_tritons_python_model_runs_the_loop_within_the_backends_row_limit(echo, 
 def test_every_cli_shows_the_new_names_and_hides_the_old_ones(command, shown, hidden):
     from typer.testing import CliRunner
 
-    from kvembed.cli import app
+    from kvembed.cli.main import app
 
     result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "240", "TERMINAL_WIDTH": "240"})
     assert result.exit_code == 0, result.output
