@@ -20,7 +20,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ..errors import InvalidInput, MissingDependency
-from ..artifact import MODEL, check_files, sha256_file
+from ..artifact import MODEL, Manifest, check_records, sha256_file
 
 PLAN, ENGINE_JSON = "engine.plan", "engine.json"
 ENGINE_SCHEMA_VERSION = 1
@@ -92,9 +92,9 @@ def check_engine_files(directory: str | os.PathLike[str], manifest: Mapping[str,
     carries (tokenizer, ...) against the manifest, the plan against engine.json's ``plan_sha256``,
     and engine.json and the manifest naming the same source graph."""
     directory = Path(directory)
-    carried = {name: entry for name, entry in manifest["files"].items() if not name.startswith(MODEL)}
-    problems = check_files(directory, {**manifest, "files": carried})
-    graph = (manifest["files"].get(MODEL) or {}).get("sha256")
+    files = Manifest.of(manifest).files
+    problems = check_records(directory, {name: entry for name, entry in files.items() if not name.startswith(MODEL)})
+    graph = files[MODEL].sha256 if MODEL in files else None
     built_from = (record.get("source") or {}).get("model_sha256")
     if graph and built_from and graph != built_from:
         problems.append(f"engine.json's plan was built from a {MODEL} with sha256 {built_from[:12]}..., kvembed.json "

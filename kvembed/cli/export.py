@@ -14,6 +14,7 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-export needs typer and rich: pip install 'kvembed[export]' ({err})")
 
+from ..artifact import MANIFEST
 from . import options as opt
 from .support import DEBUG_HELP, EXIT_FAILED, default_command_group, guard_app, run_app
 
@@ -103,9 +104,9 @@ def files_table(directory: Path, manifest: dict[str, Any]) -> Table:
     table.add_column("sha256")
     for name, record in manifest["files"].items():
         table.add_row(name, _size(record["bytes"]), record["sha256"][:16] + "...")
-    manifest_path = directory / "kvembed.json"
+    manifest_path = directory / MANIFEST
     if manifest_path.exists():
-        table.add_row("kvembed.json", _size(manifest_path.stat().st_size), "(manifest)")
+        table.add_row(MANIFEST, _size(manifest_path.stat().st_size), "(manifest)")
     return table
 
 

@@ -62,7 +62,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..artifact import MODEL, read_manifest
+from ..artifact import MODEL, Manifest, read_manifest
 from ..backends.catalogue import CPU, OV_BF16, VERIFY_ALIASES, VERIFY_BACKENDS
 from ..backends.protocol import BackendUnavailableError
 from ..runtime.artifact import encoder_from_manifest
@@ -193,7 +193,7 @@ def comparison_feeds(
     encoder = encoder_from_manifest(directory, manifest)
     pool = dict(PARITY_TEXTS if texts is None else texts)
     plan = COMPARE_PLAN if texts is None else tuple((kind, tuple(pool)) for kind, _ in COMPARE_PLAN)
-    inputs = [item["name"] for item in manifest.get("inputs", [])]
+    inputs = [item.name for item in Manifest.of(manifest).inputs]
     batches = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the long text may be truncated to max_length
@@ -355,7 +355,7 @@ def compare_backends(
     manifest = read_manifest(directory)
     model_path = directory / MODEL
     names, skipped = resolve_backends(directory, backends, manifest=manifest, model_path=model_path)
-    precision = str(manifest["precision"])
+    precision = Manifest.of(manifest).precision
     tol = _tolerance(precision, tolerance)
     batches = comparison_feeds(directory, manifest, texts)
     comparison = BackendComparison(

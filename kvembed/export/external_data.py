@@ -9,8 +9,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-MODEL_FILE = "model.onnx"
-DATA_FILE = "model.onnx.data"
+from ..artifact import MODEL_DATA
+
+DATA_FILE = MODEL_DATA
 #: from this many weight bytes on, an artifact's weights go to DATA_FILE (the exporter's own
 #: intermediate graphs always keep them there). protobuf cannot hold 2 GiB at all, and well below
 #: that an inline graph is copied several times wherever it is read whole (onnx.load, onnx's

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..methods.sharing import AlsoRequest, output_names
-from ..artifact import MODEL, check_files, read_manifest
+from ..artifact import MODEL, Manifest, check_files, read_manifest
 from ..runtime.artifact import encoder_from_manifest
 from .core import load_embedder
 from .manifest import source_record
@@ -38,30 +38,27 @@ class VerifyResult:
         )
 
 
-def reference_for(manifest: Mapping[str, Any]) -> Any:
+def reference_for(manifest: Manifest | Mapping[str, Any]) -> Any:
     """Rebuild the PyTorch reference an artifact was exported from (model, options, max_length)."""
-    source = manifest["source"]
-    location = source.get("location")
+    manifest = Manifest.of(manifest)
+    location = manifest.source.location
     candidates = []
     if location and Path(location).is_dir():
         candidates.append(location)
-    if source.get("model"):
-        candidates.append(source["model"])
+    if manifest.source.model:
+        candidates.append(manifest.source.model)
     if location and location not in candidates:
         candidates.append(location)
     if not candidates:
         raise InvalidInput("the manifest does not say which model the artifact came from")
-    method = manifest["method"]
-    also = [
-        AlsoRequest(method=extra["name"], options=dict(extra["options"]), label=label)
-        for label, extra in (manifest.get("also") or {}).items()
-    ]
+    method = manifest.method
+    also = [AlsoRequest(method=extra.name, options=dict(extra.options), label=label) for label, extra in manifest.also.items()]
     last_error: Exception | None = None
     for candidate in candidates:
         try:
             return load_embedder(
-                candidate, method["name"], max_length=int(manifest["max_length"]),
-                padding_side=manifest.get("padding_side", "right"), also=also, **dict(method["options"]),
+                candidate, method.name, max_length=manifest.max_length,
+                padding_side=manifest.padding_side, also=also, **dict(method.options),
             )
         except FileNotFoundError as err:
             last_error = err
@@ -73,15 +70,16 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     progress = progress or silent
     directory = Path(directory).expanduser()
     manifest = read_manifest(directory)
+    typed = Manifest.of(manifest)
     progress("check", "checking file hashes")
     file_problems = check_files(directory, manifest)
     if file_problems:  # a damaged graph or tokenizer cannot be run meaningfully: report, don't crash
         return VerifyResult(directory, manifest, None, file_problems, [])
-    progress("load", f"loading the reference {manifest['source'].get('model')}")
-    reference = reference_for(manifest)
+    progress("load", f"loading the reference {typed.source.model}")
+    reference = reference_for(typed)
     source_problems = []
     now = source_record(reference)
-    if now["config_sha256"] != manifest["source"].get("config_sha256"):
+    if now["config_sha256"] != typed.source.config_sha256:
         source_problems.append("the source model's config changed since export (config_sha256 differs)")
     # as at export: the reference runs the gate's batches first and its weights are freed before
     # onnxruntime opens the artifact, so the model is never in memory twice
@@ -94,7 +92,7 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     progress("parity", "running the graph in onnxruntime against PyTorch")
     encoder = encoder_from_manifest(directory, manifest)
     session = parity_session(directory / MODEL)
-    reports = parity_reports(session, encoder, references, manifest["precision"], cache=cache,
+    reports = parity_reports(session, encoder, references, typed.precision, cache=cache,
                              advance=advance_of(progress))
     report = reports.pop(None)
     return VerifyResult(directory, manifest, report, file_problems, source_problems, reports)

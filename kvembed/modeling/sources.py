@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlparse
 
+from ..artifact.layout import is_artifact
 from ..errors import InvalidInput, ModelNotFound
 from ..methods import get_method, resolve, resolve_model
 from ..methods.architectures import architecture_of
@@ -117,7 +118,7 @@ def locate_model(model: str | os.PathLike[str], revision: str | None = None) -> 
         if not (path / "config.json").is_file():
             hint = (
                 " (it is a kvembed artifact: embed with `kvembed embed ARTIFACT TEXT...`)"
-                if (path / "kvembed.json").is_file()
+                if is_artifact(path)
                 else ""
             )
             raise ModelNotFound(

@@ -17,7 +17,7 @@ from ..backends.openvino import OPENVINO  # the openvino package itself is impor
 from ..backends.tensorrt import check_engine_files
 from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
-from ..artifact import check_files, read_manifest
+from ..artifact import Manifest, check_files, read_manifest
 from .artifact import encoder_from_manifest
 from .batching import CPU_CALL_COST, CPU_CALL_TOKENS, BatchPolicy, run_batches, run_in_slices
 from .encoding import EncodedText, TextEncoder, check_padding_side, check_texts
@@ -46,6 +46,8 @@ class Embedder:
     ) -> None:
         self.directory = directory
         self.manifest = dict(manifest)
+        #: the manifest, typed (:class:`~kvembed.artifact.Manifest`); :attr:`manifest` is its JSON
+        self.artifact: Manifest = Manifest.of(manifest)
         self.encoder = encoder
         self.session = session
         self._inputs = list(session.input_names)
@@ -130,7 +132,7 @@ class Embedder:
                 raise InvalidInput(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
         encoder = encoder_from_manifest(path, manifest)
         session = open_session(path, provider, backend_options)
-        if manifest.get("precision") == "fp16" and session.providers[0] == CPU:
+        if Manifest.of(manifest).precision == "fp16" and session.providers[0] == CPU:
             warnings.warn(
                 f"{str(path)!r} is an fp16 artifact on onnxruntime's CPU provider, which has no fp16 MatMul: it "
                 "holds fp32 copies of the weights (twice the artifact's size) and runs at fp32 speed; on a CPU "
@@ -156,7 +158,7 @@ class Embedder:
 
     @property
     def dim(self) -> int:
-        return int(self.manifest["dim"])
+        return self.artifact.dim
 
     @property
     def method(self) -> ResolvedMethod:
@@ -165,16 +167,16 @@ class Embedder:
     @property
     def outputs(self) -> list[str]:
         """The methods this artifact computes: the main one's name, then ``--also`` labels."""
-        return [self.method.name, *(self.manifest.get("also") or {})]
+        return [self.method.name, *self.artifact.also]
 
     def dim_of(self, output: str | None = None) -> int:
         """Width of ``output``'s embedding (the main method's when None)."""
         names = output_names(self._label(output))
-        shape = next((o["shape"] for o in self.manifest.get("outputs", []) if o.get("name") == names[0]), None)
+        shape = next((o.shape for o in self.artifact.outputs if o.name == names[0]), None)
         return self.dim if shape is None else int(shape[-1])
 
     def _label(self, output: str | None) -> str | None:
-        return output_label(output, self.method.name, list(self.manifest.get("also") or {}))
+        return output_label(output, self.method.name, list(self.artifact.also))
 
     @property
     def max_length(self) -> int:
@@ -355,7 +357,7 @@ class Embedder:
 
     def _width(self, name: str) -> int:
         """Width of the graph output ``name`` (the manifest's; pooled outputs are as wide as their embedding)."""
-        shapes = {o.get("name"): o.get("shape") for o in self.manifest.get("outputs", [])}
+        shapes = {o.name: o.shape for o in self.artifact.outputs}
         shape = shapes.get(name) or shapes.get(name.replace("pooled", "embedding", 1))
         return self.dim if not shape else int(shape[-1])
 
