@@ -1,10 +1,10 @@
-"""Corpus embedding throughput and memory: ``--engine local`` vs ``--engine ray`` at equal cores.
+"""Corpus embedding throughput and memory: ``--runner local`` vs ``--runner ray`` at equal cores.
 
 Builds a Parquet corpus (5 files) of mixed-length texts from kvembed's calibration sentences
-(1-4 sentences per text; ``--sentences`` / ``--words`` change that), then runs ``embed_corpus`` once per engine configuration, each in a
+(1-4 sentences per text; ``--sentences`` / ``--words`` change that), then runs ``embed_corpus`` once per runner configuration, each in a
 fresh process: texts/s and tokens/s over the embedding call (Ray: after ``ray.init``, which a
 cluster has already done; actor start and model load are included), and the worker's peak RSS
-from the manifest. ``--memory`` runs the local engine on growing corpora of short texts to show
+from the manifest. ``--memory`` runs the local runner on growing corpora of short texts to show
 that peak RSS does not grow with the corpus. ``--tokenize N`` times the artifact's own
 ``TextEncoder`` (its prompt and tokenizer, no model run) on N mixed texts in this process, one
 thread: the host-side tokenising rate a corpus run needs per worker. Examples:
@@ -70,11 +70,11 @@ def tokenize_rate(artifact: str, count: int) -> dict:
 
 
 def run_one(config: str, artifact: str, inputs: str, output: str, rows_per_file: int) -> dict:
-    """In a fresh process: one engine configuration ``local:1x2`` / ``ray:2x1`` (workers x threads)."""
-    engine, shape = config.split(":")
+    """In a fresh process: one runner configuration ``local:1x2`` / ``ray:2x1`` (workers x threads)."""
+    runner, shape = config.split(":")
     workers, threads = (int(x) for x in shape.split("x"))
     ray_init = 0.0
-    if engine == "ray":
+    if runner == "ray":
         import ray
 
         started = time.perf_counter()
@@ -83,11 +83,11 @@ def run_one(config: str, artifact: str, inputs: str, output: str, rows_per_file:
     from kvembed.corpus import CorpusOptions, embed_corpus
 
     started = time.perf_counter()
-    manifest = embed_corpus(CorpusOptions(artifact, [inputs], output, engine=engine, workers=workers, threads=threads,
+    manifest = embed_corpus(CorpusOptions(artifact, [inputs], output, runner=runner, workers=workers, threads=threads,
                                           rows_per_file=rows_per_file, progress=False))
     seconds = time.perf_counter() - started
     return {
-        "config": config, "engine": engine, "workers": workers, "threads": threads, "rows": manifest["rows"],
+        "config": config, "runner": runner, "workers": workers, "threads": threads, "rows": manifest["rows"],
         "tokens": manifest["tokens"], "seconds": round(seconds, 2), "ray_init_s": round(ray_init, 2),
         "texts_per_s": round(manifest["rows"] / seconds, 1), "tokens_per_s": round(manifest["tokens"] / seconds, 1),
         "worker_peak_rss_mb": manifest["worker_peak_rss_mb"], "shards": len(manifest["shards"]),
@@ -108,7 +108,7 @@ def spawn(config: str, artifact: str, inputs: str, output: Path, rows_per_file: 
 def markdown(results: dict) -> str:
     lines = ["| config | rows | tokens | s | texts/s | tokens/s | vs local | worker peak RSS MB |", "|---|---|---|---|---|---|---|---|"]
     lines = lines if results["throughput"] else []
-    base = next((r["tokens_per_s"] for r in results["throughput"] if r["engine"] == "local"), None)
+    base = next((r["tokens_per_s"] for r in results["throughput"] if r["runner"] == "local"), None)
     for r in results["throughput"]:
         ratio = f"{r['tokens_per_s'] / base:.3f}" if base else "-"
         lines.append(f"| {r['config']} | {r['rows']:,} | {r['tokens']:,} | {r['seconds']:.1f} | {r['texts_per_s']:,.1f} "
@@ -143,7 +143,7 @@ def main() -> None:
     parser.add_argument("--sentences", type=span, default=(1, 4), help="Calibration sentences a throughput text, LO-HI.")
     parser.add_argument("--words", type=span, default=None,
                         help="Cut every throughput text to LO-HI words (short, title-like texts).")
-    parser.add_argument("--configs", default="local:1x2,ray:1x2,ray:2x1", help="engine:WORKERSxTHREADS, comma-separated.")
+    parser.add_argument("--configs", default="local:1x2,ray:1x2,ray:2x1", help="runner:WORKERSxTHREADS, comma-separated.")
     parser.add_argument("--rounds", type=int, default=1, help="Run every config this many times, interleaved.")
     parser.add_argument("--memory", default="", help="Comma list of short-text corpus sizes for the memory runs (local).")
     parser.add_argument("--rows-per-file", type=int, default=100_000)

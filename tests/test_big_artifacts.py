@@ -269,7 +269,7 @@ def ray_cluster(external_artifact):
     """A local Ray whose memory resource holds one actor of ``external_artifact`` but not two."""
     import ray
 
-    from kvembed.corpus.ray_engine import ACTOR_OVERHEAD
+    from kvembed.corpus.ray_runner import ACTOR_OVERHEAD
     from kvembed.backends.catalogue import session_memory
 
     need = session_memory(external_artifact) + ACTOR_OVERHEAD
@@ -285,16 +285,16 @@ def test_ray_actors_reserve_the_memory_of_their_session(ray_cluster, external_ar
     from kvembed.corpus import CorpusError, CorpusOptions, embed_corpus
     from kvembed.corpus.plan import make_plan
     from kvembed.corpus.progress import CorpusProgress
-    from kvembed.corpus.ray_engine import run_ray
+    from kvembed.corpus.ray_runner import run_ray
     from kvembed.corpus.worker import Job
 
     ray, need = ray_cluster
     texts = [f"text number {i} about a cat on a mat" for i in range(40)]
     (tmp_path / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     with pytest.raises(CorpusError, match=rf"--workers 2 actors each need {need / 1e9:.1f} GB of memory"):
-        embed_corpus(CorpusOptions(external_artifact, [str(tmp_path / "docs.txt")], tmp_path / "two", engine="ray",
+        embed_corpus(CorpusOptions(external_artifact, [str(tmp_path / "docs.txt")], tmp_path / "two", runner="ray",
                                    workers=2, threads=1, progress=False))
-    options = CorpusOptions(external_artifact, [str(tmp_path / "docs.txt")], tmp_path / "one", engine="ray", workers=1,
+    options = CorpusOptions(external_artifact, [str(tmp_path / "docs.txt")], tmp_path / "one", runner="ray", workers=1,
                             threads=1, rows_per_file=20, progress=False)
     plan = make_plan(options)
     job = Job(artifact=str(external_artifact), threads=1, kind="document", max_batch_tokens=4096, output_dtype="float32",

@@ -7,6 +7,7 @@ oracle); resume is tested by killing real runs; bad input by real broken files.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import signal
@@ -138,7 +139,7 @@ def ray_output(tmp_path_factory, corpus, artifact, ray_session) -> tuple[Path, d
     folder, _ = corpus
     out = tmp_path_factory.mktemp("ray") / "vectors"
     options = CorpusOptions(
-        artifact, [str(folder / "*.parquet")], out, text_column="body", engine="ray", workers=2, threads=1,
+        artifact, [str(folder / "*.parquet")], out, text_column="body", runner="ray", workers=2, threads=1,
         rows_per_file=SHARD_ROWS,
     )
     return out, embed_corpus(options)
@@ -147,7 +148,7 @@ def ray_output(tmp_path_factory, corpus, artifact, ray_session) -> tuple[Path, d
 # -- the 20,000-text corpus ------------------------------------------------------------------------------
 
 
-def test_ray_engine_embeds_20000_parquet_texts_like_encode(corpus, ray_output):
+def test_ray_runner_embeds_20000_parquet_texts_like_encode(corpus, ray_output):
     _, expected = corpus
     out, manifest = ray_output
     assert_matches(read_output(out), expected)
@@ -162,7 +163,7 @@ def test_ray_engine_embeds_20000_parquet_texts_like_encode(corpus, ray_output):
     assert schema.names == ["id", "embedding"] and schema.field("embedding").type == pa.list_(pa.float32(), 32)
 
 
-def test_local_engine_interrupted_twice_then_resumed_equals_the_ray_run(tmp_path, corpus, ray_output, artifact):
+def test_local_runner_interrupted_twice_then_resumed_equals_the_ray_run(tmp_path, corpus, ray_output, artifact):
     folder, expected = corpus
     out = tmp_path / "vectors"
     args = [str(artifact), "-i", str(folder / "*.parquet"), "-o", str(out), "--text-column", "body",
@@ -190,15 +191,15 @@ def test_local_engine_interrupted_twice_then_resumed_equals_the_ray_run(tmp_path
         assert manifest[key] == ray_output[1][key]
 
 
-@pytest.mark.parametrize("engine", ["local", "ray"])
-def test_cli_sigterm_stops_like_ctrl_c_and_dies_by_sigterm(tmp_path, artifact, engine):
+@pytest.mark.parametrize("runner", ["local", "ray"])
+def test_cli_sigterm_stops_like_ctrl_c_and_dies_by_sigterm(tmp_path, artifact, runner):
     """Schedulers (Slurm, Kubernetes, systemd) stop jobs with SIGTERM: the same cleanup and message
     as Ctrl-C, then death by SIGTERM itself (shell status 143). ``ray``: a local Ray the CLI starts,
     whose ``ray.init`` would otherwise turn SIGTERM into ``sys.exit(15)``."""
     texts = corpus_texts(8000, seed=11)
     (tmp_path / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     out = tmp_path / "vectors"
-    args = [str(artifact), "-i", str(tmp_path / "docs.txt"), "-o", str(out), "--rows-per-file", "400", "--engine", engine,
+    args = [str(artifact), "-i", str(tmp_path / "docs.txt"), "-o", str(out), "--rows-per-file", "400", "--runner", runner,
             "--threads-per-worker", "1", "--no-progress"]
     stopped = interrupted_run(args, out, 2, signal.SIGTERM)
     stderr = stopped.stderr.read()
@@ -212,7 +213,7 @@ def test_cli_sigterm_stops_like_ctrl_c_and_dies_by_sigterm(tmp_path, artifact, e
     assert manifest["rows"] == len(texts) and manifest["shards_resumed"] == kept >= 2
 
 
-def test_ray_engine_resumes_only_missing_shards(tmp_path, corpus, ray_output, artifact, ray_session):
+def test_ray_runner_resumes_only_missing_shards(tmp_path, corpus, ray_output, artifact, ray_session):
     folder, expected = corpus
     out = tmp_path / "vectors"
     shutil.copytree(ray_output[0], out)
@@ -221,7 +222,7 @@ def test_ray_engine_resumes_only_missing_shards(tmp_path, corpus, ray_output, ar
     (out / (removed.name + ".partial-dead")).write_bytes(b"half a shard")  # left by a killed actor
     before = {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")}
     manifest = embed_corpus(CorpusOptions(artifact, [str(folder / "*.parquet")], out, text_column="body",
-                                          engine="ray", workers=1, threads=1, rows_per_file=SHARD_ROWS, resume=True))
+                                          runner="ray", workers=1, threads=1, rows_per_file=SHARD_ROWS, resume=True))
     assert manifest["shards_resumed"] == len(before) == FILES * ROWS_PER_FILE // SHARD_ROWS - 1
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet") if p.name in before} == before
     assert not list(out.glob("*.partial-*"))
@@ -234,7 +235,7 @@ def test_cli_joins_a_running_ray_cluster_by_address(tmp_path, artifact, embedder
     source = tmp_path / "docs.jsonl"
     source.write_text("".join(json.dumps({"id": 1000 + i, "text": t}) + "\n" for i, t in enumerate(texts)))
     address = ray_session.get_runtime_context().gcs_address
-    result = run_cli(str(artifact), "-i", str(source), "-o", str(tmp_path / "out"), "--engine", "ray",
+    result = run_cli(str(artifact), "-i", str(source), "-o", str(tmp_path / "out"), "--runner", "ray",
                      "--ray-address", address, "--workers", "1", "--threads-per-worker", "1", "--no-progress",
                      timeout=300)
     assert result.returncode == 0, result.stderr
@@ -368,7 +369,7 @@ def test_file_level_problems_are_named(tmp_path, artifact):
     fails(r"fake\.parquet is not a readable Parquet file", [str(tmp_path / "fake.parquet")])
     fails(r"cannot tell the format of .*x\.csv' from its suffix; pass --format parquet\|jsonl\|txt", [str(tmp_path / "x.csv")])
     fails(r"no input file matches", [str(tmp_path / "missing-*.parquet")])
-    fails(r"--engine local runs one worker", [str(tmp_path / "good.parquet")], workers=2)
+    fails(r"--runner local runs one worker", [str(tmp_path / "good.parquet")], workers=2)
     skipped = embed_corpus(CorpusOptions(artifact, [str(tmp_path / "good.parquet"), str(tmp_path / "empty.parquet")],
                                          tmp_path / "ok", on_error="skip", progress=False))
     assert skipped["rows"] == 1 and skipped["empty_files"] == [str(tmp_path / "empty.parquet")]
@@ -504,11 +505,42 @@ def test_output_with_only_a_run_record_does_not_block_a_new_run(tmp_path, artifa
 def test_cli_unreachable_ray_address_fails_at_once_without_touching_the_output(tmp_path, artifact):
     """``ray.init`` retries a dead HOST:PORT for minutes (logging every attempt); the CLI checks it first."""
     (tmp_path / "docs.txt").write_text("one\n")
-    result = run_cli(str(artifact), "-i", str(tmp_path / "docs.txt"), "-o", str(tmp_path / "out"), "--engine", "ray",
+    result = run_cli(str(artifact), "-i", str(tmp_path / "docs.txt"), "-o", str(tmp_path / "out"), "--runner", "ray",
                      "--ray-address", "127.0.0.1:9", "--workers", "1", "--threads-per-worker", "1", timeout=60)
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
     assert "cannot connect to a Ray cluster at --ray-address 127.0.0.1:9" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_engine_is_the_hidden_old_name_of_runner(tmp_path, artifact):
+    """``--engine`` / ``engine=`` still pick the runner; ``--help`` shows only ``--runner``; the
+    manifest records ``runner``, and an output whose manifest recorded ``engine`` still resumes."""
+    help_text = subprocess.run([sys.executable, "-m", "kvembed.cli", "embed-corpus", "--help"], capture_output=True,
+                               text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"}, timeout=60).stdout
+    assert "--runner" in help_text and "--engine" not in help_text
+    (tmp_path / "docs.txt").write_text("one\ntwo\nthree\n")
+    base = [str(artifact), "-i", str(tmp_path / "docs.txt")]
+    ray = run_cli(*base, "-o", str(tmp_path / "ray"), "--engine", "ray", "--ray-address", "127.0.0.1:9", timeout=60)
+    assert ray.returncode == 2 and "cannot connect to a Ray cluster at --ray-address 127.0.0.1:9" in ray.stderr
+    both = run_cli(*base, "-o", str(tmp_path / "both"), "--runner", "local", "--engine", "ray", timeout=60)
+    assert both.returncode == 2 and "--runner local and --engine ray (its old name) differ" in both.stderr
+    out = tmp_path / "local"
+    local = run_cli(*base, "-o", str(out), "--engine", "local", "--rows-per-file", "2", "--no-progress", timeout=120)
+    assert local.returncode == 0 and "embedded 3 rows" in local.stdout, local.stderr
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["options"]["runner"] == "local" and "engine" not in manifest["options"]
+    manifest["options"]["engine"] = manifest["options"].pop("runner")  # as an older kvembed wrote it
+    (out / "_manifest.json").write_text(json.dumps(manifest))
+    (out / "_SUCCESS").unlink()
+    next(out.glob("part-*.parquet")).unlink()
+    resumed = embed_corpus(CorpusOptions(artifact, [str(tmp_path / "docs.txt")], out, engine="local", rows_per_file=2,
+                                         resume=True, progress=False))
+    assert resumed["shards_resumed"] == 1 and resumed["rows"] == 3 and resumed["options"]["runner"] == "local"
+    assert CorpusOptions(artifact, ["x.txt"], "out", engine="ray").runner == "ray"
+    with pytest.raises(CorpusError, match=r"--runner local runs one worker"):
+        CorpusOptions(artifact, ["x.txt"], "out", engine="local", workers=2)
+    with pytest.raises(CorpusError, match=r"runner='ray' and engine='local' \(its old name\) differ"):
+        CorpusOptions(artifact, ["x.txt"], "out", runner="ray", engine="local")
 
 
 def test_corpus_imports_without_torch():

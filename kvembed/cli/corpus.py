@@ -26,9 +26,10 @@ def embed_corpus_command(
     id_column: Optional[str] = typer.Option(None, "--id-column", help="Column/key holding ids (default: 'id' if every input has it, else file:line row ids)."),
     kind: str = typer.Option("document", "--kind", help="document or query: which prompt the artifact's method uses."),
     format: Optional[str] = typer.Option(None, "--format", help="parquet, jsonl or txt (default: from the file suffix)."),
-    engine: str = typer.Option("local", "--engine", help="local (this process) or ray (Ray Data actors)."),
+    runner: Optional[str] = typer.Option(None, "--runner", help="local (this process, the default) or ray (Ray Data actors)."),
+    engine: Optional[str] = typer.Option(None, "--engine", hidden=True, help="Old name of --runner."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join: auto or HOST:PORT (default: start a local Ray)."),
-    workers: int = typer.Option(1, "--workers", help="Ray actors, each with its own Embedder (--engine ray)."),
+    workers: int = typer.Option(1, "--workers", help="Ray actors, each with its own Embedder (--runner ray)."),
     threads_per_worker: Optional[int] = typer.Option(None, "--threads-per-worker", help="onnxruntime threads (= Ray CPUs) per worker (default: cores / workers)."),
     provider: str = typer.Option("auto", "--provider", help=f"Runtime provider of every worker: {PROVIDER_HELP}."),
     max_batch_tokens: int = typer.Option(16384, "--max-batch-tokens", help="Padded tokens (rows x longest row) per batch of length-sorted texts; the runtime runs a batch in graph calls of at most its per-call budget."),
@@ -43,12 +44,16 @@ def embed_corpus_command(
     """Embed a corpus (Parquet, JSONL or TXT files) into Parquet shards of (id, embedding).
 
     kvembed embed-corpus ARTIFACT --input 'docs/*.parquet' --output vectors/
-    | kvembed embed-corpus ARTIFACT -i docs.jsonl -o vectors/ --engine ray --workers 4 --threads-per-worker 2
+    | kvembed embed-corpus ARTIFACT -i docs.jsonl -o vectors/ --runner ray --workers 4 --threads-per-worker 2
     """
+
+    if runner is not None and engine is not None and runner != engine:
+        raise fail(f"--runner {runner} and --engine {engine} (its old name) differ: give --runner only")
 
     def run() -> dict[str, Any]:
         try:
             from ..corpus import CorpusOptions, embed_corpus
+            from ..corpus.options import DEFAULT_RUNNER
         except ImportError as err:
             from ..errors import MissingDependency
 
@@ -56,7 +61,7 @@ def embed_corpus_command(
 
         options = CorpusOptions(
             artifact=artifact, inputs=tuple(input), output=output, text_column=text_column, id_column=id_column,
-            kind=kind, format=format, engine=engine, ray_address=ray_address, workers=workers,
+            kind=kind, format=format, runner=runner or DEFAULT_RUNNER, engine=engine, ray_address=ray_address, workers=workers,
             threads=threads_per_worker, provider=provider, max_batch_tokens=max_batch_tokens, batch_tokens=batch_tokens, rows_per_file=rows_per_file, resume=resume,
             overwrite=overwrite, output_dtype=output_dtype, on_error=on_error, progress=progress,
         )

@@ -1,8 +1,8 @@
 """Corpus embedding (``kvembed embed-corpus``): files in, Parquet shards of vectors out.
 
-Runs in one process (``engine="local"``) or on a Ray cluster (``engine="ray"``) over the same
-shard plan, so an interrupted run resumes on either engine. Torch-free: it embeds with
-:class:`kvembed.runtime.Embedder`; Ray is imported only for ``engine="ray"``.
+Runs in one process (``runner="local"``) or on a Ray cluster (``runner="ray"``) over the same
+shard plan, so an interrupted run resumes on either runner. Torch-free: it embeds with
+:class:`kvembed.runtime.Embedder`; Ray is imported only for ``runner="ray"``.
 
     from kvembed.corpus import CorpusOptions, embed_corpus
     manifest = embed_corpus(CorpusOptions("artifact/", ["docs/*.parquet"], "vectors/"))

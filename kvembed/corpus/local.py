@@ -1,4 +1,4 @@
-"""``--engine local``: one process, one :class:`Embedder`, shards one after another. No Ray needed."""
+"""``--runner local``: one process, one :class:`Embedder`, shards one after another. No Ray needed."""
 
 from __future__ import annotations
 

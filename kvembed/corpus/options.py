@@ -11,7 +11,8 @@ from ..errors import KvembedError
 from ..backends.catalogue import PROVIDERS
 
 FORMATS = ("parquet", "jsonl", "txt")
-ENGINES = ("local", "ray")
+RUNNERS = ("local", "ray")
+DEFAULT_RUNNER = "local"
 KINDS = ("document", "query")
 OUTPUT_DTYPES = ("float32", "float16")
 ON_ERROR = ("fail", "skip")
@@ -50,7 +51,8 @@ class CorpusOptions:
     id_column: str | None = None
     kind: str = "document"
     format: str | None = None
-    engine: str = "local"
+    #: where the work runs: ``local`` (this process) or ``ray`` (Ray Data actors)
+    runner: str = DEFAULT_RUNNER
     ray_address: str | None = None
     workers: int = 1
     threads: int | None = None
@@ -68,10 +70,16 @@ class CorpusOptions:
     progress: bool | None = None
     #: the old name of ``max_batch_tokens`` (accepted when building the options)
     batch_tokens: InitVar[int | None] = None
+    #: the old name of ``runner`` (accepted when building the options)
+    engine: InitVar[str | None] = None
 
-    def __post_init__(self, batch_tokens: int | None) -> None:
+    def __post_init__(self, batch_tokens: int | None, engine: str | None) -> None:
         if batch_tokens is not None:
             object.__setattr__(self, "max_batch_tokens", batch_tokens)
+        if engine is not None:
+            if self.runner not in (DEFAULT_RUNNER, engine):
+                raise CorpusError(f"runner={self.runner!r} and engine={engine!r} (its old name) differ; give runner= only")
+            object.__setattr__(self, "runner", engine)
         object.__setattr__(self, "artifact", Path(self.artifact))
         object.__setattr__(self, "output", Path(self.output))
         inputs = (self.inputs,) if isinstance(self.inputs, (str, os.PathLike)) else tuple(self.inputs)
@@ -87,7 +95,7 @@ class CorpusOptions:
         _choice("--kind", self.kind, KINDS)
         if self.format is not None:
             _choice("--format", self.format, FORMATS)
-        _choice("--engine", self.engine, ENGINES)
+        _choice("--runner", self.runner, RUNNERS)
         _choice("--provider", self.provider, PROVIDERS)
         _choice("--output-dtype", self.output_dtype, OUTPUT_DTYPES)
         _choice("--on-error", self.on_error, ON_ERROR)
@@ -96,12 +104,12 @@ class CorpusOptions:
         _positive("--rows-per-file", self.rows_per_file)
         if self.threads is not None:
             _positive("--threads-per-worker", self.threads)
-        if self.engine == "local" and self.workers != 1:
-            raise CorpusError("--engine local runs one worker; use --threads-per-worker, or --engine ray for --workers > 1")
+        if self.runner == "local" and self.workers != 1:
+            raise CorpusError("--runner local runs one worker; use --threads-per-worker, or --runner ray for --workers > 1")
         if self.resume and self.overwrite:
             raise CorpusError("--resume keeps an earlier run and --overwrite deletes it: pass one of them")
-        if self.engine == "local" and self.ray_address is not None:
-            raise CorpusError("--ray-address needs --engine ray")
+        if self.runner == "local" and self.ray_address is not None:
+            raise CorpusError("--ray-address needs --runner ray")
 
     @property
     def threads_per_worker(self) -> int:

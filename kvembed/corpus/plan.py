@@ -1,7 +1,7 @@
 """The run plan: which shards exist (input file x row range), and the bookkeeping ``--resume`` needs.
 
 A shard is a fixed range of one input file's rows, so the plan depends only on the inputs and
-``--rows-per-file``: a resumed run, on either engine, recomputes the same shards, skips those
+``--rows-per-file``: a resumed run, on either runner, recomputes the same shards, skips those
 already on disk (written atomically, so present means complete) and embeds the rest. ``_run.json``
 records what the run was asked to do; :mod:`.output` refuses a resume whose inputs, artifact or
 content-changing options would mix two corpora in one output.

@@ -1,4 +1,4 @@
-"""The corpus progress bar (rows, tokens/s, ETA) with rich; both engines feed it ``(rows, tokens)``."""
+"""The corpus progress bar (rows, tokens/s, ETA) with rich; both runners feed it ``(rows, tokens)``."""
 
 from __future__ import annotations
 

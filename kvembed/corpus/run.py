@@ -1,4 +1,4 @@
-"""``embed_corpus``: plan, check the inputs and the output, run the engine on the pending shards, write the manifest."""
+"""``embed_corpus``: plan, check the inputs and the output, embed the pending shards with the runner, write the manifest."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def embed_corpus(options: CorpusOptions) -> dict[str, Any]:
     run writes its record, so such a failure leaves ``--output`` as it was.
     """
     started = time.monotonic()
-    if options.engine == "ray":  # a missing Ray or an unreachable --ray-address fails before the output is touched
-        _ray_engine().check_address(options.ray_address)
+    if options.runner == "ray":  # a missing Ray or an unreachable --ray-address fails before the output is touched
+        _ray_runner().check_address(options.ray_address)
     sha256 = artifact_sha256(options.artifact)
     artifact = read_manifest(options.artifact)
     plan = make_plan(options)
@@ -55,7 +55,7 @@ def _count(shards: int) -> str:
 
 
 def _embed(options: CorpusOptions, plan: Plan) -> tuple[dict[str, dict[str, Any]], int]:
-    """Run the engine on the shards not finished yet: (every shard's statistics, shards resumed)."""
+    """Embed the shards not finished yet with the runner: (every shard's statistics, shards resumed)."""
     done = finished_shards(options.output, plan)
     pending = [shard for shard in plan.shards if shard.name not in done]
     job = Job(
@@ -66,7 +66,7 @@ def _embed(options: CorpusOptions, plan: Plan) -> tuple[dict[str, dict[str, Any]
     stats = dict(done)
     total = sum(f.rows for f in plan.files)
     with CorpusProgress(total, sum(s.stop - s.start for s in plan.shards if s.name in done), options.progress) as progress:
-        with closing(_engine(options, job, pending, progress)) as items:  # the engine stops before any cleanup
+        with closing(_runner(options, job, pending, progress)) as items:  # the runner stops before any cleanup
             for item in items:
                 stats[item["shard"]] = item
     return stats, len(done)
@@ -84,20 +84,20 @@ def finished_shards(output: Path, plan: Plan) -> dict[str, dict[str, Any]]:
     return done
 
 
-def _engine(options: CorpusOptions, job: Job, pending: list[Shard], progress: CorpusProgress) -> Iterator[dict[str, Any]]:
-    if options.engine == "local":
+def _runner(options: CorpusOptions, job: Job, pending: list[Shard], progress: CorpusProgress) -> Iterator[dict[str, Any]]:
+    if options.runner == "local":
         from .local import run_local
 
         yield from run_local(job, pending, progress)
         return
-    ray_engine = _ray_engine()
-    with ray_engine.ray_session(options.ray_address):
-        yield from ray_engine.run_ray(job, pending, options.workers, progress)
+    ray_runner = _ray_runner()
+    with ray_runner.ray_session(options.ray_address):
+        yield from ray_runner.run_ray(job, pending, options.workers, progress)
 
 
-def _ray_engine() -> Any:
+def _ray_runner() -> Any:
     try:
-        from . import ray_engine
+        from . import ray_runner
     except ImportError as err:
-        raise MissingDependency(f"--engine ray needs Ray Data: pip install 'kvembed[corpus]' ({err})") from None
-    return ray_engine
+        raise MissingDependency(f"--runner ray needs Ray Data: pip install 'kvembed[corpus]' ({err})") from None
+    return ray_runner

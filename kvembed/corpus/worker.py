@@ -1,4 +1,4 @@
-"""One worker's job, the same on both engines: read a shard's rows, embed them, write the shard.
+"""One worker's job, the same on both runners: read a shard's rows, embed them, write the shard.
 
 Texts are embedded a chunk at a time: tokenised once with the artifact's ``TextEncoder`` (their
 token counts and truncation feed the manifest), then embedded by ``Embedder.embed_encoded``, the

@@ -1,12 +1,12 @@
-"""``--engine ray``: the same shard jobs scheduled by Ray Data over an actor pool.
+"""``--runner ray``: the same shard jobs scheduled by Ray Data over an actor pool.
 
 ``ray.data.from_items`` holds one row per pending shard (one block each), and ``map_batches``
 runs :class:`ShardActor`, a callable class that loads the :class:`Embedder` once per actor
 (a fixed pool of ``workers`` actors, ``num_cpus=threads`` each). An actor reads its shard's rows
 with pyarrow (column projection, only the row groups or byte range it needs), embeds them with
 the runtime's length-sorted token-budget batching and writes the shard itself, so shards are
-the same files, named the same way, as ``--engine local`` writes, and ``--resume`` works across
-engines. Ray Data brings the scheduling, actor restarts and task retries on a cluster.
+the same files, named the same way, as ``--runner local`` writes, and ``--resume`` works across
+runners. Ray Data brings the scheduling, actor restarts and task retries on a cluster.
 
 On a cluster the artifact directory, the inputs and ``--output`` must be reachable at the same
 paths from every node (shared storage such as NFS), and kvembed must be installed on every node.
