@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
+from ..errors import MissingDependency
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -46,5 +48,5 @@ class Session(Protocol):
 Probe = Callable[[], "str | None"]
 
 
-class BackendUnavailableError(ValueError):
+class BackendUnavailableError(MissingDependency, ValueError):
     """A backend asked for by name is not present on this machine (the message says what to install)."""
