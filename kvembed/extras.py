@@ -16,7 +16,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     **dict.fromkeys(("fastapi", "starlette", "uvicorn", "prometheus_client"), "serve"),
     "tritonclient": "triton",
     **dict.fromkeys(("pyarrow", "ray"), "corpus"),
-    "mteb": "eval",
+    **dict.fromkeys(("mteb", "sentence_transformers"), "eval"),
     "openvino": "openvino",
     "packaging": "bundle",
 }

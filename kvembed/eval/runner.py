@@ -1,8 +1,10 @@
-"""Run configurations (an artifact, or a model with a method and options) over tasks with mteb.
+"""Run configurations (an artifact, a model with a method and options, or a trained baseline) over
+tasks with mteb.
 
 mteb does the scoring (``mteb.evaluate``, its own result files under ``OUT/mteb``); the model side
-is :class:`kvembed.runtime.mteb.MTEBEncoder` over the runtime ``Embedder`` of an artifact or the
-PyTorch reference ``TorchEmbedder`` of a model. mteb passes the prompt type per task (retrieval:
+is :class:`kvembed.runtime.mteb.MTEBEncoder` over the runtime ``Embedder`` of an artifact, the
+PyTorch reference ``TorchEmbedder`` of a model, or a sentence-transformers model
+(:mod:`kvembed.eval.baseline`). mteb passes the prompt type per task (retrieval:
 queries as ``query``, corpus as ``document``; STS and classification: none, i.e. ``document``) and
 the adapter maps it to kvembed's query/document prompts. Configurations run one after another,
 each embedder released before the next loads.
@@ -28,13 +30,15 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]+")
 
 @dataclass(frozen=True)
 class Configuration:
-    """One column of the comparison: an artifact directory, or a model with a method and options."""
+    """One column of the comparison: an artifact directory, a model with a method and options, or
+    (``baseline``) a trained sentence-transformers model folder to compare the methods with."""
 
     label: str
     source: str
     artifact: bool
     method: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    baseline: bool = False
 
     @property
     def slug(self) -> str:
@@ -42,8 +46,8 @@ class Configuration:
         return _UNSAFE.sub("_", self.label).strip("_") or "config"
 
     def describe(self) -> dict[str, Any]:
-        return {"label": self.label, "source": self.source, "artifact": self.artifact, "method": self.method,
-                "options": dict(self.options)}
+        return {"label": self.label, "source": self.source, "artifact": self.artifact, "baseline": self.baseline,
+                "method": self.method, "options": dict(self.options)}
 
 
 class EvalEncoder(MTEBEncoder):
@@ -52,7 +56,7 @@ class EvalEncoder(MTEBEncoder):
 
     def __init__(self, embedder: Any, config: Configuration, batch_size: int) -> None:
         super().__init__(embedder, name=f"kvembed/{config.slug}", batch_size=batch_size)
-        self.framework = ["ONNX"] if config.artifact else ["PyTorch"]
+        self.framework = ["ONNX"] if config.artifact else ["Sentence Transformers", "PyTorch"] if config.baseline else ["PyTorch"]
 
     @property
     def mteb_model_meta(self) -> Any:
@@ -72,7 +76,11 @@ class ConfigResult:
 
 def load_embedder(config: Configuration, *, provider: str = "auto", threads: int | None = None,
                   max_length: int | None = None) -> Any:
-    """The runtime Embedder of an artifact, or the PyTorch reference of a model."""
+    """The runtime Embedder of an artifact, the PyTorch reference of a model, or a trained baseline."""
+    if config.baseline:
+        from .baseline import BaselineEmbedder
+
+        return BaselineEmbedder.load(config.source, max_length=max_length)
     if config.artifact:
         from ..runtime import Embedder
 
@@ -161,7 +169,7 @@ def environment() -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
     versions = {}
-    for package in ("kvembed", "mteb", "onnxruntime", "torch", "transformers"):
+    for package in ("kvembed", "mteb", "onnxruntime", "torch", "transformers", "sentence-transformers"):
         try:
             versions[package] = version(package)
         except PackageNotFoundError:
