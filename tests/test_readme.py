@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: options whose value a command writes
 WRITES = {"--out", "-o", "--output"}
 #: options whose value a command reads
-READS = {"--input", "-i", "--artifact", "--encoder", "--llm", "--model"}
+READS = {"--input", "-i", "--artifact", "--encoder", "--llm", "--model", "--baseline"}
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z_]{2,}$")
 
 

@@ -30,6 +30,8 @@ def to_json(results: Sequence[ConfigResult], tasks: Sequence[dict[str, Any]], en
 def _options(result: ConfigResult) -> str:
     """The method, its resolved layer set (when it has one) and the options the user set."""
     method = result.method
+    if result.config.baseline:
+        return f"{method['name']}: {method['options'].get('architecture', '?')}"
     parts = [method["name"]]
     if "layers" in method["options"]:
         parts.append(f"layers={format_layers(method['layers'])}")
@@ -51,7 +53,10 @@ def to_markdown(results: Sequence[ConfigResult], tasks: Sequence[dict[str, Any]]
             cells.append(f"**{text}**" if score is not None and score == best[name] and len(results) > 1 else text)
         lines.append(f"| {r.config.label} | {_options(r)} | " + " | ".join(cells) + " |")
     sizes = "; ".join(f"{t['name']}: {t['size']}" for t in tasks)
-    return "\n".join(lines) + f"\n\nTasks: {sizes}. Scores by mteb (main score of the test split).\n"
+    trained = [r.config.label for r in results if r.config.baseline]
+    note = (f" {', '.join(trained)}: trained embedder(s) run by sentence-transformers, for comparison with the "
+            f"training-free methods." if trained else "")
+    return "\n".join(lines) + f"\n\nTasks: {sizes}. Scores by mteb (main score of the test split).{note}\n"
 
 
 def chart(results: Sequence[ConfigResult], tasks: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
@@ -76,6 +81,9 @@ def chart(results: Sequence[ConfigResult], tasks: Sequence[dict[str, Any]], path
                 ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:.3f}", va="center", fontsize=7)
     ax.set_yticks(positions)
     ax.set_yticklabels([r.config.label for r in results], fontsize=8)
+    for tick, r in zip(ax.get_yticklabels(), results):
+        if r.config.baseline:  # trained models stand apart from the training-free methods
+            tick.set_fontstyle("italic")
     ax.invert_yaxis()
     low = min([0.0, *(r.scores[n]["main_score"] for r in results for n in names if n in r.scores)])
     ax.set_xlim(low - 0.05 if low < 0 else 0.0, 1.08)
