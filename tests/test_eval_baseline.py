@@ -128,6 +128,12 @@ def test_a_folder_that_is_not_a_sentence_transformers_model_fails_in_one_line(tm
     one_line_error(run("--task", "sample-sts", "--baseline", str(tmp_path / "nowhere"), "--out", str(out)),
                    "no such folder", "all-minilm-l6-v2")
     assert not out.exists()
+    if installed("sentence_transformers"):  # modules.json but nothing loadable: refused when it loads
+        (folder / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "",
+                                                          "type": "sentence_transformers.models.Transformer"}]))
+        result = run("--task", "sample-sts", "--baseline", str(folder), "--out", str(out))
+        assert result.exit_code == 2, result.output
+        assert "error: --baseline" in result.output and "sentence-transformers cannot load it" in result.output
 
 
 def test_missing_packages_are_named_in_one_line(tmp_path, monkeypatch):

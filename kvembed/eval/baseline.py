@@ -156,8 +156,13 @@ class BaselineEmbedder:
             raise MissingDependency(f"--baseline needs sentence-transformers ({err}): {INSTALL_ST}") from None
         from ..modeling.quiet import quiet_transformers
 
-        with quiet_transformers():
-            model = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+        try:
+            with quiet_transformers():
+                model = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+        except (OSError, ValueError, KeyError, RuntimeError) as err:  # a damaged folder: one line, not a traceback
+            detail = " ".join(str(err).split())[:200] or type(err).__name__
+            raise InvalidInput(f"--baseline {str(folder)!r}: sentence-transformers cannot load it "
+                               f"({type(err).__name__}: {detail})") from None
         if max_length is not None and max_length < model.max_seq_length:
             model.max_seq_length = max_length
         return cls(model, Path(folder))

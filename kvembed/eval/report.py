@@ -90,7 +90,7 @@ def chart(results: Sequence[ConfigResult], tasks: Sequence[dict[str, Any]], path
     ax.axvline(0.0, color="black", linewidth=0.6)
     ax.set_xlabel("mteb main score")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="best")  # a trained baseline fills the lower right corner
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
