@@ -127,6 +127,8 @@ def test_a_folder_that_is_not_a_sentence_transformers_model_fails_in_one_line(tm
                    "not a sentence-transformers model folder", "modules.json")
     one_line_error(run("--task", "sample-sts", "--baseline", str(tmp_path / "nowhere"), "--out", str(out)),
                    "no such folder", "all-minilm-l6-v2")
+    one_line_error(run("--task", "sample-sts", "--config", "mean", "--baseline", str(folder), "--out", str(out)),
+                   "apply to model sources")
     assert not out.exists()
     if installed("sentence_transformers"):  # modules.json but nothing loadable: refused when it loads
         (folder / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "",

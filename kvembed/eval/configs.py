@@ -56,6 +56,9 @@ def plan(
     if not sources and not baselines:
         raise InvalidInput("give at least one artifact directory or model to evaluate (kvembed eval SOURCE --task FILE), "
                            "or a trained model with --baseline DIR")
+    if not sources and (configs or method is not None or options):
+        raise InvalidInput("--config, --method and the option flags apply to model sources, not to --baseline; "
+                           "give a model or artifact to evaluate beside the baseline")
     if configs and (method is not None or options):
         raise InvalidInput("give either --config (one per configuration) or --method with option flags, not both")
     requests = [parse_config(text) for text in configs]
