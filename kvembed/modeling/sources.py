@@ -105,6 +105,9 @@ def cached_snapshot(hub_id: str, revision: str | None = None) -> str | None:
 def locate_model(model: str | os.PathLike[str], revision: str | None = None) -> ModelSource:
     """Resolve what a user typed to a :class:`ModelSource`, failing within seconds when nothing is there."""
     text = str(model)
+    from .packaged import ensure_packaged
+
+    ensure_packaged(text)  # a multi-part packaged GGUF: joined into the cache once
     location, preset_id = resolve_model(text)
     path = Path(location).expanduser()
     if path.suffix.lower() == ".gguf" and not path.is_file():
