@@ -1,0 +1,112 @@
+"""Gemma 3 (``gemma3_text``): kvembed's reference against the independent oracle on tiny random
+Gemma 3 models with sliding-window and global layers (each with its own RoPE base), a query
+scale that is not head_dim's, Gemma's ``1 + w`` norms and texts longer than the window; and the
+real Gemma 3 270M (GGUF, from its pip packages) when installed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from checks import assert_matches_oracle
+from conftest import TEXTS
+from independent import Oracle
+from kvembed.methods import demo_model_path
+from kvembed.modeling.reference import TorchEmbedder
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+#: the tiny model's window in tokens: shorter than every prompt below, so each runs past it
+WINDOW = 6
+LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+LONG = TEXTS + ["A long text about " + "cats and dogs and birds, " * 4 + "the end."]
+
+VARIANTS = [
+    ("last-token", {}),
+    ("mean", {}),
+    ("kv-embedding", {"layers": "0-4"}),
+    ("kv-embedding", {"layers": "0,2", "num_prefix": 2, "prefix_rope": "zero", "bias": 0.0}),
+    ("kv-embedding", {"layers": "1-3", "pooling": "last", "num_prefix": 3, "bias": 2.5, "prefix_rope": "zero"}),
+    ("va", {"layers": "0,2"}),
+    ("aligned-wva", {"layers": "1-3"}),
+    ("aligned-wva", {"layers": "2-4", "wva": True}),
+    ("token-prepending", {"tp_start": 0, "tp_stop": 3, "exit_layer": 4}),
+    ("prompteol", {}),
+    ("echo", {}),
+]
+
+
+def tiny_gemma3_config():
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=len(LAYER_TYPES), num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=256, initializer_range=0.1,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, query_pre_attn_scalar=24, sliding_window=WINDOW,
+        layer_types=LAYER_TYPES, tie_word_embeddings=True,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def gemma_folder(tmp_path_factory) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("gemma3")
+    torch.manual_seed(7)
+    model = AutoModelForCausalLM.from_config(tiny_gemma3_config())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(-0.5, 0.5)  # Gemma scales by 1 + w
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo_model_path() / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gemma_oracle(gemma_folder) -> Oracle:
+    return Oracle(gemma_folder)
+
+
+@pytest.mark.parametrize("method,options", VARIANTS, ids=[f"{m}-{i}" for i, (m, _) in enumerate(VARIANTS)])
+def test_gemma3_matches_the_oracle(gemma_folder, gemma_oracle, method, options):
+    emb = TorchEmbedder.from_pretrained(gemma_folder, method, **options)
+    emb.padding_side = "right"
+    encode = lambda texts, kind: emb.encode(texts, kind=kind, batch_size=4)  # noqa: E731
+    assert_matches_oracle(encode, gemma_oracle, method, LONG, what="gemma3", **options)
+
+
+def test_the_tiny_gemma3_runs_past_its_window_in_both_kinds_of_layer(gemma_oracle):
+    """The test prompts are longer than the window, and both layer kinds are present."""
+    ids = gemma_oracle.tokenize("kv-embedding", LONG[-1]).ids
+    assert len(ids) > 4 * WINDOW
+    assert {"sliding_attention", "full_attention"} == set(gemma_oracle.config["layer_types"])
+
+
+def test_the_prefix_stays_visible_past_the_window(gemma_folder, gemma_oracle):
+    """Re-routing only sliding layers still changes the first token of a long text (it sees the
+    prefix, far outside its window), as the oracle says."""
+    text = LONG[-1]
+    plain = gemma_oracle.embed("kv-embedding", text, layers="none", pooling="mean")
+    rerouted = gemma_oracle.embed("kv-embedding", text, layers="0,2,3", pooling="mean")
+    assert not np.allclose(plain, rerouted)
+    emb = TorchEmbedder.from_pretrained(gemma_folder, "kv-embedding", layers="0,2,3", pooling="mean")
+    assert float(emb.encode([text])[0] @ rerouted) > 0.99999
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+def test_gemma3_padding_invariance(gemma_folder, padding_side):
+    emb = TorchEmbedder.from_pretrained(gemma_folder, "kv-embedding", layers="0-4", prefix_rope="zero")
+    emb.padding_side = padding_side
+    batched = emb.encode(LONG, batch_size=len(LONG))
+    single = np.stack([emb.encode([t])[0] for t in LONG])
+    assert np.abs(batched - single).max() < 1e-5
