@@ -110,3 +110,41 @@ def test_gemma3_padding_invariance(gemma_folder, padding_side):
     batched = emb.encode(LONG, batch_size=len(LONG))
     single = np.stack([emb.encode([t])[0] for t in LONG])
     assert np.abs(batched - single).max() < 1e-5
+
+
+# ----- the real Gemma 3 270M (Q4_K_M GGUF from its five pip packages) -------------------------
+
+
+@pytest.fixture(scope="module")
+def gemma270m() -> TorchEmbedder:
+    from kvembed.methods.models import packaged_part_files
+
+    try:
+        packaged_part_files("gemma3-270m")
+    except FileNotFoundError as err:  # pragma: no cover - depends on the machine
+        pytest.skip(f"the Gemma 3 270M packages are not installed ({err})")
+    pytest.importorskip("gguf", reason="the gguf package (kvembed[gguf]) is not installed")
+    return TorchEmbedder.from_pretrained("gemma3-270m", "kv-embedding", max_length=700)
+
+
+def test_real_gemma3_270m_loads_from_gguf_and_matches_the_oracle(gemma270m):
+    """The dequantized folder kvembed loads, read by the oracle itself: the default kv-embedding
+    on a short text and on one longer than the 512-token window."""
+    config = gemma270m.model.decoder.config
+    assert config.model_type == "gemma3_text" and config.sliding_window == 512
+    assert {"sliding_attention", "full_attention"} == set(config.layer_types)
+    assert (Path(gemma270m.location) / "kvembed-gguf.json").is_file()  # the dequantized cache folder
+    oracle = Oracle(gemma270m.location)
+    long_text = "The history of the city, told street by street: " + "old houses, a river, a market, " * 60
+    assert len(oracle.tokenize("kv-embedding", long_text).ids) > 512
+    layers = ",".join(map(str, gemma270m.model.method.layers))
+    texts = ["The cat sat on the mat.", long_text]
+    assert_matches_oracle(
+        lambda t, kind: gemma270m.encode(t, kind=kind, batch_size=2), oracle, "kv-embedding", texts,
+        kinds=("document",), what="gemma3-270m", layers=layers,
+    )
+
+
+def test_real_gemma3_270m_has_real_semantics(gemma270m):
+    v = gemma270m.encode(["The cat sat on the mat.", "A kitten was sitting on the rug.", "Stock markets fell sharply today."])
+    assert v[0] @ v[1] > v[0] @ v[2]
