@@ -11,7 +11,11 @@ code, so a test comparing kvembed against it takes nothing from the code under t
 token ids, placeholder index, pooling span, resolved options or loaded weights.
 
 Supported architectures: Llama, Mistral (sliding-window attention), Qwen2 (q/k/v biases), Qwen3
-(per-head q_norm/k_norm). RoPE: "default" and "llama3" frequency scaling. The result of
+(per-head q_norm/k_norm), Gemma 3 (``gemma3_text``, written from transformers'
+``models/gemma3/modeling_gemma3.py``: embeddings times sqrt(hidden), RMSNorm weights as ``1 + w``,
+q/k norms, a norm on the attention output and around the GELU-tanh MLP, attention scale
+``query_pre_attn_scalar ** -0.5``, sliding-window and global layers from ``layer_types`` each
+with its own RoPE base). RoPE: "default" and "llama3" frequency scaling. The result of
 :meth:`Oracle.embed` is a float32, L2-normalised 1-D numpy array.
 """
 
@@ -142,9 +146,23 @@ class _Hparams:
         if self.n_heads % self.n_kv:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         self.group = self.n_heads // self.n_kv
-        if config.get("hidden_act", "silu") not in ("silu", "swish"):
+        self.gemma = config.get("model_type") == "gemma3_text"
+        #: per layer: "full_attention" or "sliding_attention" (Gemma 3); None: every layer alike
+        self.layer_types = config.get("layer_types") if self.gemma else None
+        self.attn_scale = (config["query_pre_attn_scalar"] if self.gemma else self.head_dim) ** -0.5
+        self.embed_scale = math.sqrt(self.hidden) if self.gemma else 1.0
+        if self.gemma:
+            if config.get("hidden_activation") != "gelu_pytorch_tanh":
+                raise NotImplementedError(f"hidden_activation {config.get('hidden_activation')!r}")
+            if config.get("attn_logit_softcapping") is not None or config.get("use_bidirectional_attention"):
+                raise NotImplementedError("attention soft-capping or bidirectional attention")
+            self.rope_by_type = {kind: float(p["rope_theta"]) for kind, p in config["rope_parameters"].items()}
+            for p in config["rope_parameters"].values():
+                if p.get("rope_type", "default") != "default":
+                    raise NotImplementedError(f"rope_type {p['rope_type']!r}")
+        elif config.get("hidden_act", "silu") not in ("silu", "swish"):
             raise NotImplementedError(f"hidden_act {config['hidden_act']!r}")
-        rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
+        rope = {} if self.gemma else {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
         self.rope_theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
         self.rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
         self.rope = rope
@@ -160,9 +178,16 @@ class _Hparams:
         if self.sliding_window is not None and config.get("model_type") == "qwen2":
             raise NotImplementedError("Qwen2's per-layer sliding window (max_window_layers)")
 
-    def inv_freq(self) -> torch.Tensor:
+    def window(self, layer: int) -> int | None:
+        """The attention window of ``layer`` in tokens, None for global attention."""
+        if self.layer_types is not None:
+            return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+        return self.sliding_window
+
+    def inv_freq(self, layer: int = 0) -> torch.Tensor:
         d = self.head_dim
-        inv = 1.0 / (self.rope_theta ** (torch.arange(0, d, 2, dtype=_DT) / d))
+        theta = self.rope_by_type[self.layer_types[layer]] if self.layer_types is not None else self.rope_theta
+        inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=_DT) / d))
         if self.rope_type == "llama3":
             # Llama-3.1 frequency scaling: long wavelengths divided by `factor`, short ones kept,
             # smooth interpolation in between.
@@ -207,7 +232,7 @@ def _apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
 class _Layer:
     """The float64 weights of one decoder layer (converted lazily, one layer at a time)."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], index: int):
+    def __init__(self, weights: dict[str, torch.Tensor], index: int, gemma: bool = False):
         prefix = f"layers.{index}."
 
         def get(name, required=True):
@@ -216,10 +241,13 @@ class _Layer:
                 if required:
                     raise KeyError(prefix + name)
                 return None
-            return t.to(_DT)
+            t = t.to(_DT)
+            return t + 1.0 if gemma and name.endswith("norm.weight") else t  # Gemma scales by 1 + w
 
         self.ln1 = get("input_layernorm.weight")
         self.ln2 = get("post_attention_layernorm.weight")
+        self.pre_ff = get("pre_feedforward_layernorm.weight", gemma)  # Gemma 3 only
+        self.post_ff = get("post_feedforward_layernorm.weight", gemma)
         self.wq, self.bq = get("self_attn.q_proj.weight"), get("self_attn.q_proj.bias", False)
         self.wk, self.bk = get("self_attn.k_proj.weight"), get("self_attn.k_proj.bias", False)
         self.wv, self.bv = get("self_attn.v_proj.weight"), get("self_attn.v_proj.bias", False)
@@ -268,24 +296,28 @@ def _forward(
         raise ValueError("empty ids")
     d, H = hp.head_dim, hp.hidden
     last = n - 1
-    inv_freq = hp.inv_freq()
     positions = torch.arange(n)
-    scale = 1.0 / math.sqrt(d)
+    scale = hp.attn_scale
 
     # token embeddings; the <PST> placeholder (an id outside the vocabulary) gets the zero vector
     lookup = [0 if i == pst_index else t for i, t in enumerate(ids)]
-    x = weights["embed_tokens.weight"][torch.tensor(lookup, dtype=torch.long)].to(_DT).clone()
+    x = weights["embed_tokens.weight"][torch.tensor(lookup, dtype=torch.long)].to(_DT) * hp.embed_scale
     if pst_index is not None:
         x[pst_index] = 0.0
 
     # causal mask: key j visible to query i iff j <= i (and, with a sliding window W, i - j < W)
-    causal = torch.ones(n, n, dtype=torch.bool).tril()
-    if hp.sliding_window is not None:
-        causal &= ~torch.ones(n, n, dtype=torch.bool).tril(-hp.sliding_window)
+    # (the prefix columns below are outside the window: visible to every query)
+    def causal_mask(window: int | None) -> torch.Tensor:
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        if window is not None:
+            causal &= ~torch.ones(n, n, dtype=torch.bool).tril(-window)
+        return causal
 
     hidden, values, attn_pre_o, attn_out = [], [], [], []
     for l in range(n_layers_to_run):
-        W = _Layer(weights, l)
+        W = _Layer(weights, l, hp.gemma)
+        inv_freq = hp.inv_freq(l)
+        causal = causal_mask(hp.window(l))
 
         # token prepending: overwrite the placeholder's residual stream with the last token's
         if l in tp_window:
@@ -339,21 +371,33 @@ def _forward(
         attn_pre_o.append(concat)
         a = _linear(concat, W.wo, W.bo)  # [n, H]
         attn_out.append(a)
-        x = x + a
+        if hp.gemma:  # Gemma: norm the attention output, then norms around the MLP
+            x = x + _rms_norm(a, W.ln2, hp.eps)
+            h = _rms_norm(x, W.pre_ff, hp.eps)
+        else:
+            x = x + a
+            h = _rms_norm(x, W.ln2, hp.eps)
 
-        # ---- SwiGLU MLP ----
-        h = _rms_norm(x, W.ln2, hp.eps)
+        # ---- gated MLP: SwiGLU, or GELU-tanh for Gemma ----
         gate = _linear(h, W.w_gate, W.b_gate)
         up = _linear(h, W.w_up, W.b_up)
-        x = x + _linear(torch.nn.functional.silu(gate) * up, W.w_down, W.b_down)
+        act = _gelu_tanh(gate) if hp.gemma else torch.nn.functional.silu(gate)
+        down = _linear(act * up, W.w_down, W.b_down)
+        x = x + (_rms_norm(down, W.post_ff, hp.eps) if hp.gemma else down)
         assert x.shape == (n, H)
 
     hidden.append(x)
     return {"hidden": hidden, "values": values, "attn_pre_o": attn_pre_o, "attn_out": attn_out}
 
 
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU, tanh approximation (transformers' ``gelu_pytorch_tanh``)."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
 def _final_norm(weights, hp, x):
-    return _rms_norm(x, weights["norm.weight"].to(_DT), hp.eps)
+    w = weights["norm.weight"].to(_DT)
+    return _rms_norm(x, w + 1.0 if hp.gemma else w, hp.eps)
 
 
 def _normalize(vec: torch.Tensor) -> np.ndarray:

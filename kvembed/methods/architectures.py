@@ -5,6 +5,15 @@ All supported architectures share the Llama layout: ``model.layers[i].self_attn.
 ``model.embed_tokens``, ``model.norm``, ``model.rotary_emb``, decoder layers taking the hidden
 state as first argument. Qwen3 adds per-head ``q_norm``/``k_norm`` (applied before RoPE, so the
 keys our attention function receives are already normed and rotated); Qwen2 adds q/k/v biases.
+
+Gemma 3 (``gemma3_text``) keeps that layout and adds: q/k norms as Qwen3; an ``embed_tokens``
+that multiplies by sqrt(hidden_size) itself; pre/post feed-forward norms around a GELU-tanh MLP
+(``hidden_activation``); the attention scale ``query_pre_attn_scalar ** -0.5`` (passed to the
+attention function as ``scaling``); sliding-window layers interleaved with global ones
+(``layer_types``), each kind with its own RoPE base. A re-routed prefix is an extra key/value
+column in front of the sequence with its own mask, so in a sliding-window layer every query
+still sees it, however far the text runs past the window: the method defines the prefix as
+visible to all positions, and the window only limits the sequence's own keys.
 """
 
 from __future__ import annotations
@@ -19,6 +28,19 @@ from ..errors import InvalidInput
 class Architecture:
     model_type: str
     qk_norm: bool = False
+    #: the config attribute naming the MLP activation, and the values kvembed supports
+    activation_field: str = "hidden_act"
+    activations: tuple[str, ...] = ("silu", "swish")
+    #: ``config.layer_types`` mixes sliding-window and global layers, each with its own RoPE
+    per_layer_window: bool = False
+    #: ``embed_tokens`` multiplies its rows by sqrt(hidden_size)
+    scaled_embeddings: bool = False
+    #: extra norms after attention and around the MLP (Gemma's sandwich norms)
+    sandwich_norms: bool = False
+
+    def activation(self, config: Any) -> str:
+        value = config.get(self.activation_field) if isinstance(config, dict) else getattr(config, self.activation_field, None)
+        return self.activations[0] if value is None else value
 
 
 SUPPORTED: dict[str, Architecture] = {
@@ -26,17 +48,35 @@ SUPPORTED: dict[str, Architecture] = {
     "mistral": Architecture("mistral"),
     "qwen2": Architecture("qwen2"),
     "qwen3": Architecture("qwen3", qk_norm=True),
+    "gemma3_text": Architecture(
+        "gemma3_text", qk_norm=True, activation_field="hidden_activation",
+        activations=("gelu_pytorch_tanh",), per_layer_window=True, scaled_embeddings=True, sandwich_norms=True,
+    ),
 }
 
 
+def _field(config: Any, name: str) -> Any:
+    return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+
+
 def architecture_of(config: Any) -> Architecture:
-    """The :class:`Architecture` of a transformers config, or an InvalidInput listing the supported ones."""
-    model_type = getattr(config, "model_type", None)
+    """The :class:`Architecture` of a transformers config (or a ``config.json`` dict), or an
+    InvalidInput listing the supported ones."""
+    model_type = _field(config, "model_type")
     if model_type not in SUPPORTED:
         raise InvalidInput(
             f"unsupported architecture {model_type!r}: kvembed supports "
             f"{', '.join(sorted(SUPPORTED))} (decoder-only models with the Llama layout)"
         )
-    if getattr(config, "hidden_act", "silu") not in ("silu", "swish"):
-        raise InvalidInput(f"unsupported activation {config.hidden_act!r} for {model_type}; expected silu")
-    return SUPPORTED[model_type]
+    arch = SUPPORTED[model_type]
+    activation = arch.activation(config)
+    if activation not in arch.activations:
+        raise InvalidInput(
+            f"unsupported activation {activation!r} for {model_type}; expected {' or '.join(arch.activations)}"
+        )
+    if arch.per_layer_window:
+        if _field(config, "use_bidirectional_attention"):
+            raise InvalidInput(f"{model_type} with use_bidirectional_attention is not a causal decoder; kvembed needs one")
+        if _field(config, "attn_logit_softcapping") is not None:
+            raise InvalidInput(f"{model_type} with attn_logit_softcapping is not supported (the SDPA path has no soft-capping)")
+    return arch

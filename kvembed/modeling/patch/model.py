@@ -289,13 +289,19 @@ class EmbeddingModel(nn.Module):
         low = torch.finfo(embeds.dtype).min
         bias = torch.full((), float(options["bias"]), dtype=embeds.dtype, device=embeds.device)
         prefix_mask = torch.where(valid, bias, low)[:, None, None, :]
-        cos = sin = None
-        if options["prefix_rope"] == "zero":
-            rotary = self.decoder.rotary_emb
-            cos, sin = rotary(embeds, position_ids.gather(1, index))
+        if options["prefix_rope"] != "zero":
+            return PrefixInputs(index=index, mask=prefix_mask)
+        rotary, positions = self.decoder.rotary_emb, position_ids.gather(1, index)
+        if not self.architecture.per_layer_window:
+            cos, sin = rotary(embeds, positions)
             scale = float(getattr(rotary, "attention_scaling", 1.0))
-            cos, sin = cos / scale, sin / scale
-        return PrefixInputs(index=index, mask=prefix_mask, cos=cos, sin=sin)
+            return PrefixInputs(index=index, mask=prefix_mask, cos=cos / scale, sin=sin / scale)
+        by_type = {}
+        for layer_type in sorted(set(self.decoder.config.layer_types)):
+            cos, sin = rotary(embeds, positions, layer_type)
+            scale = float(getattr(rotary, f"{layer_type}_attention_scaling", 1.0))
+            by_type[layer_type] = (cos / scale, sin / scale)
+        return PrefixInputs(index=index, mask=prefix_mask, rope_by_type=by_type)
 
     @staticmethod
     def _readout(
