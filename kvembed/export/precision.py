@@ -16,8 +16,9 @@ blocked node an island, casting each output back to fp16 even when only fp32 nod
 the mask's float32-min constant becomes -inf on the way and fully padded rows turn into NaN; it
 also emits duplicate Cast outputs and unsorted nodes when a node block list is given.
 
-int8: ``onnxruntime.quantization.quantize_dynamic`` on MatMul weights (int8 per output channel,
-in a 7-bit range; activations uint8, dynamic per tensor), after a recipe of :data:`INT8_RECIPES`.
+int8: dynamic quantisation of the MatMul weights as onnxruntime's ``quantize_dynamic`` writes it
+(int8 per output channel, in a 7-bit range; activations uint8, dynamic per tensor), computed one
+weight at a time by :mod:`kvembed.export.quantize`, after a recipe of :data:`INT8_RECIPES`.
 Random weights quantise well as they are; trained LLMs do not (with every MatMul quantised they
 miss the gate), because a few channels carry activations tens to thousands of times the median. The default recipes calibrate on the built-in calibration texts, fold
 SmoothQuant into the weights (:mod:`kvembed.export.smoothing`) and keep fp32 the few MatMuls whose
@@ -40,8 +41,6 @@ fp32 or fp16 artifact and let TensorRT pick precisions).
 
 from __future__ import annotations
 
-import contextlib
-import logging
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -364,72 +363,63 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
     activation ranges once measured, so a fallback recipe does not run the fp32 graph again.
     ``step(detail)`` is told as each part (calibrating, smoothing, quantising) begins, and
     ``advance(done, total)`` each part's share done."""
-    import tempfile
-
     import onnx
-    from onnxruntime.quantization import QuantType
 
-    from .quantize import quantize_dynamic_streamed
-    from .smoothing import activation_ranges, massive_input_nodes, smooth_file, smoothable_groups
+    from .quantize import WeightFormat, quantize_matmuls
+    from .smoothing import activation_ranges, apply_steps, massive_input_nodes, smoothable_groups, smoothing_plan_from_file
 
     plan = recipe if isinstance(recipe, Int8Recipe) else INT8_RECIPES[recipe]
     facts: dict[str, Any] = {"recipe": plan.name, "recipe_summary": plan.summary}
-    with tempfile.TemporaryDirectory(prefix=".kvembed-int8-", dir=target.parent) as work:
-        quantize_from, keep = source, []
-        if plan.calibrated or plan.keep_down:
-            groups = smoothable_groups(onnx.load(str(source), load_external_data=False))
-        if plan.calibrated or (plan.keep_down and plan.down_spread):
-            if calibration is None:
-                raise ValueError(f"int8 recipe {plan.name} needs calibration batches")
-            if ranges is None or "activations" not in ranges:
-                if step is not None:
-                    step(f"calibrating: the fp32 graph on {len(calibration)} batches")
-                measured = activation_ranges(source, groups, calibration, advance)
-                if ranges is not None:
-                    ranges["activations"] = measured
-            else:
-                measured = ranges["activations"]
-        if plan.keep_down:
-            keep += massive_input_nodes([g for g in groups if g.fold_kind == "columns"], measured, plan.down_spread) \
-                if plan.down_spread else [n for g in groups if g.fold_kind == "columns" for n in g.nodes]
-        if plan.calibrated and plan.massive_spread is not None:
-            keep += massive_input_nodes(groups, measured, plan.massive_spread)
-        if ranges is not None:  # a recipe that would write a graph already tried gives the same gate result
-            made = ranges.setdefault("graphs", {})
-            signature = (plan.smooth_alpha, plan.weights, tuple(sorted(set(keep))))
-            if signature in made:
-                raise SameGraphError(plan.name, made[signature])
-            made[signature] = plan.name
-        if plan.calibrated:
-            if plan.smooth_alpha is not None:
-                if step is not None:
-                    step(f"smoothing: SmoothQuant folded into the weights (recipe {plan.name})")
-                quantize_from = Path(work) / source.name
-                smooth_file(source, quantize_from, groups, measured, plan.smooth_alpha, advance)
-            facts.update({"smoothquant_alpha": plan.smooth_alpha, "smoothed_activations": len(groups) if plan.smooth_alpha else 0,
-                          "calibration_batches": len(calibration)})
-        if step is not None:
-            step(f"quantising: onnxruntime dynamic int8, a slice at a time (recipe {plan.name})")
-        with _quiet_logging():
-            sliced = quantize_dynamic_streamed(
-                quantize_from,
-                target,
-                # int8 weights in 7 bits by default: no int16 saturation on CPUs without VNNI (module docstring)
-                weight_type=QuantType.QUInt8 if plan.weights == "u8" else QuantType.QInt8,
-                reduce_range=plan.weights == "s7",
-                per_channel=True,
-                nodes_to_exclude=sorted(set(keep)),
-                extra_options={"MatMulConstBOnly": True},
-                advance=advance,
-            )
+    keep: list[str] = []
+    if plan.calibrated or plan.keep_down:
+        groups = smoothable_groups(onnx.load(str(source), load_external_data=False))
+    if plan.calibrated or (plan.keep_down and plan.down_spread):
+        if calibration is None:
+            raise ValueError(f"int8 recipe {plan.name} needs calibration batches")
+        if ranges is None or "activations" not in ranges:
+            if step is not None:
+                step(f"calibrating: the fp32 graph on {len(calibration)} batches")
+            measured = activation_ranges(source, groups, calibration, advance)
+            if ranges is not None:
+                ranges["activations"] = measured
+        else:
+            measured = ranges["activations"]
+    if plan.keep_down:
+        keep += massive_input_nodes([g for g in groups if g.fold_kind == "columns"], measured, plan.down_spread) \
+            if plan.down_spread else [n for g in groups if g.fold_kind == "columns" for n in g.nodes]
+    if plan.calibrated and plan.massive_spread is not None:
+        keep += massive_input_nodes(groups, measured, plan.massive_spread)
+    if ranges is not None:  # a recipe that would write a graph already tried gives the same gate result
+        made = ranges.setdefault("graphs", {})
+        signature = (plan.smooth_alpha, plan.weights, tuple(sorted(set(keep))))
+        if signature in made:
+            raise SameGraphError(plan.name, made[signature])
+        made[signature] = plan.name
+    folds: dict[str, Callable[[Any], Any]] = {}
+    if plan.calibrated:
+        if plan.smooth_alpha is not None:
+            if step is not None:
+                step(f"smoothing: SmoothQuant's factors from the weights (recipe {plan.name})")
+            smoothing = smoothing_plan_from_file(source, groups, measured, plan.smooth_alpha)
+            folds = {name: (lambda value, steps=steps: apply_steps(value.astype("float32"), steps))
+                     for name, steps in smoothing.items()}
+        facts.update({"smoothquant_alpha": plan.smooth_alpha, "smoothed_activations": len(groups) if plan.smooth_alpha else 0,
+                      "calibration_batches": len(calibration)})
+    if step is not None:
+        step(f"quantising: dynamic int8 per channel, one weight at a time{' with smoothing folded in' if folds else ''} "
+             f"(recipe {plan.name})")
+    # int8 weights in 7 bits by default: no int16 saturation on CPUs without VNNI (module docstring)
+    fmt = WeightFormat(signed=plan.weights != "u8", reduce_range=plan.weights == "s7")
+    counts = quantize_matmuls(source, target, fmt, exclude=sorted(set(keep)), steps=folds, advance=advance)
     facts.update({
-        "method": "onnxruntime.quantization.quantize_dynamic(MatMul, per_channel=True, "
-                  f"{'QUInt8' if plan.weights == 'u8' else 'QInt8'} weights{', reduce_range=True' if plan.weights == 's7' else ''})",
+        "method": "dynamic int8 MatMuls as onnxruntime.quantization.quantize_dynamic(MatMul, per_channel=True, "
+                  f"{'QUInt8' if plan.weights == 'u8' else 'QInt8'} weights{', reduce_range=True' if plan.weights == 's7' else ''}) "
+                  "writes them (kvembed.export.quantize, bitwise equal)",
         "weight_type": {"u8": "uint8", "s8": "int8", "s7": "int8 (7-bit range)"}[plan.weights],
         "per_channel": True,
         "activations": "uint8, dynamic per-tensor (DynamicQuantizeLinear)",
         "fp32_matmuls": len(set(keep)),
-        "quantized_in_slices": sliced["slices"],  # the weights are quantised a slice at a time (kvembed.export.quantize)
+        "quantized_matmuls": counts["quantized_matmuls"],
     })
     facts["external_data"] = settle_layout(target)
     return facts
@@ -515,14 +505,3 @@ def _check_io_types(model: Any) -> None:
     for value in model.graph.output:
         if value.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
             raise RuntimeError(f"fp16 conversion changed output {value.name} away from float32")
-
-
-@contextlib.contextmanager
-def _quiet_logging():
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        root.setLevel(level)
