@@ -128,7 +128,10 @@ def export_command(
         None, "--also", help="Add the outputs of another method read from the same forward pass: "
         "METHOD[:option=value...] or LABEL=METHOD[:...], e.g. 'mean', 'va:layers=8-12'; repeatable.",
     ),
-    precision: str = typer.Option("fp32", "--precision", help="fp32, fp16 or int8."),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, fp16, bf16 (the fp32 graph, gated and run on OpenVINO with the bf16 hint; needs a CPU with BF16) or int8."),
+    certify_emulated: bool = typer.Option(
+        False, "--certify-emulated", help="bf16 on a CPU without BF16: gate it as OpenVINO runs it there (f32) and say so in its certificate, instead of refusing.",
+    ),
     int8_recipe: str = typer.Option(
         "auto", "--int8-recipe", help="int8 only: smooth (SmoothQuant, MatMuls with massive inputs kept fp32), "
         "smooth-keep-wide-down (also the down_projs with the widest inputs fp32), smooth-keep-down (every down_proj "
@@ -149,6 +152,7 @@ def export_command(
     ),
 ) -> None:
     """Export MODEL computing METHOD as an ONNX artifact in OUT, gated on parity with PyTorch."""
+    from ..export.certify import check_gate_here
     from ..export.core import check_output
     from ..export.precision import check_int8_recipe, check_precision
 
@@ -163,6 +167,7 @@ def export_command(
         for item in also or []:
             get_method(parse_also(item).method)
         check_int8_recipe(int8_recipe, check_precision(precision))
+        check_gate_here(check_precision(precision), certify_emulated)
         check_output(out, force)
         resolve_attention(attention, opset)
         check_model(model, method, options, list(also or []))
@@ -184,7 +189,7 @@ def export_command(
             return export_result(
                 model, method, out, precision, max_length=max_length, opset=opset, attention=attention, force=force,
                 padding_side=padding_side, optimize=not no_optimize, progress=display, also=list(also or []),
-                int8_recipe=int8_recipe, check_memory=not skip_memory_check, **options,
+                int8_recipe=int8_recipe, check_memory=not skip_memory_check, certify_emulated=certify_emulated, **options,
             )
 
     start = time.monotonic()

@@ -388,8 +388,10 @@ def export_memory_check(model: Any, method: str, precision: str, **method_option
     also = {} if auto else resolve_also(resolved, list(method_options.get("also") or ()), preset_id)
     layers_needed = max([resolved.layers_needed, *(m.layers_needed for m in also.values())])
     dtype = config.get("torch_dtype") or config.get("dtype")
+    precision = str(precision).strip().lower()
+    # a bf16 export writes and gates the fp32 graph (its OpenVINO compile in the gate is not modelled)
     estimate = estimate_export_peak(
-        config, str(precision).strip().lower(), layers_needed=layers_needed,
+        config, "fp32" if precision == "bf16" else precision, layers_needed=layers_needed,
         source_dtype=None if gguf else dtype, gguf=gguf,
     )
     check_export_memory(estimate, available_memory(), precision=estimate.precision)
