@@ -1,5 +1,5 @@
-"""The int8 artifact's token-embedding table: int8 rows with an fp32 scale per row, gathered
-then dequantised in the graph; the fp16 artifact's table is fp16. Checked from the written files
+"""The int8 artifact's token-embedding table: int8 rows with an fp32 scale per row after the
+columns are equalised (fp32 factors per column), gathered then dequantised in the graph; the fp16 artifact's table is fp16. Checked from the written files
 against a numpy quantisation of the model's own fp32 table, and on onnxruntime and OpenVINO
 against the independent oracle, on a tied (the demo model) and an untied (tiny Llama) model."""
 
@@ -53,7 +53,7 @@ def test_the_int8_table_holds_each_row_at_8_bits_with_its_scale(int8_artifacts, 
     want = _table(folder)
     model = onnx.load(str(artifact / "model.onnx"))
     tensors = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    # the graph: Gather(int8 table, ids) -> Cast(FLOAT) -> Mul(Gather(scales [V, 1], same ids))
+    # the graph: Gather(int8 table, ids) -> Cast(FLOAT) -> Mul(Gather(scales [V, 1], ids)) -> Mul(columns [H])
     producers = {o: n for n in model.graph.node for o in n.output}
     gathers = [n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in tensors
                and tensors[n.input[0]].dtype == np.int8]
@@ -65,23 +65,33 @@ def test_the_int8_table_holds_each_row_at_8_bits_with_its_scale(int8_artifacts, 
     scale_gather = producers[[i for i in mul.input if i != cast.output[0]][0]]
     assert mul.op_type == "Mul" and scale_gather.op_type == "Gather" and scale_gather.input[1] == ids
     scales = tensors[scale_gather.input[0]]
+    (column_mul,) = [n for n in model.graph.node if mul.output[0] in n.input]
+    assert column_mul.op_type == "Mul"
+    columns = tensors[[i for i in column_mul.input if i != mul.output[0]][0]]
+    assert columns.shape == (want.shape[1],) and columns.dtype == np.float32
     assert tensors[table].shape == want.shape and scales.shape == (want.shape[0], 1) and scales.dtype == np.float32
     # no fp32 copy of the table is left
     assert not [k for k, v in tensors.items() if v.shape == want.shape and v.dtype != np.int8]
-    # an independent per-row symmetric quantisation of the model's fp32 table
-    peak = np.abs(want.astype(np.float64)).max(axis=1, keepdims=True)
+    # independently: columns divided by their max relative to the median column's, then each row
+    # quantised symmetric int8 with scale max|row| / 127
+    column_max = np.abs(want.astype(np.float64)).max(axis=0)
+    want_columns = column_max / np.median(column_max)
+    np.testing.assert_allclose(columns, want_columns, rtol=1e-6)
+    equalised = want / want_columns
+    peak = np.abs(equalised).max(axis=1, keepdims=True)
     want_scales = np.where(peak > 0, peak / 127.0, 1.0)
-    want_values = np.clip(np.round(want / want_scales), -127, 127)
-    np.testing.assert_allclose(scales, want_scales, rtol=1e-6)
+    want_values = np.clip(np.round(equalised / want_scales), -127, 127)
+    np.testing.assert_allclose(scales, want_scales, rtol=1e-5)
     values = tensors[table].astype(np.int32)
     assert np.abs(values - want_values).max() <= 1 and (values != want_values).mean() < 1e-3  # ties may round apart
-    dequantised = values * scales
-    assert np.abs(dequantised - want).max() <= 0.5001 * want_scales.max()
-    np.testing.assert_allclose(dequantised, want_values * want_scales, atol=1.0001 * want_scales.max(), rtol=0)
+    step = want_scales * want_columns  # one int8 level of each weight
+    dequantised = values * scales * columns
+    assert (np.abs(dequantised - want) <= 0.5001 * step + 1e-7).mean() > 0.999
+    assert (np.abs(dequantised - want) <= 1.0001 * step + 1e-7).all()
     # the manifest records it, and the gate passed
     manifest = read_manifest(artifact)
     (fact,) = manifest["graph"]["precision_conversion"]["embedding_tables"]
-    assert fact["rows"] == want.shape[0] and fact["width"] == want.shape[1] and fact["storage"] == "int8 per-row scales"
+    assert fact["rows"] == want.shape[0] and fact["width"] == want.shape[1] and fact["storage"] == "int8, per-row scales, per-column factors"
     assert manifest["parity"]["passed"] and manifest["parity"]["worst_cosine"] >= 0.99
 
 
@@ -98,7 +108,8 @@ def test_onnxruntime_and_openvino_run_it_and_match_the_oracle(int8_artifacts, or
 
 def test_the_table_costs_a_quarter_and_the_recipe_can_keep_it_fp32(stories_artifact, tmp_path):
     """The same recipe with and without the table at 8 bits: the files differ by three of the
-    table's four bytes per weight, less its scales; the opt-out leaves the fp32 table read directly."""
+    table's four bytes per weight, less its scales and column factors; the opt-out leaves the
+    fp32 table read directly."""
     graph = stories_artifact("kv-embedding") / "model.onnx"
     plain = INT8_RECIPES["plain"]
     with_table = to_int8(graph, tmp_path / "table.onnx", plain)
@@ -106,7 +117,7 @@ def test_the_table_costs_a_quarter_and_the_recipe_can_keep_it_fp32(stories_artif
                                                                                int8_tables=False))
     rows, width = _table(demo_model_path()).shape
     saved = (tmp_path / "fp32-table.onnx").stat().st_size - (tmp_path / "table.onnx").stat().st_size
-    assert abs(saved - (3 * rows * width - 4 * rows)) < 0.02 * rows * width
+    assert abs(saved - (3 * rows * width - 4 * rows - 4 * width)) < 0.02 * rows * width  # less scales and columns
     assert without["embedding_tables"] == [] and len(with_table["embedding_tables"]) == 1
     kept = _initializers(tmp_path / "fp32-table.onnx")
     assert [k for k, v in kept.items() if v.shape == (rows, width) and v.dtype == np.float32]
@@ -142,11 +153,13 @@ def test_only_tables_read_row_wise_by_gathers_alone_are_quantised(readers, found
 
 
 def test_a_zero_row_gets_a_unit_scale_and_shared_gathers_one_table(tmp_path):
-    """Two Gathers of one table share its int8 rows and scales; an all-zero row dequantises to zeros."""
+    """Two Gathers of one table share its int8 rows, scales and column factors; an all-zero row or
+    column dequantises to zeros."""
     import onnxruntime as ort
 
     table = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
     table[2] = 0.0
+    table[:, 1] = 0.0
     model = _graph([("Gather", ["table", "ids"], {}), ("Gather", ["table", "ids"], {})], table)
     tables = EmbeddingTables()
     transform = tables.rewrite(model)
@@ -154,12 +167,13 @@ def test_a_zero_row_gets_a_unit_scale_and_shared_gathers_one_table(tmp_path):
         transform(tensor)
     onnx.checker.check_model(model)
     stored = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    assert sorted(v.dtype.name for v in stored.values()) == ["float32", "int8"]
-    scales = next(v for v in stored.values() if v.dtype == np.float32)
-    assert scales[2, 0] == 1.0 and np.isfinite(scales).all()
+    assert sorted((v.dtype.name, v.shape) for v in stored.values()) == [("float32", (4,)), ("float32", (6, 1)),
+                                                                          ("int8", (6, 4))]
+    scales, columns = (next(v for v in stored.values() if v.shape == shape) for shape in ((6, 1), (4,)))
+    assert scales[2, 0] == 1.0 and columns[1] == 1.0 and np.isfinite(scales).all() and np.isfinite(columns).all()
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     ids = np.array([2, 0, 5, -1], dtype=np.int64)
     first, second = session.run(["y0", "y1"], {"ids": ids, "x": np.zeros((4, 6), np.float32)})
     np.testing.assert_array_equal(first, second)
-    assert (first[0] == 0).all()
-    np.testing.assert_allclose(first, table[ids], atol=np.abs(table).max() / 254 + 1e-7)
+    assert (first[0] == 0).all() and (first[:, 1] == 0).all()
+    np.testing.assert_allclose(first, table[ids], atol=np.abs(table).max() / 127 + 1e-7)
