@@ -18,7 +18,9 @@ the mask's float32-min constant becomes -inf on the way and fully padded rows tu
 also emits duplicate Cast outputs and unsorted nodes when a node block list is given.
 
 int8: ``onnxruntime.quantization.quantize_dynamic`` on MatMul weights (int8 per output channel,
-in a 7-bit range; activations uint8, dynamic per tensor), after a recipe of :data:`INT8_RECIPES`.
+in a 7-bit range; activations uint8, dynamic per tensor), after a recipe of :data:`INT8_RECIPES`;
+the token-embedding tables, which that leaves fp32, int8 with a scale per row
+(:mod:`kvembed.export.embedding_table`).
 Random weights quantise well as they are; trained LLMs do not (with every MatMul quantised they
 miss the gate), because a few channels carry activations tens to thousands of times the median. The default recipes calibrate on the built-in calibration texts, fold
 SmoothQuant into the weights (:mod:`kvembed.export.smoothing`) and keep fp32 the few MatMuls whose
@@ -300,6 +302,7 @@ class Int8Recipe:
     summary: str
     weights: str = "s7"  # s7 (U8S8 in a 7-bit range: never saturates), s8 (U8S8: saturates without VNNI) or u8 (U8U8)
     down_spread: float = 0.0  # with keep_down: only the down_projs whose input's top channel > this x median
+    int8_tables: bool = True  # token-embedding tables int8 with per-row scales (False: kept fp32)
 
     @property
     def calibrated(self) -> bool:
@@ -361,6 +364,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
     import onnx
     from onnxruntime.quantization import QuantType
 
+    from .embedding_table import EmbeddingTables
     from .quantize import quantize_dynamic_streamed
     from .smoothing import activation_ranges, massive_input_nodes, smooth_file, smoothable_groups
 
@@ -388,7 +392,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
             keep += massive_input_nodes(groups, measured, plan.massive_spread)
         if ranges is not None:  # a recipe that would write a graph already tried gives the same gate result
             made = ranges.setdefault("graphs", {})
-            signature = (plan.smooth_alpha, plan.weights, tuple(sorted(set(keep))))
+            signature = (plan.smooth_alpha, plan.weights, plan.int8_tables, tuple(sorted(set(keep))))
             if signature in made:
                 raise SameGraphError(plan.name, made[signature])
             made[signature] = plan.name
@@ -402,6 +406,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
                           "calibration_batches": len(calibration)})
         if step is not None:
             step(f"quantising: onnxruntime dynamic int8, a slice at a time (recipe {plan.name})")
+        tables = EmbeddingTables()
         with _quiet_logging():
             sliced = quantize_dynamic_streamed(
                 quantize_from,
@@ -413,6 +418,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
                 nodes_to_exclude=sorted(set(keep)),
                 extra_options={"MatMulConstBOnly": True},
                 advance=advance,
+                finish=tables.rewrite if plan.int8_tables else None,
             )
     facts.update({
         "method": "onnxruntime.quantization.quantize_dynamic(MatMul, per_channel=True, "
@@ -422,6 +428,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
         "activations": "uint8, dynamic per-tensor (DynamicQuantizeLinear)",
         "fp32_matmuls": len(set(keep)),
         "quantized_in_slices": sliced["slices"],  # the weights are quantised a slice at a time (kvembed.export.quantize)
+        "embedding_tables": tables.facts,  # [] when none, or the recipe keeps them fp32
     })
     facts["external_data"] = settle_layout(target)
     return facts

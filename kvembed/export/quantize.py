@@ -15,7 +15,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .external_data import EXTERNAL_MIN_BYTES
 
@@ -38,12 +38,16 @@ def quantize_dynamic_streamed(
     nodes_to_exclude: Sequence[str] = (),
     slice_bytes: int = SLICE_BYTES,
     advance: Any = None,
+    finish: Callable[[Any], Any] | None = None,
     **options: Any,
 ) -> dict[str, int]:
     """``quantize_dynamic(source, target, op_types_to_quantize=["MatMul"], nodes_to_exclude=...,
     **options)`` for MatMuls whose second input is a float initializer (``MatMulConstBOnly``),
     holding one slice of the weights at a time. ``target`` gets its weights in ``<target>.data``;
-    ``advance(done, total)`` is told the slices done. Returns counts (slices, quantised MatMuls)."""
+    ``advance(done, total)`` is told the slices done. ``finish(model)`` may rewrite the quantised
+    graph (without its weights) before it is written, and returns the per-tensor ``transform`` the
+    weights pass through on their way to disk (or None), so a further change of the weights costs
+    no pass of its own. Returns counts (slices, quantised MatMuls)."""
     import onnx
     from onnx.external_data_helper import set_external_data
 
@@ -93,8 +97,9 @@ def quantize_dynamic_streamed(
             opsets[opset.domain] = max(opsets.get(opset.domain, 0), opset.version)
         del model.opset_import[:]
         model.opset_import.extend(onnx.helper.make_opsetid(domain, version) for domain, version in sorted(opsets.items()))
+        transform = None if finish is None else finish(model)
         toposort(graph)
-        stream_initializers(model, source.parent, target, sources=homes)
+        stream_initializers(model, source.parent, target, transform, sources=homes)
     return {"slices": len(slices), "quantized_matmuls": sum(len(s.nodes) for s in slices)}
 
 
