@@ -325,13 +325,18 @@ def test_mteb_encoder_accepts_a_plain_list(kv_artifact):
     np.testing.assert_allclose(encoder.encode([{"text": ["hello world", "x"]}]), embedder.encode(["hello world", "x"]), atol=1e-6)
 
 
-def test_bf16_refusal_quotes_the_installed_onnxruntime():
-    import onnxruntime
+def test_bf16_without_bf16_cpu_is_refused_in_one_line(monkeypatch):
+    """On a CPU without BF16 (stated by KVEMBED_CPU_FEATURES) the bf16 gate cannot run bf16: refused
+    before any work, naming the way out; --certify-emulated is for bf16 only."""
+    from kvembed.export.certify import check_gate_here
 
-    from kvembed.export.precision import check_precision
-
-    with pytest.raises(ValueError, match=f"onnxruntime {onnxruntime.__version__.replace('.', '[.]')} installed"):
-        check_precision("bf16")
+    monkeypatch.setenv("KVEMBED_CPU_FEATURES", "avx2,avx512f")
+    with pytest.raises(ValueError, match="no BF16") as caught:
+        check_gate_here("bf16")
+    assert "--certify-emulated" in str(caught.value) and "\n" not in str(caught.value)
+    check_gate_here("bf16", certify_emulated=True)
+    with pytest.raises(ValueError, match="bf16 only"):
+        check_gate_here("fp32", certify_emulated=True)
 
 
 def test_readme_points_at_method_definitions_inside_the_repository():

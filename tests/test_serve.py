@@ -184,6 +184,7 @@ def test_two_artifacts_are_chosen_by_name(server, oracles):
     assert models["object"] == "list" and set(cards) == {"kv", "va"}
     assert (cards["kv"]["dim"], cards["va"]["dim"], cards["kv"]["method"], cards["va"]["method"]) == (64, 32, "kv-embedding", "va")
     assert cards["kv"]["max_length"] == cards["kv"]["max_input_tokens"] == 512  # the default cap, 512, is stories260k's own
+    assert cards["kv"]["backend"] == cards["va"]["backend"] == "onnxruntime-cpu"  # fp32 artifacts: auto is onnxruntime
     for name in ("kv", "va", "kv"):
         body = httpx.post(f"{server.url}/embeddings", json={"model": name, "input": ["a blue sky"]}).json()
         assert body["object"] == "list" and body["model"] == name and body["data"][0]["object"] == "embedding"
@@ -270,7 +271,8 @@ def test_the_server_says_where_it_listens_once_ready(capped):
     lines = [line for line in capped.output().splitlines() if ANNOUNCED.search(line)]
     assert len(lines) == 1, capped.output()
     count, names, url = ANNOUNCED.search(lines[0]).groups()
-    assert (count, names, url) == ("2", "va, kv", f"http://127.0.0.1:{capped.port}") and capped.port != 0
+    assert (count, names, url) == ("2", "va on onnxruntime-cpu, kv on onnxruntime-cpu", f"http://127.0.0.1:{capped.port}")
+    assert capped.port != 0
     assert httpx.get(f"{url}/health").status_code == 200
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..methods.spec import ResolvedMethod
+from .certificates import Certificate, certificates_of
 from .layout import ARTIFACT_FILES, MANIFEST
 from .staging import write_text_atomic
 from ..errors import InvalidInput
@@ -45,7 +46,7 @@ REQUIRED_KEYS = (
     "parity",
 )
 #: keys added since, with the value an artifact without them computed
-DEFAULTS: Mapping[str, Any] = {"created": None, "layer_selection": None, "context_encoder": None, "also": {}}
+DEFAULTS: Mapping[str, Any] = {"created": None, "layer_selection": None, "context_encoder": None, "also": {}, "certified": []}
 PADDING_SIDES = ("left", "right")
 
 
@@ -210,6 +211,8 @@ class Manifest:
     context_encoder: ContextEncoder | None = None
     #: extra methods read from the same forward pass (``--also``): label -> method
     also: Mapping[str, ResolvedMethod] = field(default_factory=dict)
+    #: what passed on which backend, precision and CPU (:mod:`.certificates`); none before they existed
+    certified: tuple[Certificate, ...] = ()
     #: top-level fields this kvembed does not know (a newer exporter's), kept as they are
     extra: Mapping[str, Any] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -262,6 +265,7 @@ class Manifest:
             layer_selection=data.get("layer_selection", DEFAULTS["layer_selection"]),
             context_encoder=None if not context else ContextEncoder.from_dict(context, f"{where}: context_encoder"),
             also={label: _method(method, f"{where}: also[{label!r}]") for label, method in also.items()},
+            certified=certificates_of(data.get("certified"), f"{where}: certified"),
             extra={key: value for key, value in data.items() if key not in KNOWN_KEYS},
             raw=data,
         )
@@ -290,6 +294,17 @@ class Manifest:
 
     def output(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.outputs if spec.name == name), None)
+
+    @property
+    def graph_precision(self) -> str:
+        """The precision of ``model.onnx`` itself: a bf16 artifact holds the fp32 graph (bf16 is how
+        a certified backend runs it), every other precision is its graph's."""
+        return "fp32" if self.precision == "bf16" else self.precision
+
+    def certificate(self, backend: str, precision: str) -> Certificate | None:
+        """The best certificate saying ``backend`` at ``precision`` met its bar against PyTorch, or None."""
+        found = [c for c in self.certified if c.certifies(backend, precision)]
+        return max(found, key=lambda c: c.worst_cosine) if found else None
 
     @property
     def passed(self) -> bool:
@@ -333,3 +348,17 @@ def write_manifest(directory: Path, manifest: Manifest | Mapping[str, Any]) -> P
     data = manifest.raw if isinstance(manifest, Manifest) else manifest
     text = json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
     return write_text_atomic(directory / MANIFEST, text)
+
+
+def record_certificates(directory: str | os.PathLike[str], certificates: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Add ``certificates`` to the artifact's ``certified`` list (:func:`~.certificates.merged`) and
+    write ``kvembed.json`` back atomically; returns the manifest written. The manifest is not among
+    the hashed files (:mod:`.files`), so the artifact still verifies."""
+    from .certificates import merged
+
+    path, data = _read_json(directory)
+    Manifest.from_dict(data, str(path))
+    data["certified"] = merged(data.get("certified") or [], certificates)
+    Manifest.from_dict(data, str(path))  # what is written reads back
+    write_manifest(Path(directory), data)
+    return data

@@ -17,13 +17,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
-from ..artifact import MODEL, read_manifest
+from ..artifact import MODEL, Certificate, Manifest, load_manifest, read_manifest
+from .cpu import cpu_features
 from .protocol import BackendUnavailableError, Session
 from ..errors import InvalidInput
 
 __all__ = [
     "BACKENDS", "PROVIDERS", "PROVIDER_HELP", "VERIFY_BACKENDS", "VERIFY_ALIASES", "VERIFY_HELP", "REFERENCE_AUTO_LIMIT",
-    "Backend", "BackendUnavailableError", "VerifyTarget", "backend_for", "open_session", "options_for",
+    "Backend", "BackendUnavailableError", "Choice", "VerifyTarget", "backend_for", "choose_backend", "open_session", "options_for",
     "provider_problem", "resolve_verify_backends", "session_memory", "verify_problems",
 ]
 
@@ -56,8 +57,9 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
 )}
 
 #: the runtime's provider names (``Embedder.load(provider=...)``, every CLI's ``--provider``).
-#: ``"auto"``: an engine directory's plan on TensorRT; else onnxruntime, on CUDA when onnxruntime-gpu
-#: sees a GPU and on the CPU otherwise (OpenVINO is never picked: ask for it)
+#: ``"auto"``: :func:`choose_backend` (an engine directory's plan on TensorRT; a bf16 artifact
+#: certified on OpenVINO at bf16 on OpenVINO's CPU plugin where the CPU has BF16; else onnxruntime,
+#: on CUDA when onnxruntime-gpu sees a GPU and on the CPU otherwise)
 PROVIDERS: tuple[str, ...] = ("auto", *dict.fromkeys(p for b in BACKENDS.values() for p in b.providers))
 #: the provider names as the CLIs' ``--provider`` help lists them
 PROVIDER_HELP = ", ".join(PROVIDERS)
@@ -124,13 +126,83 @@ def options_for(backend: str, options: Any = None, **flat: Any) -> Any:
     return kind(**fields)
 
 
-def open_session(directory: str | os.PathLike[str], provider: str = "auto", options: Any = None) -> Session:
-    """The graph of the artifact (or engine directory) ``directory`` opened on ``provider``'s backend."""
+@dataclass(frozen=True)
+class Choice:
+    """Where a provider name runs an artifact, and why: the backend, the provider its session is
+    opened with, the OpenVINO precision hint the choice fixes (``auto``'s bf16), one line of
+    reason, and the certificate it relied on."""
+
+    backend: str
+    provider: str
+    ov_precision: str | None = None
+    reason: str = ""
+    certificate: Certificate | None = None
+    auto: bool = False
+
+
+#: what ``auto`` says when it keeps a bf16 artifact on onnxruntime
+_FP32_FALLBACK = "runs its fp32 graph on onnxruntime instead (as accurate as bf16 or more, slower)"
+
+
+def choose_backend(
+    directory: str | os.PathLike[str], provider: str = "auto", manifest: Manifest | Mapping[str, Any] | None = None,
+    options: Any = None,
+) -> Choice:
+    """The one decision of what ``provider`` runs the artifact (or engine directory) ``directory``
+    on: every loader (``Embedder.load``, serve, Triton's python model, corpus jobs, eval, bench)
+    goes through it. A named provider is taken as asked. ``auto`` never picks an uncertified path:
+
+    - an engine directory: its plan on TensorRT;
+    - a bf16 artifact with a certificate of OpenVINO running bf16 against PyTorch within bf16's bar
+      (:meth:`~kvembed.artifact.Manifest.certificate`), on a CPU with BF16
+      (:func:`~kvembed.backends.cpu.cpu_features`) where openvino is installed: OpenVINO, bf16 hint;
+    - otherwise onnxruntime, exactly as before certificates existed (CUDA when onnxruntime-gpu sees
+      a GPU, else the CPU): a bf16 artifact's graph is the fp32 one, which its gate also certified
+      on onnxruntime, and the reason says why bf16 was not taken.
+
+    ``options`` (a backend's options dataclass given with ``auto``) keeps ``auto`` on onnxruntime
+    unless it is OpenVINO's and OpenVINO is the pick: options are never silently dropped.
+    """
+    check_provider(provider)
     path = Path(directory)
-    backend = backend_for(path, provider)
-    options = options_for(backend, options)
-    target = path if backend == "tensorrt" else path / MODEL
-    return BACKENDS[backend].load().open_graph(target, provider, options)
+    if provider != "auto" or _is_engine_dir(path):
+        backend = backend_for(path, provider)
+        why = "a TensorRT engine directory" if backend == "tensorrt" and provider == "auto" else f"provider {provider!r} asked for"
+        return Choice(backend, provider, reason=why, auto=provider == "auto")
+    typed = load_manifest(path) if manifest is None else Manifest.of(manifest)
+    if typed.precision != "bf16":
+        return Choice("onnxruntime", "auto", reason=f"{typed.precision} artifact: onnxruntime", auto=True)
+    certificate = typed.certificate("openvino", "bf16")
+    features = cpu_features()
+    if certificate is None:
+        why = ("no certificate of OpenVINO running bf16 (kvembed verify DIR --record on a CPU with BF16 adds one)"
+               if not any(c.backend == "openvino" for c in typed.certified) else
+               "certified on OpenVINO only where bf16 did not run (" +
+               "; ".join(c.describe() for c in typed.certified if c.backend == "openvino") + ")")
+        return Choice("onnxruntime", "auto", reason=f"bf16 artifact, {why}: {_FP32_FALLBACK}", auto=True)
+    if not features.bf16:
+        return Choice("onnxruntime", "auto", reason=f"bf16 artifact, this CPU has {features.describe()}: {_FP32_FALLBACK}",
+                      certificate=certificate, auto=True)
+    problem = BACKENDS["openvino"].probe()
+    if problem is not None:
+        return Choice("onnxruntime", "auto", reason=f"bf16 artifact, {problem}: {_FP32_FALLBACK}", certificate=certificate, auto=True)
+    if options is not None and not isinstance(options, BACKENDS["openvino"].options_type()):
+        return Choice("onnxruntime", "auto", reason=f"bf16 artifact, options= are {type(options).__name__}: {_FP32_FALLBACK}",
+                      certificate=certificate, auto=True)
+    return Choice("openvino", "openvino", "bf16", auto=True, certificate=certificate,
+                  reason=f"bf16 artifact certified on OpenVINO ({certificate.describe()}), this CPU has {features.describe()}")
+
+
+def open_session(directory: str | os.PathLike[str], provider: str = "auto", options: Any = None,
+                 choice: Choice | None = None) -> Session:
+    """The graph of the artifact (or engine directory) ``directory`` opened where ``choice``
+    (default: :func:`choose_backend` for ``provider`` and ``options``) runs it."""
+    path = Path(directory)
+    choice = choice or choose_backend(path, provider, options=options)
+    forced = {"ov_precision": choice.ov_precision} if choice.ov_precision and options is None else {}
+    options = options_for(choice.backend, options, **forced)
+    target = path if choice.backend == "tensorrt" else path / MODEL
+    return BACKENDS[choice.backend].load().open_graph(target, choice.provider, options)
 
 
 def provider_problem(provider: str) -> str | None:
@@ -154,7 +226,7 @@ def session_memory(directory: str | os.PathLike[str], provider: str = "cpu") -> 
     path = Path(directory)
     precision = str(read_manifest(path).get("precision", "fp32"))
     graph = sum(p.stat().st_size for p in path.iterdir() if p.is_file() and p.name.startswith(MODEL))
-    backend = BACKENDS["openvino" if provider == "openvino" else "onnxruntime"]
+    backend = BACKENDS["openvino" if choose_backend(path, provider).backend == "openvino" else "onnxruntime"]
     return int(graph * backend.load().weight_factor(precision) + SESSION_OVERHEAD)
 
 
@@ -216,9 +288,7 @@ def reference_problem() -> str | None:
 
 
 def cpu_has_bf16() -> bool:
-    from .openvino import default_precision, import_openvino
-
-    return default_precision(import_openvino().Core()) == "bf16"
+    return cpu_features().bf16
 
 
 def model_bytes(path: str | os.PathLike[str]) -> int:

@@ -25,8 +25,8 @@ ORT_PROVIDERS = ("auto", "cpu", "cuda", "tensorrt")
 GIB = 1024**3
 #: resident bytes per byte of the artifact's graph files on the CPU: fp16 weights are cast to fp32
 #: copies at load (its CPU provider has no fp16 MatMul); fp32 and int8 ones are packed in place
-#: of the mapped file (benchmarks/load_memory.py)
-CPU_WEIGHT_FACTOR = {"fp32": 1.0, "int8": 1.0, "fp16": 2.0}
+#: of the mapped file (benchmarks/load_memory.py); a bf16 artifact holds the fp32 graph
+CPU_WEIGHT_FACTOR = {"fp32": 1.0, "bf16": 1.0, "int8": 1.0, "fp16": 2.0}
 CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
 GPU_HINT = "pip install 'kvembed[gpu]'"
 

@@ -32,6 +32,7 @@ import numpy as np
 from ..artifact.staging import write_bytes_atomic, write_text_atomic
 from ..cache import cache_root
 from ..errors import InvalidInput, MissingDependency
+from .cpu import cpu_features
 
 NAME = "openvino"
 OPENVINO = "OpenVINO"
@@ -39,8 +40,9 @@ PRECISIONS = ("f32", "bf16")
 INSTALL = "pip install 'kvembed[openvino]'"
 MEND_VERSION = 1  # bump when repeat_kv_heads changes what it builds: kept blobs are then rebuilt
 #: compiling from the ONNX holds the weights read and their converted copy at once: resident bytes
-#: per byte of fp32-equivalent weights (an fp16 file counts twice; an int8 one, not measured, four times)
-OPENVINO_WEIGHT_FACTOR, FP32_EQUIVALENT = 2.5, {"fp32": 1.0, "fp16": 2.0, "int8": 4.0}
+#: per byte of fp32-equivalent weights (an fp16 file counts twice; an int8 one, not measured, four times;
+#: a bf16 artifact holds the fp32 graph)
+OPENVINO_WEIGHT_FACTOR, FP32_EQUIVALENT = 2.5, {"fp32": 1.0, "bf16": 1.0, "fp16": 2.0, "int8": 4.0}
 
 
 @dataclass(frozen=True)
@@ -113,13 +115,27 @@ def repeat_kv_heads(model: Any) -> int:
     return changed
 
 
-def default_precision(core: Any) -> str:
-    """``"bf16"`` when the CPU plugin lists BF16 among its optimisation capabilities, else ``"f32"``."""
+def default_precision(core: Any = None) -> str:
+    """``"bf16"`` when this CPU has BF16 (:func:`~kvembed.backends.cpu.cpu_features`: its flags,
+    OpenVINO's plugin, or ``KVEMBED_CPU_FEATURES``), else ``"f32"``. ``core`` is not needed any more."""
+    return "bf16" if cpu_features().bf16 else "f32"
+
+
+def hint_for(precision: str | None) -> str:
+    """The precision hint a session compiles with: ``precision`` (None: :func:`default_precision`),
+    except bf16 on a CPU without BF16, which runs f32: OpenVINO itself does so there, and saying it
+    here makes a stated CPU (``KVEMBED_CPU_FEATURES``) behave as that CPU would."""
+    if precision is None:
+        return default_precision()
+    return "f32" if precision == "bf16" and not cpu_features().bf16 else precision
+
+
+def ran_precision(compiled: Any, fallback: str) -> str:
+    """The inference precision a compiled model reports it runs (``"bf16"``, ``"f32"``), or ``fallback``."""
     try:
-        capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    except Exception:  # an old or unusual plugin: the safe choice
-        return "f32"
-    return "bf16" if "BF16" in [str(c).upper() for c in capabilities] else "f32"
+        return str(compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name())
+    except Exception:  # an old plugin without the property
+        return fallback
 
 
 class CompiledCache:
@@ -222,7 +238,8 @@ class OpenVINOSession:
     """A model compiled for OpenVINO's CPU device, behind the :class:`~kvembed.backends.protocol.Session` protocol.
 
     ``precision``: ``INFERENCE_PRECISION_HINT`` (``"f32"`` or ``"bf16"``; None = bf16 only where
-    the CPU has it). ``threads``: ``INFERENCE_NUM_THREADS`` (None = OpenVINO's choice).
+    the CPU has it; bf16 on a CPU without BF16 runs f32, see :func:`hint_for`); :attr:`precision`
+    is what the compiled model reports it runs. ``threads``: ``INFERENCE_NUM_THREADS`` (None = OpenVINO's choice).
     ``cache_dir``: where compiled models are kept (:class:`CompiledCache`; None = the default
     :func:`default_cache_dir`, False = no cache). A cache that cannot be read or written is a
     warning, never a failure. ``from_cache`` says whether this load imported a kept blob. Each
@@ -243,7 +260,9 @@ class OpenVINOSession:
         ov = import_openvino()
         self._ov = ov
         self.core = ov.Core()
-        self.precision = precision or default_precision(self.core)
+        #: the precision asked for (None: the CPU's default); :attr:`precision` is what runs
+        self.hint = precision
+        self.precision = hint_for(precision)
         self.config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": self.precision}
         if threads is not None:
             self.config["INFERENCE_NUM_THREADS"] = int(threads)
@@ -268,6 +287,7 @@ class OpenVINOSession:
                     # the one imported from the blob just written holds them as reclaimable pages
                     self.compiled = self._import(cache.load(fingerprint)) or self.compiled
         self._inputs = [port.get_any_name() for port in self.compiled.inputs]
+        self.precision = ran_precision(self.compiled, self.precision)
 
     def _compile(self) -> Any:
         """Read the ONNX, mend its attention, compile; OpenVINO's errors as one line."""

@@ -23,14 +23,16 @@ from ..backends.catalogue import BACKENDS as RUNTIME_BACKENDS
 from ..export.parity import cosine_rows  # noqa: F401  (torch-free; re-exported for the bench)
 from ..errors import InvalidInput
 
-#: what the bench times: the runtime on onnxruntime's CPU provider, the PyTorch reference, and
-#: the runtime on OpenVINO (the backends catalogue's ``openvino``)
-BACKENDS = ("runtime", "torch", "openvino")
+#: what the bench times: the runtime on onnxruntime's CPU provider, the PyTorch reference, the
+#: runtime on OpenVINO (the backends catalogue's ``openvino``), and the runtime with
+#: ``provider="auto"`` (what ``Embedder.load(dir)`` runs: OpenVINO bf16 for a certified bf16 artifact)
+BACKENDS = ("runtime", "torch", "openvino", "auto")
 
 
 def default_backends() -> tuple[str, ...]:
-    """runtime and torch, plus openvino where the catalogue's probe finds it (``kvembed[openvino]``)."""
-    return BACKENDS if RUNTIME_BACKENDS["openvino"].probe() is None else BACKENDS[:2]
+    """runtime and torch, plus openvino where the catalogue's probe finds it (``kvembed[openvino]``);
+    ``auto`` only when asked for (elsewhere it is the runtime again)."""
+    return BACKENDS[:3] if RUNTIME_BACKENDS["openvino"].probe() is None else BACKENDS[:2]
 
 #: a cell whose repeats have a coefficient of variation above this is flagged noisy
 NOISY_CV = 0.25
@@ -303,6 +305,23 @@ class OpenVINOBackend(RuntimeBackend):
             raise RuntimeError(f"OpenVINO could not load {artifact}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
         super().__init__(artifact, threads)
         self.precision = f"{self.precision}/{self.embedder.providers[1]}"
+
+
+class AutoBackend(RuntimeBackend):
+    """The runtime with ``provider="auto"``: whatever :func:`~kvembed.backends.catalogue.choose_backend`
+    picks for the artifact on this CPU. Its precision reads ``ARTIFACT/BACKEND``, e.g. ``bf16/openvino-bf16``."""
+
+    name = "auto"
+    provider = "auto"
+
+    def __init__(self, artifact: str | os.PathLike[str], threads: int) -> None:
+        # as OpenVINOBackend: a first load (compile and keep the blob, if OpenVINO is the pick) in a throwaway process
+        warm = f"from kvembed.runtime import Embedder; Embedder.load({str(artifact)!r}, threads=1, verify=False)"
+        done = subprocess.run([sys.executable, "-c", warm], capture_output=True, text=True, timeout=1800)
+        if done.returncode:
+            raise RuntimeError(f"provider auto could not load {artifact}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        super().__init__(artifact, threads)
+        self.precision = f"{self.precision}/{self.embedder.backend}"
 
 
 class TorchBackend(Backend):

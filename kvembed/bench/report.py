@@ -163,7 +163,9 @@ def markdown(results: Mapping[str, Any]) -> str:
         "runtime and openvino row's cosine and speedup compare with the torch row of the same batch and length.",
         "- runtime = onnxruntime's CPU provider; openvino = the runtime with provider='openvino' on the fp32 "
         "artifact, its precision written ARTIFACT/HINT (fp32/bf16: bf16 matmuls on CPUs with BF16; "
-        "fp32/f32 where the CPU has none).",
+        "fp32/f32 where the CPU has none); auto = the runtime with provider='auto' (what Embedder.load runs), "
+        "its precision written ARTIFACT/BACKEND (bf16/openvino-bf16 for a bf16 artifact certified on OpenVINO, "
+        "on a CPU with BF16).",
         "- Latency is one graph (or module) call on a pre-padded batch; tokenisation is not timed. "
         "texts/s = batch / mean latency, tokens/s = real tokens / mean latency; speedup = torch p50 / runtime p50.",
         "- seq is the requested tokens per row, prompt and special tokens included; tokens/row is what "

@@ -28,7 +28,7 @@ from ..errors import InvalidInput
 
 DEFAULT_MODEL = "stories260k"
 DEFAULT_METHOD = "kv-embedding"
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 DEFAULT_PRECISIONS = ("fp32", "int8")
 
 #: ``--quick``: the demo model's grid, a few calls per cell; seconds on two cores. The lengths
@@ -280,6 +280,10 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dic
         precision = "fp32" if "fp32" in artifacts else main_precision
         specs.append(WorkerSpec("openvino", str(artifacts[precision]), manifests[precision].to_dict(), threads, cells_in,
                                 label=f"openvino {precision}", **timing))
+    if "auto" in config.backends:  # every artifact as Embedder.load(dir) runs it
+        for precision, path in artifacts.items():
+            specs.append(WorkerSpec("auto", str(path), manifests[precision].to_dict(), threads, cells_in,
+                                    label=f"auto {precision}", **timing))
     if "torch" in config.backends:
         specs.append(WorkerSpec("torch", str(artifacts[main_precision]), manifest.to_dict(), threads, cells_in,
                                 label="torch fp32", **timing))

@@ -23,10 +23,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..errors import CheckFailed, InvalidInput
-from .measure import BACKENDS, OpenVINOBackend, RuntimeBackend, TorchBackend, current_rss_mb, peak_rss_mb, time_calls
+from .measure import (
+    BACKENDS, AutoBackend, OpenVINOBackend, RuntimeBackend, TorchBackend, current_rss_mb, peak_rss_mb, time_calls,
+)
 
 #: backend name -> its class (torch's takes the manifest, the others the artifact directory)
-BACKEND_TYPES = {"runtime": RuntimeBackend, "torch": TorchBackend, "openvino": OpenVINOBackend}
+BACKEND_TYPES = {"runtime": RuntimeBackend, "torch": TorchBackend, "openvino": OpenVINOBackend, "auto": AutoBackend}
 
 #: child exceptions re-raised as themselves in the parent (they carry a user-facing message)
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, FileNotFoundError, NotImplementedError)

@@ -128,7 +128,10 @@ def export_command(
         None, "--also", help="Add the outputs of another method read from the same forward pass: "
         "METHOD[:option=value...] or LABEL=METHOD[:...], e.g. 'mean', 'va:layers=8-12'; repeatable.",
     ),
-    precision: str = typer.Option("fp32", "--precision", help="fp32, fp16 or int8."),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, fp16, bf16 (the fp32 graph, gated and run on OpenVINO with the bf16 hint; needs a CPU with BF16) or int8."),
+    certify_emulated: bool = typer.Option(
+        False, "--certify-emulated", help="bf16 on a CPU without BF16: gate it as OpenVINO runs it there (f32) and say so in its certificate, instead of refusing.",
+    ),
     int8_recipe: str = typer.Option(
         "auto", "--int8-recipe", help="int8 only: smooth (SmoothQuant, MatMuls with massive inputs kept fp32), "
         "smooth-keep-wide-down (also the down_projs with the widest inputs fp32), smooth-keep-down (every down_proj "
@@ -149,6 +152,7 @@ def export_command(
     ),
 ) -> None:
     """Export MODEL computing METHOD as an ONNX artifact in OUT, gated on parity with PyTorch."""
+    from ..export.certify import check_gate_here
     from ..export.core import check_output
     from ..export.precision import check_int8_recipe, check_precision
 
@@ -163,6 +167,7 @@ def export_command(
         for item in also or []:
             get_method(parse_also(item).method)
         check_int8_recipe(int8_recipe, check_precision(precision))
+        check_gate_here(check_precision(precision), certify_emulated)
         check_output(out, force)
         resolve_attention(attention, opset)
         check_model(model, method, options, list(also or []))
@@ -184,15 +189,23 @@ def export_command(
             return export_result(
                 model, method, out, precision, max_length=max_length, opset=opset, attention=attention, force=force,
                 padding_side=padding_side, optimize=not no_optimize, progress=display, also=list(also or []),
-                int8_recipe=int8_recipe, check_memory=not skip_memory_check, **options,
+                int8_recipe=int8_recipe, check_memory=not skip_memory_check, certify_emulated=certify_emulated, **options,
             )
 
     start = time.monotonic()
     result = job()
-    console.print(files_table(result.path, result.manifest))
-    console.print(parity_table(result.parity, f"parity vs PyTorch ({result.manifest['precision']})"))
     from ..export.parity import ParityReport
 
+    console.print(files_table(result.path, result.manifest))
+    gates = result.manifest["parity"].get("gates", {})
+    on = result.manifest["parity"].get("backend", "onnxruntime-cpu")
+    console.print(parity_table(result.parity, f"parity vs PyTorch ({result.manifest['precision']} on {on})"))
+    for target, gated in gates.items():
+        console.print(parity_table(ParityReport(**gated), f"parity vs PyTorch ({gated['precision']} on {target})"))
+    from ..artifact import Certificate
+
+    for item in result.manifest.get("certified", []):
+        console.print(f"certified: {escape(Certificate.from_dict(item).describe())}", highlight=False)
     print_extra_parity({label: ParityReport(**extra) for label, extra in result.manifest["parity"].get("also", {}).items()})
     graph = result.manifest["graph"]
     console.print(
@@ -208,10 +221,11 @@ def verify_command(
     directory: Path = typer.Argument(..., help="Artifact directory written by kvembed-export."),
     backends: opt.Backends = "auto",
     no_compare: opt.NoCompare = False,
+    record: opt.Record = False,
 ) -> None:
     """Re-run the parity check of an existing artifact against a freshly built PyTorch reference,
-    then compare the graph across the backends present (polygraphy)."""
-    report_result = run_verify(directory, backends=backends, compare=not no_compare)
+    then compare the graph across the backends present (polygraphy); --record keeps what passed."""
+    report_result = run_verify(directory, backends=backends, compare=not no_compare, record=record)
     if not report_result.passed:
         raise typer.Exit(EXIT_FAILED)
 
@@ -288,9 +302,10 @@ def run_compare(directory: Path, backends: str = "auto") -> Any:
     return comparison
 
 
-def run_verify(directory: Path, backends: str = "auto", compare: bool = True) -> Any:
+def run_verify(directory: Path, backends: str = "auto", compare: bool = True, record: bool = False) -> Any:
     """Shared by ``kvembed verify`` and ``kvembed-export verify``: prints tables, returns a
-    :class:`VerifyOutcome` (``.passed``: parity and, with ``compare``, the backend comparison)."""
+    :class:`VerifyOutcome` (``.passed``: parity and, with ``compare``, the backend comparison).
+    ``record``: write the certificates of what passed into the artifact's manifest."""
     if compare:
         _selected_backends(directory, backends)  # bad --backends: one line, exit 2, before the slow part
 
@@ -315,7 +330,9 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True) ->
     for problem in result.file_problems + result.source_problems:
         errors.print(f"[bold red]problem:[/] {problem}", highlight=False)
     if result.report is not None:
-        console.print(parity_table(result.report, f"parity vs PyTorch ({manifest['precision']})"))
+        console.print(parity_table(result.report, f"parity vs PyTorch ({manifest['precision']} on {result.backend})"))
+        for target, gated in result.gates.items():
+            console.print(parity_table(gated, f"parity vs PyTorch ({gated.precision} on {target})"))
         recorded = manifest.get("parity", {})
         if recorded:
             console.print(
@@ -328,9 +345,28 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True) ->
     print_extra_parity(result.also)
     comparison = run_compare(directory, backends) if compare and result.report is not None else None
     outcome = VerifyOutcome(result, comparison)
+    if record:
+        record_passes(directory, result, comparison)
     state = "[green]verified[/]" if outcome.passed else "[bold red]verification FAILED[/]"
     console.print(f"{state} {directory}", highlight=False)
     return outcome
+
+
+def record_passes(directory: Path, result: Any, comparison: Any) -> None:
+    """``--record``: the certificates of every check that passed, added to the manifest (nothing
+    from a damaged artifact or a changed source model), one line each."""
+    from ..artifact import Certificate, record_certificates
+
+    if result.file_problems:
+        console.print("nothing recorded: the artifact's files do not match its manifest", highlight=False)
+        return
+    certificates = list(result.certificates) + (comparison.certificates() if comparison is not None else [])
+    if not certificates:
+        console.print("nothing recorded: no check passed", highlight=False)
+        return
+    record_certificates(directory, certificates)
+    for item in certificates:
+        console.print(f"recorded: {escape(Certificate.from_dict(item).describe())}", highlight=False)
 
 
 #: ``kvembed export [OPTIONS]`` exports, ``kvembed export verify DIR`` re-checks an artifact;

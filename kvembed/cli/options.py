@@ -60,6 +60,11 @@ def method_flags(command: F) -> F:
 # ``kvembed verify`` / ``kvembed export verify``: the backend comparison
 Backends = Annotated[str, typer.Option("--backends", help=VERIFY_HELP)]
 NoCompare = Annotated[bool, typer.Option("--no-compare", help="Skip the backend comparison (parity against PyTorch only).")]
+Record = Annotated[bool, typer.Option(
+    "--record", help="Record what passed (backend, precision it ran, worst cosine, CPU flags) in the artifact's "
+    "kvembed.json 'certified' list, so provider auto can rely on it (a bf16 artifact runs on OpenVINO only once "
+    "certified there against PyTorch). The hashed files are not touched.",
+)]
 
 OvPrecision = Annotated[Optional[str], typer.Option(
     "--ov-precision", help="--provider openvino: precision hint f32 or bf16 (default: bf16 where the CPU has BF16).",

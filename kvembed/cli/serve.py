@@ -115,7 +115,7 @@ def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float | N
         server.should_exit = True
 
     def on_ready(state: "ServerState") -> None:
-        names = list(state.models)
+        names = [f"{name} on {served.embedder.backend}" for name, served in state.models.items()]
         log.info("kvembed serve: serving %d model(s) (%s) on %s", len(names), ", ".join(names), url)
 
     def load_checked(checked_config: "ServeConfig") -> "dict[str, Embedder]":  # the files were hashed by check_artifacts

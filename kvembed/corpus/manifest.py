@@ -44,6 +44,8 @@ def build_manifest(
             "method": artifact["method"],
             "precision": artifact["precision"],
             "max_length": artifact["max_length"],
+            # what provider auto (or the one given) ran it on, in every worker (shards older than this say nothing)
+            "backends": sorted({item["backend"] for item in shards if item.get("backend")}),
         },
         "embedding": {"dim": artifact["dim"], "dtype": options.output_dtype, "kind": options.kind, "normalized": True},
         "options": options.record(),

@@ -9,6 +9,8 @@ content-changing options would mix two corpora in one output.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -78,8 +80,14 @@ def make_plan(options: CorpusOptions) -> Plan:
 
 
 def artifact_sha256(artifact: Path) -> str:
-    """The artifact's identity: the sha256 of its manifest, which holds every file's sha256."""
+    """The artifact's identity: the sha256 of its manifest, which holds every file's sha256. A
+    manifest that records certificates (``kvembed verify --record``) is hashed without them: a
+    certificate added while a job pauses changes no file, so a resume still matches."""
     path = Path(artifact) / ARTIFACT_MANIFEST
     if not path.is_file():
         raise CorpusError(f"{str(artifact)!r} is not a kvembed artifact (no {ARTIFACT_MANIFEST}); give the directory kvembed-export wrote")
-    return sha256_file(path)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if "certified" not in data:
+        return sha256_file(path)  # as before certificates existed
+    data.pop("certified")
+    return hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()

@@ -76,7 +76,7 @@ class ShardWorker:
             stats = {
                 "shard": shard.name, "input": file.path, "start": shard.start, "stop": shard.stop, "rows": rows,
                 "tokens": tokens, "truncated": truncated, "skipped": policy.count, "skip_examples": policy.examples,
-                "worker_peak_rss_mb": peak_rss_mb(),
+                "worker_peak_rss_mb": peak_rss_mb(), "backend": self.embedder.backend,
             }
             writer.commit(stats)
         except BaseException:

@@ -63,6 +63,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..artifact import MODEL, Manifest, read_manifest
+from ..artifact.certificates import precision_name
 from ..backends.catalogue import CPU, OV_BF16, VERIFY_ALIASES, VERIFY_BACKENDS
 from ..backends.protocol import BackendUnavailableError
 from ..runtime.artifact import encoder_from_manifest
@@ -135,10 +136,19 @@ class BackendComparison:
     batches: int = 0
     rows: int = 0
     problems: list[str] = field(default_factory=list)
+    #: the precision each backend reported it ran (OpenVINO's hint may run another), by name
+    ran: dict[str, str] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
         return bool(self.pairs) and not self.problems and all(pair.passed for pair in self.pairs)
+
+    def certificates(self) -> list[dict[str, Any]]:
+        """A certificate (against the baseline) for every pair that passed: ``kvembed verify --record``."""
+        from .certify import certificate
+
+        return [certificate(pair.second, self.ran.get(pair.second, ""), pair, against=pair.first, extra={"rows": self.rows})
+                for pair in self.pairs if pair.passed and pair.second in VERIFY_BACKENDS]
 
     @property
     def polygraphy_passed(self) -> bool:
@@ -355,8 +365,9 @@ def compare_backends(
     manifest = read_manifest(directory)
     model_path = directory / MODEL
     names, skipped = resolve_backends(directory, backends, manifest=manifest, model_path=model_path)
-    precision = Manifest.of(manifest).precision
-    tol = _tolerance(precision, tolerance)
+    typed = Manifest.of(manifest)
+    precision = typed.precision
+    tol = _tolerance(typed.graph_precision, tolerance)  # a bf16 artifact's graph is the fp32 one
     batches = comparison_feeds(directory, manifest, texts)
     comparison = BackendComparison(
         precision=precision, backends=names, pairs=[], skipped=skipped, tolerance=asdict(tol),
@@ -371,12 +382,13 @@ def compare_backends(
     runners, labels = [], []
     for name in names:
         try:
-            runners.append(make_runner(name, model_path, feeds=feeds, fp16=precision == "fp16"))
+            runners.append(make_runner(name, model_path, feeds=feeds, fp16=typed.graph_precision == "fp16"))
             labels.append(name)
         except Exception as err:
             failures[name] = err
     if labels and labels[0] == names[0]:
         comparison.pairs = compare_runners(runners, batches, tol, labels=labels, failures=failures)
+    comparison.ran = {label: precision_name(getattr(runner, "ran", typed.graph_precision)) for runner, label in zip(runners, labels)}
     for name, err in failures.items():
         if isinstance(err, BackendUnavailableError) and name not in asked:  # auto picked it, it cannot start
             comparison.skipped[name] = str(err).split(": ", 1)[-1]

@@ -26,12 +26,13 @@ from ..artifact import ENCODER_TOKENIZER, MODEL, TOKENIZER, file_records, write_
 from ..artifact.staging import OutputExistsError, check_output, staged  # noqa: F401  (the exporter's, re-exported)
 from ..methods.sharing import output_names
 from ..runtime.artifact import encoder_from_manifest
+from .certify import GATES, certificate, check_gate_here, gate_session, ran_precision
 from .checks import check_graph
 from .external_data import settle_layout
 from .graph import ExportError, resolve_attention
 from .graph import trace as trace_graph
 from .manifest import build_manifest, source_record
-from .parity import ParityReport, parity_reports, parity_session, reference_runs
+from .parity import ParityReport, parity_reports, reference_runs
 from .precision import INT8_RECIPES, SameGraphError, check_int8_recipe, check_precision, convert, int8_plan
 from .progress import Progress, advance_of, silent
 from .rewrites import optimize_with_onnxruntime, rms_norm_as_div
@@ -42,11 +43,12 @@ from ..errors import InvalidInput
 class ParityError(ExportError):
     """The exported graph does not match the PyTorch reference within METHODS.md's tolerances."""
 
-    def __init__(self, report: ParityReport, output: str | None = None) -> None:
-        prefix = "" if output is None else f"extra output {output!r}: "
+    def __init__(self, report: ParityReport, output: str | None = None, backend: str | None = None) -> None:
+        prefix = ("" if backend is None else f"on {backend}: ") + ("" if output is None else f"extra output {output!r}: ")
         super().__init__(prefix + report.summary())
         self.report = report
         self.output = output
+        self.backend = backend
 
 
 # -- loading ------------------------------------------------------------------------------------
@@ -199,8 +201,13 @@ class Exporter:
         reference_options: Mapping[str, Any] | None = None,
         keep_trace: bool = True,
         int8_recipe: str = "auto",
+        certify_emulated: bool = False,
     ) -> ExportResult:
         """Write an artifact for ``precision`` to ``out`` after it passes the parity gate.
+
+        The gate runs where :data:`~kvembed.export.certify.GATES` says (bf16: OpenVINO under the
+        bf16 hint and onnxruntime at fp32; refused on a CPU without BF16 unless ``certify_emulated``),
+        and each pass is recorded in the manifest's ``certified`` list.
 
         ``reference`` (a TorchEmbedder) or ``reference_options`` (method options for a second
         reference built from the same model) replace the gate's reference; the default is the
@@ -210,6 +217,7 @@ class Exporter:
         (the first of :data:`~kvembed.export.precision.INT8_AUTO` that passes the gate).
         """
         precision = check_precision(precision)
+        check_gate_here(precision, certify_emulated)
         out = check_output(out, force)
         _guard_source(out, self.embedder)
         embedder = self.embedder
@@ -244,13 +252,14 @@ class Exporter:
                 self.progress("check", "checking operators and layers")
                 facts = check_graph(model_path, precision, embedder)
                 manifest = build_manifest(embedder, self._graph, self.opset, precision, facts, conversion)
-                self.progress("parity", "running the graph in onnxruntime against PyTorch")
-                reports = self._parity(staging, manifest, precision, reference)
+                gates = self._gates(staging, manifest, precision, reference)
+                reports = dict(gates[0][2])
                 report = reports.pop(None)
-                failure = None if report.passed else ParityError(report)
-                for label, extra in reports.items():
-                    if failure is None and not extra.passed:
-                        failure = ParityError(extra, label)
+                failure = None
+                for target, _, gated in gates:
+                    for label, checked in gated.items():
+                        if failure is None and not checked.passed:
+                            failure = ParityError(checked, label, None if target == gates[0][0] else target)
                 if recipe is not None:
                     tried.append({"recipe": recipe, "worst_cosine": report.worst_cosine, "passed": failure is None})
                     manifest["graph"]["precision_conversion"]["recipes_tried"] = tried
@@ -269,6 +278,10 @@ class Exporter:
                 }
             if reports:
                 manifest["parity"]["also"] = {label: r.to_dict() for label, r in reports.items()}
+            manifest["parity"]["backend"] = gates[0][0]
+            if len(gates) > 1:  # the other backends the gate ran (bf16: onnxruntime at fp32)
+                manifest["parity"]["gates"] = {target: gated[None].to_dict() for target, _, gated in gates[1:]}
+            manifest["certified"] = [certificate(target, ran, gated[None]) for target, ran, gated in gates]
             self.progress("write", f"writing {out}")
             manifest["files"] = file_records(staging)
             write_manifest(staging, manifest)
@@ -279,8 +292,8 @@ class Exporter:
     def _convert(self, traced: Path, model_path: Path, precision: str, recipe: str | None,
                  calibration: Any, keep_trace: bool, ranges: dict[str, Any]) -> dict[str, Any]:
         """Write the graph for ``precision`` (int8: by ``recipe``) as ``model_path``; what was done."""
-        if precision == "fp32":
-            self.progress("convert", "fp32: no conversion")
+        if precision in ("fp32", "bf16"):  # bf16: the fp32 graph, run at bf16 by OpenVINO
+            self.progress("convert", f"{precision}: no conversion")
             _copy_graph(traced, model_path, move=not keep_trace)
             settle_layout(model_path)
             return {}
@@ -289,22 +302,28 @@ class Exporter:
                        ranges=ranges, step=lambda detail: self.progress("convert", detail),
                        advance=advance_of(self.progress))
 
-    def _parity(
+    def _gates(
         self, directory: Path, manifest: Mapping[str, Any], precision: str, reference: Any
-    ) -> dict[str | None, ParityReport]:
-        """Reports for the main output (key None) and each extra one, each against a reference
-        that computes only that method in a forward pass of its own."""
+    ) -> list[tuple[str, str, dict[str | None, ParityReport]]]:
+        """``(target, precision it ran, reports)`` for each backend of the gate (:data:`GATES`):
+        reports for the main output (key None) and each extra one, each against a reference that
+        computes only that method in a forward pass of its own."""
         encoder = encoder_from_manifest(directory, manifest)
-        session = parity_session(directory / MODEL)
         if self._references is None:
             self._references = self.embedder.references()
         references = self._references if reference is self.embedder else {**self._references, None: reference}
         cache = self._reference_outputs if reference is self.embedder else None
-        try:
-            return parity_reports(session, encoder, references, precision, cache=cache,
-                                  advance=advance_of(self.progress))
-        finally:
-            del session
+        graph_precision = "fp32" if precision == "bf16" else precision
+        gates = []
+        for target, bar in GATES[precision]:
+            self.progress("parity", f"running the graph on {target} against PyTorch ({bar} bar)")
+            session = gate_session(target, directory / MODEL)
+            try:
+                reports = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(self.progress))
+                gates.append((target, ran_precision(session, graph_precision), reports))
+            finally:
+                del session
+        return gates
 
 
 def _copy_graph(source: Path, target: Path, move: bool = False) -> None:
@@ -352,11 +371,13 @@ def export_result(
     reference_options: Mapping[str, Any] | None = None,
     int8_recipe: str = "auto",
     check_memory: bool = True,
+    certify_emulated: bool = False,
     **options: Any,
 ) -> ExportResult:
     """:func:`export`, returning the manifest and parity report too."""
     precision = check_precision(precision)
     check_int8_recipe(int8_recipe, precision)
+    check_gate_here(precision, certify_emulated)
     check_output(out, force)
     attention, opset = resolve_attention(attention, opset)
     if check_memory:  # before any weight loads: refuse in one line rather than meet the OOM killer
@@ -369,7 +390,7 @@ def export_result(
     with Exporter(embedder, opset=opset, optimize=optimize, progress=progress, attention=attention,
                   release_weights=True) as exporter:
         return exporter.write(out, precision, force=force, reference_options=reference_options, keep_trace=False,
-                              int8_recipe=int8_recipe)
+                              int8_recipe=int8_recipe, certify_emulated=certify_emulated)
 
 
 __all__ = [

@@ -107,8 +107,8 @@ def choose_precision(precision: str, tensorrt_version: str, artifact_precision: 
         raise InvalidInput(f"TensorRT {tensorrt_version} is too old: kvembed builds engines with TensorRT >= 10")
     if major[0] >= 11:  # strongly typed only: the graph's own types are the precision
         if precision != artifact_precision:
-            source = "bf16 artifacts are refused by kvembed-export (onnxruntime's CPU provider cannot check " \
-                     "their parity)" if precision == "bf16" else f"export one with kvembed-export --precision {precision}"
+            source = "kvembed's bf16 artifacts hold the fp32 graph (bf16 is how OpenVINO runs them), so no " \
+                     "bf16-typed graph exists" if precision == "bf16" else f"export one with kvembed-export --precision {precision}"
             raise InvalidInput(
                 f"TensorRT {tensorrt_version} builds only strongly typed networks: a {precision} engine needs a "
                 f"{precision} artifact, this one is {artifact_precision} ({source})"
@@ -202,7 +202,7 @@ def build_engine(
         raise InvalidInput(f"--out {str(out)!r} is the artifact itself: pick another directory "
                          f"(the engine directory gets copies of its {TOKENIZER} and {MANIFEST})")
     trt, poly = require_tensorrt()
-    plan = choose_precision(precision, trt.__version__, manifest.precision)
+    plan = choose_precision(precision, trt.__version__, manifest.graph_precision)  # a bf16 artifact's graph is fp32
     check_tensorrt_supports(manifest, trt.__version__)
     gpu_name, capability = gpu_identity()
 

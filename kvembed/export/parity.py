@@ -15,16 +15,9 @@ from typing import Any, Callable, Mapping, Sequence, Tuple
 
 import numpy as np
 
+from ..artifact.certificates import TOLERANCES  # noqa: F401  (docs/methods.md's bars, re-exported)
 from ..methods.sharing import output_names
 from .graph import ExportError
-
-#: METHODS.md: worst row cosine (and, for fp32, max abs difference on normalised vectors)
-TOLERANCES: dict[str, dict[str, float]] = {
-    "fp32": {"min_cosine": 0.99999, "max_abs": 1e-4},
-    "fp16": {"min_cosine": 0.999},
-    "bf16": {"min_cosine": 0.999},  # TensorRT bf16 engines (kvembed-export writes no bf16 artifact)
-    "int8": {"min_cosine": 0.99},
-}
 
 _LONG = (
     "The committee met on Tuesday to review the budget for the coming year. After a long debate "
@@ -126,7 +119,8 @@ def run_parity(
     outputs: tuple[str, str] = ("embedding", "pooled"),
     advance: Advance | None = None,
 ) -> ParityReport:
-    """Compare ``session`` (onnxruntime) against ``reference`` (a TorchEmbedder).
+    """Compare ``session`` (an onnxruntime session, or any backend's :class:`~kvembed.backends.protocol.Session`)
+    against ``reference`` (a TorchEmbedder).
 
     ``encoder`` is the artifact's TextEncoder (rebuilt from its tokenizer.json and manifest); its
     token ids must equal the reference encoder's, else the artifact would tokenise differently.
@@ -134,10 +128,12 @@ def run_parity(
     the next precision exported from the same trace. ``outputs`` names the graph's
     (embedding, pooled) pair to check; the reference's first pair is what it is checked against.
     """
-    feeds = {i.name for i in session.get_inputs()}
+    protocol = hasattr(session, "input_names")  # a backends Session (OpenVINO's too), else a bare onnxruntime one
+    feeds = set(session.input_names) if protocol else {i.name for i in session.get_inputs()}
 
     def ours(batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        got = session.run(list(outputs), {k: v for k, v in batch.items() if k in feeds})
+        fed = {k: v for k, v in batch.items() if k in feeds}
+        got = session.run(fed, list(outputs)) if protocol else session.run(list(outputs), fed)
         return got[0], got[1]
 
     def theirs(batch: Mapping[str, np.ndarray], key: tuple) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,5 @@
-"""fp16 and int8 variants of a traced fp32 graph.
+"""fp16 and int8 variants of a traced fp32 graph (a bf16 artifact keeps the fp32 graph: see
+:mod:`kvembed.export.certify`).
 
 fp16: weights and activations in fp16, inputs int64 and outputs float32 as in fp32, and fp32
 islands for what must stay fp32 (Casts only where the two meet):
@@ -18,7 +19,9 @@ also emits duplicate Cast outputs and unsorted nodes when a node block list is g
 
 int8: dynamic quantisation of the MatMul weights as onnxruntime's ``quantize_dynamic`` writes it
 (int8 per output channel, in a 7-bit range; activations uint8, dynamic per tensor), computed one
-weight at a time by :mod:`kvembed.export.quantize`, after a recipe of :data:`INT8_RECIPES`.
+weight at a time by :mod:`kvembed.export.quantize`, after a recipe of :data:`INT8_RECIPES`; the
+token-embedding tables, which that leaves fp32, int8 with a scale per row
+(:mod:`kvembed.export.embedding_table`).
 Random weights quantise well as they are; trained LLMs do not (with every MatMul quantised they
 miss the gate), because a few channels carry activations tens to thousands of times the median. The default recipes calibrate on the built-in calibration texts, fold
 SmoothQuant into the weights (:mod:`kvembed.export.smoothing`) and keep fp32 the few MatMuls whose
@@ -56,7 +59,8 @@ MASSIVE_SPREAD = 50.0
 #: "smooth-keep-wide-down" also keeps fp32 the down_projs whose input spreads over this
 WIDE_DOWN_SPREAD = 10.0
 
-PRECISIONS = ("fp32", "fp16", "int8")
+#: what ``--precision`` takes (bf16: the fp32 graph, certified on OpenVINO's bf16 hint)
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 #: op types kept in fp32 wherever they occur
 FP32_OPS = (
@@ -79,21 +83,11 @@ _ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Neg", "Clip", "Max", "Min", "Where"
                 "Reciprocal", "Gather", "GatherElements"}
 
 
-def _ort_version() -> str:
-    import onnxruntime
-
-    return onnxruntime.__version__
-
-
 def check_precision(precision: str) -> str:
+    """``precision`` normalised, or a one-line error naming the choices. bf16 is not a conversion:
+    the artifact holds the fp32 graph, gated and run at bf16 by OpenVINO (:mod:`kvembed.export.certify`;
+    onnxruntime's CPU provider has no bf16 kernels)."""
     value = str(precision).strip().lower()
-    if value == "bf16":
-        raise InvalidInput(
-            "precision bf16 is not offered: onnxruntime's CPU provider has no bf16 kernels for MatMul, "
-            f"Add, Mul or Softmax (onnxruntime {_ort_version()} installed here; tests/test_export.py checks "
-            "that this still holds), so the parity gate cannot run it; "
-            "use fp16 (or int8 on CPU)"
-        )
     if value not in PRECISIONS:
         raise InvalidInput(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     return value
@@ -110,7 +104,7 @@ def convert(source: Path, target: Path, precision: str, *, int8_recipe: str = "p
         return to_fp16(source, target, advance)
     if precision == "int8":
         return to_int8(source, target, int8_recipe, calibration, ranges, step, advance)
-    raise ValueError("fp32 needs no conversion")
+    raise ValueError(f"{precision} needs no conversion (the fp32 graph is written as it is)")
 
 
 def fp32_nodes(model: Any, float_values: set[str] | None = None) -> list[str]:
@@ -307,6 +301,7 @@ class Int8Recipe:
     summary: str
     weights: str = "s7"  # s7 (U8S8 in a 7-bit range: never saturates), s8 (U8S8: saturates without VNNI) or u8 (U8U8)
     down_spread: float = 0.0  # with keep_down: only the down_projs whose input's top channel > this x median
+    int8_tables: bool = True  # token-embedding tables int8 with per-row scales (False: kept fp32)
 
     @property
     def calibrated(self) -> bool:
@@ -365,6 +360,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
     ``advance(done, total)`` each part's share done."""
     import onnx
 
+    from .embedding_table import EmbeddingTables
     from .quantize import WeightFormat, quantize_matmuls
     from .smoothing import activation_ranges, apply_steps, massive_input_nodes, smoothable_groups, smoothing_plan_from_file
 
@@ -391,7 +387,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
         keep += massive_input_nodes(groups, measured, plan.massive_spread)
     if ranges is not None:  # a recipe that would write a graph already tried gives the same gate result
         made = ranges.setdefault("graphs", {})
-        signature = (plan.smooth_alpha, plan.weights, tuple(sorted(set(keep))))
+        signature = (plan.smooth_alpha, plan.weights, plan.int8_tables, tuple(sorted(set(keep))))
         if signature in made:
             raise SameGraphError(plan.name, made[signature])
         made[signature] = plan.name
@@ -410,7 +406,9 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
              f"(recipe {plan.name})")
     # int8 weights in 7 bits by default: no int16 saturation on CPUs without VNNI (module docstring)
     fmt = WeightFormat(signed=plan.weights != "u8", reduce_range=plan.weights == "s7")
-    counts = quantize_matmuls(source, target, fmt, exclude=sorted(set(keep)), steps=folds, advance=advance)
+    tables = EmbeddingTables()
+    counts = quantize_matmuls(source, target, fmt, exclude=sorted(set(keep)), steps=folds, advance=advance,
+                              finish=tables.rewrite if plan.int8_tables else None)
     facts.update({
         "method": "dynamic int8 MatMuls as onnxruntime.quantization.quantize_dynamic(MatMul, per_channel=True, "
                   f"{'QUInt8' if plan.weights == 'u8' else 'QInt8'} weights{', reduce_range=True' if plan.weights == 's7' else ''}) "
@@ -420,6 +418,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
         "activations": "uint8, dynamic per-tensor (DynamicQuantizeLinear)",
         "fp32_matmuls": len(set(keep)),
         "quantized_matmuls": counts["quantized_matmuls"],
+        "embedding_tables": tables.facts,  # [] when none, or the recipe keeps them fp32
     })
     facts["external_data"] = settle_layout(target)
     return facts

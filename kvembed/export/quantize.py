@@ -80,12 +80,17 @@ def quantize_matmuls(
     exclude: Sequence[str] = (),
     steps: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None,
     advance: Any = None,
+    finish: Callable[[Any], Callable[[Any], None] | None] | None = None,
 ) -> dict[str, int]:
     """Write the fp32 graph ``source`` as ``target`` (weights in ``<target>.data``) with every
     ``MatMul`` whose second input is a 2-D float initializer quantised dynamically (module
     docstring), except the nodes named in ``exclude`` and those whose weight another node reads
     too. ``steps[name]`` (optional) changes the float weight ``name`` before anything else is done
-    with it. ``advance(done, total)`` is told the tensors written. Returns counts."""
+    with it. ``finish(model)`` may rewrite the quantised graph further (without its weights) and
+    returns a per-tensor transform of its own for the weights on their way to disk (or None), so a
+    further change of the weights costs no pass of its own (the int8 embedding tables,
+    :mod:`kvembed.export.embedding_table`). ``advance(done, total)`` is told the tensors written.
+    Returns counts."""
     import onnx
     from onnx import TensorProto, numpy_helper
 
@@ -149,8 +154,15 @@ def quantize_matmuls(
 
     if not any(o.domain in ("", "ai.onnx") and o.version >= 11 for o in model.opset_import):
         raise ValueError("dynamic int8 needs ONNX opset 11 or later (DynamicQuantizeLinear)")
+    more = finish(model) if finish is not None else None
+
+    def both(tensor: Any) -> None:
+        transform(tensor)
+        if more is not None:
+            more(tensor)
+
     toposort(graph)
-    stream_initializers(model, source.parent, target, transform, advance=advance)
+    stream_initializers(model, source.parent, target, both, advance=advance)
     if pending:
         raise RuntimeError(f"scales of {sorted(pending)[:3]} were never written")
     return {"quantized_matmuls": quantized_nodes, "quantized_weights": len(quantized_weights)}

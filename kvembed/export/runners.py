@@ -185,6 +185,7 @@ class OpenVINORunner(_BaseRunner):  # type: ignore[misc,valid-type]
         from ..backends.openvino import OpenVINOSession
 
         self._session = OpenVINOSession(self.model_path, precision=self.precision)
+        self.ran = self._session.precision  # what OpenVINO runs (bf16 on a CPU without BF16 runs f32)
         self._outputs = [port.get_any_name() for port in self._session.compiled.outputs]
 
     def get_input_metadata_impl(self) -> Any:

@@ -15,7 +15,8 @@ from ..artifact import MODEL, Manifest, check_files, read_manifest
 from ..runtime.artifact import encoder_from_manifest
 from .core import load_embedder
 from .manifest import source_record
-from .parity import ParityReport, parity_reports, parity_session, reference_runs
+from .certify import GATES, certificate, gate_session, ran_precision
+from .parity import ParityReport, parity_reports, reference_runs
 from .progress import Progress, advance_of, silent
 from ..errors import InvalidInput
 
@@ -29,12 +30,19 @@ class VerifyResult:
     source_problems: list[str]
     also: dict[str, ParityReport] = field(default_factory=dict)
     """Parity of each extra method's outputs (``--also``), by label."""
+    backend: str = "onnxruntime-cpu"
+    """Where :attr:`report` ran (the first of the gate's targets, :data:`~kvembed.export.certify.GATES`)."""
+    gates: dict[str, ParityReport] = field(default_factory=dict)
+    """The main output's parity on the gate's other targets (bf16: onnxruntime at fp32)."""
+    certificates: list[dict[str, Any]] = field(default_factory=list)
+    """A certificate (:mod:`kvembed.artifact.certificates`) for each target whose gate passed,
+    when the files and the source model are those of the export (``kvembed verify --record``)."""
 
     @property
     def passed(self) -> bool:
         return (
             self.report is not None and self.report.passed and all(r.passed for r in self.also.values())
-            and not self.file_problems and not self.source_problems
+            and all(r.passed for r in self.gates.values()) and not self.file_problems and not self.source_problems
         )
 
 
@@ -89,10 +97,20 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
         reference_runs(single, cache, outputs=output_names(label), advance=advance_of(progress))
     reference.model.to("meta")
     gc.collect()
-    progress("parity", "running the graph in onnxruntime against PyTorch")
     encoder = encoder_from_manifest(directory, manifest)
-    session = parity_session(directory / MODEL)
-    reports = parity_reports(session, encoder, references, typed.precision, cache=cache,
-                             advance=advance_of(progress))
+    gates: list[tuple[str, str, dict[str | None, ParityReport]]] = []
+    for target, bar in GATES[typed.precision]:
+        progress("parity", f"running the graph on {target} against PyTorch ({bar} bar)")
+        session = gate_session(target, directory / MODEL)
+        gates.append((target, ran_precision(session, typed.graph_precision),
+                      parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(progress))))
+        del session
+    # only a check of the exported files against the exported model's reference certifies anything
+    certificates = [] if source_problems else [
+        certificate(target, ran, gated[None]) for target, ran, gated in gates if all(r.passed for r in gated.values())
+    ]
+    first, _, reports = gates[0]
+    reports = dict(reports)
     report = reports.pop(None)
-    return VerifyResult(directory, manifest, report, file_problems, source_problems, reports)
+    return VerifyResult(directory, manifest, report, file_problems, source_problems, reports, first,
+                        {target: gated[None] for target, _, gated in gates[1:]}, certificates)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -11,8 +12,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..backends.catalogue import backend_for, open_session, options_for
-from ..backends.onnxruntime import CPU
+from ..backends.catalogue import Choice, choose_backend, open_session, options_for
+from ..backends.onnxruntime import CPU, CUDA, TENSORRT
 from ..backends.openvino import OPENVINO  # the openvino package itself is imported only when a session is made
 from ..backends.tensorrt import check_engine_files
 from ..methods.sharing import output_label, output_names
@@ -27,6 +28,8 @@ __all__ = ["CPU_CALL_COST", "CPU_CALL_TOKENS", "Embedder"]
 
 #: inputs with at least this many texts show a progress bar by default (when stderr is a terminal)
 PROGRESS_THRESHOLD = 1024
+#: every load says here, in one INFO line, what its provider ran the artifact on and why
+log = logging.getLogger("kvembed.runtime")
 
 
 class Embedder:
@@ -43,8 +46,11 @@ class Embedder:
         self, directory: Path, manifest: Mapping[str, Any], encoder: TextEncoder, session: Any,
         max_call_tokens: int | None | str = "auto",
         call_cost: int | None | str = "auto",
+        choice: Choice | None = None,
     ) -> None:
         self.directory = directory
+        #: what the provider chose and why (:func:`~kvembed.backends.catalogue.choose_backend`)
+        self.choice = choice
         self.manifest = dict(manifest)
         #: the manifest, typed (:class:`~kvembed.artifact.Manifest`); :attr:`manifest` is its JSON
         self.artifact: Manifest = Manifest.of(manifest)
@@ -81,7 +87,8 @@ class Embedder:
     ) -> "Embedder":
         """Open an artifact directory.
 
-        ``provider``: ``"auto"`` (CUDA when onnxruntime-gpu sees a GPU, else CPU), ``"cpu"``,
+        ``provider``: ``"auto"`` (CUDA when onnxruntime-gpu sees a GPU, else CPU; OpenVINO for a
+        bf16 artifact certified there, see below), ``"cpu"``,
         ``"cuda"`` or ``"tensorrt"`` (``trt_cache_dir`` keeps built engines between runs,
         ``trt_fp16`` lets TensorRT use fp16 kernels). ``verify`` checks every file's sha256
         against the manifest first (a corrupted or altered file is named in the error).
@@ -91,11 +98,14 @@ class Embedder:
         calls; see :func:`~kvembed.backends.onnxruntime.session_options`).
 
         ``provider="openvino"`` runs the graph with OpenVINO's CPU plugin instead of onnxruntime
-        (``pip install 'kvembed[openvino]'``; never chosen by ``"auto"``): ``ov_precision`` is its
+        (``pip install 'kvembed[openvino]'``): ``ov_precision`` is its
         inference precision hint, ``"f32"`` or ``"bf16"`` (default: bf16 only where the CPU has
         BF16, else f32); compiled models are kept in ``ov_cache_dir`` (default
         ``$KVEMBED_CACHE_DIR/openvino``, i.e. ``~/.cache/kvembed/openvino``; False: none), so a second
         load imports the compiled blob instead of compiling, several times faster.
+        ``"auto"`` picks OpenVINO (bf16 hint) only for a bf16 artifact certified there, on a CPU with
+        BF16 (:func:`~kvembed.backends.catalogue.choose_backend`); :attr:`backend` and
+        :attr:`choice` say what it picked and why, and one INFO line on the ``kvembed.runtime`` logger.
         ``threads`` sets its inference threads; ``device_id``, ``trt_*``, ``memory_arena`` and ``prepacking`` do not apply.
 
         ``options``: instead of those flat keywords, the backend's own options dataclass
@@ -119,32 +129,40 @@ class Embedder:
         """
         path = Path(directory)
         manifest = read_manifest(path)
-        backend = backend_for(path, provider)
+        choice = choose_backend(path, provider, manifest, options)
+        backend = choice.backend
+        if choice.ov_precision is not None:  # auto's certified hint: the user's own options keep theirs
+            if options is None:
+                ov_precision = choice.ov_precision
+            elif options.precision is None:
+                options = replace(options, precision=choice.ov_precision)
         backend_options = options_for(
             backend, options, threads=threads, device_id=device_id, trt_cache_dir=trt_cache_dir, trt_fp16=trt_fp16,
             memory_arena=memory_arena, prepacking=prepacking, ov_precision=ov_precision, ov_cache_dir=ov_cache_dir,
         )
         if backend == "tensorrt":
-            return cls._load_engine(path, manifest, provider, verify, max_call_tokens, call_cost)
+            return cls._load_engine(path, manifest, provider, verify, max_call_tokens, call_cost, choice)
         if verify:
             problems = check_files(path, manifest)
             if problems:
                 raise InvalidInput(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
         encoder = encoder_from_manifest(path, manifest)
-        session = open_session(path, provider, backend_options)
+        session = open_session(path, provider, backend_options, choice)
         if Manifest.of(manifest).precision == "fp16" and session.providers[0] == CPU:
             warnings.warn(
                 f"{str(path)!r} is an fp16 artifact on onnxruntime's CPU provider, which has no fp16 MatMul: it "
                 "holds fp32 copies of the weights (twice the artifact's size) and runs at fp32 speed; on a CPU "
                 "use the int8 or fp32 artifact, or provider='openvino'", stacklevel=2)
-        return cls(path, manifest, encoder, session, max_call_tokens, call_cost)
+        embedder = cls(path, manifest, encoder, session, max_call_tokens, call_cost, choice)
+        log.info("kvembed: %s runs on %s (provider %s: %s)", path, embedder.backend, provider, choice.reason)
+        return embedder
 
     @classmethod
     def _load_engine(
         cls, path: Path, manifest: Mapping[str, Any], provider: str, verify: bool, max_call_tokens: int | None | str,
-        call_cost: int | None | str = "auto",
+        call_cost: int | None | str = "auto", choice: Choice | None = None,
     ) -> "Embedder":
-        session: Any = open_session(path, provider)  # an engine directory's plan (provider auto or tensorrt)
+        session: Any = open_session(path, provider, choice=choice)  # an engine directory's plan (provider auto or tensorrt)
         if verify:
             problems = check_engine_files(path, manifest, session.record)
             if problems:
@@ -152,7 +170,9 @@ class Embedder:
         encoder = encoder_from_manifest(path, manifest)
         encoder.cap_input_tokens(session.limits.max_sequence)
         encoder.pad_at_least(session.limits.min_sequence)
-        return cls(path, manifest, encoder, session, max_call_tokens, call_cost)
+        embedder = cls(path, manifest, encoder, session, max_call_tokens, call_cost, choice)
+        log.info("kvembed: %s runs on %s (provider %s)", path, embedder.backend, provider)
+        return embedder
 
     # -- facts ---------------------------------------------------------------------------------
 
@@ -190,6 +210,13 @@ class Embedder:
     @property
     def providers(self) -> list[str]:
         return list(self.session.providers)
+
+    @property
+    def backend(self) -> str:
+        """What runs the graph, named as ``kvembed verify --backends`` names it: ``onnxruntime-cpu``,
+        ``onnxruntime-cuda``, ``onnxruntime-tensorrt``, ``openvino-bf16`` / ``openvino-f32`` (the
+        precision OpenVINO reports it runs) or ``tensorrt``; :attr:`choice` says why."""
+        return backend_name(self.session)
 
     @property
     def padding_side(self) -> str:
@@ -395,6 +422,16 @@ class Embedder:
 
     def _encode_chunk(self, chunk: list[Any], offset: int, kind: str, kwargs: dict[str, Any]) -> np.ndarray:
         return self.encode(chunk, kind=kind, show_progress_bar=False, first_index=offset, **kwargs)
+
+
+def backend_name(session: Any) -> str:
+    """``session``'s backend and what it runs on, in the verify targets' names."""
+    first = session.providers[0]
+    if session.backend == "onnxruntime":
+        return {CPU: "onnxruntime-cpu", CUDA: "onnxruntime-cuda", TENSORRT: "onnxruntime-tensorrt"}.get(first, f"onnxruntime-{first}")
+    if session.backend == "openvino":
+        return f"openvino-{session.providers[1]}"
+    return str(session.backend)
 
 
 def _auto(value: Any) -> bool:

@@ -159,7 +159,7 @@ MODEL_LIST_SCHEMA: dict[str, Any] = {
     "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {
         "type": "object", "required": ["id", "object", "created", "owned_by"],
         "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
-                       "owned_by": {"type": "string"}},
+                       "owned_by": {"type": "string"}, "backend": {"type": "string"}, "backend_reason": {"type": "string"}},
     }}},
 }
 
@@ -209,7 +209,7 @@ async def _load(
     if on_ready is not None:
         on_ready(state)
     else:
-        log.info("kvembed serve: ready (%s)", ", ".join(state.models))
+        log.info("kvembed serve: ready (%s)", ", ".join(f"{name} on {served.embedder.backend}" for name, served in state.models.items()))
 
 
 async def _serve_embeddings(state: ServerState, request: Request) -> Response:

@@ -36,6 +36,8 @@ class ServedModel:
             "id": self.name, "object": "model", "created": created, "owned_by": "kvembed",
             "method": embedder.method.name, "dim": embedder.dim, "max_length": self.max_length,
             "max_input_tokens": self.max_input_tokens, "outputs": embedder.outputs,
+            # what --provider (auto: kvembed.backends.catalogue.choose_backend) runs it on, and why
+            "backend": embedder.backend, "backend_reason": embedder.choice.reason if embedder.choice else "",
         }
 
 

@@ -111,6 +111,8 @@ class ArtifactFacts:
     min_sequence: int = 1
     #: engine.json of an engine directory (kvembed build-engine), None for an ONNX artifact
     engine: Mapping[str, Any] | None = None
+    #: the artifact's precision (a bf16 one runs on OpenVINO under the python backend's provider auto)
+    precision: str = "fp32"
 
     @classmethod
     def from_manifest(
@@ -136,7 +138,8 @@ class ArtifactFacts:
         if engine is not None:
             limits = engine_limits(engine)
             max_length, min_sequence = min(max_length, limits.max_sequence), limits.min_sequence
-        return cls(name=name, inputs=inputs, outputs=outputs, max_length=max_length, min_sequence=min_sequence, engine=engine)
+        return cls(name=name, inputs=inputs, outputs=outputs, max_length=max_length, min_sequence=min_sequence, engine=engine,
+                   precision=manifest.precision)
 
     def serving_options(self, options: "ServingOptions") -> "ServingOptions":
         """``options`` for this artifact: an engine's largest profile batch is every config's max batch."""

@@ -40,7 +40,9 @@ def repository_readme(models: Sequence[ArtifactFacts], options: ServingOptions) 
         if kind_input
         else ""
     )
-    packages = '"numpy<2" onnxruntime tokenizers' + (" openvino" if options.provider == "openvino" else "")
+    # provider auto runs a certified bf16 artifact on OpenVINO where the CPU has BF16 (onnxruntime without the package)
+    openvino = options.provider == "openvino" or (options.provider == "auto" and any(m.precision == "bf16" for m in models))
+    packages = '"numpy<2" onnxruntime tokenizers' + (" openvino" if openvino else "")
     gpu = ""
     if options.backend != "python":
         gpu = (

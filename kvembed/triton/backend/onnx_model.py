@@ -66,7 +66,9 @@ class TritonPythonModel:
         self.inputs = [tensor["name"] for tensor in config["input"]]
         self.outputs = [tensor["name"] for tensor in config["output"]]
         pb_utils.Logger.log_info(f"{args['model_name']}: kvembed runtime from {Path(kvembed.__file__).parent}")
-        pb_utils.Logger.log_info(f"{args['model_name']}: providers {self.embedder.providers}, {self.policy}")
+        choice = self.embedder.choice
+        pb_utils.Logger.log_info(f"{args['model_name']}: runs on {self.embedder.backend} ({choice.reason if choice else ''}), "
+                                 f"providers {self.embedder.providers}, {self.policy}")
 
     def execute(self, requests):
         try:

@@ -1,0 +1,97 @@
+"""What this CPU can compute fast: the one capability probe behind bf16 (the export's refusal,
+OpenVINO's precision hint, what ``provider="auto"`` picks, the flags a certificate records).
+
+The probe reads Linux's ``/proc/cpuinfo`` flags; BF16 means AVX-512 BF16 or AMX-BF16 (the
+instructions OpenVINO's CPU plugin runs bf16 matmuls with; elsewhere its bf16 hint runs f32).
+Where ``openvino`` is installed, its CPU plugin's ``OPTIMIZATION_CAPABILITIES`` has the last word.
+
+``KVEMBED_CPU_FEATURES`` replaces the probe: a comma list of cpuinfo flag names (``avx2,avx512f``;
+``none`` for none). It states what a CPU has, for machines whose probe is wrong and for checking
+on one CPU what kvembed does on another (a CPU without BF16 is exactly a list without
+``avx512_bf16`` and ``amx_bf16``): the export refuses bf16, ``auto`` falls back, and an
+OpenVINO session under the bf16 hint runs f32, as OpenVINO does on such a CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV = "KVEMBED_CPU_FEATURES"
+#: the flags that give bf16 matmuls
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+#: the flags a certificate records: what decides which kernels a backend runs
+RELEVANT_FLAGS = (
+    "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
+    "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "asimd", "bf16", "i8mm", "sve",
+)
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    """The relevant flags of this CPU (or of the one ``KVEMBED_CPU_FEATURES`` describes)."""
+
+    flags: tuple[str, ...]
+    #: ``"probe"`` (cpuinfo, and OpenVINO's plugin where installed) or ``"KVEMBED_CPU_FEATURES"``
+    source: str
+    bf16: bool
+
+    def describe(self) -> str:
+        """One phrase for messages: which bf16 instructions, and where the facts came from."""
+        have = [flag for flag in BF16_FLAGS if flag in self.flags]
+        what = f"BF16 ({', '.join(have) or 'OpenVINO lists BF16'})" if self.bf16 else "no BF16 (no avx512_bf16 / amx_bf16)"
+        return what + (f", as {ENV} says" if self.source == ENV else "")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"flags": list(self.flags), "bf16": self.bf16, "source": self.source}
+
+
+def parse_features(text: str) -> tuple[str, ...]:
+    """``KVEMBED_CPU_FEATURES``'s value as flag names (lower case, sorted; ``none``: no flags)."""
+    names = {name.strip().lower() for name in text.replace(" ", ",").split(",") if name.strip()}
+    return tuple(sorted(names - {"none"}))
+
+
+def cpu_features() -> CpuFeatures:
+    """This CPU's capabilities, or those ``KVEMBED_CPU_FEATURES`` states (read on every call: it is
+    an override a process may set before loading)."""
+    given = os.environ.get(ENV)
+    if given is not None and given.strip():
+        flags = parse_features(given)
+        return CpuFeatures(flags, ENV, any(flag in flags for flag in BF16_FLAGS))
+    return _probed()
+
+
+@functools.lru_cache(maxsize=1)
+def _probed() -> CpuFeatures:
+    flags = tuple(sorted(set(_cpuinfo_flags()) & set(RELEVANT_FLAGS)))
+    bf16 = any(flag in flags for flag in BF16_FLAGS)
+    plugin = _openvino_lists_bf16()
+    return CpuFeatures(flags, "probe", bf16 if plugin is None else plugin)
+
+
+def _cpuinfo_flags() -> list[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:  # not Linux: only OpenVINO's plugin can tell
+        return []
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return value.split()
+    return []
+
+
+def _openvino_lists_bf16() -> bool | None:
+    """Whether OpenVINO's CPU plugin lists BF16 among its capabilities; None without openvino."""
+    try:
+        import openvino
+    except Exception:
+        return None
+    try:
+        capabilities = openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    except Exception:  # an old or unusual plugin: the flags decide
+        return None
+    return "BF16" in [str(c).upper() for c in capabilities]

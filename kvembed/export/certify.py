@@ -1,0 +1,110 @@
+"""Where the parity gate runs an artifact's graph, and the certificates its passes become.
+
+Every precision is gated on onnxruntime's CPU provider, except bf16: onnxruntime's CPU provider has
+no bf16 kernels, so a bf16 artifact holds the fp32 graph and bf16 is how OpenVINO runs it (its
+``INFERENCE_PRECISION_HINT``). Its gate runs that graph twice against the PyTorch reference: on
+OpenVINO under the bf16 hint at bf16's bar (the artifact's own precision, the report the manifest's
+``parity`` holds) and on onnxruntime's CPU provider at fp32's bar (the path ``provider="auto"``
+falls back to where bf16 cannot run). Each pass becomes a certificate
+(:mod:`kvembed.artifact.certificates`) naming the precision the backend reports it ran: on a CPU
+without BF16, OpenVINO runs the bf16 hint in f32, so the export refuses bf16 there unless told
+to certify that emulation (``--certify-emulated``), and the certificate then says fp32 ran.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..artifact.certificates import PYTORCH, precision_name
+from ..backends.catalogue import BACKENDS, CPU, OV_BF16, VERIFY_TARGETS
+from ..backends.cpu import cpu_features
+from ..errors import InvalidInput, MissingDependency
+
+#: artifact precision -> the gate's (verify target, tolerance precision), the artifact's own first
+GATES: dict[str, tuple[tuple[str, str], ...]] = {
+    "fp32": ((CPU, "fp32"),),
+    "fp16": ((CPU, "fp16"),),
+    "int8": ((CPU, "int8"),),
+    "bf16": ((OV_BF16, "bf16"), (CPU, "fp32")),
+}
+#: what ``--certify-emulated`` is called in messages
+EMULATED_FLAG = "--certify-emulated"
+
+
+def check_gate_here(precision: str, certify_emulated: bool = False) -> None:
+    """Before any heavy work: can this machine gate ``precision``? bf16 needs openvino and a CPU with
+    BF16 (or ``certify_emulated``); a one-line error says why not and what to do."""
+    if certify_emulated and precision != "bf16":
+        raise InvalidInput(f"{EMULATED_FLAG} applies to --precision bf16 only (got {precision}); drop it")
+    if precision != "bf16":
+        return
+    problem = BACKENDS["openvino"].probe()
+    if problem is not None:
+        raise MissingDependency(f"--precision bf16 is gated on OpenVINO, and {problem}")
+    features = cpu_features()
+    if not features.bf16 and not certify_emulated:
+        raise InvalidInput(
+            f"--precision bf16: this CPU has {features.describe()}, so OpenVINO would run f32 and the gate cannot "
+            f"certify bf16; export on a CPU with AVX-512 BF16 or AMX, export fp32 (the same graph), or add "
+            f"{EMULATED_FLAG} to gate it as it runs here (f32) and record that in its certificate"
+        )
+
+
+def gate_session(target: str, path: Path) -> Any:
+    """The graph at ``path`` opened as the gate runs it on ``target`` (a :class:`~kvembed.backends.protocol.Session`)."""
+    if target == CPU:
+        from ..backends.onnxruntime import OnnxRuntimeSession
+        from .parity import parity_session
+
+        return OnnxRuntimeSession(parity_session(path))
+    spec = VERIFY_TARGETS[target]
+    if spec.backend != "openvino":
+        raise InvalidInput(f"the parity gate does not run on {target}")
+    from ..backends.openvino import OpenVINOSession
+
+    return OpenVINOSession(path, precision=spec.setting, cache_dir=False)  # a staging path: nothing worth keeping
+
+
+def ran_precision(session: Any, graph_precision: str) -> str:
+    """The precision ``session`` computes in: OpenVINO's report, or the graph's own elsewhere."""
+    if getattr(session, "backend", "") == "openvino":
+        return precision_name(session.precision)
+    return graph_precision
+
+
+def certificate(
+    target: str, ran: str, report: Any, *, against: str = PYTORCH, extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A passed check (a :class:`~kvembed.export.parity.ParityReport` or a backend pair's numbers)
+    as the manifest's ``certified`` entry: which target, what ran, how close, on which CPU."""
+    spec = VERIFY_TARGETS[target]
+    versions = {}
+    if spec.backend == "openvino":
+        import openvino
+
+        versions["openvino"] = openvino.get_version()
+    elif spec.backend == "onnxruntime":
+        import onnxruntime
+
+        versions["onnxruntime"] = onnxruntime.__version__
+    record = {
+        "target": target,
+        "backend": spec.backend,
+        "precision": ran,
+        "hint": precision_name(spec.setting) if spec.backend == "openvino" else None,
+        "against": against,
+        "worst_cosine": float(report.worst_cosine),
+        "min_cosine": float(getattr(report, "min_cosine_required", None) or report.tolerance["min_cosine"]),
+        "max_abs_diff": float(report.max_abs_diff),
+        "rows": int(getattr(report, "rows", 0)),
+        "texts": int(getattr(report, "texts", 0)),
+        "cpu": cpu_features().to_dict(),
+        "versions": versions,
+        "kvembed_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    record.update(extra or {})
+    return record
