@@ -340,3 +340,55 @@ def test_a_recipe_that_repeats_a_tried_graph_is_skipped(fp32, tmp_path):
     assert same.value.same_as == "smooth" and not (tmp_path / "same.onnx").exists()
     to_int8(graph, tmp_path / "down.onnx", "smooth-keep-down", feeds, ranges)  # keeps more: converted
     assert (tmp_path / "down.onnx").exists()
+
+
+def _one_matmul(path: Path, weight: np.ndarray) -> None:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "one",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", "tokens", weight.shape[0]])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(weight, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_per_row_activations_quantise_each_token_on_its_own_scale(tmp_path):
+    """The per-row recipes' MatMul against numpy arithmetic written here (the oracle): each token
+    row x gets s = max|x| / 127, q = round(x / s) in [-127, 127], and y = (q @ W_int) * s * w_scale
+    with the weights' per-channel 7-bit scales; a token 1000x larger than the rest (a massive
+    activation) then leaves the others as accurate as without it, which per-tensor scales do not."""
+    from kvembed.export.quantize import WeightFormat, quantize_matmuls
+
+    rng = np.random.default_rng(3)
+    weight = rng.normal(size=(48, 20)).astype(np.float32)
+    x = rng.normal(size=(2, 5, 48)).astype(np.float32)
+    x[0, 0] *= 1000.0  # the massive token
+    source = tmp_path / "fp32.onnx"
+    _one_matmul(source, weight)
+    outputs = {}
+    for per_row in (True, False):
+        target = tmp_path / f"int8-{per_row}.onnx"
+        quantize_matmuls(source, target, WeightFormat(signed=True, reduce_range=True, per_row=per_row))
+        outputs[per_row] = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+    w_scale = np.abs(weight).max(axis=0) / 64.0
+    w_int = np.clip(np.round(weight / w_scale), -64, 64)
+    s = np.abs(x).max(axis=-1, keepdims=True) / 127.0
+    q = np.round(x / s)
+    want = (q @ w_int) * s * w_scale
+    np.testing.assert_allclose(outputs[True], want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    exact = x @ weight
+    flat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
+    row_cos, tensor_cos = cosines(flat(outputs[True]), flat(exact)), cosines(flat(outputs[False]), flat(exact))
+    tensor_cos = np.nan_to_num(tensor_cos, nan=0.0)  # a row quantised to all zeros has no direction
+    assert row_cos.min() > 0.999 and tensor_cos[1:].max() < 0.99  # per tensor, the massive token ruins the rest
+
+
+def test_per_row_recipes_record_their_activations(fp32, tmp_path):
+    artifact, graph = fp32
+    feeds = calibration_feeds(encoder_from_manifest(artifact, read_manifest(artifact)), TEXTS, batch=3)
+    facts = to_int8(graph, tmp_path / "int8.onnx", "smooth-rows", feeds)
+    assert facts["activations"].startswith("uint8, dynamic, a symmetric scale per token")
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "int8.onnx"), load_external_data=False).graph.node}
+    assert "MatMulInteger" in ops and "DynamicQuantizeLinear" not in ops
+    assert cosines(_embed(tmp_path / "int8.onnx", artifact), _embed(graph, artifact)).min() > 0.99

@@ -302,6 +302,7 @@ class Int8Recipe:
     weights: str = "s7"  # s7 (U8S8 in a 7-bit range: never saturates), s8 (U8S8: saturates without VNNI) or u8 (U8U8)
     down_spread: float = 0.0  # with keep_down: only the down_projs whose input's top channel > this x median
     int8_tables: bool = True  # token-embedding tables int8 with per-row scales (False: kept fp32)
+    per_row: bool = False  # activations quantised with a scale per token (True) or per tensor
 
     @property
     def calibrated(self) -> bool:
@@ -318,6 +319,12 @@ INT8_RECIPES: dict[str, Int8Recipe] = {r.name: r for r in (
     Int8Recipe("smooth-keep-down", DEFAULT_ALPHA, MASSIVE_SPREAD, True,
                "as smooth, and every SwiGLU down_proj kept fp32"),
     Int8Recipe("plain", None, None, False, "every weight MatMul quantised, no calibration"),
+    Int8Recipe("rows", None, None, False, "every weight MatMul quantised, activations with a scale per token",
+               per_row=True),
+    Int8Recipe("smooth-rows", DEFAULT_ALPHA, None, False,
+               f"SmoothQuant (alpha {DEFAULT_ALPHA}) folded in, activations with a scale per token", per_row=True),
+    Int8Recipe("smooth-rows-keep-down", DEFAULT_ALPHA, None, True,
+               "as smooth-rows, and every SwiGLU down_proj kept fp32", per_row=True),
 )}
 #: ``--int8-recipe auto``: tried in this order, the first that passes the parity gate is written
 INT8_AUTO = ("smooth", "smooth-keep-wide-down", "smooth-keep-down")
@@ -387,7 +394,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
         keep += massive_input_nodes(groups, measured, plan.massive_spread)
     if ranges is not None:  # a recipe that would write a graph already tried gives the same gate result
         made = ranges.setdefault("graphs", {})
-        signature = (plan.smooth_alpha, plan.weights, plan.int8_tables, tuple(sorted(set(keep))))
+        signature = (plan.smooth_alpha, plan.weights, plan.int8_tables, plan.per_row, tuple(sorted(set(keep))))
         if signature in made:
             raise SameGraphError(plan.name, made[signature])
         made[signature] = plan.name
@@ -405,7 +412,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
         step(f"quantising: dynamic int8 per channel, one weight at a time{' with smoothing folded in' if folds else ''} "
              f"(recipe {plan.name})")
     # int8 weights in 7 bits by default: no int16 saturation on CPUs without VNNI (module docstring)
-    fmt = WeightFormat(signed=plan.weights != "u8", reduce_range=plan.weights == "s7")
+    fmt = WeightFormat(signed=plan.weights != "u8", reduce_range=plan.weights == "s7", per_row=plan.per_row)
     tables = EmbeddingTables()
     counts = quantize_matmuls(source, target, fmt, exclude=sorted(set(keep)), steps=folds, advance=advance,
                               finish=tables.rewrite if plan.int8_tables else None)
@@ -415,7 +422,8 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
                   "writes them (kvembed.export.quantize, bitwise equal)",
         "weight_type": {"u8": "uint8", "s8": "int8", "s7": "int8 (7-bit range)"}[plan.weights],
         "per_channel": True,
-        "activations": "uint8, dynamic per-tensor (DynamicQuantizeLinear)",
+        "activations": "uint8, dynamic, a symmetric scale per token (zero point 128)" if plan.per_row
+                       else "uint8, dynamic per-tensor (DynamicQuantizeLinear)",
         "fp32_matmuls": len(set(keep)),
         "quantized_matmuls": counts["quantized_matmuls"],
         "embedding_tables": tables.facts,  # [] when none, or the recipe keeps them fp32

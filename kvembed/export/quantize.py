@@ -32,6 +32,8 @@ class WeightFormat:
 
     signed: bool  # int8 (symmetric, zero point 0) or uint8 (asymmetric)
     reduce_range: bool  # int8 in [-64, 64] / uint8 in [0, 127]
+    #: activations quantised with one scale per row (token) instead of one per tensor
+    per_row: bool = False
 
     @property
     def dtype(self) -> type:
@@ -111,7 +113,10 @@ def quantize_matmuls(
     chosen_ids = {id(n) for n in chosen}
     chosen = [n for n in chosen if all(id(r) in chosen_ids for r in readers[n.input[1]])
               and n.input[1] not in {o.name for o in graph.output}]
-    quantized_nodes = _rewrite(graph, chosen, fmt)
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if opset < 11:
+        raise ValueError("dynamic int8 needs ONNX opset 11 or later (DynamicQuantizeLinear)")
+    quantized_nodes = _rewrite(graph, chosen, fmt, opset)
     quantized_weights = {n.input[1] for n in chosen}
 
     # each weight becomes its int8 tensor (same bytes on disk until it streams), then its scales
@@ -152,8 +157,6 @@ def quantize_matmuls(
         elif original in steps:
             tensor.CopyFrom(numpy_helper.from_array(steps[original](numpy_helper.to_array(tensor)), tensor.name))
 
-    if not any(o.domain in ("", "ai.onnx") and o.version >= 11 for o in model.opset_import):
-        raise ValueError("dynamic int8 needs ONNX opset 11 or later (DynamicQuantizeLinear)")
     more = finish(model) if finish is not None else None
 
     def both(tensor: Any) -> None:
@@ -168,7 +171,7 @@ def quantize_matmuls(
     return {"quantized_matmuls": quantized_nodes, "quantized_weights": len(quantized_weights)}
 
 
-def _rewrite(graph: Any, matmuls: list[Any], fmt: WeightFormat) -> int:
+def _rewrite(graph: Any, matmuls: list[Any], fmt: WeightFormat, opset: int) -> int:
     """Replace each of ``matmuls`` in ``graph`` by onnxruntime's dynamic-quantisation nodes (its
     names), one ``DynamicQuantizeLinear`` per activation."""
     from onnx import TensorProto, helper
@@ -185,8 +188,8 @@ def _rewrite(graph: Any, matmuls: list[Any], fmt: WeightFormat) -> int:
         name = node.name or f"MatMul_{index}"
         if x not in quantized_inputs:
             quantized_inputs.add(x)
-            nodes.append(helper.make_node("DynamicQuantizeLinear", [x], [f"{x}_quantized", f"{x}_scale", f"{x}_zero_point"],
-                                          name=f"{x}_QuantizeLinear"))
+            nodes += _quantize_rows(x, opset) if fmt.per_row else [helper.make_node(
+                "DynamicQuantizeLinear", [x], [f"{x}_quantized", f"{x}_scale", f"{x}_zero_point"], name=f"{x}_QuantizeLinear")]
         scales = f"{name}_quant_scales_mul:0"
         nodes += [
             helper.make_node("Mul", [f"{x}_scale", f"{w}_scale"], [scales], name=f"{name}_quant_scales_mul"),
@@ -196,6 +199,47 @@ def _rewrite(graph: Any, matmuls: list[Any], fmt: WeightFormat) -> int:
                              name=f"{y}_output_quantized_cast", to=TensorProto.FLOAT),
             helper.make_node("Mul", [f"{y}_output_quantized_cast_output", scales], [y], name=f"{name}_quant_output_scale_mul"),
         ]
+    if fmt.per_row and matmuls:
+        graph.initializer.extend(_row_constants())
     del graph.node[:]
     graph.node.extend(nodes)
     return len(matmuls)
+
+
+#: per-row activations: symmetric, 255 levels, stored uint8 around a zero point of 128 (the fast
+#: U8S8 kernels take a scalar zero point only)
+_ROW_LEVELS, _ROW_ZERO = 127.0, 128
+
+
+def _quantize_rows(x: str, opset: int) -> list[Any]:
+    """Nodes quantising activation ``x`` per row (its last axis holds a row's channels), giving
+    the names ``DynamicQuantizeLinear`` would (``x_quantized``, ``x_scale`` [..., 1],
+    ``x_zero_point``): a massive token no longer sets the scale of every other token."""
+    from onnx import TensorProto, helper
+
+    return [
+        helper.make_node("Abs", [x], [f"{x}_abs"], name=f"{x}_row_abs"),
+        # ReduceMax takes its axes as an input from opset 18 on, as an attribute before
+        helper.make_node("ReduceMax", [f"{x}_abs", "kvembed_row_axis"], [f"{x}_row_max"], name=f"{x}_row_max", keepdims=1)
+        if opset >= 18 else
+        helper.make_node("ReduceMax", [f"{x}_abs"], [f"{x}_row_max"], name=f"{x}_row_max", keepdims=1, axes=[-1]),
+        helper.make_node("Max", [f"{x}_row_max", "kvembed_row_floor"], [f"{x}_row_peak"], name=f"{x}_row_peak"),
+        helper.make_node("Div", [f"{x}_row_peak", "kvembed_row_levels"], [f"{x}_scale"], name=f"{x}_row_scale"),
+        helper.make_node("Div", [x, f"{x}_scale"], [f"{x}_row_scaled"], name=f"{x}_row_divide"),
+        helper.make_node("Round", [f"{x}_row_scaled"], [f"{x}_row_rounded"], name=f"{x}_row_round"),
+        helper.make_node("Add", [f"{x}_row_rounded", "kvembed_row_zero_float"], [f"{x}_row_shifted"], name=f"{x}_row_shift"),
+        helper.make_node("Cast", [f"{x}_row_shifted"], [f"{x}_quantized"], name=f"{x}_row_cast", to=TensorProto.UINT8),
+        helper.make_node("Identity", ["kvembed_row_zero"], [f"{x}_zero_point"], name=f"{x}_row_zero"),
+    ]
+
+
+def _row_constants() -> list[Any]:
+    from onnx import numpy_helper
+
+    return [
+        numpy_helper.from_array(np.array([-1], dtype=np.int64), "kvembed_row_axis"),
+        numpy_helper.from_array(np.array(np.finfo(np.float32).tiny, dtype=np.float32), "kvembed_row_floor"),
+        numpy_helper.from_array(np.array(_ROW_LEVELS, dtype=np.float32), "kvembed_row_levels"),
+        numpy_helper.from_array(np.array(float(_ROW_ZERO), dtype=np.float32), "kvembed_row_zero_float"),
+        numpy_helper.from_array(np.array(_ROW_ZERO, dtype=np.uint8), "kvembed_row_zero"),
+    ]
