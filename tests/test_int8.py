@@ -111,7 +111,7 @@ def test_the_int8_artifact_records_its_recipe(stories_artifact, fp32):
 
 
 @pytest.mark.parametrize("precision,recipe,message", [
-    ("int8", "fastest", "int8 recipe must be auto, or one or more (comma-separated, no repeats) of smooth, smooth-keep-wide-down, smooth-keep-down, plain"),
+    ("int8", "fastest", "int8 recipe must be auto, or one or more (comma-separated, no repeats) of smooth, smooth-keep-wide-down, smooth-keep-down, plain, rows, smooth-rows, smooth-rows-keep-down"),
     ("fp32", "smooth", "--int8-recipe smooth applies to --precision int8 only (got --precision fp32); drop it or export int8"),
 ])
 def test_a_wrong_recipe_is_a_one_line_error(tmp_path, precision, recipe, message):

@@ -23,13 +23,17 @@ weight at a time by :mod:`kvembed.export.quantize`, after a recipe of :data:`INT
 token-embedding tables, which that leaves fp32, int8 with a scale per row
 (:mod:`kvembed.export.embedding_table`).
 Random weights quantise well as they are; trained LLMs do not (with every MatMul quantised they
-miss the gate), because a few channels carry activations tens to thousands of times the median. The default recipes calibrate on the built-in calibration texts, fold
-SmoothQuant into the weights (:mod:`kvembed.export.smoothing`) and keep fp32 the few MatMuls whose
-inputs hold massive activations ("smooth"), then also the ``down_proj``s whose inputs spread over
-10x their median channel ("smooth-keep-wide-down"), then every ``down_proj``
-("smooth-keep-down"); the exporter writes the first recipe that passes the parity gate
-(``--int8-recipe``): each later recipe keeps more fp32, more accurate and slower.
-``benchmarks/int8_options.py`` measures the alternatives (benchmarks/RESULTS.md).
+miss the gate), because a few channels, and a few tokens, carry activations tens to thousands of
+times the median. A per-tensor activation scale then follows the one massive token and leaves the
+others a handful of levels, so the default recipes give each token its own scale (``per_row``:
+the activation is quantised symmetric around a zero point of 128, one scale per row, which the
+fast U8S8 kernels still run), calibrate on the built-in calibration texts and fold SmoothQuant into
+the weights (:mod:`kvembed.export.smoothing`) for the outlier channels ("smooth-rows"), then also
+keep every SwiGLU ``down_proj`` fp32 ("smooth-rows-keep-down"), then fall back to per-tensor
+scales with every ``down_proj`` fp32 ("smooth-keep-down"); the exporter writes the first recipe
+that passes the parity gate (``--int8-recipe``). The per-tensor recipes ("smooth", which keeps
+fp32 the MatMuls whose inputs hold massive activations, "smooth-keep-wide-down", "plain") stay
+available by name. ``benchmarks/int8_options.py`` measures the alternatives (benchmarks/RESULTS.md).
 
 Weights are int8 (U8S8, onnxruntime's fast kernel) quantised to 7 bits (``reduce_range``): on
 x86 CPUs without VNNI (AVX2 / AVX-512F only) onnxruntime's U8S8 kernel adds pairs of u8 x s8
@@ -327,7 +331,14 @@ INT8_RECIPES: dict[str, Int8Recipe] = {r.name: r for r in (
                "as smooth-rows, and every SwiGLU down_proj kept fp32", per_row=True),
 )}
 #: ``--int8-recipe auto``: tried in this order, the first that passes the parity gate is written
-INT8_AUTO = ("smooth", "smooth-keep-wide-down", "smooth-keep-down")
+INT8_AUTO = ("smooth-rows", "smooth-rows-keep-down", "smooth-keep-down")
+
+
+def int8_recipe_help() -> str:
+    """``--int8-recipe``'s help, from :data:`INT8_RECIPES` and :data:`INT8_AUTO`."""
+    listed = "; ".join(f"{r.name} ({r.summary})" for r in INT8_RECIPES.values())
+    return (f"int8 only: one of {listed}; several comma-separated (the first that passes the parity gate "
+            f"is written); or auto = {','.join(INT8_AUTO)}.")
 
 
 def check_int8_recipe(recipe: str, precision: str) -> tuple[str, ...]:
