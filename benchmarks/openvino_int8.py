@@ -40,7 +40,6 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from kvembed.artifact import read_manifest
 from kvembed.bench.measure import cosine_rows, interleaved
 from kvembed.bench.report import machine_info
 from kvembed.bench.workload import exact_rows, make_batch
@@ -64,38 +63,36 @@ def compressed_model(fp32: Path, mode: str) -> Any:
     return nncf.compress_weights(model, mode=getattr(nncf.CompressWeightsMode, mode))
 
 
-def compiled_run(model: Any, hint: str, threads: int, dq: int | None) -> tuple[Run, str]:
-    """``model`` compiled for the CPU under ``hint``: ``feeds -> embedding``, and the precision it runs."""
+def nncf_embedder(args: argparse.Namespace, model: Any, hint: str) -> tuple[Embedder, str]:
+    """An Embedder of the fp32 artifact on OpenVINO whose compiled model is ``model`` (NNCF's)
+    compiled under ``hint``: the runtime's own encoder and batching, so the STS score is computed
+    as ``kvembed eval`` computes it. Returns it and the precision OpenVINO reports it runs."""
     import openvino as ov
 
-    config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads}
-    if dq is not None:
-        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = dq
+    config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": args.threads}
+    if args.dq is not None:
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = args.dq
     compiled = ov.Core().compile_model(model, "CPU", config)
-    inputs = {port.get_any_name() for port in compiled.inputs}
-
-    def run(feeds: Mapping[str, np.ndarray]) -> np.ndarray:
-        request = compiled.create_infer_request()
-        request.infer({k: np.ascontiguousarray(v) for k, v in feeds.items() if k in inputs})
-        return np.array(request.get_tensor("embedding").data, copy=True)
-
-    return run, str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+    embedder = Embedder.load(args.fp32, provider="openvino", ov_precision=hint, threads=args.threads, verify=False)
+    embedder.session.compiled = compiled  # OpenVINOSession.run makes its infer requests from it
+    ran = compiled.get_property("INFERENCE_PRECISION_HINT")
+    return embedder, getattr(ran, "to_string", lambda: str(ran))()
 
 
-def variants(args: argparse.Namespace) -> dict[str, Run]:
-    """name -> run: the reference, kvembed's int8 artifact, OpenVINO on the fp32 graph, NNCF's modes."""
+def variants(args: argparse.Namespace) -> dict[str, Embedder]:
+    """name -> Embedder: the reference, kvembed's int8 artifact, OpenVINO on the fp32 graph, NNCF's modes."""
     load = lambda path, **kw: Embedder.load(path, threads=args.threads, verify=False, **kw)  # noqa: E731
-    runs: dict[str, Run] = {BASE: lambda feeds, e=load(args.fp32, provider="cpu"): e.run(feeds)[0]}
+    embedders: dict[str, Embedder] = {BASE: load(args.fp32, provider="cpu")}
     if args.int8:
-        runs["onnxruntime int8"] = lambda feeds, e=load(args.int8, provider="cpu"): e.run(feeds)[0]
+        embedders["onnxruntime int8"] = load(args.int8, provider="cpu")
     for hint in args.ov:
-        runs[f"OpenVINO {hint}"] = lambda feeds, e=load(args.fp32, provider="openvino", ov_precision=hint): e.run(feeds)[0]
+        embedders[f"OpenVINO {hint}"] = load(args.fp32, provider="openvino", ov_precision=hint)
     for mode in args.modes:
         model = compressed_model(args.fp32, mode)
         for hint in args.ov:
-            run, ran = compiled_run(model, hint, args.threads, args.dq)
-            runs[f"NNCF {mode} ({ran})"] = run
-    return runs
+            embedder, ran = nncf_embedder(args, model, hint)
+            embedders[f"NNCF {mode} ({ran})"] = embedder
+    return embedders
 
 
 def gate_cosines(encoder: Any, runs: Mapping[str, Run], texts: Mapping[str, str]) -> dict[str, float]:
@@ -111,39 +108,38 @@ def gate_cosines(encoder: Any, runs: Mapping[str, Run], texts: Mapping[str, str]
     return worst
 
 
-def sts_spearman(encoder: Any, run: Run, padding_side: str, batch_size: int = 32) -> float:
-    """The sample STS task's Spearman: gold scores against the pairs' cosines (document vectors)."""
+def sts_spearman(embedder: Embedder, batch_size: int = 32) -> float:
+    """The sample STS task's Spearman as ``kvembed eval`` scores it (mteb's ``cosine_spearman``):
+    gold scores against ``1 - paired_cosine_distances`` of the document vectors, encoded by the
+    runtime's batching. int8's dynamic activation scales depend on what shares a batch, so the
+    batching is part of the score."""
     from scipy.stats import spearmanr
     from sklearn.metrics.pairwise import paired_cosine_distances
 
     task = load_task(SAMPLES["sample-sts"])
-
-    def embed(texts: list[str]) -> np.ndarray:
-        parts = [run(encoder.pad(encoder.encode(texts[i:i + batch_size], "document"), padding_side))
-                 for i in range(0, len(texts), batch_size)]
-        return np.concatenate(parts).astype(np.float32)
-
-    first, second = embed(list(task.data["sentence1"])), embed(list(task.data["sentence2"]))
+    first = embedder.encode(list(task.data["sentence1"]), kind="document", batch_size=batch_size)
+    second = embedder.encode(list(task.data["sentence2"]), kind="document", batch_size=batch_size)
     return float(spearmanr(task.data["score"], 1 - paired_cosine_distances(first, second)).statistic)
 
 
-def quality(args: argparse.Namespace, runs: Mapping[str, Run]) -> list[dict[str, Any]]:
-    encoder = Embedder.load(args.fp32, provider="cpu", threads=1, verify=False).encoder
-    side = read_manifest(args.fp32)["padding_side"]
+def quality(args: argparse.Namespace, embedders: Mapping[str, Embedder]) -> list[dict[str, Any]]:
+    encoder = embedders[BASE].encoder
+    runs = {name: (lambda feeds, e=e: e.run(feeds)[0]) for name, e in embedders.items()}
     gate, held = gate_cosines(encoder, runs, GATE_TEXTS), gate_cosines(encoder, runs, HELD_OUT_TEXTS)
     rows = []
-    for name, run in runs.items():
+    for name, embedder in embedders.items():
         row = {"variant": name, "gate_worst_cos_vs_fp32": gate[name], "held_out_worst_cos_vs_fp32": held[name],
-               "sts_spearman": sts_spearman(encoder, run, side)}
+               "sts_spearman": sts_spearman(embedder)}
         rows.append(row)
-        print(f"{name:<32} gate {row['gate_worst_cos_vs_fp32']:.6f}  held-out {row['held_out_worst_cos_vs_fp32']:.6f}  "
+        print(f"{name:<28} gate {row['gate_worst_cos_vs_fp32']:.6f}  held-out {row['held_out_worst_cos_vs_fp32']:.6f}  "
               f"STS Spearman {row['sts_spearman']:.4f}", flush=True)
     return rows
 
 
-def timing(args: argparse.Namespace, runs: Mapping[str, Run]) -> list[dict[str, Any]]:
+def timing(args: argparse.Namespace, embedders: Mapping[str, Embedder]) -> list[dict[str, Any]]:
     """The variants interleaved on each shape; speed against onnxruntime fp32 (median of rounds)."""
-    encoder = Embedder.load(args.fp32, provider="cpu", threads=1, verify=False).encoder
+    encoder = embedders[BASE].encoder
+    runs = {name: (lambda feeds, e=e: e.run(feeds)[0]) for name, e in embedders.items()}
     cells = []
     for shape in args.shapes.split(","):
         batch, _, seq = shape.lower().partition("x")
@@ -157,7 +153,7 @@ def timing(args: argparse.Namespace, runs: Mapping[str, Run]) -> list[dict[str, 
                     "speed_vs_ort_fp32": statistics.median(b / t for t, b in zip(times[name], times[BASE])),
                     "seconds": times[name]}
             cells.append(cell)
-            print(f"{shape:>7} {name:<32} p50 {cell['p50_ms']:8.1f} ms  x{cell['speed_vs_ort_fp32']:.2f} vs ort fp32", flush=True)
+            print(f"{shape:>7} {name:<28} p50 {cell['p50_ms']:8.1f} ms  x{cell['speed_vs_ort_fp32']:.2f} vs ort fp32", flush=True)
     return cells
 
 
@@ -178,15 +174,15 @@ def main() -> None:
     import nncf
     import openvino as ov
 
-    runs = variants(args)
+    embedders = variants(args)
     results: dict[str, Any] = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine_info(args.threads),
         "fp32": str(args.fp32), "int8": str(args.int8 or ""), "dq_group_size": args.dq,
         "versions": {"nncf": nncf.__version__, "openvino": ov.get_version()},
-        "quality": quality(args, runs),
+        "quality": quality(args, embedders),
     }
     if args.time:
-        results["timing"] = timing(args, runs)
+        results["timing"] = timing(args, embedders)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
 
 
