@@ -328,8 +328,7 @@ class Exporter:
             try:
                 reports = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(self.progress))
                 gates.append((target, ran_precision(session, graph_precision), reports))
-                if held_out is None and reports[None].passed and len(gates) == 1:
-                    self.progress("parity", f"running the graph on {target} on the held-out texts (reported, not gating)")
+                if held_out is None and reports[None].passed and len(gates) == 1:  # part of the parity stage
                     held_out = run_parity(session, encoder, references[None], bar, texts=HELD_OUT_TEXTS, cache=cache,
                                           advance=advance_of(self.progress))
             finally:
