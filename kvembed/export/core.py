@@ -32,7 +32,7 @@ from .external_data import settle_layout
 from .graph import ExportError, resolve_attention
 from .graph import trace as trace_graph
 from .manifest import build_manifest, source_record
-from .parity import HELD_OUT_TEXTS, ParityReport, held_out_record, parity_reports, reference_runs, run_parity
+from .parity import GATE_TEXTS, HELD_OUT_TEXTS, ParityReport, held_out_record, parity_reports, reference_runs, run_parity
 from .precision import INT8_RECIPES, SameGraphError, check_int8_recipe, check_precision, convert, int8_plan
 from .progress import Progress, advance_of, silent
 from .rewrites import optimize_with_onnxruntime, rms_norm_as_div
@@ -180,11 +180,11 @@ class Exporter:
         if self._references is None:
             self._references = self.embedder.references()
         for label, reference in self._references.items():
-            reference_runs(reference, self._reference_outputs, outputs=output_names(label),
+            # the main output also on the held-out texts (reported beside the gate, never deciding):
+            # their batches are their own, so each is cached as the held-out run will ask for it
+            texts = {**GATE_TEXTS, **HELD_OUT_TEXTS} if label is None else GATE_TEXTS
+            reference_runs(reference, self._reference_outputs, texts=texts, outputs=output_names(label),
                            advance=advance_of(self.progress))
-        # the held-out texts, for the main output only: reported beside the gate, never deciding
-        reference_runs(self._references[None], self._reference_outputs, texts=HELD_OUT_TEXTS,
-                       advance=advance_of(self.progress))
 
     def _release(self) -> None:
         """Free the PyTorch weights: every parameter and buffer moves to the ``meta`` device (no
@@ -329,8 +329,7 @@ class Exporter:
                 reports = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(self.progress))
                 gates.append((target, ran_precision(session, graph_precision), reports))
                 if held_out is None and reports[None].passed and len(gates) == 1:  # part of the parity stage
-                    held_out = run_parity(session, encoder, references[None], bar, texts=HELD_OUT_TEXTS, cache=cache,
-                                          advance=advance_of(self.progress))
+                    held_out = run_parity(session, encoder, references[None], bar, texts=HELD_OUT_TEXTS, cache=cache)
             finally:
                 del session
         return gates, held_out
