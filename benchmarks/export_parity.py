@@ -1,12 +1,15 @@
 """Export parity table: worst-row cosine of every method x architecture x precision.
 
     python benchmarks/export_parity.py [--out benchmarks/results/export_parity.md]
+    python benchmarks/export_parity.py --models gemma3-270m --sizes --out benchmarks/results/export_parity_gemma3.md
 
 Each cell is the parity gate's own measurement (the exported graph in onnxruntime against the
 PyTorch reference on the built-in text set: 12 texts, queries and documents, right- and
 left-padded batches of mixed lengths, 64 rows). Models: tiny random Llama / Qwen3 / Qwen2 /
 Mistral (hidden 64, 4 layers, 4 query / 2 KV heads, randomised norm weights so the norms matter)
-and the real stories260k. One trace per (model, method), written at every precision.
+and the real stories260k, or the models named by ``--models`` (aliases, folders, GGUF files). One
+trace per (model, method), written at every precision; ``--sizes`` adds each artifact's bytes and
+int8's recipe to its cell, and a failed gate its worst cosine.
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ def tiny_model(arch: str, folder: Path, seed: int = 0) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/export_parity.md"))
+    parser.add_argument("--models", nargs="*", help="models to export instead of the tiny ones and stories260k")
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--precisions", nargs="*", default=list(PRECISIONS), choices=PRECISIONS)
+    parser.add_argument("--sizes", action="store_true", help="add artifact bytes and int8's recipe to each cell")
     args = parser.parse_args()
     import torch
 
@@ -62,24 +69,33 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="kvembed-parity-"))
     # a seed per architecture: Llama and Mistral share a layout, the same seed would give equal weights
     archs = ("llama", "qwen3", "qwen2", "mistral")
-    models = {arch: str(tiny_model(arch, root / arch, seed=i)) for i, arch in enumerate(archs)}
-    models["stories260k"] = "stories260k"
+    if args.models:
+        models = {Path(m).name: m for m in args.models}
+    else:
+        models = {arch: str(tiny_model(arch, root / arch, seed=i)) for i, arch in enumerate(archs)}
+        models["stories260k"] = "stories260k"
     table: dict[str, dict[str, str]] = {}
     start = time.monotonic()
-    for method in METHODS:
+    for method in args.methods:
         row = table.setdefault(method, {})
         for name, model in models.items():
             with Exporter(load_embedder(model, method)) as exporter:
-                for precision in PRECISIONS:
+                for precision in args.precisions:
                     out = root / "out" / f"{name}-{method}-{precision}"
                     try:
                         result = exporter.write(out, precision)
-                        row[f"{name} {precision}"] = f"{result.parity.worst_cosine:.7f}"
+                        cell = f"{result.parity.worst_cosine:.7f}"
+                        if args.sizes:
+                            recipe = result.manifest["graph"].get("precision_conversion", {}).get("recipe")
+                            size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+                            cell += f" ({recipe + ', ' if recipe else ''}{size / 1e6:.1f} MB)"
+                        row[f"{name} {precision}"] = cell
                     except Exception as err:  # a failed gate is a result too
-                        row[f"{name} {precision}"] = f"FAILED ({type(err).__name__})"
+                        worst = getattr(getattr(err, "report", None), "worst_cosine", None)
+                        row[f"{name} {precision}"] = f"FAILED ({type(err).__name__}{f', {worst:.5f}' if worst else ''})"
                     shutil.rmtree(out, ignore_errors=True)
             print(method, name, {k: v for k, v in row.items() if k.startswith(name)}, flush=True)
-    columns = [f"{name} {p}" for name in models for p in PRECISIONS]
+    columns = [f"{name} {p}" for name in models for p in args.precisions]
     lines = [
         f"Worst-row cosine, exported graph (onnxruntime) vs PyTorch reference, 64 rows per cell "
         f"({time.monotonic() - start:.0f} s). Gates: fp32 >= 0.99999 (and max abs <= 1e-4), fp16 >= 0.999, int8 >= 0.99.",
@@ -87,7 +103,7 @@ def main() -> None:
         "| method | " + " | ".join(columns) + " |",
         "|---|" + "---|" * len(columns),
     ]
-    lines += [f"| {m} | " + " | ".join(table[m].get(c, "") for c in columns) + " |" for m in METHODS]
+    lines += [f"| {m} | " + " | ".join(table[m].get(c, "") for c in columns) + " |" for m in args.methods]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -48,15 +48,17 @@ def pytest_configure(config: pytest.Config) -> None:
 #: system libpython3.11, so its models run in a venv of the system Python 3.11 with numpy<2
 TRITON_STUB_VENV = Path(__file__).resolve().parents[1] / ".venv-triton"
 TRITON_STUB_PACKAGES = ("numpy<2", "onnxruntime", "tokenizers", "openvino")
+#: the test files that start a real tritonserver (and so need the stub environment)
+TRITON_TEST_FILES = ("test_triton.py", "test_gemma3_deploy.py")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Build .venv-triton once (the README's test command is all a new machine runs) when Triton
-    tests are collected, tritonserver is installed, and no stub Python is named."""
+    tests (TRITON_TEST_FILES) are collected, tritonserver is installed, and no stub Python is named."""
     import importlib.util
     import subprocess
 
-    wanted = any(item.path.name == "test_triton.py" for item in items)
+    wanted = any(item.path.name in TRITON_TEST_FILES for item in items)
     if not wanted or os.environ.get("KVEMBED_TRITON_PYTHON") or importlib.util.find_spec("pytriton") is None:
         return
     python = TRITON_STUB_VENV / "bin" / "python"

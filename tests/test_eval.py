@@ -235,6 +235,31 @@ def test_model_configs_on_jsonl_sts_and_classification(tmp_path):
         assert report["scores"][label]["sample-classification"]["main_score"] == pytest.approx(accuracy, abs=1e-9)
 
 
+def test_two_models_are_set_side_by_side_per_configuration(tmp_path):
+    """Two model sources with the same --config list: the JSON says which model and configuration
+    each result is, results.md gains a configuration x model table, the chart one bar per model."""
+    out = tmp_path / "out"
+    result = run("a=stories260k", "b=stories260k", "--config", "last-token", "--config", "kv=kv-embedding:layers=1-2",
+                 "--task", "sample-sts", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    described = [(c["label"], c["model"], c["name"]) for c in report["configurations"]]
+    assert described == [("a/last-token", "a", "last-token"), ("a/kv", "a", "kv"), ("b/last-token", "b", "last-token"),
+                         ("b/kv", "b", "kv")]
+    score = {label: report["scores"][label]["sample-sts"]["main_score"] for label, *_ in described}
+    assert score["a/kv"] == score["b/kv"] and score["a/last-token"] == score["b/last-token"]  # one model, deterministic
+    table = (out / "results.md").read_text(encoding="utf-8").split("## Models side by side", 1)[1]
+    rows = [line for line in table.splitlines() if line.startswith("|")]
+    assert rows[0] == "| sample-sts (cosine_spearman) | a | b |"
+    for row, name in zip(rows[2:], ("last-token", "kv")):
+        cells = [cell.strip().strip("*") for cell in row.strip("|").split("|")]
+        assert cells == [name, f"{score['a/' + name]:.4f}", f"{score['b/' + name]:.4f}"]
+    import matplotlib.image
+
+    height, width, _ = matplotlib.image.imread(out / "results.png").shape
+    assert height > 200 and width > height
+
+
 # -- bad input: one line, exit 2, before mteb or a model loads --------------------------------------
 
 

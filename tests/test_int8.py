@@ -111,7 +111,7 @@ def test_the_int8_artifact_records_its_recipe(stories_artifact, fp32):
 
 
 @pytest.mark.parametrize("precision,recipe,message", [
-    ("int8", "fastest", "int8 recipe must be auto, or one or more (comma-separated, no repeats) of smooth, smooth-keep-wide-down, smooth-keep-down, plain"),
+    ("int8", "fastest", "int8 recipe must be auto, or one or more (comma-separated, no repeats) of smooth, smooth-keep-wide-down, smooth-keep-down, plain, rows, smooth-rows, smooth-rows-keep-down"),
     ("fp32", "smooth", "--int8-recipe smooth applies to --precision int8 only (got --precision fp32); drop it or export int8"),
 ])
 def test_a_wrong_recipe_is_a_one_line_error(tmp_path, precision, recipe, message):
@@ -215,29 +215,28 @@ def test_keep_wide_down_keeps_the_down_projs_whose_inputs_spread_widest(fp32, tm
     assert kept == wide and facts["fp32_matmuls"] == len(wide)
 
 
-@pytest.mark.parametrize("slice_bytes", [1, 10**12])
-def test_sliced_quantisation_equals_onnxruntimes_whole_model_run(fp32, tmp_path, slice_bytes):
-    """quantize_dynamic_streamed writes what onnxruntime's quantize_dynamic writes for the whole
-    model (the oracle): the same nodes, bitwise the same int8 weights and scales, the same
-    outputs; slice_bytes=1 puts each group of MatMuls sharing an activation in a slice of its own."""
+@pytest.mark.parametrize("weights", ["s7", "s8", "u8"])
+def test_quantisation_equals_onnxruntimes_whole_model_run(fp32, tmp_path, weights):
+    """quantize_matmuls writes what onnxruntime's quantize_dynamic writes for the whole model (the
+    oracle), for each weight format a recipe can ask for: the same nodes, bitwise the same int8
+    weights, scales and zero points, the same outputs; MatMuls named in ``exclude`` stay fp32."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from kvembed.export.quantize import quantize_dynamic_streamed
+    from kvembed.export.quantize import WeightFormat, quantize_matmuls
 
     artifact, graph = fp32
-    options = dict(weight_type=QuantType.QInt8, reduce_range=True, per_channel=True,
-                   extra_options={"MatMulConstBOnly": True})
     excluded = [n.name for n in onnx.load(str(graph), load_external_data=False).graph.node
                 if n.op_type == "MatMul"][:2]  # some MatMuls stay fp32, as recipes keep them
-    whole, sliced = tmp_path / "whole.onnx", tmp_path / "sliced.onnx"
-    quantize_dynamic(str(graph), str(whole), op_types_to_quantize=["MatMul"], nodes_to_exclude=excluded, **options)
+    whole, ours = tmp_path / "whole.onnx", tmp_path / "ours.onnx"
+    quantize_dynamic(str(graph), str(whole), op_types_to_quantize=["MatMul"], nodes_to_exclude=excluded,
+                     weight_type=QuantType.QUInt8 if weights == "u8" else QuantType.QInt8,
+                     reduce_range=weights == "s7", per_channel=True, extra_options={"MatMulConstBOnly": True})
     steps: list = []
-    counts = quantize_dynamic_streamed(graph, sliced, nodes_to_exclude=excluded, slice_bytes=slice_bytes,
-                                       advance=lambda done, total: steps.append((done, total)), **options)
-    assert steps == [(done, counts["slices"]) for done in range(1, counts["slices"] + 1)]  # progress per slice
-    want, got = onnx.load(str(whole)), onnx.load(str(sliced))
+    counts = quantize_matmuls(graph, ours, WeightFormat(signed=weights != "u8", reduce_range=weights == "s7"),
+                              exclude=excluded, advance=lambda done, total: steps.append((done, total)))
+    want, got = onnx.load(str(whole)), onnx.load(str(ours))
+    assert steps and steps[-1][0] == steps[-1][1] == len(got.graph.initializer)  # progress per tensor
     assert counts["quantized_matmuls"] == sum(n.op_type == "MatMulInteger" for n in want.graph.node) > 0
-    assert counts["slices"] > 1 if slice_bytes == 1 else counts["slices"] == 1
     assert sorted((n.op_type, tuple(n.input), tuple(n.output)) for n in got.graph.node) == \
         sorted((n.op_type, tuple(n.input), tuple(n.output)) for n in want.graph.node)
     want_tensors = {t.name: numpy_helper.to_array(t) for t in want.graph.initializer}
@@ -245,8 +244,31 @@ def test_sliced_quantisation_equals_onnxruntimes_whole_model_run(fp32, tmp_path,
     assert got_tensors.keys() == want_tensors.keys()
     for name, value in want_tensors.items():
         assert got_tensors[name].dtype == value.dtype and np.array_equal(got_tensors[name], value), name
-    onnx.checker.check_model(str(sliced))
-    np.testing.assert_array_equal(_embed(sliced, artifact), _embed(whole, artifact))
+    onnx.checker.check_model(str(ours))
+    np.testing.assert_array_equal(_embed(ours, artifact), _embed(whole, artifact))
+
+
+def test_a_weights_edge_cases_quantise_as_onnxruntime_does():
+    """All-zero, all-positive, all-negative and sub-normal channels: quantize_per_channel against
+    onnxruntime's own per-channel arithmetic (quantize_data, one channel at a time: the oracle)."""
+    from onnx import TensorProto
+    from onnxruntime.quantization.quant_utils import quantize_data
+
+    from kvembed.export.quantize import WeightFormat, quantize_per_channel
+
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(64, 7)).astype(np.float32)
+    weight[:, 1] = 0.0
+    weight[:, 2] = np.abs(weight[:, 2]) + 3
+    weight[:, 3] = -np.abs(weight[:, 3]) * 1e-3
+    weight[:, 4] = 1e-39  # below float32's smallest normal
+    weight[5, 5] = 1e4  # one huge value
+    for signed, reduce in ((True, True), (True, False), (False, False), (False, True)):
+        values, scales, zeros = quantize_per_channel(weight, WeightFormat(signed, reduce))
+        for j in range(weight.shape[1]):
+            zero, scale, want = quantize_data(weight[:, j], TensorProto.INT8 if signed else TensorProto.UINT8,
+                                              symmetric=signed, reduce_range=reduce)
+            assert np.array_equal(values[:, j], want) and scales[j] == scale and zeros[j] == zero, (signed, reduce, j)
 
 
 def test_calibration_ranges_are_the_maxima_over_real_tokens(fp32):
@@ -318,3 +340,55 @@ def test_a_recipe_that_repeats_a_tried_graph_is_skipped(fp32, tmp_path):
     assert same.value.same_as == "smooth" and not (tmp_path / "same.onnx").exists()
     to_int8(graph, tmp_path / "down.onnx", "smooth-keep-down", feeds, ranges)  # keeps more: converted
     assert (tmp_path / "down.onnx").exists()
+
+
+def _one_matmul(path: Path, weight: np.ndarray) -> None:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "one",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", "tokens", weight.shape[0]])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(weight, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_per_row_activations_quantise_each_token_on_its_own_scale(tmp_path):
+    """The per-row recipes' MatMul against numpy arithmetic written here (the oracle): each token
+    row x gets s = max|x| / 127, q = round(x / s) in [-127, 127], and y = (q @ W_int) * s * w_scale
+    with the weights' per-channel 7-bit scales; a token 1000x larger than the rest (a massive
+    activation) then leaves the others as accurate as without it, which per-tensor scales do not."""
+    from kvembed.export.quantize import WeightFormat, quantize_matmuls
+
+    rng = np.random.default_rng(3)
+    weight = rng.normal(size=(48, 20)).astype(np.float32)
+    x = rng.normal(size=(2, 5, 48)).astype(np.float32)
+    x[0, 0] *= 1000.0  # the massive token
+    source = tmp_path / "fp32.onnx"
+    _one_matmul(source, weight)
+    outputs = {}
+    for per_row in (True, False):
+        target = tmp_path / f"int8-{per_row}.onnx"
+        quantize_matmuls(source, target, WeightFormat(signed=True, reduce_range=True, per_row=per_row))
+        outputs[per_row] = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+    w_scale = np.abs(weight).max(axis=0) / 64.0
+    w_int = np.clip(np.round(weight / w_scale), -64, 64)
+    s = np.abs(x).max(axis=-1, keepdims=True) / 127.0
+    q = np.round(x / s)
+    want = (q @ w_int) * s * w_scale
+    np.testing.assert_allclose(outputs[True], want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    exact = x @ weight
+    flat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
+    row_cos, tensor_cos = cosines(flat(outputs[True]), flat(exact)), cosines(flat(outputs[False]), flat(exact))
+    tensor_cos = np.nan_to_num(tensor_cos, nan=0.0)  # a row quantised to all zeros has no direction
+    assert row_cos.min() > 0.999 and tensor_cos[1:].max() < 0.99  # per tensor, the massive token ruins the rest
+
+
+def test_per_row_recipes_record_their_activations(fp32, tmp_path):
+    artifact, graph = fp32
+    feeds = calibration_feeds(encoder_from_manifest(artifact, read_manifest(artifact)), TEXTS, batch=3)
+    facts = to_int8(graph, tmp_path / "int8.onnx", "smooth-rows", feeds)
+    assert facts["activations"].startswith("uint8, dynamic, a symmetric scale per token")
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "int8.onnx"), load_external_data=False).graph.node}
+    assert "MatMulInteger" in ops and "DynamicQuantizeLinear" not in ops
+    assert cosines(_embed(tmp_path / "int8.onnx", artifact), _embed(graph, artifact)).min() > 0.99

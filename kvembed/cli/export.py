@@ -69,6 +69,12 @@ class StageDisplay:
         self.current = None
 
 
+def _int8_recipe_help() -> str:
+    from ..export.precision import int8_recipe_help  # torch-free
+
+    return int8_recipe_help()
+
+
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
@@ -140,10 +146,7 @@ def export_command(
         False, "--certify-emulated", help="bf16 on a CPU without BF16: gate it as OpenVINO runs it there (f32) and say so in its certificate, instead of refusing.",
     ),
     int8_recipe: str = typer.Option(
-        "auto", "--int8-recipe", help="int8 only: smooth (SmoothQuant, MatMuls with massive inputs kept fp32), "
-        "smooth-keep-wide-down (also the down_projs with the widest inputs fp32), smooth-keep-down (every down_proj "
-        "fp32), plain (every MatMul int8), several of them comma-separated (the first that passes the parity gate "
-        "is written), or auto = smooth,smooth-keep-wide-down,smooth-keep-down.",
+        "auto", "--int8-recipe", help=_int8_recipe_help(),
     ),
     max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (default: the model's limit)."),
     opset: Optional[int] = typer.Option(None, help="ONNX opset (default: 23 with fused attention, 18 with decomposed)."),

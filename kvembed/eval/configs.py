@@ -74,17 +74,23 @@ def plan(
                 check_artifact_options(source, method, dict(options), max_length)
             plans.append(Configuration(label or Path(source).expanduser().resolve().name, source, True))
             continue
+        prefix = label or (Path(source).name or source)
         if not requests:
             name = method or "kv-embedding"
             default = name + "".join(f":{k}={v}" for k, v in options.items())
-            base = label or (default if len(models) == 1 else f"{Path(source).name or source}/{default}")
-            plans.append(Configuration(base, source, False, name, dict(options)))
+            if len(models) == 1:
+                plans.append(Configuration(label or default, source, False, name, dict(options)))
+            else:
+                plans.append(Configuration(label or f"{prefix}/{default}", source, False, name, dict(options),
+                                           model=prefix, name=default))
             continue
         for config_label, config_method, config_options in requests:
             text = config_label or config_method + "".join(f":{k}={v}" for k, v in config_options.items())
-            prefix = label or (Path(source).name or source)
-            plans.append(Configuration(text if len(models) == 1 and not label else f"{prefix}/{text}", source, False,
-                                       config_method, config_options))
+            if len(models) == 1 and not label:
+                plans.append(Configuration(text, source, False, config_method, config_options))
+            else:
+                plans.append(Configuration(f"{prefix}/{text}", source, False, config_method, config_options,
+                                           model=prefix, name=text))
     plans += [_baseline(value) for value in baselines]
     seen: set[str] = set()
     for config in plans:

@@ -1,5 +1,6 @@
-"""``results.json``, ``results.md`` (configuration x task table) and ``results.png`` (bar chart)
-of a ``kvembed eval`` run."""
+"""``results.json``, ``results.md`` (configuration x task table; with several models also a
+configuration x model table per task) and ``results.png`` (bar chart, models side by side) of a
+``kvembed eval`` run."""
 
 from __future__ import annotations
 
@@ -80,41 +81,106 @@ def to_markdown(results: Sequence[ConfigResult], tasks: Sequence[dict[str, Any]]
                                f"decided on.{note}\n")
 
 
+def models_compared(results: Sequence[ConfigResult]) -> tuple[list[str], list[str]] | None:
+    """The models and the configuration names of a run that sets several models side by side
+    (``kvembed eval MODEL_A MODEL_B --config ...``), in command-line order; None otherwise."""
+    models = list(dict.fromkeys(r.config.model for r in results if r.config.model))
+    if len(models) < 2:
+        return None
+    return models, list(dict.fromkeys(r.config.name or r.config.label for r in results if r.config.model))
+
+
+def side_by_side(results: Sequence[ConfigResult], tasks: Sequence[dict[str, Any]]) -> str:
+    """Per task, one row per configuration and one column per model (best per model in bold);
+    trained baselines are listed under the table. Empty unless several models are compared."""
+    compared = models_compared(results)
+    if compared is None:
+        return ""
+    models, names = compared
+    score = {(r.config.model, r.config.name or r.config.label): r.scores for r in results if r.config.model}
+    parts = []
+    for task in tasks:
+        task_name = task["name"]
+
+        def value(model: str, name: str) -> float | None:
+            return score.get((model, name), {}).get(task_name, {}).get("main_score")
+
+        best = {m: max((v for n in names if (v := value(m, n)) is not None), default=None) for m in models}
+        lines = [f"| {task_name} ({task['main_score']}) | " + " | ".join(models) + " |", "|---|" + "---:|" * len(models)]
+        for name in names:
+            cells = []
+            for model in models:
+                v = value(model, name)
+                text = "—" if v is None else f"{v:.4f}"
+                cells.append(f"**{text}**" if v is not None and v == best[model] and len(names) > 1 else text)
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        trained = [f"{r.config.label} {r.scores[task_name]['main_score']:.4f}" for r in results
+                   if r.config.baseline and task_name in r.scores]
+        parts.append("\n".join(lines) + (f"\n\nTrained baseline(s): {', '.join(trained)}." if trained else ""))
+    return "\n\n".join(parts) + "\n"
+
+
+def _rows(results: Sequence[ConfigResult]) -> tuple[list[str], list[list[ConfigResult]]]:
+    """Chart rows: one per configuration, or, when models are compared, one per configuration name
+    holding every model's result (then one row per trained baseline)."""
+    compared = models_compared(results)
+    if compared is None:
+        return [r.config.label for r in results], [[r] for r in results]
+    models, names = compared
+    rows = [[r for m in models for r in results if r.config.model == m and (r.config.name or r.config.label) == n]
+            for n in names]
+    others = [r for r in results if not r.config.model]
+    return names + [r.config.label for r in others], rows + [[r] for r in others]
+
+
 def chart(results: Sequence[ConfigResult], tasks: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
-    """Horizontal grouped bars: one group per configuration, one bar per task."""
+    """Horizontal grouped bars, one panel per task. One bar per configuration; when several models
+    are compared, one group per configuration with a bar (and colour) per model."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    names = [task["name"] for task in tasks]
-    rows = len(results)
-    height = 0.8 / max(1, len(names))
-    fig, ax = plt.subplots(figsize=(8.5, 1.2 + 0.32 * rows * max(1, len(names)) ** 0.7 + 0.3 * rows))
-    positions = np.arange(rows)
-    for i, name in enumerate(names):
-        values = [r.scores.get(name, {}).get("main_score", np.nan) for r in results]
-        bars = ax.barh(positions + (i - (len(names) - 1) / 2) * height, values, height=height,
-                       label=f"{name} ({tasks[i]['main_score']})")
-        for bar, value in zip(bars, values):
-            if np.isfinite(value):
-                ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:.3f}", va="center", fontsize=7)
-    ax.set_yticks(positions)
-    ax.set_yticklabels([r.config.label for r in results], fontsize=8)
-    for tick, r in zip(ax.get_yticklabels(), results):
-        if r.config.baseline:  # trained models stand apart from the training-free methods
+    labels, rows = _rows(results)
+    compared = models_compared(results)
+    series = compared[0] if compared else [None]
+    colours = {m: f"C{i}" for i, m in enumerate(series)}
+    width = 0.8 / len(series)
+    bars_per_row = len(series)
+    fig, axes = plt.subplots(1, len(tasks), squeeze=False, sharey=True,
+                             figsize=(1.5 + 6.5 * len(tasks) ** 0.8, 1.5 + 0.16 * len(labels) * (1 + bars_per_row)))
+    low = min([0.0, *(r.scores[t["name"]]["main_score"] for r in results for t in tasks if t["name"] in r.scores)])
+    for ax, task in zip(axes[0], tasks):
+        for y, row in enumerate(rows):
+            for k, r in enumerate(row):
+                value = r.scores.get(task["name"], {}).get("main_score", np.nan)
+                offset = (k - (len(row) - 1) / 2) * width
+                style = {"color": "0.6", "hatch": "//"} if r.config.baseline else {"color": colours.get(r.config.model, "C0")}
+                bar = ax.barh(y + offset, value, height=width, **style)[0]
+                if np.isfinite(value):
+                    ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:.3f}", va="center", fontsize=7)
+        ax.set_xlim(low - 0.05 if low < 0 else 0.0, 1.1)
+        ax.axvline(0.0, color="black", linewidth=0.6)
+        ax.set_xlabel(f"{task['name']}: {task['main_score']}", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    ax = axes[0][0]
+    ax.set_yticks(np.arange(len(labels)))
+    ax.set_yticklabels(labels, fontsize=8)
+    for tick, row in zip(ax.get_yticklabels(), rows):
+        if row[0].config.baseline:  # trained models stand apart from the training-free methods
             tick.set_fontstyle("italic")
     ax.invert_yaxis()
-    low = min([0.0, *(r.scores[n]["main_score"] for r in results for n in names if n in r.scores)])
-    ax.set_xlim(low - 0.05 if low < 0 else 0.0, 1.08)
-    ax.axvline(0.0, color="black", linewidth=0.6)
-    ax.set_xlabel("mteb main score")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="best")  # a trained baseline fills the lower right corner
-    ax.grid(axis="x", alpha=0.3)
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=colours[m], label=m) for m in series if m is not None]
+    if any(r.config.baseline for r in results) and handles:
+        handles.append(Patch(facecolor="0.6", hatch="//", label="trained baseline"))
+    if handles:
+        axes[0][-1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # the legend stands right of the bars
     plt.close(fig)
     return path
 
@@ -126,6 +192,8 @@ def write(results: Sequence[ConfigResult], tasks: Sequence[dict[str, Any]], envi
     paths = {"json": out / "results.json", "markdown": out / "results.md", "chart": out / CHART}
     report = to_json(results, tasks, environment, mteb_files, out)
     paths["json"].write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
-    paths["markdown"].write_text(f"# {title}\n\n" + to_markdown(results, tasks), encoding="utf-8")
+    compared = side_by_side(results, tasks)
+    text = f"# {title}\n\n" + to_markdown(results, tasks) + (f"\n## Models side by side\n\n{compared}" if compared else "")
+    paths["markdown"].write_text(text, encoding="utf-8")
     chart(results, tasks, paths["chart"], title)
     return paths

@@ -31,7 +31,11 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]+")
 @dataclass(frozen=True)
 class Configuration:
     """One column of the comparison: an artifact directory, a model with a method and options, or
-    (``baseline``) a trained sentence-transformers model folder to compare the methods with."""
+    (``baseline``) a trained sentence-transformers model folder to compare the methods with.
+
+    When several models run the same configurations, ``model`` names the model and ``name`` the
+    configuration within it (the label is then ``model/name``), so the report can set the models
+    side by side per configuration."""
 
     label: str
     source: str
@@ -39,6 +43,8 @@ class Configuration:
     method: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     baseline: bool = False
+    model: str | None = None
+    name: str | None = None
 
     @property
     def slug(self) -> str:
@@ -47,7 +53,7 @@ class Configuration:
 
     def describe(self) -> dict[str, Any]:
         return {"label": self.label, "source": self.source, "artifact": self.artifact, "baseline": self.baseline,
-                "method": self.method, "options": dict(self.options)}
+                "method": self.method, "options": dict(self.options), "model": self.model, "name": self.name}
 
 
 class EvalEncoder(MTEBEncoder):

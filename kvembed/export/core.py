@@ -234,9 +234,9 @@ class Exporter:
         with staged(out) as staging:
             traced = self.trace(workdir=out.parent)
             assert self._graph is not None
-            embedder.tokenizer.save(str(staging / TOKENIZER))
+            embedder.tokenizer.save(str(staging / TOKENIZER), pretty=False)
             if embedder.encoder.context_tokenizer is not None:  # Causal2Vec's encoder tokenizer
-                embedder.context.tokenizer.save(str(staging / ENCODER_TOKENIZER))
+                embedder.context.tokenizer.save(str(staging / ENCODER_TOKENIZER), pretty=False)
             recipes: list[str | None] = list(int8_plan(int8_recipe)) if precision == "int8" else [None]
             calibration = calibration_feeds(embedder.encoder) if any(r and INT8_RECIPES[r].calibrated for r in recipes) else None
             tried: list[dict[str, Any]] = []

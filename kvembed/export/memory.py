@@ -50,8 +50,9 @@ class PeakCoefficients:
       compares every precision against fp32.
     - ``session_bytes_per_param``: precision -> (decoder-layer weight, token-embedding weight) bytes
       held by the gate's onnxruntime session. fp16 costs as much as fp32: onnxruntime's CPU
-      provider has no fp16 MatMul on x86 and keeps fp32 copies of fp16 weights. int8 keeps its
-      embedding Gather in fp32.
+      provider has no fp16 MatMul on x86 and keeps fp32 copies of fp16 weights. int8 stores its
+      token-embedding table int8 too (a scale per row, a few bytes beside each row of weights:
+      :mod:`kvembed.export.embedding_table`).
     - ``gguf_copies``: dequantizing a GGUF builds the fp32 model twice (transformers' loaded model,
       then the fresh model kvembed saves, see :func:`kvembed.modeling.gguf.materialize`).
     - ``activation_*``: a generous bound on the activations of the gate's largest batch (rows x
@@ -61,7 +62,7 @@ class PeakCoefficients:
 
     reference_bytes_per_param: float = 4.0
     session_bytes_per_param: Mapping[str, tuple[float, float]] = field(
-        default_factory=lambda: {"fp32": (4.0, 4.0), "fp16": (4.0, 4.0), "int8": (1.0, 4.0)}
+        default_factory=lambda: {"fp32": (4.0, 4.0), "fp16": (4.0, 4.0), "int8": (1.0, 1.0)}
     )
     gguf_copies: float = 2.0
     activation_rows: int = 12

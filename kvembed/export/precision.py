@@ -17,16 +17,23 @@ blocked node an island, casting each output back to fp16 even when only fp32 nod
 the mask's float32-min constant becomes -inf on the way and fully padded rows turn into NaN; it
 also emits duplicate Cast outputs and unsorted nodes when a node block list is given.
 
-int8: ``onnxruntime.quantization.quantize_dynamic`` on MatMul weights (int8 per output channel,
-in a 7-bit range; activations uint8, dynamic per tensor), after a recipe of :data:`INT8_RECIPES`.
+int8: dynamic quantisation of the MatMul weights as onnxruntime's ``quantize_dynamic`` writes it
+(int8 per output channel, in a 7-bit range; activations uint8, dynamic per tensor), computed one
+weight at a time by :mod:`kvembed.export.quantize`, after a recipe of :data:`INT8_RECIPES`; the
+token-embedding tables, which that leaves fp32, int8 with a scale per row
+(:mod:`kvembed.export.embedding_table`).
 Random weights quantise well as they are; trained LLMs do not (with every MatMul quantised they
-miss the gate), because a few channels carry activations tens to thousands of times the median. The default recipes calibrate on the built-in calibration texts, fold
-SmoothQuant into the weights (:mod:`kvembed.export.smoothing`) and keep fp32 the few MatMuls whose
-inputs hold massive activations ("smooth"), then also the ``down_proj``s whose inputs spread over
-10x their median channel ("smooth-keep-wide-down"), then every ``down_proj``
-("smooth-keep-down"); the exporter writes the first recipe that passes the parity gate
-(``--int8-recipe``): each later recipe keeps more fp32, more accurate and slower.
-``benchmarks/int8_options.py`` measures the alternatives (benchmarks/RESULTS.md).
+miss the gate), because a few channels, and a few tokens, carry activations tens to thousands of
+times the median. A per-tensor activation scale then follows the one massive token and leaves the
+others a handful of levels, so the default recipes give each token its own scale (``per_row``:
+the activation is quantised symmetric around a zero point of 128, one scale per row, which the
+fast U8S8 kernels still run), calibrate on the built-in calibration texts and fold SmoothQuant into
+the weights (:mod:`kvembed.export.smoothing`) for the outlier channels ("smooth-rows"), then also
+keep every SwiGLU ``down_proj`` fp32 ("smooth-rows-keep-down"), then fall back to per-tensor
+scales with every ``down_proj`` fp32 ("smooth-keep-down"); the exporter writes the first recipe
+that passes the parity gate (``--int8-recipe``). The per-tensor recipes ("smooth", which keeps
+fp32 the MatMuls whose inputs hold massive activations, "smooth-keep-wide-down", "plain") stay
+available by name. ``benchmarks/int8_options.py`` measures the alternatives (benchmarks/RESULTS.md).
 
 Weights are int8 (U8S8, onnxruntime's fast kernel) quantised to 7 bits (``reduce_range``): on
 x86 CPUs without VNNI (AVX2 / AVX-512F only) onnxruntime's U8S8 kernel adds pairs of u8 x s8
@@ -41,8 +48,6 @@ fp32 or fp16 artifact and let TensorRT pick precisions).
 
 from __future__ import annotations
 
-import contextlib
-import logging
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -300,6 +305,8 @@ class Int8Recipe:
     summary: str
     weights: str = "s7"  # s7 (U8S8 in a 7-bit range: never saturates), s8 (U8S8: saturates without VNNI) or u8 (U8U8)
     down_spread: float = 0.0  # with keep_down: only the down_projs whose input's top channel > this x median
+    int8_tables: bool = True  # token-embedding tables int8 with per-row scales (False: kept fp32)
+    per_row: bool = False  # activations quantised with a scale per token (True) or per tensor
 
     @property
     def calibrated(self) -> bool:
@@ -316,9 +323,22 @@ INT8_RECIPES: dict[str, Int8Recipe] = {r.name: r for r in (
     Int8Recipe("smooth-keep-down", DEFAULT_ALPHA, MASSIVE_SPREAD, True,
                "as smooth, and every SwiGLU down_proj kept fp32"),
     Int8Recipe("plain", None, None, False, "every weight MatMul quantised, no calibration"),
+    Int8Recipe("rows", None, None, False, "every weight MatMul quantised, activations with a scale per token",
+               per_row=True),
+    Int8Recipe("smooth-rows", DEFAULT_ALPHA, None, False,
+               f"SmoothQuant (alpha {DEFAULT_ALPHA}) folded in, activations with a scale per token", per_row=True),
+    Int8Recipe("smooth-rows-keep-down", DEFAULT_ALPHA, None, True,
+               "as smooth-rows, and every SwiGLU down_proj kept fp32", per_row=True),
 )}
 #: ``--int8-recipe auto``: tried in this order, the first that passes the parity gate is written
-INT8_AUTO = ("smooth", "smooth-keep-wide-down", "smooth-keep-down")
+INT8_AUTO = ("smooth-rows", "smooth-rows-keep-down", "smooth-keep-down")
+
+
+def int8_recipe_help() -> str:
+    """``--int8-recipe``'s help, from :data:`INT8_RECIPES` and :data:`INT8_AUTO`."""
+    listed = "; ".join(f"{r.name} ({r.summary})" for r in INT8_RECIPES.values())
+    return (f"int8 only: one of {listed}; several comma-separated (the first that passes the parity gate "
+            f"is written); or auto = {','.join(INT8_AUTO)}.")
 
 
 def check_int8_recipe(recipe: str, precision: str) -> tuple[str, ...]:
@@ -356,72 +376,68 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
     activation ranges once measured, so a fallback recipe does not run the fp32 graph again.
     ``step(detail)`` is told as each part (calibrating, smoothing, quantising) begins, and
     ``advance(done, total)`` each part's share done."""
-    import tempfile
-
     import onnx
-    from onnxruntime.quantization import QuantType
 
-    from .quantize import quantize_dynamic_streamed
-    from .smoothing import activation_ranges, massive_input_nodes, smooth_file, smoothable_groups
+    from .embedding_table import EmbeddingTables
+    from .quantize import WeightFormat, quantize_matmuls
+    from .smoothing import activation_ranges, apply_steps, massive_input_nodes, smoothable_groups, smoothing_plan_from_file
 
     plan = recipe if isinstance(recipe, Int8Recipe) else INT8_RECIPES[recipe]
     facts: dict[str, Any] = {"recipe": plan.name, "recipe_summary": plan.summary}
-    with tempfile.TemporaryDirectory(prefix=".kvembed-int8-", dir=target.parent) as work:
-        quantize_from, keep = source, []
-        if plan.calibrated or plan.keep_down:
-            groups = smoothable_groups(onnx.load(str(source), load_external_data=False))
-        if plan.calibrated or (plan.keep_down and plan.down_spread):
-            if calibration is None:
-                raise ValueError(f"int8 recipe {plan.name} needs calibration batches")
-            if ranges is None or "activations" not in ranges:
-                if step is not None:
-                    step(f"calibrating: the fp32 graph on {len(calibration)} batches")
-                measured = activation_ranges(source, groups, calibration, advance)
-                if ranges is not None:
-                    ranges["activations"] = measured
-            else:
-                measured = ranges["activations"]
-        if plan.keep_down:
-            keep += massive_input_nodes([g for g in groups if g.fold_kind == "columns"], measured, plan.down_spread) \
-                if plan.down_spread else [n for g in groups if g.fold_kind == "columns" for n in g.nodes]
-        if plan.calibrated and plan.massive_spread is not None:
-            keep += massive_input_nodes(groups, measured, plan.massive_spread)
-        if ranges is not None:  # a recipe that would write a graph already tried gives the same gate result
-            made = ranges.setdefault("graphs", {})
-            signature = (plan.smooth_alpha, plan.weights, tuple(sorted(set(keep))))
-            if signature in made:
-                raise SameGraphError(plan.name, made[signature])
-            made[signature] = plan.name
-        if plan.calibrated:
-            if plan.smooth_alpha is not None:
-                if step is not None:
-                    step(f"smoothing: SmoothQuant folded into the weights (recipe {plan.name})")
-                quantize_from = Path(work) / source.name
-                smooth_file(source, quantize_from, groups, measured, plan.smooth_alpha, advance)
-            facts.update({"smoothquant_alpha": plan.smooth_alpha, "smoothed_activations": len(groups) if plan.smooth_alpha else 0,
-                          "calibration_batches": len(calibration)})
-        if step is not None:
-            step(f"quantising: onnxruntime dynamic int8, a slice at a time (recipe {plan.name})")
-        with _quiet_logging():
-            sliced = quantize_dynamic_streamed(
-                quantize_from,
-                target,
-                # int8 weights in 7 bits by default: no int16 saturation on CPUs without VNNI (module docstring)
-                weight_type=QuantType.QUInt8 if plan.weights == "u8" else QuantType.QInt8,
-                reduce_range=plan.weights == "s7",
-                per_channel=True,
-                nodes_to_exclude=sorted(set(keep)),
-                extra_options={"MatMulConstBOnly": True},
-                advance=advance,
-            )
+    keep: list[str] = []
+    if plan.calibrated or plan.keep_down:
+        groups = smoothable_groups(onnx.load(str(source), load_external_data=False))
+    if plan.calibrated or (plan.keep_down and plan.down_spread):
+        if calibration is None:
+            raise ValueError(f"int8 recipe {plan.name} needs calibration batches")
+        if ranges is None or "activations" not in ranges:
+            if step is not None:
+                step(f"calibrating: the fp32 graph on {len(calibration)} batches")
+            measured = activation_ranges(source, groups, calibration, advance)
+            if ranges is not None:
+                ranges["activations"] = measured
+        else:
+            measured = ranges["activations"]
+    if plan.keep_down:
+        keep += massive_input_nodes([g for g in groups if g.fold_kind == "columns"], measured, plan.down_spread) \
+            if plan.down_spread else [n for g in groups if g.fold_kind == "columns" for n in g.nodes]
+    if plan.calibrated and plan.massive_spread is not None:
+        keep += massive_input_nodes(groups, measured, plan.massive_spread)
+    if ranges is not None:  # a recipe that would write a graph already tried gives the same gate result
+        made = ranges.setdefault("graphs", {})
+        signature = (plan.smooth_alpha, plan.weights, plan.int8_tables, plan.per_row, tuple(sorted(set(keep))))
+        if signature in made:
+            raise SameGraphError(plan.name, made[signature])
+        made[signature] = plan.name
+    folds: dict[str, Callable[[Any], Any]] = {}
+    if plan.calibrated:
+        if plan.smooth_alpha is not None:
+            if step is not None:
+                step(f"smoothing: SmoothQuant's factors from the weights (recipe {plan.name})")
+            smoothing = smoothing_plan_from_file(source, groups, measured, plan.smooth_alpha)
+            folds = {name: (lambda value, steps=steps: apply_steps(value.astype("float32"), steps))
+                     for name, steps in smoothing.items()}
+        facts.update({"smoothquant_alpha": plan.smooth_alpha, "smoothed_activations": len(groups) if plan.smooth_alpha else 0,
+                      "calibration_batches": len(calibration)})
+    if step is not None:
+        step(f"quantising: dynamic int8 per channel, one weight at a time{' with smoothing folded in' if folds else ''} "
+             f"(recipe {plan.name})")
+    # int8 weights in 7 bits by default: no int16 saturation on CPUs without VNNI (module docstring)
+    fmt = WeightFormat(signed=plan.weights != "u8", reduce_range=plan.weights == "s7", per_row=plan.per_row)
+    tables = EmbeddingTables()
+    counts = quantize_matmuls(source, target, fmt, exclude=sorted(set(keep)), steps=folds, advance=advance,
+                              finish=tables.rewrite if plan.int8_tables else None)
     facts.update({
-        "method": "onnxruntime.quantization.quantize_dynamic(MatMul, per_channel=True, "
-                  f"{'QUInt8' if plan.weights == 'u8' else 'QInt8'} weights{', reduce_range=True' if plan.weights == 's7' else ''})",
+        "method": "dynamic int8 MatMuls as onnxruntime.quantization.quantize_dynamic(MatMul, per_channel=True, "
+                  f"{'QUInt8' if plan.weights == 'u8' else 'QInt8'} weights{', reduce_range=True' if plan.weights == 's7' else ''}) "
+                  "writes them (kvembed.export.quantize, bitwise equal)",
         "weight_type": {"u8": "uint8", "s8": "int8", "s7": "int8 (7-bit range)"}[plan.weights],
         "per_channel": True,
-        "activations": "uint8, dynamic per-tensor (DynamicQuantizeLinear)",
+        "activations": "uint8, dynamic, a symmetric scale per token (zero point 128)" if plan.per_row
+                       else "uint8, dynamic per-tensor (DynamicQuantizeLinear)",
         "fp32_matmuls": len(set(keep)),
-        "quantized_in_slices": sliced["slices"],  # the weights are quantised a slice at a time (kvembed.export.quantize)
+        "quantized_matmuls": counts["quantized_matmuls"],
+        "embedding_tables": tables.facts,  # [] when none, or the recipe keeps them fp32
     })
     facts["external_data"] = settle_layout(target)
     return facts
@@ -507,14 +523,3 @@ def _check_io_types(model: Any) -> None:
     for value in model.graph.output:
         if value.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
             raise RuntimeError(f"fp16 conversion changed output {value.name} away from float32")
-
-
-@contextlib.contextmanager
-def _quiet_logging():
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        root.setLevel(level)

@@ -1,223 +1,245 @@
-"""onnxruntime's dynamic int8 quantisation, a slice of the graph at a time.
+"""Dynamic int8 MatMuls, written one weight at a time: onnxruntime's ``quantize_dynamic`` graph,
+computed without it.
 
-``onnxruntime.quantization.quantize_dynamic`` loads the whole model, weights included, and keeps
-the fp32 weights beside their int8 copies until it saves: for a multi-GB model that is more than
-the weights twice over. Dynamic quantisation of a ``MatMul`` depends only on its own weight and
-the options, so the same result comes from quantising slices: the MatMuls that read one
-activation (so its single ``DynamicQuantizeLinear`` stays shared, as in a whole-model run) are
-cut out with their weights into a small model, quantised by ``quantize_dynamic`` itself, and
-spliced back; the int8 weights go to disk as each slice is done, and the final graph is written
-one tensor at a time (:func:`~kvembed.export.external_data.stream_initializers`). Memory: one slice.
+``onnxruntime.quantization.quantize_dynamic`` loads the whole model, keeps the fp32 weights beside
+their int8 copies until it saves, and quantises each weight with a Python loop over its output
+channels (one numpy call per channel). What it writes for a ``MatMul`` whose second input is a
+float initializer (``MatMulConstBOnly``) is simple: a ``DynamicQuantizeLinear`` per activation
+(shared by every MatMul reading it), and per MatMul a ``MatMulInteger`` on the int8 weight, a
+``Cast`` to float and two ``Mul``s by the activation scale times the weight's per-channel scales.
+This module writes that same graph (the same node and tensor names) and quantises each weight
+with the same arithmetic, vectorised over the channels, as the weight streams from the source
+file to the target's (:func:`~kvembed.export.external_data.stream_initializers`): memory is one
+weight, and the time is the weights' own read and write. tests/test_int8.py holds it bitwise equal
+to ``quantize_dynamic`` on a whole model.
+
+``steps`` lets the caller change a weight on its way through (SmoothQuant's folding,
+:mod:`kvembed.export.smoothing`), so smoothing and quantising are one pass over the weights.
 """
 
 from __future__ import annotations
 
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from .external_data import EXTERNAL_MIN_BYTES
-
-#: fp32 weight bytes per slice: big enough that a slice is a layer or so, small beside the model
-SLICE_BYTES = 256 * 1024**2
+import numpy as np
 
 
-@dataclass
-class _Slice:
-    nodes: list[Any] = field(default_factory=list)
-    weights: list[str] = field(default_factory=list)
-    activations: list[str] = field(default_factory=list)
-    nbytes: int = 0
+@dataclass(frozen=True)
+class WeightFormat:
+    """How a weight's channels are stored: onnxruntime's ``weight_type`` and ``reduce_range``."""
+
+    signed: bool  # int8 (symmetric, zero point 0) or uint8 (asymmetric)
+    reduce_range: bool  # int8 in [-64, 64] / uint8 in [0, 127]
+    #: activations quantised with one scale per row (token) instead of one per tensor
+    per_row: bool = False
+
+    @property
+    def dtype(self) -> type:
+        return np.int8 if self.signed else np.uint8
+
+    @property
+    def limits(self) -> tuple[int, int]:
+        """The range the scale maps onto (onnxruntime's ``get_qmin_qmax_for_qType``)."""
+        if self.reduce_range:
+            return (-64, 64) if self.signed else (0, 127)
+        return (-127, 127) if self.signed else (0, 255)
 
 
-def quantize_dynamic_streamed(
+def quantize_per_channel(weight: np.ndarray, fmt: WeightFormat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``weight`` ([in, out] float32) quantised per output channel: (values, scales, zero points),
+    with onnxruntime's arithmetic (``compute_scale_zp`` then ``quantize_nparray``) over every
+    channel at once: the range always includes 0; int8 is symmetric; the scale is computed in
+    float64 and stored in float32; a range below float32's smallest normal gets scale 1."""
+    weight = np.asarray(weight, dtype=np.float32)
+    qmin, qmax = fmt.limits
+    rmin = np.minimum(weight.min(axis=0), np.float32(0))
+    rmax = np.maximum(weight.max(axis=0), np.float32(0))
+    if fmt.signed:
+        rmax = np.maximum(np.abs(rmin), np.abs(rmax))
+        rmin = -rmax
+    scale64 = (rmax.astype(np.float64) - rmin.astype(np.float64)) / (float(qmax) - float(qmin))
+    tiny = scale64 < np.finfo(np.float32).tiny
+    if fmt.signed:
+        zero = np.zeros(scale64.shape, dtype=fmt.dtype)
+    else:
+        zero = np.round(qmin - rmin.astype(np.float64) / np.where(tiny, 1.0, scale64)).astype(fmt.dtype)
+        zero[tiny] = 0
+    scale = np.where(tiny, np.float32(1.0), scale64.astype(np.float32)).astype(np.float32)
+    info = np.iinfo(fmt.dtype)
+    values = np.round(weight / scale[None, :])
+    values += zero.astype(np.float32)[None, :]
+    np.clip(values, info.min, info.max, out=values)
+    return values.astype(fmt.dtype), scale, zero
+
+
+def quantize_matmuls(
     source: Path,
     target: Path,
+    fmt: WeightFormat,
     *,
-    nodes_to_exclude: Sequence[str] = (),
-    slice_bytes: int = SLICE_BYTES,
+    exclude: Sequence[str] = (),
+    steps: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None,
     advance: Any = None,
-    **options: Any,
+    finish: Callable[[Any], Callable[[Any], None] | None] | None = None,
 ) -> dict[str, int]:
-    """``quantize_dynamic(source, target, op_types_to_quantize=["MatMul"], nodes_to_exclude=...,
-    **options)`` for MatMuls whose second input is a float initializer (``MatMulConstBOnly``),
-    holding one slice of the weights at a time. ``target`` gets its weights in ``<target>.data``;
-    ``advance(done, total)`` is told the slices done. Returns counts (slices, quantised MatMuls)."""
+    """Write the fp32 graph ``source`` as ``target`` (weights in ``<target>.data``) with every
+    ``MatMul`` whose second input is a 2-D float initializer quantised dynamically (module
+    docstring), except the nodes named in ``exclude`` and those whose weight another node reads
+    too. ``steps[name]`` (optional) changes the float weight ``name`` before anything else is done
+    with it. ``finish(model)`` may rewrite the quantised graph further (without its weights) and
+    returns a per-tensor transform of its own for the weights on their way to disk (or None), so a
+    further change of the weights costs no pass of its own (the int8 embedding tables,
+    :mod:`kvembed.export.embedding_table`). ``advance(done, total)`` is told the tensors written.
+    Returns counts."""
     import onnx
-    from onnx.external_data_helper import set_external_data
+    from onnx import TensorProto, numpy_helper
 
     from .external_data import stream_initializers
-    from .precision import toposort
+    from .precision import node_inputs, toposort
 
+    steps = steps or {}
     model = onnx.load(str(source), load_external_data=False)
     graph = model.graph
-    slices = _slices(graph, set(nodes_to_exclude), slice_bytes)
-    with tempfile.TemporaryDirectory(prefix=".kvembed-quant-", dir=target.parent) as work:
-        work_dir = Path(work)
-        data_name = "quantized.data"
-        (work_dir / data_name).write_bytes(b"")
-        homes: dict[str, Path] = {}  # new initializer -> the directory its external data is relative to
-        replaced: dict[int, list[Any]] = {}  # id of a MatMul node -> the nodes that replace it (first of a slice)
-        removed: set[int] = set()
-        opsets: dict[str, int] = {}
-        for number, piece in enumerate(slices):
-            quantized = _quantize_slice(model, source.parent, piece, work_dir / f"slice{number}.onnx", options)
-            for opset in quantized.opset_import:
-                opsets[opset.domain] = max(opsets.get(opset.domain, 0), opset.version)
-            for tensor in quantized.graph.initializer:
-                if tensor.HasField("raw_data") and len(tensor.raw_data) >= EXTERNAL_MIN_BYTES:
-                    set_external_data(tensor, data_name, offset=_append(tensor.raw_data, work_dir / data_name),
-                                      length=len(tensor.raw_data))
-                    tensor.ClearField("raw_data")
-                    tensor.data_location = onnx.TensorProto.EXTERNAL
-                homes[tensor.name] = work_dir
-                graph.initializer.append(tensor)
-            # copies: a message kept from the slice's model would keep that model's whole arena
-            # (the int8 weights' bytes included) alive until the end
-            replaced[id(piece.nodes[0])] = [_copy(node) for node in quantized.graph.node]
-            removed.update(id(node) for node in piece.nodes[1:])
-            del quantized
-            if advance is not None:
-                advance(number + 1, len(slices))
-        nodes = []
-        for node in graph.node:
-            if id(node) in replaced:
-                nodes.extend(replaced[id(node)])
-            elif id(node) not in removed:
-                nodes.append(node)
-        del graph.node[:]
-        graph.node.extend(nodes)
-        _drop_unread_initializers(graph)
-        for opset in model.opset_import:
-            opsets[opset.domain] = max(opsets.get(opset.domain, 0), opset.version)
-        del model.opset_import[:]
-        model.opset_import.extend(onnx.helper.make_opsetid(domain, version) for domain, version in sorted(opsets.items()))
-        toposort(graph)
-        stream_initializers(model, source.parent, target, sources=homes)
-    return {"slices": len(slices), "quantized_matmuls": sum(len(s.nodes) for s in slices)}
+    floats = {t.name: t for t in graph.initializer if t.data_type == TensorProto.FLOAT and len(t.dims) == 2}
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node_inputs(node):
+            readers.setdefault(name, []).append(node)
+    excluded = set(exclude)
+    chosen = [n for n in graph.node if n.op_type == "MatMul" and n.name not in excluded and len(n.input) == 2
+              and n.input[1] in floats]
+    chosen_ids = {id(n) for n in chosen}
+    chosen = [n for n in chosen if all(id(r) in chosen_ids for r in readers[n.input[1]])
+              and n.input[1] not in {o.name for o in graph.output}]
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if opset < 11:
+        raise ValueError("dynamic int8 needs ONNX opset 11 or later (DynamicQuantizeLinear)")
+    quantized_nodes = _rewrite(graph, chosen, fmt, opset)
+    quantized_weights = {n.input[1] for n in chosen}
 
-
-def _slices(graph: Any, exclude: set[str], slice_bytes: int) -> list[_Slice]:
-    """The quantisable MatMuls, grouped so that MatMuls sharing an activation or a weight share a
-    slice (each quantised tensor is made once, as in a whole-model run), and packed in graph order
-    into slices of about ``slice_bytes`` of fp32 weights."""
-    import onnx
-
-    weights = {t.name: t for t in graph.initializer
-               if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
-    matmuls = [node for node in graph.node
-               if node.op_type == "MatMul" and node.name not in exclude and len(node.input) == 2
-               and node.input[1] in weights]
-    parent = list(range(len(matmuls)))
-
-    def root(index: int) -> int:
-        while parent[index] != index:
-            parent[index] = parent[parent[index]]
-            index = parent[index]
-        return index
-
-    first: dict[str, int] = {}  # a tensor name -> the first MatMul that reads it
-    for index, node in enumerate(matmuls):
-        for name in node.input:
-            if name in first:
-                parent[root(index)] = root(first[name])
-            else:
-                first[name] = index
-    groups: dict[int, _Slice] = {}
-    for index, node in enumerate(matmuls):
-        group = groups.setdefault(root(index), _Slice())
-        group.nodes.append(node)
-        if node.input[0] not in group.activations:
-            group.activations.append(node.input[0])
-        if node.input[1] not in group.weights:
-            group.weights.append(node.input[1])
-            group.nbytes += 4 * _numel(weights[node.input[1]])
-    slices: list[_Slice] = []
-    for group in groups.values():
-        if not slices or slices[-1].nbytes + group.nbytes > slice_bytes:
-            slices.append(_Slice())
-        current = slices[-1]
-        current.nodes += group.nodes
-        current.weights += group.weights
-        current.activations += group.activations
-        current.nbytes += group.nbytes
-    return slices
-
-
-def _quantize_slice(model: Any, weights_dir: Path, piece: _Slice, path: Path, options: Mapping[str, Any]) -> Any:
-    """One slice as a model of its own (its activations as inputs, its MatMul outputs as
-    outputs, its weights loaded), quantised by ``quantize_dynamic``; the quantised model."""
-    import onnx
-    from onnx import helper
-    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
-    from onnxruntime.quantization import quantize_dynamic
-
-    tensors = {t.name: t for t in model.graph.initializer}
+    # each weight becomes its int8 tensor (same bytes on disk until it streams), then its scales
+    # and zero points as placeholders, filled when the weight passes
+    pending: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     initializers = []
-    for name in piece.weights:
-        tensor = onnx.TensorProto()
-        tensor.CopyFrom(tensors[name])
-        if uses_external_data(tensor):
-            load_external_data_for_tensor(tensor, str(weights_dir))
-            tensor.data_location = onnx.TensorProto.DEFAULT
-            del tensor.external_data[:]
-        initializers.append(tensor)
+    for tensor in graph.initializer:  # copies: a weight's bytes are external or small here
+        copy = TensorProto()
+        copy.CopyFrom(tensor)
+        initializers.append(copy)
+        if copy.name in quantized_weights:
+            original, channels = copy.name, int(copy.dims[1])
+            copy.name = f"{original}_quantized"
+            initializers.append(TensorProto(name=f"{original}_scale", data_type=TensorProto.FLOAT, dims=[channels]))
+            initializers.append(TensorProto(name=f"{original}_zero_point", dims=[channels],
+                                            data_type=TensorProto.INT8 if fmt.signed else TensorProto.UINT8))
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    del initializers
+
+    roles = {f"{w}{suffix}": (role, w) for w in quantized_weights
+             for suffix, role in (("_quantized", "weight"), ("_scale", "scale"), ("_zero_point", "zero"))}
+
+    def transform(tensor: Any) -> None:
+        role, original = roles.get(tensor.name, ("", tensor.name))
+        if role == "weight":
+            value = numpy_helper.to_array(tensor)
+            if original in steps:
+                value = steps[original](value)
+            values, scale, zero = quantize_per_channel(value, fmt)
+            del value
+            pending[original] = (scale, zero)
+            tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
+        elif role == "scale":
+            tensor.CopyFrom(numpy_helper.from_array(pending[original][0], tensor.name))
+        elif role == "zero":
+            tensor.CopyFrom(numpy_helper.from_array(pending.pop(original)[1], tensor.name))
+        elif original in steps:
+            tensor.CopyFrom(numpy_helper.from_array(steps[original](numpy_helper.to_array(tensor)), tensor.name))
+
+    more = finish(model) if finish is not None else None
+
+    def both(tensor: Any) -> None:
+        transform(tensor)
+        if more is not None:
+            more(tensor)
+
+    toposort(graph)
+    stream_initializers(model, source.parent, target, both, advance=advance)
+    if pending:
+        raise RuntimeError(f"scales of {sorted(pending)[:3]} were never written")
+    return {"quantized_matmuls": quantized_nodes, "quantized_weights": len(quantized_weights)}
+
+
+def _rewrite(graph: Any, matmuls: list[Any], fmt: WeightFormat, opset: int) -> int:
+    """Replace each of ``matmuls`` in ``graph`` by onnxruntime's dynamic-quantisation nodes (its
+    names), one ``DynamicQuantizeLinear`` per activation."""
+    from onnx import TensorProto, helper
+
+    chosen = {id(n) for n in matmuls}
+    quantized_inputs: set[str] = set()
     nodes = []
-    for node in piece.nodes:
-        copy = onnx.NodeProto()
-        copy.CopyFrom(node)
-        nodes.append(copy)
-    produced = {o for node in piece.nodes for o in node.output}  # a MatMul may read another's output
-    sub = helper.make_graph(
-        nodes, f"slice-{path.stem}",
-        [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
-         for name in piece.activations if name not in produced],
-        [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for node in piece.nodes for o in node.output],
-        initializers,
-    )
-    piece_model = helper.make_model(sub, opset_imports=list(model.opset_import), ir_version=model.ir_version)
-    del initializers, sub
-    quantize_dynamic(piece_model, str(path), op_types_to_quantize=["MatMul"], **options)
-    del piece_model
-    quantized = onnx.load(str(path))
-    path.unlink()
-    outputs = {o for node in quantized.graph.node for o in node.output}
-    missing = [o for node in piece.nodes for o in node.output if o not in outputs]
-    if missing:
-        raise RuntimeError(f"quantize_dynamic renamed the outputs {missing[:3]} of a slice; cannot splice it back")
-    return quantized
+    for index, node in enumerate(graph.node):
+        if id(node) not in chosen:
+            nodes.append(node)
+            continue
+        x, w = node.input
+        y = node.output[0]
+        name = node.name or f"MatMul_{index}"
+        if x not in quantized_inputs:
+            quantized_inputs.add(x)
+            nodes += _quantize_rows(x, opset) if fmt.per_row else [helper.make_node(
+                "DynamicQuantizeLinear", [x], [f"{x}_quantized", f"{x}_scale", f"{x}_zero_point"], name=f"{x}_QuantizeLinear")]
+        scales = f"{name}_quant_scales_mul:0"
+        nodes += [
+            helper.make_node("Mul", [f"{x}_scale", f"{w}_scale"], [scales], name=f"{name}_quant_scales_mul"),
+            helper.make_node("MatMulInteger", [f"{x}_quantized", f"{w}_quantized", f"{x}_zero_point", f"{w}_zero_point"],
+                             [f"{y}_output_quantized"], name=f"{name}_quant"),
+            helper.make_node("Cast", [f"{y}_output_quantized"], [f"{y}_output_quantized_cast_output"],
+                             name=f"{y}_output_quantized_cast", to=TensorProto.FLOAT),
+            helper.make_node("Mul", [f"{y}_output_quantized_cast_output", scales], [y], name=f"{name}_quant_output_scale_mul"),
+        ]
+    if fmt.per_row and matmuls:
+        graph.initializer.extend(_row_constants())
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(matmuls)
 
 
-def _copy(message: Any) -> Any:
-    """A copy of a protobuf message in an arena of its own."""
-    copy = type(message)()
-    copy.CopyFrom(message)
-    return copy
+#: per-row activations: symmetric, 255 levels, stored uint8 around a zero point of 128 (the fast
+#: U8S8 kernels take a scalar zero point only)
+_ROW_LEVELS, _ROW_ZERO = 127.0, 128
 
 
-def _append(raw: bytes, data: Path) -> int:
-    """Append ``raw`` to the file ``data``; the offset it starts at."""
-    with data.open("ab") as handle:
-        offset = handle.tell()
-        handle.write(raw)
-    return offset
+def _quantize_rows(x: str, opset: int) -> list[Any]:
+    """Nodes quantising activation ``x`` per row (its last axis holds a row's channels), giving
+    the names ``DynamicQuantizeLinear`` would (``x_quantized``, ``x_scale`` [..., 1],
+    ``x_zero_point``): a massive token no longer sets the scale of every other token."""
+    from onnx import TensorProto, helper
+
+    return [
+        helper.make_node("Abs", [x], [f"{x}_abs"], name=f"{x}_row_abs"),
+        # ReduceMax takes its axes as an input from opset 18 on, as an attribute before
+        helper.make_node("ReduceMax", [f"{x}_abs", "kvembed_row_axis"], [f"{x}_row_max"], name=f"{x}_row_max", keepdims=1)
+        if opset >= 18 else
+        helper.make_node("ReduceMax", [f"{x}_abs"], [f"{x}_row_max"], name=f"{x}_row_max", keepdims=1, axes=[-1]),
+        helper.make_node("Max", [f"{x}_row_max", "kvembed_row_floor"], [f"{x}_row_peak"], name=f"{x}_row_peak"),
+        helper.make_node("Div", [f"{x}_row_peak", "kvembed_row_levels"], [f"{x}_scale"], name=f"{x}_row_scale"),
+        helper.make_node("Div", [x, f"{x}_scale"], [f"{x}_row_scaled"], name=f"{x}_row_divide"),
+        helper.make_node("Round", [f"{x}_row_scaled"], [f"{x}_row_rounded"], name=f"{x}_row_round"),
+        helper.make_node("Add", [f"{x}_row_rounded", "kvembed_row_zero_float"], [f"{x}_row_shifted"], name=f"{x}_row_shift"),
+        helper.make_node("Cast", [f"{x}_row_shifted"], [f"{x}_quantized"], name=f"{x}_row_cast", to=TensorProto.UINT8),
+        helper.make_node("Identity", ["kvembed_row_zero"], [f"{x}_zero_point"], name=f"{x}_row_zero"),
+    ]
 
 
-def _drop_unread_initializers(graph: Any) -> None:
-    """Remove initializers no node reads any more (the fp32 weights that were quantised)."""
-    from .precision import node_inputs
+def _row_constants() -> list[Any]:
+    from onnx import numpy_helper
 
-    read = {name for node in graph.node for name in node_inputs(node)}
-    read |= {o.name for o in graph.output}
-    keep = [t for t in graph.initializer if t.name in read]
-    if len(keep) != len(graph.initializer):
-        del graph.initializer[:]
-        graph.initializer.extend(keep)
-
-
-def _numel(tensor: Any) -> int:
-    count = 1
-    for dim in tensor.dims:
-        count *= int(dim)
-    return count
+    return [
+        numpy_helper.from_array(np.array([-1], dtype=np.int64), "kvembed_row_axis"),
+        numpy_helper.from_array(np.array(np.finfo(np.float32).tiny, dtype=np.float32), "kvembed_row_floor"),
+        numpy_helper.from_array(np.array(_ROW_LEVELS, dtype=np.float32), "kvembed_row_levels"),
+        numpy_helper.from_array(np.array(float(_ROW_ZERO), dtype=np.float32), "kvembed_row_zero_float"),
+        numpy_helper.from_array(np.array(_ROW_ZERO, dtype=np.uint8), "kvembed_row_zero"),
+    ]

@@ -234,10 +234,11 @@ def smooth(model: Any, groups: list[SmoothGroup], ranges: Mapping[str, np.ndarra
         tensors[name].CopyFrom(numpy_helper.from_array(value, name))
 
 
-def smooth_file(source: Path, target: Path, groups: list[SmoothGroup], ranges: Mapping[str, np.ndarray],
-                alpha: float = DEFAULT_ALPHA, advance: Callable[[int, int], None] | None = None) -> None:
-    """:func:`smooth` from the graph at ``source`` to ``target`` (weights in ``<target>.data``),
-    reading and writing one weight at a time instead of loading the model."""
+def smoothing_plan_from_file(source: Path, groups: list[SmoothGroup], ranges: Mapping[str, np.ndarray],
+                             alpha: float = DEFAULT_ALPHA) -> dict[str, list[Step]]:
+    """:func:`smoothing_plan` of the graph at ``source``, reading one weight at a time instead of
+    loading the model; the quantiser folds the steps in as the weights stream through
+    (:func:`kvembed.export.quantize.quantize_matmuls`)."""
     import onnx
     from onnx import numpy_helper
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
@@ -254,16 +255,7 @@ def smooth_file(source: Path, target: Path, groups: list[SmoothGroup], ranges: M
             del tensor.external_data[:]
         return numpy_helper.to_array(tensor)
 
-    plan = smoothing_plan(read, groups, ranges, alpha)
-
-    def fold(tensor: Any) -> None:
-        if tensor.name in plan:
-            value = apply_steps(numpy_helper.to_array(tensor).astype(np.float32), plan[tensor.name])
-            tensor.CopyFrom(numpy_helper.from_array(value, tensor.name))
-
-    from .external_data import stream_initializers
-
-    stream_initializers(model, source.parent, target, fold, advance=advance)
+    return smoothing_plan(read, groups, ranges, alpha)
 
 
 def massive_input_nodes(groups: list[SmoothGroup], ranges: Mapping[str, np.ndarray], spread: float) -> list[str]:
@@ -275,4 +267,4 @@ def massive_input_nodes(groups: list[SmoothGroup], ranges: Mapping[str, np.ndarr
 
 
 __all__ = ["DEFAULT_ALPHA", "SmoothGroup", "activation_ranges", "apply_steps", "calibration_feeds",
-           "massive_input_nodes", "smooth", "smooth_file", "smoothable_groups", "smoothing_plan"]
+           "massive_input_nodes", "smooth", "smoothable_groups", "smoothing_plan", "smoothing_plan_from_file"]
