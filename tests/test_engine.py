@@ -23,7 +23,7 @@ from kvembed.export.engine import (
     DEFAULT_SHAPES, EngineParityError, ShapeRange, build_engine, check_engine_parity, check_tensorrt_supports,
     choose_precision, default_shapes, engine_parity, engine_record, parse_shapes, parse_size,
 )
-from kvembed.export.parity import PARITY_TEXTS
+from kvembed.export.parity import GATE_TEXTS, PARITY_TEXTS, gate_batches
 from kvembed.export.graph import min_tensorrt
 from kvembed.export.ops import version_key
 from kvembed.artifact import sha256_file
@@ -103,7 +103,7 @@ def test_tensorrt_11_builds_strongly_typed_from_the_matching_artifact():
     assert choose_precision("fp32", "11.1", "fp32").strongly_typed
     with pytest.raises(ValueError, match="only strongly typed.*fp16 artifact.*--precision fp16"):
         choose_precision("fp16", "11.0", "fp32")
-    with pytest.raises(ValueError, match="bf16 artifacts are refused by kvembed-export"):
+    with pytest.raises(ValueError, match="a bf16 engine needs a bf16 artifact.*no bf16-typed graph exists"):
         choose_precision("bf16", "11.0", "fp32")
 
 
@@ -310,8 +310,8 @@ def test_build_engines_parity_check_passes_a_faithful_plan(artifact, tmp_path, m
     check_engine_parity(engine, artifact, record)
     written = json.loads((engine / ENGINE_JSON).read_text())["parity"]
     assert written == record["parity"] and written["passed"] and written["precision"] == "fp32"
-    # per case (query/document x right/left): every text but the long one, the long/empty/unicode trio, one row
-    assert written["rows"] == 4 * ((len(PARITY_TEXTS) - 1) + 3 + 1) and written["worst_cosine"] >= 0.99999
+    # every batch of the gate: the core texts in each case (query/document x right/left), each variety group once
+    assert written["rows"] == sum(len(names) for _, _, names in gate_batches(GATE_TEXTS)) and written["worst_cosine"] >= 0.99999
     assert written["reference"]["runtime"] == "onnxruntime CPU"
     # independent of the code under test: one of the checked batches, recomputed with numpy
     from kvembed.runtime import Embedder

@@ -112,11 +112,13 @@ def test_sample_tasks_are_the_promised_size_and_regenerate_byte_for_byte(tmp_pat
 
 @pytest.fixture(scope="module")
 def artifact_run(stories_artifact, tmp_path_factory):
-    kv, mean = stories_artifact("kv-embedding"), stories_artifact("mean")
+    kv, mean, kv_int8 = stories_artifact("kv-embedding"), stories_artifact("mean"), stories_artifact("kv-embedding", "int8")
     out = tmp_path_factory.mktemp("eval") / "out"
-    result = run(f"kv={kv}", f"mean={mean}", "--task", "sample-sts", "--task", "sample-retrieval", "--out", str(out))
+    result = run(f"kv={kv}", f"mean={mean}", f"kv-int8={kv_int8}", "--task", "sample-sts", "--task", "sample-retrieval",
+                 "--out", str(out))
     assert result.exit_code == 0, result.output
-    return {"kv": kv, "mean": mean}, out, json.loads((out / "results.json").read_text(encoding="utf-8")), result.output
+    return ({"kv": kv, "mean": mean, "kv-int8": kv_int8}, out, json.loads((out / "results.json").read_text(encoding="utf-8")),
+            result.output)
 
 
 def test_sts_scores_equal_spearman_of_the_runtime_cosines(artifact_run):
@@ -151,7 +153,7 @@ def test_reports_and_mteb_result_files_are_written(artifact_run):
             assert saved["task_name"] == task
             assert saved["scores"]["test"][0]["main_score"] == pytest.approx(report["scores"][label][task]["main_score"], abs=1e-6)
             assert str(path.relative_to(out)) in report["mteb_result_files"]
-    assert [c["label"] for c in report["configurations"]] == ["kv", "mean"]
+    assert [c["label"] for c in report["configurations"]] == ["kv", "mean", "kv-int8"]
     assert report["configurations"][0]["resolved"]["name"] == "kv-embedding" and report["configurations"][0]["artifact"]
     table = (out / "results.md").read_text(encoding="utf-8")
     kv_sts = report["scores"]["kv"]["sample-sts"]["main_score"]
@@ -167,7 +169,30 @@ def test_the_demo_model_is_said_to_score_near_zero(artifact_run):
     """Issue 29: the demo model's near-zero retrieval scores come with a word that they are expected."""
     *_, output = artifact_run
     note = " ".join(output.split()).split("note: ", 1)[1]
-    assert note.startswith("kv, mean ran on stories260k") and "scores near zero are expected" in note
+    assert note.startswith("kv, mean, kv-int8 ran on stories260k") and "scores near zero are expected" in note
+
+
+def test_each_precision_is_shown_beside_its_scores(artifact_run):
+    """Artifacts of several precisions side by side: the precision and the backend that ran it, the
+    gate's worst cosine and the held-out one, as the manifests record them (JSON, Markdown, console)."""
+    from kvembed.artifact import load_manifest
+
+    artifacts, out, report, output = artifact_run
+    configurations = {c["label"]: c for c in report["configurations"]}
+    table = (out / "results.md").read_text(encoding="utf-8")
+    for label, precision in (("kv", "fp32"), ("kv-int8", "int8")):
+        manifest, config = load_manifest(artifacts[label]), configurations[label]
+        assert (config["precision"], config["backend"]) == (precision, "onnxruntime-cpu")
+        assert config["gate_worst_cosine"] == manifest.parity["worst_cosine"]
+        assert config["held_out_worst_cosine"] == manifest.held_out.worst_cosine
+        sts = report["scores"][label]["sample-sts"]["main_score"]
+        row = next(line for line in table.splitlines() if line.startswith(f"| {label} |"))
+        assert f"| {precision} (onnxruntime-cpu) | {config['gate_worst_cosine']:.5f} | {config['held_out_worst_cosine']:.5f} | {sts:.4f}" in row
+    assert configurations["kv-int8"]["gate_worst_cosine"] < 0.9999 < configurations["kv"]["gate_worst_cosine"]
+    assert "precision (backend) | gate worst cos | held-out worst cos" in table
+    int8 = configurations["kv-int8"]
+    assert (f"kv-int8 [int8 (onnxruntime-cpu); gate worst cos {int8['gate_worst_cosine']:.5f}, held-out "
+            f"{int8['held_out_worst_cosine']:.5f}]: sample-sts") in " ".join(output.split())
 
 
 # -- the PyTorch reference path: --config, JSONL STS, classification --------------------------------

@@ -29,6 +29,7 @@ from kvembed.export import core, external_data, verification
 from kvembed.export.core import Exporter, export_result, load_embedder
 from kvembed.export.checks import MATRICES_PER_LAYER, weight_matmuls
 from kvembed.export.external_data import DATA_FILE, EXTERNAL_MIN_BYTES
+from kvembed.export.parity import GATE_TEXTS, HELD_OUT_TEXTS, gate_batches
 from kvembed.export.progress import STAGES
 from kvembed.methods import demo_model_path
 from kvembed.runtime import Embedder
@@ -183,9 +184,11 @@ def test_manifest_names_the_checkpoint_dtype(sharded_bf16, tmp_path):
     display = StageSteps()
     result = export_result(str(sharded_bf16), METHOD, tmp_path / "fp16", "fp16", progress=display, **OPTIONS)
     # the long stages report their share done (the CLI turns it into the time left), up to all of it
+    batches = {"reference": len(gate_batches({**GATE_TEXTS, **HELD_OUT_TEXTS})), "parity": len(gate_batches(GATE_TEXTS))}
     for stage in ("reference", "parity"):
         steps = display.steps[stage]
-        assert len(steps) == 4 * 3  # one per padded batch of the gate: 3 batches x query/document x right/left
+        # one per padded batch of the gate (the reference runs the held-out batches too, in the same stage)
+        assert len(steps) == batches[stage] == {"reference": 18, "parity": 16}[stage]
         assert [d for d, _ in steps] == sorted(d for d, _ in steps) and steps[-1][0] == steps[-1][1] > 0
     # the fp16 conversion: one step per weight tensor of the graph, up to all of them
     tensors = len(onnx.load(str(result.path / "model.onnx"), load_external_data=False).graph.initializer)

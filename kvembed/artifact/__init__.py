@@ -10,7 +10,7 @@ from .certificates import TOLERANCES, Certificate, certificates_of, merged
 from .files import check_files, check_records, file_records, record_of, sha256_file
 from .layout import ARTIFACT_FILES, ENCODER_TOKENIZER, MANIFEST, MODEL, MODEL_DATA, TOKENIZER, is_artifact
 from .manifest import (
-    REQUIRED_KEYS, SCHEMA_VERSION, ContextEncoder, FileRecord, GraphFacts, Manifest, Source, TensorSpec, load_manifest,
+    REQUIRED_KEYS, SCHEMA_VERSION, ContextEncoder, FileRecord, GraphFacts, HeldOut, Manifest, Source, TensorSpec, load_manifest,
     read_manifest, record_certificates, write_manifest,
 )
 from .options import check_artifact_options
@@ -18,7 +18,7 @@ from .staging import OutputExistsError, OutputIsAFileError, check_output, staged
 
 __all__ = [
     "ARTIFACT_FILES", "Certificate", "TOLERANCES", "certificates_of", "merged", "ENCODER_TOKENIZER", "MANIFEST", "MODEL", "MODEL_DATA", "REQUIRED_KEYS", "SCHEMA_VERSION", "TOKENIZER",
-    "ContextEncoder", "FileRecord", "GraphFacts", "Manifest", "OutputExistsError", "OutputIsAFileError", "Source",
+    "ContextEncoder", "FileRecord", "GraphFacts", "HeldOut", "Manifest", "OutputExistsError", "OutputIsAFileError", "Source",
     "TensorSpec", "check_artifact_options", "check_files", "check_output", "check_records", "file_records", "is_artifact", "load_manifest",
     "read_manifest", "record_certificates", "record_of", "sha256_file", "staged", "write_manifest", "write_text_atomic",
 ]

@@ -171,6 +171,28 @@ class GraphFacts:
         )
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """The parity record's ``held_out``: the graph against PyTorch on texts that neither the int8
+    calibration nor the gate's pass/fail decision used, run on ``backend``. A figure reported
+    beside the gate's worst cosine (``meets_bar``: whether it would have met the gate's bar), not
+    a verdict; None in manifests from before it was measured."""
+
+    worst_cosine: float
+    rows: int
+    texts: int
+    meets_bar: bool
+    backend: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "HeldOut":
+        if not isinstance(data, Mapping):
+            raise InvalidInput(f"{where} must be an object, got {data!r}")
+        return cls(float(_field(data, "worst_cosine", (float, int), where)), _field(data, "rows", int, where),
+                   _field(data, "texts", int, where), _field(data, "meets_bar", bool, where),
+                   _field(data, "backend", str, where, optional=True))
+
+
 def _method(data: Any, where: str) -> ResolvedMethod:
     if not isinstance(data, Mapping):
         raise InvalidInput(f"{where} must be an object, got {data!r}")
@@ -215,6 +237,8 @@ class Manifest:
     certified: tuple[Certificate, ...] = ()
     #: top-level fields this kvembed does not know (a newer exporter's), kept as they are
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: the parity record's held-out figure (:class:`HeldOut`), None before it was measured
+    held_out: HeldOut | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -243,6 +267,8 @@ class Manifest:
         files = _field(data, "files", dict, where)
         also = _field(data, "also", dict, where, optional=True) or {}
         context = data.get("context_encoder")
+        parity = _field(data, "parity", dict, where)
+        held_out = parity.get("held_out")
         return cls(
             schema_version=version,
             kvembed_version=str(data["kvembed_version"]),
@@ -260,13 +286,14 @@ class Manifest:
             outputs=tuple(TensorSpec.from_dict(item, f"{where}: outputs[{i}]") for i, item in enumerate(data["outputs"])),
             graph=GraphFacts.from_dict(data["graph"], f"{where}: graph"),
             files={name: FileRecord.from_dict(record, f"{where}: files[{name!r}]") for name, record in files.items()},
-            parity=_field(data, "parity", dict, where),
+            parity=parity,
             created=data.get("created", DEFAULTS["created"]),
             layer_selection=data.get("layer_selection", DEFAULTS["layer_selection"]),
             context_encoder=None if not context else ContextEncoder.from_dict(context, f"{where}: context_encoder"),
             also={label: _method(method, f"{where}: also[{label!r}]") for label, method in also.items()},
             certified=certificates_of(data.get("certified"), f"{where}: certified"),
             extra={key: value for key, value in data.items() if key not in KNOWN_KEYS},
+            held_out=None if held_out is None else HeldOut.from_dict(held_out, f"{where}: parity.held_out"),
             raw=data,
         )
 

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..backends.catalogue import PROVIDER_HELP
@@ -75,17 +76,21 @@ def eval_command(
         (after the last configuration they are the final reports)."""
         done.append(result)
         scores = ", ".join(f"{name} {s['main_score']:.4f}" for name, s in result.scores.items())
-        errors.print(f"  {result.config.label}: {scores} ({result.seconds:.1f} s)", highlight=False, soft_wrap=True)
+        ran, gate, held = report.precision_cells(result)
+        cost = f" [{ran}; gate worst cos {gate}, held-out {held}]" if result.config.artifact else f" [{ran}]"
+        errors.print(escape(f"  {result.config.label}{cost}: {scores} ({result.seconds:.1f} s)"), highlight=False, soft_wrap=True)
         paths.update(report.write(done, described, runner.environment(), runner.result_files(out), out, title))
 
     results = runner.evaluate(configurations, tasks, out, batch_size=batch_size, provider=provider, threads=threads,
                               max_length=max_length, on_result=progress)
     table = Table(title=title)
     table.add_column("configuration")
+    for column in report.PRECISION_COLUMNS:
+        table.add_column(column.replace(" worst", "\nworst"), justify="right")
     for d in described:
         table.add_column(f"{d['name']}\n{d['main_score']}", justify="right")
     for r in results:
-        table.add_row(r.config.label, *(f"{r.scores[d['name']]['main_score']:.4f}" if d["name"] in r.scores else "—" for d in described))
+        table.add_row(r.config.label, *report.precision_cells(r), *(f"{r.scores[d['name']]['main_score']:.4f}" if d["name"] in r.scores else "—" for d in described))
     console.print(table)
     demo = [c.label for c in configurations if _is_demo_model(c)]
     if demo:

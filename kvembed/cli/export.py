@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 try:
     import typer
@@ -93,6 +93,13 @@ def parity_table(report: Any, title: str) -> Table:
     table.add_row(f"all ({report.rows} rows) {state}", f"{report.worst_cosine:.7f} ({need})",
                   f"{report.max_abs_diff:.3g} {limit}".strip(), end_section=True)
     return table
+
+
+def held_out_line(held_out: Mapping[str, Any], gate_cosine: float) -> str:
+    """The held-out figure beside the gate's: texts the calibration and the gate's decision never saw."""
+    bar = "meets" if held_out["meets_bar"] else "[bold yellow]misses[/]"
+    return (f"held out: worst cosine {held_out['worst_cosine']:.7f} over {held_out['rows']} rows of {held_out['texts']} texts "
+            f"the gate never decided on (gate: {gate_cosine:.7f}; {bar} the gate's bar, reported only)")
 
 
 def print_extra_parity(reports: Any) -> None:
@@ -205,6 +212,9 @@ def export_command(
     console.print(parity_table(result.parity, f"parity vs PyTorch ({result.manifest['precision']} on {on})"))
     for target, gated in gates.items():
         console.print(parity_table(ParityReport(**gated), f"parity vs PyTorch ({gated['precision']} on {target})"))
+    held_out = result.manifest["parity"].get("held_out")
+    if held_out is not None:
+        console.print(held_out_line(held_out, result.parity.worst_cosine), highlight=False)
     from ..artifact import Certificate
 
     for item in result.manifest.get("certified", []):

@@ -20,7 +20,8 @@ def to_json(results: Sequence[ConfigResult], tasks: Sequence[dict[str, Any]], en
     return {
         "tasks": list(tasks),
         "configurations": [
-            {**r.config.describe(), "resolved": r.method, "dim": r.dim, "seconds": round(r.seconds, 3)} for r in results
+            {**r.config.describe(), "resolved": r.method, "dim": r.dim, "seconds": round(r.seconds, 3), **r.precision}
+            for r in results
         ],
         "scores": {r.config.label: r.scores for r in results},
         "mteb_result_files": [str(p.relative_to(out)) for p in mteb_files],
@@ -40,24 +41,44 @@ def _options(result: ConfigResult) -> str:
     return " ".join(parts)
 
 
+def precision_cells(result: ConfigResult) -> list[str]:
+    """The precision (and the backend that ran it), the gate's and the held-out worst cosine."""
+    record = result.precision
+
+    def cosine(key: str) -> str:
+        value = record.get(key)
+        return "—" if value is None else f"{value:.5f}"
+
+    ran = record.get("precision") or "—"
+    if record.get("backend"):
+        ran += f" ({record['backend']})"
+    return [ran, cosine("gate_worst_cosine"), cosine("held_out_worst_cosine")]
+
+
+#: the columns of :func:`precision_cells`
+PRECISION_COLUMNS = ("precision (backend)", "gate worst cos", "held-out worst cos")
+
+
 def to_markdown(results: Sequence[ConfigResult], tasks: Sequence[dict[str, Any]]) -> str:
     """One row per configuration, one column per task (mteb's main score), best per task in bold."""
     names = [task["name"] for task in tasks]
     best = {name: max((r.scores[name]["main_score"] for r in results if name in r.scores), default=None) for name in names}
-    header = ["configuration", "method (resolved)", *(f"{t['name']} ({t['main_score']})" for t in tasks)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * len(names)]
+    header = ["configuration", "method (resolved)", *PRECISION_COLUMNS, *(f"{t['name']} ({t['main_score']})" for t in tasks)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 3 + "---:|" * (len(names) + 2)]
     for r in results:
         cells = []
         for name in names:
             score = r.scores.get(name, {}).get("main_score")
             text = "—" if score is None else f"{score:.4f}"
             cells.append(f"**{text}**" if score is not None and score == best[name] and len(results) > 1 else text)
-        lines.append(f"| {r.config.label} | {_options(r)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r.config.label} | {_options(r)} | " + " | ".join([*precision_cells(r), *cells]) + " |")
     sizes = "; ".join(f"{t['name']}: {t['size']}" for t in tasks)
     trained = [r.config.label for r in results if r.config.baseline]
     note = (f" {', '.join(trained)}: trained embedder(s) run by sentence-transformers, for comparison with the "
             f"training-free methods." if trained else "")
-    return "\n".join(lines) + f"\n\nTasks: {sizes}. Scores by mteb (main score of the test split).{note}\n"
+    return "\n".join(lines) + (f"\n\nTasks: {sizes}. Scores by mteb (main score of the test split). Gate worst cos: the "
+                               f"artifact's parity gate against PyTorch; held-out: the same on texts the gate never "
+                               f"decided on.{note}\n")
 
 
 def models_compared(results: Sequence[ConfigResult]) -> tuple[list[str], list[str]] | None:

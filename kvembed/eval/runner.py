@@ -78,6 +78,8 @@ class ConfigResult:
     method: dict[str, Any]
     seconds: float
     scores: dict[str, dict[str, Any]]
+    #: what computed the vectors (:func:`precision_record`): the cost of a precision beside its scores
+    precision: dict[str, Any] = field(default_factory=dict)
 
 
 def load_embedder(config: Configuration, *, provider: str = "auto", threads: int | None = None,
@@ -101,6 +103,25 @@ def resolved_method(embedder: Any) -> dict[str, Any]:
     """The method as the embedder resolved it (name, options, layers) for the report."""
     method = embedder.method
     return {"name": method.name, "options": dict(method.options), "layers": list(method.layers)}
+
+
+def precision_record(embedder: Any, config: Configuration) -> dict[str, Any]:
+    """The precision that computed a configuration's vectors, the backend that ran it, and for an
+    artifact its parity gate's worst cosine (the certificate of the backend that ran, else the
+    export's gate) and the held-out worst cosine the export measured on texts the gate never
+    decided on: what a precision costs, shown beside what it scores."""
+    if config.baseline:
+        return {"precision": None, "backend": "sentence-transformers", "gate_worst_cosine": None, "held_out_worst_cosine": None}
+    if not config.artifact:
+        return {"precision": "fp32", "backend": "pytorch", "gate_worst_cosine": None, "held_out_worst_cosine": None}
+    from ..artifact import Manifest
+
+    manifest = Manifest.of(embedder.manifest)
+    choice = getattr(embedder, "choice", None)
+    certificate = getattr(choice, "certificate", None)
+    gate = certificate.worst_cosine if certificate is not None and certificate.against == "pytorch" else manifest.parity.get("worst_cosine")
+    return {"precision": manifest.precision, "backend": embedder.backend, "gate_worst_cosine": gate,
+            "held_out_worst_cosine": None if manifest.held_out is None else manifest.held_out.worst_cosine}
 
 
 def mteb_tasks(tasks: Sequence[LocalTask], official: Sequence[str]) -> list[Any]:
@@ -146,7 +167,8 @@ def evaluate(
             )
         seconds = time.perf_counter() - start
         scores = {result.task_name: _test_scores(result) for result in outcome.task_results}
-        result = ConfigResult(config, int(embedder.dim), resolved_method(embedder), seconds, scores)
+        result = ConfigResult(config, int(embedder.dim), resolved_method(embedder), seconds, scores,
+                              precision_record(embedder, config))
         results.append(result)
         if on_result is not None:
             on_result(result)

@@ -12,7 +12,7 @@ manifest schema is :mod:`kvembed.artifact`'s. Exporting needs the ``export`` ext
 from ..artifact import MANIFEST, SCHEMA_VERSION, check_files, read_manifest
 from .graph import ExportError
 from .ops import ALLOWED_OPS, TENSORRT_OPS, non_portable_ops, op_types
-from .parity import PARITY_TEXTS, TOLERANCES, ParityReport
+from .parity import GATE_TEXTS, HELD_OUT_TEXTS, PARITY_TEXTS, TOLERANCES, ParityReport
 from .precision import PRECISIONS
 
 
@@ -36,6 +36,8 @@ def __getattr__(name: str):  # the torch-dependent pipeline loads on first use
 __all__ = [
     "ALLOWED_OPS",
     "MANIFEST",
+    "GATE_TEXTS",
+    "HELD_OUT_TEXTS",
     "PARITY_TEXTS",
     "PRECISIONS",
     "SCHEMA_VERSION",

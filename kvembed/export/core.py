@@ -32,7 +32,7 @@ from .external_data import settle_layout
 from .graph import ExportError, resolve_attention
 from .graph import trace as trace_graph
 from .manifest import build_manifest, source_record
-from .parity import ParityReport, parity_reports, reference_runs
+from .parity import GATE_TEXTS, HELD_OUT_TEXTS, ParityReport, held_out_record, parity_reports, reference_runs, run_parity
 from .precision import INT8_RECIPES, SameGraphError, check_int8_recipe, check_precision, convert, int8_plan
 from .progress import Progress, advance_of, silent
 from .rewrites import optimize_with_onnxruntime, rms_norm_as_div
@@ -180,7 +180,10 @@ class Exporter:
         if self._references is None:
             self._references = self.embedder.references()
         for label, reference in self._references.items():
-            reference_runs(reference, self._reference_outputs, outputs=output_names(label),
+            # the main output also on the held-out texts (reported beside the gate, never deciding):
+            # their batches are their own, so each is cached as the held-out run will ask for it
+            texts = {**GATE_TEXTS, **HELD_OUT_TEXTS} if label is None else GATE_TEXTS
+            reference_runs(reference, self._reference_outputs, texts=texts, outputs=output_names(label),
                            advance=advance_of(self.progress))
 
     def _release(self) -> None:
@@ -252,7 +255,7 @@ class Exporter:
                 self.progress("check", "checking operators and layers")
                 facts = check_graph(model_path, precision, embedder)
                 manifest = build_manifest(embedder, self._graph, self.opset, precision, facts, conversion)
-                gates = self._gates(staging, manifest, precision, reference)
+                gates, held_out = self._gates(staging, manifest, precision, reference)
                 reports = dict(gates[0][2])
                 report = reports.pop(None)
                 failure = None
@@ -281,6 +284,8 @@ class Exporter:
             manifest["parity"]["backend"] = gates[0][0]
             if len(gates) > 1:  # the other backends the gate ran (bf16: onnxruntime at fp32)
                 manifest["parity"]["gates"] = {target: gated[None].to_dict() for target, _, gated in gates[1:]}
+            if held_out is not None:
+                manifest["parity"]["held_out"] = held_out_record(held_out, gates[0][0])
             manifest["certified"] = [certificate(target, ran, gated[None]) for target, ran, gated in gates]
             self.progress("write", f"writing {out}")
             manifest["files"] = file_records(staging)
@@ -304,10 +309,11 @@ class Exporter:
 
     def _gates(
         self, directory: Path, manifest: Mapping[str, Any], precision: str, reference: Any
-    ) -> list[tuple[str, str, dict[str | None, ParityReport]]]:
+    ) -> tuple[list[tuple[str, str, dict[str | None, ParityReport]]], ParityReport | None]:
         """``(target, precision it ran, reports)`` for each backend of the gate (:data:`GATES`):
         reports for the main output (key None) and each extra one, each against a reference that
-        computes only that method in a forward pass of its own."""
+        computes only that method in a forward pass of its own; and the main output on the
+        held-out texts on the first backend, when its gate passed (None otherwise)."""
         encoder = encoder_from_manifest(directory, manifest)
         if self._references is None:
             self._references = self.embedder.references()
@@ -315,15 +321,18 @@ class Exporter:
         cache = self._reference_outputs if reference is self.embedder else None
         graph_precision = "fp32" if precision == "bf16" else precision
         gates = []
+        held_out: ParityReport | None = None
         for target, bar in GATES[precision]:
             self.progress("parity", f"running the graph on {target} against PyTorch ({bar} bar)")
             session = gate_session(target, directory / MODEL)
             try:
                 reports = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(self.progress))
                 gates.append((target, ran_precision(session, graph_precision), reports))
+                if held_out is None and reports[None].passed and len(gates) == 1:  # part of the parity stage
+                    held_out = run_parity(session, encoder, references[None], bar, texts=HELD_OUT_TEXTS, cache=cache)
             finally:
                 del session
-        return gates
+        return gates, held_out
 
 
 def _copy_graph(source: Path, target: Path, move: bool = False) -> None:

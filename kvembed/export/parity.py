@@ -17,33 +17,18 @@ import numpy as np
 
 from ..artifact.certificates import TOLERANCES  # noqa: F401  (docs/methods.md's bars, re-exported)
 from ..methods.sharing import output_names
+from .gate_texts import GATE, GATE_TEXTS, HELD_OUT_TEXTS, PARITY_TEXTS, text_groups  # noqa: F401  (re-exported)
 from .graph import ExportError
-
-_LONG = (
-    "The committee met on Tuesday to review the budget for the coming year. After a long debate "
-    "about road repairs and school funding, the members agreed to postpone the decision on the "
-    "swimming pool until spring, when better cost estimates would be available."
-)
-
-#: name -> text. Short, long, unicode, empty, whitespace-only, quotes (the prompts' delimiter),
-#: question marks (token-prepending's clean-up), code and numbers.
-PARITY_TEXTS: dict[str, str] = {
-    "short": "Hi",
-    "sentence": "A man is playing a guitar.",
-    "question": "What is the capital of France?",
-    "long": _LONG,
-    "medium": "Stock markets fell sharply on Monday as investors worried about rising interest rates",
-    "unicode": "Ünïcödé façade — naïve café, 東京タワーの夜景, эмбеддинг текста, 🤖🚀✨",
-    "empty": "",
-    "whitespace": "   several   spaces\tand\ttabs\n new lines  ",
-    "quotes": 'She said "no way" and left the room',
-    "code": "x = [1, 2, 3]; print(sum(x) / len(x))  # mean",
-    "numbers": "3.14159 2.71828 1.41421 and 42",
-    "word": "cats",
-}
 
 KINDS = ("query", "document")
 PADDING_SIDES = ("right", "left")
+#: every (kind, padding side): the core texts run in each
+CASES = tuple((kind, side) for kind in KINDS for side in PADDING_SIDES)
+#: each variety group runs in one case, the groups taking the cases in turn: the core already covers
+#: every kind and side, so the variety texts pay for content, not for padding again
+GATE_GROUP_CASES = tuple((case,) for case in CASES)
+#: the held-out groups take the cases in turn as well
+HELD_OUT_GROUP_CASES = ((("query", "left"),), (("document", "right"),))
 
 
 @dataclass
@@ -81,12 +66,12 @@ class ParityReport:
 
 
 def batch_plan(names: Sequence[str]) -> list[list[str]]:
-    """Batches of text names: every text but the long one in one padded batch, a trio that pads the
-    empty text to the long one, and a single row. The long text sits only in the trio: padding the
-    eleven others to its length would double the gate's arithmetic, the larger part of a big
-    model's export, without padding anything more extreme than the trio already does."""
-    names = list(names)
-    return [[n for n in names if n != "long"], ["long", "empty", "unicode"], ["sentence"]]
+    """Batches of core text names: the short texts in one padded batch, the longest ones with the
+    empty text (padded to them), and a single row. Padding the short ones to the longest would
+    double the core's arithmetic, the larger part of a big model's export, without padding
+    anything more extreme than the second batch already does."""
+    padded = ("long", "unicode", "numbers", "code", "empty")
+    return [[n for n in names if n not in padded], list(padded), ["sentence"]]
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -184,9 +169,31 @@ def run_reference(reference: Any, batch: Mapping[str, np.ndarray]) -> ReferenceR
 
 
 def gate_batches(texts: Mapping[str, str]) -> list[tuple[str, str, list[str]]]:
-    """The gate's cases in order: ``(kind, padding side, text names)`` per padded batch."""
-    plan = [[n for n in batch if n in texts] for batch in batch_plan(texts)]
-    return [(kind, side, names) for kind in KINDS for side in PADDING_SIDES for names in plan if names]
+    """The gate's cases in order: ``(kind, padding side, text names)`` per padded batch. Texts of
+    the data file's groups (:func:`~kvembed.export.gate_texts.text_groups`) run as their group, in
+    its cases; every other text is a core text (:func:`batch_plan`, every case)."""
+    groups = text_groups()
+    grouped = {name for names in groups.values() for name in names}
+    core = [n for n in texts if n not in grouped]
+    plan = [([n for n in batch if n in texts], CASES) for batch in batch_plan(core)]
+    counts: dict[bool, int] = {}
+    for key, names in groups.items():
+        present = [n for n in names if n in texts]
+        if present:
+            gate = key.startswith(GATE + "/")
+            rotation = GATE_GROUP_CASES if gate else HELD_OUT_GROUP_CASES
+            index = counts[gate] = counts.get(gate, -1) + 1
+            plan.append((present, rotation[index % len(rotation)]))
+    return [(kind, side, names) for kind, side in CASES for names, cases in plan if names and (kind, side) in cases]
+
+
+def gate_tokens(encoder: Any, texts: Mapping[str, str]) -> int:
+    """The padded tokens of the gate's batches of ``texts`` through ``encoder``: the work each side
+    (the reference and the graph) runs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return sum(_padded_tokens(encoder.pad(encoder.encode([texts[n] for n in names], kind), side))
+                   for kind, side, names in gate_batches(texts))
 
 
 def reference_runs(
@@ -200,7 +207,7 @@ def reference_runs(
     would: the exporter does this before tracing, so that the PyTorch model can be freed before
     any onnxruntime session is built. Each batch is built by the reference's own encoder; the gate
     later checks that the artifact's encoder builds the very same batch."""
-    texts = dict(PARITY_TEXTS if texts is None else texts)
+    texts = dict(GATE_TEXTS if texts is None else texts)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # truncation warnings, as in the gate
         batches = {(outputs, kind, side, tuple(names), tuple(texts[n] for n in names)):
@@ -225,12 +232,12 @@ def compare_runs(
     advance: Advance | None = None,
 ) -> ParityReport:
     """The gate's comparison, for any two ways of running a padded batch: the parity texts through
-    ``encoder`` in the gate's batches (:func:`batch_plan`), as queries and documents, right- and
+    ``encoder`` in the gate's batches (:func:`gate_batches`), as queries and documents, right- and
     left-padded; ``run(batch)`` against ``reference(batch, key)`` (``key`` names the case, for
     caching) by METHODS.md's tolerance for ``precision``. ``same_tokens(items, kind, encoded)``,
     when given, must hold for a batch to be compared (the reference tokenises on its own).
     ``advance(done, total)`` is told the batches' padded tokens run so far."""
-    texts = dict(PARITY_TEXTS if texts is None else texts)
+    texts = dict(GATE_TEXTS if texts is None else texts)
     tolerance = TOLERANCES[precision]
     min_cos, max_abs = tolerance["min_cosine"], tolerance.get("max_abs")
     worst_cos, worst_abs, worst_pooled = 1.0, 0.0, 1.0
@@ -243,7 +250,8 @@ def compare_runs(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # truncation warnings: the long text may exceed max_length
         encoded = {(kind, tuple(names)): encoder.encode([texts[n] for n in names], kind) for kind, _, names in cases}
-        total = sum(len(e) * max((len(x.ids) for x in e), default=0) for e in encoded.values()) * len(PADDING_SIDES)
+        total = sum(len(encoded[(kind, tuple(names))]) * max((len(x.ids) for x in encoded[(kind, tuple(names))]), default=0)
+                    for kind, _, names in cases)
         for kind in KINDS:
             for side in PADDING_SIDES:
                 case = f"{kind}/{side}"
@@ -299,6 +307,14 @@ def compare_runs(
         by_case=by_case,
         problems=sorted(set(problems)),
     )
+
+
+def held_out_record(report: ParityReport, backend: str) -> dict[str, Any]:
+    """The manifest's ``parity.held_out``: ``report`` (the graph on the held-out texts) as a figure
+    beside the gate's, not a verdict (docs/methods.md, "What the same means")."""
+    keys = ("worst_cosine", "max_abs_diff", "pooled_worst_cosine", "rows", "batches", "texts", "worst_row", "by_case",
+            "min_cosine_required", "problems")
+    return {**{key: getattr(report, key) for key in keys}, "meets_bar": report.passed, "decides": False, "backend": backend}
 
 
 def _finite(x: float) -> float:

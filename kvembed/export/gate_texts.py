@@ -1,0 +1,96 @@
+"""The parity gate's texts: a fixed core for the padding machinery, real-looking variety for the
+gate's decision, and a held-out slice that is only reported.
+
+- :data:`PARITY_TEXTS`: short, long, unicode, empty, whitespace-only, quotes (the prompts'
+  delimiter), question marks (token-prepending's clean-up), code and numbers; run as queries and
+  documents, right- and left-padded (:func:`kvembed.export.parity.batch_plan`).
+- the variety texts of ``kvembed/data/gate_texts.jsonl`` (split ``gate``): what users embed
+  (search queries, paragraphs up to a few hundred tokens, code, tables, invoices, German, French,
+  Chinese, Russian, mixed punctuation), in batches of similar length, each group run once as
+  queries and once as documents on opposite padding sides (:data:`GROUP_CASES`): the core already
+  covers every kind and side, so the variety texts pay for content, not for padding.
+- the held-out slice (split ``held_out``): other queries, code, tables and languages that neither
+  the int8 calibration nor the gate's pass/fail decision sees. The export reports its worst cosine
+  beside the gate's, so a recipe that fits the gate's own texts but not other text shows.
+
+The file is written for this project and shares no line with ``calibration.txt`` (a test checks).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+FILE = "gate_texts.jsonl"
+GATE, HELD_OUT = "gate", "held_out"
+
+_LONG = (
+    "The committee met on Tuesday to review the budget for the coming year. After a long debate "
+    "about road repairs and school funding, the members agreed to postpone the decision on the "
+    "swimming pool until spring, when better cost estimates would be available."
+)
+
+#: name -> text: the core set, run in every kind and padding side
+PARITY_TEXTS: dict[str, str] = {
+    "short": "Hi",
+    "sentence": "A man is playing a guitar.",
+    "question": "What is the capital of France?",
+    "long": _LONG,
+    "medium": "Stock markets fell sharply on Monday as investors worried about rising interest rates",
+    "unicode": "Ünïcödé façade — naïve café, 東京タワーの夜景, эмбеддинг текста, 🤖🚀✨",
+    "empty": "",
+    "whitespace": "   several   spaces\tand\ttabs\n new lines  ",
+    "quotes": 'She said "no way" and left the room',
+    "code": "x = [1, 2, 3]; print(sum(x) / len(x))  # mean",
+    "numbers": "3.14159 2.71828 1.41421 and 42",
+    "word": "cats",
+}
+
+
+@dataclass(frozen=True)
+class GateText:
+    """One text of the data file: its name, split (gate or held_out), length group and category."""
+
+    name: str
+    split: str
+    group: str
+    category: str
+    text: str
+
+
+def gate_texts_path() -> Path:
+    """The shipped file (``kvembed/data/gate_texts.jsonl``)."""
+    return Path(str(resources.files("kvembed") / "data" / FILE))
+
+
+@functools.lru_cache(maxsize=1)
+def load_gate_texts() -> tuple[GateText, ...]:
+    """Every text of the data file, in file order."""
+    lines = gate_texts_path().read_text(encoding="utf-8").splitlines()
+    texts = tuple(GateText(**json.loads(line)) for line in lines if line.strip())
+    names = [t.name for t in texts]
+    if len(set(names)) != len(names) or set(names) & set(PARITY_TEXTS):
+        raise RuntimeError(f"{FILE} repeats a text name (or one of the core set's)")
+    return texts
+
+
+def split_texts(split: str) -> dict[str, str]:
+    """name -> text of one split of the data file."""
+    return {t.name: t.text for t in load_gate_texts() if t.split == split}
+
+
+def text_groups() -> dict[str, tuple[str, ...]]:
+    """``split/group`` -> the names of its texts: one padded batch each, in file order."""
+    groups: dict[str, list[str]] = {}
+    for t in load_gate_texts():
+        groups.setdefault(f"{t.split}/{t.group}", []).append(t.name)
+    return {key: tuple(names) for key, names in groups.items()}
+
+
+#: what the gate decides on: the core set and the variety texts
+GATE_TEXTS: dict[str, str] = {**PARITY_TEXTS, **split_texts(GATE)}
+#: reported beside the gate, never deciding
+HELD_OUT_TEXTS: dict[str, str] = split_texts(HELD_OUT)

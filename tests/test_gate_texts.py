@@ -1,0 +1,112 @@
+"""The parity gate's texts and the held-out figure: the variety texts look like real input and share
+nothing with the int8 calibration; the held-out slice is outside the gate's decision; a real export
+records the held-out worst cosine in its manifest (checked against the independent oracle), prints
+it, and a manifest from before still loads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+
+from kvembed.artifact import Manifest, load_manifest
+from kvembed.errors import InvalidInput
+from kvembed.export.gate_texts import GATE, HELD_OUT, load_gate_texts
+from kvembed.export.parity import CASES, GATE_TEXTS, HELD_OUT_TEXTS, PARITY_TEXTS, gate_batches
+from kvembed.modeling.layers.calibration import builtin_calibration_path
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_the_gate_texts_share_no_text_with_the_calibration_and_cover_real_input():
+    calibration = {line.strip() for line in builtin_calibration_path().read_text(encoding="utf-8").splitlines()}
+    texts = load_gate_texts()
+    assert len(calibration) > 900 and len(texts) >= 20
+    for text in texts:  # not equal to a calibration line, and no calibration line inside it
+        assert text.text.strip() not in calibration
+        assert not any(len(line) > 20 and line in text.text for line in calibration), text.name
+    categories = {split: {t.category for t in texts if t.split == split} for split in (GATE, HELD_OUT)}
+    assert {"query", "paragraph", "long", "code", "table", "numbers", "punctuation",
+            "german", "french", "chinese", "russian"} <= categories[GATE]
+    assert {"query", "code", "table", "numbers", "paragraph"} <= categories[HELD_OUT]
+    assert len(categories[HELD_OUT] - {"query", "code", "table", "numbers", "paragraph", "mixed"}) >= 3  # languages
+    longest = max(texts, key=lambda t: len(t.text))
+    assert longest.split == GATE and len(longest.text.split()) >= 200  # a paragraph of a few hundred tokens
+    # the gate decides on the core and the variety texts; the held-out ones are apart
+    assert set(GATE_TEXTS) == set(PARITY_TEXTS) | {t.name for t in texts if t.split == GATE}
+    assert set(HELD_OUT_TEXTS) == {t.name for t in texts if t.split == HELD_OUT}
+    assert not set(GATE_TEXTS) & set(HELD_OUT_TEXTS)
+    assert not set(GATE_TEXTS.values()) & set(HELD_OUT_TEXTS.values())
+
+
+def test_gate_batches_run_the_core_in_every_case_and_each_variety_group_once():
+    batches = gate_batches(GATE_TEXTS)
+    seen = [name for _, _, names in batches for name in names]
+    assert set(seen) == set(GATE_TEXTS) and not set(seen) & set(HELD_OUT_TEXTS)
+    for name in PARITY_TEXTS:
+        cases = {(kind, side) for kind, side, names in batches if name in names}
+        assert cases == set(CASES), name
+    variety = [n for n in GATE_TEXTS if n not in PARITY_TEXTS]
+    assert all(seen.count(name) == 1 for name in variety)
+    assert {(kind, side) for kind, side, names in batches if set(names) <= set(variety)} == set(CASES)
+    held = gate_batches(HELD_OUT_TEXTS)
+    assert sorted(n for _, _, names in held for n in names) == sorted(HELD_OUT_TEXTS)
+
+
+@pytest.fixture(scope="module")
+def int8(stories_artifact):
+    return stories_artifact("kv-embedding", "int8")
+
+
+def test_a_real_export_records_the_held_out_worst_cosine(int8, oracle):
+    """The recorded figure equals the worst cosine of the artifact's own rows on the held-out
+    batches against the independent oracle (each text alone, float64 numpy)."""
+    from kvembed.runtime import Embedder
+
+    manifest = load_manifest(int8)
+    held = manifest.held_out
+    assert held is not None and held.backend == "onnxruntime-cpu"
+    assert held.texts == len(HELD_OUT_TEXTS) and held.rows == len(HELD_OUT_TEXTS)
+    record = manifest.parity["held_out"]
+    assert record["decides"] is False and record["min_cosine_required"] == 0.99
+    assert manifest.parity["texts"] == len(GATE_TEXTS) and record["worst_row"]["text"] in HELD_OUT_TEXTS
+    embedder, reference = Embedder.load(int8, provider="cpu"), oracle("stories260k")
+    assert manifest.method.layers == (1, 2, 3)  # the oracle is told the layer band the export resolved
+    worst = 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for kind, side, names in gate_batches(HELD_OUT_TEXTS):
+            batch = embedder.encoder.pad(embedder.encoder.encode([HELD_OUT_TEXTS[n] for n in names], kind), side)
+            got = embedder.run(batch)[0].astype(np.float64)
+            for row, name in zip(got, names):
+                want = reference.embed("kv-embedding", HELD_OUT_TEXTS[name], kind, layers="1-3").astype(np.float64)
+                worst = min(worst, float(row @ want / np.linalg.norm(row) / np.linalg.norm(want)))
+    assert held.worst_cosine == pytest.approx(worst, abs=2e-5)
+    assert held.meets_bar == (held.worst_cosine >= 0.99) and 0.9 < held.worst_cosine < 1.0
+
+
+def test_a_manifest_without_the_held_out_figure_still_loads(int8, tmp_path):
+    data = json.loads((int8 / "kvembed.json").read_text(encoding="utf-8"))
+    del data["parity"]["held_out"]
+    assert Manifest.from_dict(data).held_out is None
+    data["parity"]["held_out"] = {"worst_cosine": "high", "rows": 1, "texts": 1, "meets_bar": True}
+    with pytest.raises(InvalidInput, match="parity.held_out: worst_cosine"):
+        Manifest.from_dict(data)
+
+
+def test_export_prints_the_held_out_figure(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvembed.cli.main import app
+
+    out = tmp_path / "art"
+    result = CliRunner().invoke(app, ["export", "--model", "stories260k", "--method", "mean", "--out", str(out),
+                                      "--max-length", "64"])
+    assert result.exit_code == 0, result.output
+    held = load_manifest(out).held_out
+    printed = " ".join(result.output.split())
+    assert f"held out: worst cosine {held.worst_cosine:.7f} over {held.rows} rows of {held.texts} texts" in printed
+    shutil.rmtree(out)
