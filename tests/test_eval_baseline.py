@@ -71,7 +71,8 @@ def test_baseline_is_scored_beside_a_method(tmp_path):
     assert 0.6 < expected and scores["mean"] < expected  # a trained embedder beats the demo model
 
     table = (out / "results.md").read_text(encoding="utf-8")
-    assert f"| baseline:all-MiniLM-L6-v2 | trained baseline (sentence-transformers): BertModel | **{expected:.4f}** |" in table
+    assert (f"| baseline:all-MiniLM-L6-v2 | trained baseline (sentence-transformers): BertModel | — (sentence-transformers) "
+            f"| — | — | **{expected:.4f}** |") in table
     assert (out / "mteb" / "results" / "kvembed__baseline_all-MiniLM-L6-v2" / "local" / "sample-sts.json").is_file()
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "baseline:all-MiniLM-L6-v2" in result.output

@@ -137,7 +137,11 @@ def test_stories260k(traces, stories_artifact, method, precision):
     path = stories_artifact(method, precision, **options)
     manifest = _check_artifact(path, traces.get(STORIES, method, **options).embedder, precision)
     if precision == "int8":
-        assert {"MatMulInteger", "DynamicQuantizeLinear"} <= set(manifest["graph"]["op_types"])
+        from kvembed.export.precision import INT8_RECIPES
+
+        per_row = INT8_RECIPES[manifest["graph"]["precision_conversion"]["recipe"]].per_row
+        # per-token recipes quantise activations with element-wise ops, per-tensor ones with DynamicQuantizeLinear
+        assert {"MatMulInteger", "ReduceMax" if per_row else "DynamicQuantizeLinear"} <= set(manifest["graph"]["op_types"])
         assert not manifest["graph"]["tensorrt_ready"]
     if precision == "fp16":
         weights = [t for t in onnx.load(str(path / "model.onnx")).graph.initializer if len(t.dims) == 2]
