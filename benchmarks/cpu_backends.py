@@ -34,6 +34,14 @@ from kvembed.artifact import read_manifest
 BASE = "onnxruntime fp32"
 
 
+def labelled_dir(text: str) -> tuple[str, Path]:
+    """argparse type for ``--auto``: ``LABEL=DIR`` with DIR an existing directory."""
+    label, sep, path = text.partition("=")
+    if not sep or not label or not Path(path).is_dir():
+        raise argparse.ArgumentTypeError(f"expected LABEL=DIR with an existing artifact directory, got {text!r}")
+    return label, Path(path)
+
+
 def parse_shape(text: str) -> tuple[int, int]:
     batch, _, seq = text.lower().partition("x")
     if not (batch.isdigit() and seq.isdigit()):
@@ -49,8 +57,8 @@ def load_backends(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict
     embedders = {BASE: load(args.fp32, provider="cpu")}
     if args.int8:
         embedders["onnxruntime int8"] = load(args.int8, provider="cpu")
-    for label, path in (item.split("=", 1) for item in args.auto):
-        embedder = load(Path(path))  # provider auto, as Embedder.load(dir) picks for this artifact here
+    for label, path in args.auto:
+        embedder = load(path)  # provider auto, as Embedder.load(dir) picks for this artifact here
         embedders[f"{label} ({embedder.backend})"] = embedder
     for hint in args.ov:
         embedders[f"OpenVINO {hint}"] = load(args.fp32, provider="openvino", ov_precision=hint)
@@ -68,7 +76,7 @@ def main() -> None:
     parser.add_argument("--int8", type=Path, help="int8 artifact of the same model and method")
     parser.add_argument("--ov", nargs="*", default=["bf16", "f32"], help="OpenVINO precision hints to run (none: skip)")
     parser.add_argument("--torch", action="store_true", help="also run the PyTorch fp32 reference")
-    parser.add_argument("--auto", nargs="*", default=[], metavar="LABEL=DIR",
+    parser.add_argument("--auto", nargs="*", default=[], metavar="LABEL=DIR", type=labelled_dir,
                         help="more artifacts of the same model and method, each loaded with provider auto (e.g. bf16=DIR)")
     parser.add_argument("--shapes", default="1x32,16x128,16x512")
     parser.add_argument("--rounds", type=int, default=5)

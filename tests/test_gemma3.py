@@ -55,21 +55,26 @@ def tiny_gemma3_config():
     )
 
 
-@pytest.fixture(scope="module")
-def gemma_folder(tmp_path_factory) -> Path:
+def build_tiny_gemma3(folder: Path, seed: int) -> Path:
+    """The tiny Gemma 3 of :func:`tiny_gemma3_config` with random weights (norm weights too: Gemma
+    scales by ``1 + w``) and the demo tokenizer, saved in ``folder``."""
     from transformers import AutoModelForCausalLM
 
-    folder = tmp_path_factory.mktemp("gemma3")
-    torch.manual_seed(7)
+    torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_gemma3_config())
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
-                param.uniform_(-0.5, 0.5)  # Gemma scales by 1 + w
+                param.uniform_(-0.5, 0.5)
     model.save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(demo_model_path() / name, folder / name)
     return folder
+
+
+@pytest.fixture(scope="module")
+def gemma_folder(tmp_path_factory) -> Path:
+    return build_tiny_gemma3(tmp_path_factory.mktemp("gemma3"), seed=7)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ early exits: the last layer run a sliding one or a global one, with ``<PST>`` be
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,8 @@ import torch
 
 from checks import MIN_COSINE, assert_same
 from independent import Oracle
-from kvembed.methods import demo_model_path
 from kvembed.runtime import Embedder, read_manifest
-from test_gemma3 import LAYER_TYPES, LONG, WINDOW, tiny_gemma3_config
+from test_gemma3 import LAYER_TYPES, LONG, WINDOW, build_tiny_gemma3
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -71,19 +69,7 @@ def kinds_of(method: str) -> tuple[str, ...]:
 @pytest.fixture(scope="session")
 def gemma3_folder(tmp_path_factory) -> Path:
     """tests/test_gemma3.py's tiny Gemma 3 (its config), other random weights."""
-    from transformers import AutoModelForCausalLM
-
-    folder = tmp_path_factory.mktemp("gemma3-deploy") / "model"
-    torch.manual_seed(11)
-    model = AutoModelForCausalLM.from_config(tiny_gemma3_config())
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.uniform_(-0.5, 0.5)  # Gemma scales by 1 + w
-    model.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(demo_model_path() / name, folder / name)
-    return folder
+    return build_tiny_gemma3(tmp_path_factory.mktemp("gemma3-deploy") / "model", seed=11)
 
 
 @pytest.fixture(scope="session")

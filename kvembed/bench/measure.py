@@ -296,15 +296,19 @@ class OpenVINOBackend(RuntimeBackend):
         import openvino  # noqa: F401
 
     def __init__(self, artifact: str | os.PathLike[str], threads: int) -> None:
-        # measure what a deployment runs: the model imported from its kept compiled blob. A first
-        # load (read ONNX, compile, write the blob) happens in a throwaway process, so its one-time
-        # transient stays out of this process's peak RSS.
-        warm = f"from kvembed.runtime import Embedder; Embedder.load({str(artifact)!r}, provider='openvino', threads=1, verify=False)"
-        done = subprocess.run([sys.executable, "-c", warm], capture_output=True, text=True, timeout=1800)
-        if done.returncode:
-            raise RuntimeError(f"OpenVINO could not load {artifact}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        # measure what a deployment runs: the model imported from its kept compiled blob
+        _first_load_elsewhere(artifact, "openvino")
         super().__init__(artifact, threads)
         self.precision = f"{self.precision}/{self.embedder.providers[1]}"
+
+
+def _first_load_elsewhere(artifact: str | os.PathLike[str], provider: str) -> None:
+    """Load ``artifact`` once in a throwaway process: a first OpenVINO load (read ONNX, compile,
+    write the blob) has a one-time transient that must stay out of the measured process's peak RSS."""
+    warm = f"from kvembed.runtime import Embedder; Embedder.load({str(artifact)!r}, provider={provider!r}, threads=1, verify=False)"
+    done = subprocess.run([sys.executable, "-c", warm], capture_output=True, text=True, timeout=1800)
+    if done.returncode:
+        raise RuntimeError(f"provider {provider} could not load {artifact}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
 
 
 class AutoBackend(RuntimeBackend):
@@ -315,11 +319,7 @@ class AutoBackend(RuntimeBackend):
     provider = "auto"
 
     def __init__(self, artifact: str | os.PathLike[str], threads: int) -> None:
-        # as OpenVINOBackend: a first load (compile and keep the blob, if OpenVINO is the pick) in a throwaway process
-        warm = f"from kvembed.runtime import Embedder; Embedder.load({str(artifact)!r}, threads=1, verify=False)"
-        done = subprocess.run([sys.executable, "-c", warm], capture_output=True, text=True, timeout=1800)
-        if done.returncode:
-            raise RuntimeError(f"provider auto could not load {artifact}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        _first_load_elsewhere(artifact, "auto")  # compiles and keeps the blob if OpenVINO is the pick
         super().__init__(artifact, threads)
         self.precision = f"{self.precision}/{self.embedder.backend}"
 

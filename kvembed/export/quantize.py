@@ -111,8 +111,8 @@ def quantize_matmuls(
     chosen = [n for n in graph.node if n.op_type == "MatMul" and n.name not in excluded and len(n.input) == 2
               and n.input[1] in floats]
     chosen_ids = {id(n) for n in chosen}
-    chosen = [n for n in chosen if all(id(r) in chosen_ids for r in readers[n.input[1]])
-              and n.input[1] not in {o.name for o in graph.output}]
+    outputs = {o.name for o in graph.output}
+    chosen = [n for n in chosen if all(id(r) in chosen_ids for r in readers[n.input[1]]) and n.input[1] not in outputs]
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
     if opset < 11:
         raise ValueError("dynamic int8 needs ONNX opset 11 or later (DynamicQuantizeLinear)")
@@ -193,7 +193,8 @@ def _rewrite(graph: Any, matmuls: list[Any], fmt: WeightFormat, opset: int) -> i
         scales = f"{name}_quant_scales_mul:0"
         nodes += [
             helper.make_node("Mul", [f"{x}_scale", f"{w}_scale"], [scales], name=f"{name}_quant_scales_mul"),
-            helper.make_node("MatMulInteger", [f"{x}_quantized", f"{w}_quantized", f"{x}_zero_point", f"{w}_zero_point"],
+            helper.make_node("MatMulInteger", [f"{x}_quantized", f"{w}_quantized",
+                                               _ROW_ZERO_NAME if fmt.per_row else f"{x}_zero_point", f"{w}_zero_point"],
                              [f"{y}_output_quantized"], name=f"{name}_quant"),
             helper.make_node("Cast", [f"{y}_output_quantized"], [f"{y}_output_quantized_cast_output"],
                              name=f"{y}_output_quantized_cast", to=TensorProto.FLOAT),
@@ -209,12 +210,13 @@ def _rewrite(graph: Any, matmuls: list[Any], fmt: WeightFormat, opset: int) -> i
 #: per-row activations: symmetric, 255 levels, stored uint8 around a zero point of 128 (the fast
 #: U8S8 kernels take a scalar zero point only)
 _ROW_LEVELS, _ROW_ZERO = 127.0, 128
+_ROW_ZERO_NAME = "kvembed_row_zero"
 
 
 def _quantize_rows(x: str, opset: int) -> list[Any]:
     """Nodes quantising activation ``x`` per row (its last axis holds a row's channels), giving
-    the names ``DynamicQuantizeLinear`` would (``x_quantized``, ``x_scale`` [..., 1],
-    ``x_zero_point``): a massive token no longer sets the scale of every other token."""
+    ``DynamicQuantizeLinear``'s names for the values (``x_quantized``, ``x_scale`` [..., 1]; the
+    zero point is the one constant :data:`_ROW_ZERO_NAME`): a massive token no longer sets the scale of every other token."""
     from onnx import TensorProto, helper
 
     return [
@@ -229,7 +231,6 @@ def _quantize_rows(x: str, opset: int) -> list[Any]:
         helper.make_node("Round", [f"{x}_row_scaled"], [f"{x}_row_rounded"], name=f"{x}_row_round"),
         helper.make_node("Add", [f"{x}_row_rounded", "kvembed_row_zero_float"], [f"{x}_row_shifted"], name=f"{x}_row_shift"),
         helper.make_node("Cast", [f"{x}_row_shifted"], [f"{x}_quantized"], name=f"{x}_row_cast", to=TensorProto.UINT8),
-        helper.make_node("Identity", ["kvembed_row_zero"], [f"{x}_zero_point"], name=f"{x}_row_zero"),
     ]
 
 
@@ -241,5 +242,5 @@ def _row_constants() -> list[Any]:
         numpy_helper.from_array(np.array(np.finfo(np.float32).tiny, dtype=np.float32), "kvembed_row_floor"),
         numpy_helper.from_array(np.array(_ROW_LEVELS, dtype=np.float32), "kvembed_row_levels"),
         numpy_helper.from_array(np.array(float(_ROW_ZERO), dtype=np.float32), "kvembed_row_zero_float"),
-        numpy_helper.from_array(np.array(_ROW_ZERO, dtype=np.uint8), "kvembed_row_zero"),
+        numpy_helper.from_array(np.array(_ROW_ZERO, dtype=np.uint8), _ROW_ZERO_NAME),
     ]
