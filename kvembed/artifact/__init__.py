@@ -8,7 +8,7 @@ through it, every loader reads through it.
 
 from .certificates import TOLERANCES, Certificate, certificates_of, merged
 from .files import check_files, check_records, file_records, record_of, sha256_file
-from .layout import ARTIFACT_FILES, ENCODER_TOKENIZER, MANIFEST, MODEL, MODEL_DATA, TOKENIZER, is_artifact
+from .layout import ARTIFACT_FILES, ENCODER_TOKENIZER, MANIFEST, MODEL, MODEL_DATA, OPENVINO_MODEL, TOKENIZER, is_artifact
 from .manifest import (
     REQUIRED_KEYS, SCHEMA_VERSION, ContextEncoder, FileRecord, GraphFacts, HeldOut, Manifest, Source, TensorSpec, load_manifest,
     read_manifest, record_certificates, write_manifest,
@@ -17,7 +17,7 @@ from .options import check_artifact_options
 from .staging import OutputExistsError, OutputIsAFileError, check_output, staged, write_text_atomic
 
 __all__ = [
-    "ARTIFACT_FILES", "Certificate", "TOLERANCES", "certificates_of", "merged", "ENCODER_TOKENIZER", "MANIFEST", "MODEL", "MODEL_DATA", "REQUIRED_KEYS", "SCHEMA_VERSION", "TOKENIZER",
+    "ARTIFACT_FILES", "Certificate", "TOLERANCES", "certificates_of", "merged", "ENCODER_TOKENIZER", "MANIFEST", "MODEL", "MODEL_DATA", "OPENVINO_MODEL", "REQUIRED_KEYS", "SCHEMA_VERSION", "TOKENIZER",
     "ContextEncoder", "FileRecord", "GraphFacts", "HeldOut", "Manifest", "OutputExistsError", "OutputIsAFileError", "Source",
     "TensorSpec", "check_artifact_options", "check_files", "check_output", "check_records", "file_records", "is_artifact", "load_manifest",
     "read_manifest", "record_certificates", "record_of", "sha256_file", "staged", "write_manifest", "write_text_atomic",

@@ -79,9 +79,10 @@ class Certificate:
         """Asked for a lower precision than ran (bf16 hint on a CPU without BF16: f32 ran)."""
         return self.hint is not None and precision_name(self.hint) != self.precision
 
-    def certifies(self, backend: str, precision: str) -> bool:
-        """Whether this says ``backend`` computing at ``precision`` met ``precision``'s bar against PyTorch."""
-        bar = TOLERANCES.get(precision, {}).get("min_cosine")
+    def certifies(self, backend: str, precision: str, bar_of: str | None = None) -> bool:
+        """Whether this says ``backend`` computing at ``precision`` met the bar of ``bar_of`` (default
+        ``precision``) against PyTorch."""
+        bar = TOLERANCES.get(bar_of or precision, {}).get("min_cosine")
         return (self.backend == backend and self.precision == precision and self.against == PYTORCH
                 and bar is not None and self.worst_cosine >= bar)
 

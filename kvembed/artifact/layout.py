@@ -15,6 +15,10 @@ MANIFEST = "kvembed.json"
 MODEL = "model.onnx"
 #: the graph's external weights
 MODEL_DATA = MODEL + ".data"
+#: an int8 artifact's graph as OpenVINO runs it best: the same int8 weights (``model.onnx.data``),
+#: dequantised before float MatMuls instead of onnxruntime's integer MatMuls on quantised
+#: activations; the manifest's ``graphs`` names it
+OPENVINO_MODEL = "model.openvino.onnx"
 TOKENIZER = "tokenizer.json"
 #: Causal2Vec artifacts: the context encoder's tokenizer
 ENCODER_TOKENIZER = "encoder_tokenizer.json"

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from ..methods.spec import ResolvedMethod
 from .certificates import Certificate, certificates_of
-from .layout import ARTIFACT_FILES, MANIFEST
+from .layout import ARTIFACT_FILES, MANIFEST, MODEL
 from .staging import write_text_atomic
 from ..errors import InvalidInput
 
@@ -46,7 +46,8 @@ REQUIRED_KEYS = (
     "parity",
 )
 #: keys added since, with the value an artifact without them computed
-DEFAULTS: Mapping[str, Any] = {"created": None, "layer_selection": None, "context_encoder": None, "also": {}, "certified": []}
+DEFAULTS: Mapping[str, Any] = {"created": None, "layer_selection": None, "context_encoder": None, "also": {}, "certified": [],
+                                 "graphs": {}}
 PADDING_SIDES = ("left", "right")
 
 
@@ -239,6 +240,8 @@ class Manifest:
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: the parity record's held-out figure (:class:`HeldOut`), None before it was measured
     held_out: HeldOut | None = None
+    #: backend -> the graph file it runs where that is not ``model.onnx`` (:data:`~.layout.OPENVINO_MODEL`)
+    graphs: Mapping[str, str] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -269,6 +272,10 @@ class Manifest:
         context = data.get("context_encoder")
         parity = _field(data, "parity", dict, where)
         held_out = parity.get("held_out")
+        graphs = _field(data, "graphs", dict, where, optional=True) or {}
+        for backend, name in graphs.items():
+            if not isinstance(name, str) or not name.endswith(".onnx") or Path(name).name != name or "\\" in name:
+                raise InvalidInput(f"{where}: graphs[{backend!r}] must be an .onnx file name in the artifact, got {name!r}")
         return cls(
             schema_version=version,
             kvembed_version=str(data["kvembed_version"]),
@@ -294,6 +301,7 @@ class Manifest:
             certified=certificates_of(data.get("certified"), f"{where}: certified"),
             extra={key: value for key, value in data.items() if key not in KNOWN_KEYS},
             held_out=None if held_out is None else HeldOut.from_dict(held_out, f"{where}: parity.held_out"),
+            graphs=dict(graphs),
             raw=data,
         )
 
@@ -328,9 +336,14 @@ class Manifest:
         a certified backend runs it), every other precision is its graph's."""
         return "fp32" if self.precision == "bf16" else self.precision
 
-    def certificate(self, backend: str, precision: str) -> Certificate | None:
-        """The best certificate saying ``backend`` at ``precision`` met its bar against PyTorch, or None."""
-        found = [c for c in self.certified if c.certifies(backend, precision)]
+    def graph_file(self, backend: str) -> str:
+        """The graph file ``backend`` runs: its own where the exporter wrote one, else ``model.onnx``."""
+        return self.graphs.get(backend, MODEL)
+
+    def certificate(self, backend: str, precision: str, bar: str | None = None) -> Certificate | None:
+        """The best certificate saying ``backend`` computing at ``precision`` met the bar of ``bar``
+        (default: ``precision``'s; an int8 artifact run in bf16 answers to int8's) against PyTorch, or None."""
+        found = [c for c in self.certified if c.certifies(backend, precision, bar)]
         return max(found, key=lambda c: c.worst_cosine) if found else None
 
     @property

@@ -140,8 +140,12 @@ class Choice:
     auto: bool = False
 
 
-#: what ``auto`` says when it keeps a bf16 artifact on onnxruntime
-_FP32_FALLBACK = "runs its fp32 graph on onnxruntime instead (as accurate as bf16 or more, slower)"
+#: artifact precision -> what ``auto`` says when it keeps the artifact on onnxruntime instead of
+#: the certified OpenVINO bf16 path
+_ONNXRUNTIME_INSTEAD = {
+    "bf16": "runs its fp32 graph on onnxruntime instead (as accurate as bf16 or more, slower)",
+    "int8": "runs its integer graph on onnxruntime instead",
+}
 
 
 def choose_backend(
@@ -154,7 +158,8 @@ def choose_backend(
 
     - an engine directory: its plan on TensorRT;
     - a bf16 artifact with a certificate of OpenVINO running bf16 against PyTorch within bf16's bar
-      (:meth:`~kvembed.artifact.Manifest.certificate`), on a CPU with BF16
+      (:meth:`~kvembed.artifact.Manifest.certificate`), or an int8 artifact with one of OpenVINO
+      running its OpenVINO graph in bf16 within int8's bar, on a CPU with BF16
       (:func:`~kvembed.backends.cpu.cpu_features`) where openvino is installed: OpenVINO, bf16 hint;
     - otherwise onnxruntime, exactly as before certificates existed (CUDA when onnxruntime-gpu sees
       a GPU, else the CPU): a bf16 artifact's graph is the fp32 one, which its gate also certified
@@ -170,27 +175,29 @@ def choose_backend(
         why = "a TensorRT engine directory" if backend == "tensorrt" and provider == "auto" else f"provider {provider!r} asked for"
         return Choice(backend, provider, reason=why, auto=provider == "auto")
     typed = load_manifest(path) if manifest is None else Manifest.of(manifest)
-    if typed.precision != "bf16":
-        return Choice("onnxruntime", "auto", reason=f"{typed.precision} artifact: onnxruntime", auto=True)
-    certificate = typed.certificate("openvino", "bf16")
+    kind = typed.precision
+    if kind not in _ONNXRUNTIME_INSTEAD or (kind == "int8" and "openvino" not in typed.graphs):
+        return Choice("onnxruntime", "auto", reason=f"{kind} artifact: onnxruntime", auto=True)
+    instead = _ONNXRUNTIME_INSTEAD[kind]
+    certificate = typed.certificate("openvino", "bf16", bar=kind)
     features = cpu_features()
     if certificate is None:
         why = ("no certificate of OpenVINO running bf16 (kvembed verify DIR --record on a CPU with BF16 adds one)"
                if not any(c.backend == "openvino" for c in typed.certified) else
                "certified on OpenVINO only where bf16 did not run (" +
                "; ".join(c.describe() for c in typed.certified if c.backend == "openvino") + ")")
-        return Choice("onnxruntime", "auto", reason=f"bf16 artifact, {why}: {_FP32_FALLBACK}", auto=True)
+        return Choice("onnxruntime", "auto", reason=f"{kind} artifact, {why}: {instead}", auto=True)
     if not features.bf16:
-        return Choice("onnxruntime", "auto", reason=f"bf16 artifact, this CPU has {features.describe()}: {_FP32_FALLBACK}",
+        return Choice("onnxruntime", "auto", reason=f"{kind} artifact, this CPU has {features.describe()}: {instead}",
                       certificate=certificate, auto=True)
     problem = BACKENDS["openvino"].probe()
     if problem is not None:
-        return Choice("onnxruntime", "auto", reason=f"bf16 artifact, {problem}: {_FP32_FALLBACK}", certificate=certificate, auto=True)
+        return Choice("onnxruntime", "auto", reason=f"{kind} artifact, {problem}: {instead}", certificate=certificate, auto=True)
     if options is not None and not isinstance(options, BACKENDS["openvino"].options_type()):
-        return Choice("onnxruntime", "auto", reason=f"bf16 artifact, options= are {type(options).__name__}: {_FP32_FALLBACK}",
+        return Choice("onnxruntime", "auto", reason=f"{kind} artifact, options= are {type(options).__name__}: {instead}",
                       certificate=certificate, auto=True)
     return Choice("openvino", "openvino", "bf16", auto=True, certificate=certificate,
-                  reason=f"bf16 artifact certified on OpenVINO ({certificate.describe()}), this CPU has {features.describe()}")
+                  reason=f"{kind} artifact certified on OpenVINO ({certificate.describe()}), this CPU has {features.describe()}")
 
 
 def open_session(directory: str | os.PathLike[str], provider: str = "auto", options: Any = None,
@@ -201,8 +208,16 @@ def open_session(directory: str | os.PathLike[str], provider: str = "auto", opti
     choice = choice or choose_backend(path, provider, options=options)
     forced = {"ov_precision": choice.ov_precision} if choice.ov_precision and options is None else {}
     options = options_for(choice.backend, options, **forced)
-    target = path if choice.backend == "tensorrt" else path / MODEL
+    target = path if choice.backend == "tensorrt" else graph_path(path, choice.backend)
     return BACKENDS[choice.backend].load().open_graph(target, choice.provider, options)
+
+
+def graph_path(directory: str | os.PathLike[str], backend: str, manifest: Manifest | Mapping[str, Any] | None = None) -> Path:
+    """The graph file ``backend`` runs in the artifact ``directory``: the manifest's ``graphs`` entry
+    (an int8 artifact's OpenVINO graph), else ``model.onnx``."""
+    path = Path(directory)
+    typed = load_manifest(path) if manifest is None else Manifest.of(manifest)
+    return path / typed.graph_file(backend)
 
 
 def provider_problem(provider: str) -> str | None:

@@ -153,7 +153,9 @@ class CompiledCache:
         self.directory = Path(directory).expanduser()
 
     def fingerprint(self, model_path: Path, precision: str, version: str) -> dict[str, Any]:
-        files = sorted(p for p in model_path.parent.iterdir() if p.is_file() and p.name.startswith(model_path.stem))
+        # every model.* file: an int8 artifact's OpenVINO graph reads model.onnx.data, not a file of its own
+        base = model_path.name.split(".")[0]
+        files = sorted(p for p in model_path.parent.iterdir() if p.is_file() and p.name.split(".")[0] == base)
         return {
             "model": str(model_path.resolve()),
             "openvino": version,

@@ -102,6 +102,16 @@ def held_out_line(held_out: Mapping[str, Any], gate_cosine: float) -> str:
             f"the gate never decided on (gate: {gate_cosine:.7f}; {bar} the gate's bar, reported only)")
 
 
+def advisory_line(target: str, advised: Any, graph: str | None) -> str:
+    """One advisory check (an int8 artifact's OpenVINO graph): its figure and whether it certified a
+    faster path, or why it did not run; it never decides pass or fail."""
+    if isinstance(advised, str):
+        return f"advisory {target}: not run ({escape(advised)}); the artifact runs on onnxruntime"
+    verdict = "certified: auto runs it on a CPU with BF16" if advised.passed else "[bold yellow]below the bar[/]: not certified"
+    return (f"advisory {target} on {graph}: worst cosine {advised.worst_cosine:.7f} vs PyTorch "
+            f"(bar {advised.min_cosine_required}); {verdict}")
+
+
 def print_extra_parity(reports: Any) -> None:
     """The parity table of every ``--also`` output (label -> ParityReport), and its problems."""
     for label, report in reports.items():
@@ -212,6 +222,9 @@ def export_command(
     console.print(parity_table(result.parity, f"parity vs PyTorch ({result.manifest['precision']} on {on})"))
     for target, gated in gates.items():
         console.print(parity_table(ParityReport(**gated), f"parity vs PyTorch ({gated['precision']} on {target})"))
+    for target, advised in result.manifest["parity"].get("advisory", {}).items():
+        console.print(advisory_line(target, advised.get("skipped") or ParityReport(**{k: v for k, v in advised.items() if k != "graph"}),
+                                    advised.get("graph")), highlight=False)
     held_out = result.manifest["parity"].get("held_out")
     if held_out is not None:
         console.print(held_out_line(held_out, result.parity.worst_cosine), highlight=False)
@@ -346,6 +359,13 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True, re
         console.print(parity_table(result.report, f"parity vs PyTorch ({manifest['precision']} on {result.backend})"))
         for target, gated in result.gates.items():
             console.print(parity_table(gated, f"parity vs PyTorch ({gated.precision} on {target})"))
+        if result.advisory:
+            from ..artifact import Manifest
+            from ..backends.catalogue import VERIFY_TARGETS
+
+            for target, advised in result.advisory.items():
+                console.print(advisory_line(target, advised, Manifest.of(manifest).graph_file(VERIFY_TARGETS[target].backend)),
+                              highlight=False)
         recorded = manifest.get("parity", {})
         if recorded:
             console.print(

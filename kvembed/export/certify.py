@@ -9,15 +9,22 @@ falls back to where bf16 cannot run). Each pass becomes a certificate
 (:mod:`kvembed.artifact.certificates`) naming the precision the backend reports it ran: on a CPU
 without BF16, OpenVINO runs the bf16 hint in f32, so the export refuses bf16 there unless told
 to certify that emulation (``--certify-emulated``), and the certificate then says fp32 ran.
+
+An int8 artifact has a second graph for OpenVINO (:mod:`.openvino_graph`). Once the gate passed on
+onnxruntime, an advisory check (:data:`ADVISORY_GATES`) runs that graph on OpenVINO under the bf16
+hint at int8's bar: a pass becomes one more certificate, which lets ``provider="auto"`` run the
+artifact there on a CPU with BF16; a miss, or a machine that cannot run it, only costs the
+certificate, never the export.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from .. import __version__
+from ..artifact import MODEL
 from ..artifact.certificates import PYTORCH, precision_name
 from ..backends.catalogue import BACKENDS, CPU, OV_BF16, VERIFY_TARGETS
 from ..backends.cpu import cpu_features
@@ -29,6 +36,11 @@ GATES: dict[str, tuple[tuple[str, str], ...]] = {
     "fp16": ((CPU, "fp16"),),
     "int8": ((CPU, "int8"),),
     "bf16": ((OV_BF16, "bf16"), (CPU, "fp32")),
+}
+#: artifact precision -> checks run after the gate passed, each certifying a faster path where it
+#: passes and failing nothing where it does not: (verify target, tolerance precision)
+ADVISORY_GATES: dict[str, tuple[tuple[str, str], ...]] = {
+    "int8": ((OV_BF16, "int8"),),
 }
 #: what ``--certify-emulated`` is called in messages
 EMULATED_FLAG = "--certify-emulated"
@@ -51,6 +63,26 @@ def check_gate_here(precision: str, certify_emulated: bool = False) -> None:
             f"certify bf16; export on a CPU with AVX-512 BF16 or AMX, export fp32 (the same graph), or add "
             f"{EMULATED_FLAG} to gate it as it runs here (f32) and record that in its certificate"
         )
+
+
+def advisory_problem(target: str, manifest: Mapping[str, Any]) -> str | None:
+    """Why the advisory check on ``target`` cannot certify anything for the artifact of ``manifest``
+    here (the artifact names no graph for the target's backend, openvino absent, or a CPU without
+    BF16 where the bf16 hint runs f32), or None."""
+    spec = VERIFY_TARGETS[target]
+    if spec.backend not in (manifest.get("graphs") or {}):
+        return f"the artifact names no graph for {spec.backend} (exported before it had one: re-export it)"
+    problem = BACKENDS[spec.backend].probe()
+    if problem is None and spec.setting == "bf16" and not cpu_features().bf16:
+        problem = f"this CPU has {cpu_features().describe()}: OpenVINO would run f32, which auto never picks"
+    return problem
+
+
+def gate_graph(directory: Path, manifest: Mapping[str, Any], target: str) -> Path:
+    """The graph file ``target``'s backend runs in the artifact being gated in ``directory``
+    (its own where the manifest's ``graphs`` names one, else ``model.onnx``)."""
+    graphs = manifest.get("graphs") or {}
+    return directory / graphs.get(VERIFY_TARGETS[target].backend, MODEL)
 
 
 def gate_session(target: str, path: Path) -> Any:

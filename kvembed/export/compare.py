@@ -64,7 +64,7 @@ import numpy as np
 
 from ..artifact import MODEL, Manifest, read_manifest
 from ..artifact.certificates import precision_name
-from ..backends.catalogue import CPU, OV_BF16, VERIFY_ALIASES, VERIFY_BACKENDS
+from ..backends.catalogue import CPU, OV_BF16, VERIFY_ALIASES, VERIFY_BACKENDS, VERIFY_TARGETS
 from ..backends.protocol import BackendUnavailableError
 from ..runtime.artifact import encoder_from_manifest
 from .parity import PADDING_SIDES, PARITY_TEXTS, cosine_rows
@@ -382,7 +382,8 @@ def compare_backends(
     runners, labels = [], []
     for name in names:
         try:
-            runners.append(make_runner(name, model_path, feeds=feeds, fp16=typed.graph_precision == "fp16"))
+            graph = directory / typed.graph_file(VERIFY_TARGETS[name].backend)  # an int8 artifact's OpenVINO graph
+            runners.append(make_runner(name, graph, feeds=feeds, fp16=typed.graph_precision == "fp16"))
             labels.append(name)
         except Exception as err:
             failures[name] = err

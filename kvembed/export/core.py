@@ -22,16 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..artifact import ENCODER_TOKENIZER, MODEL, TOKENIZER, file_records, write_manifest
+from ..artifact import ENCODER_TOKENIZER, MODEL, OPENVINO_MODEL, TOKENIZER, file_records, write_manifest
 from ..artifact.staging import OutputExistsError, check_output, staged  # noqa: F401  (the exporter's, re-exported)
 from ..methods.sharing import output_names
 from ..runtime.artifact import encoder_from_manifest
-from .certify import GATES, certificate, check_gate_here, gate_session, ran_precision
+from .certify import ADVISORY_GATES, GATES, advisory_problem, certificate, check_gate_here, gate_graph, gate_session, ran_precision
 from .checks import check_graph
-from .external_data import settle_layout
+from .external_data import keep_external, settle_layout
 from .graph import ExportError, resolve_attention
 from .graph import trace as trace_graph
 from .manifest import build_manifest, source_record
+from .openvino_graph import write_openvino_graph
 from .parity import GATE_TEXTS, HELD_OUT_TEXTS, ParityReport, held_out_record, parity_reports, reference_runs, run_parity
 from .precision import INT8_RECIPES, SameGraphError, check_int8_recipe, check_precision, convert, int8_plan
 from .progress import Progress, advance_of, silent
@@ -255,6 +256,8 @@ class Exporter:
                 self.progress("check", "checking operators and layers")
                 facts = check_graph(model_path, precision, embedder)
                 manifest = build_manifest(embedder, self._graph, self.opset, precision, facts, conversion)
+                if precision == "int8":  # OpenVINO's graph: its own beside the integer one, or model.onnx itself
+                    manifest["graphs"] = {"openvino": OPENVINO_MODEL if (staging / OPENVINO_MODEL).exists() else MODEL}
                 gates, held_out = self._gates(staging, manifest, precision, reference)
                 reports = dict(gates[0][2])
                 report = reports.pop(None)
@@ -271,7 +274,7 @@ class Exporter:
                 if attempt == len(recipes):
                     raise failure
                 self.progress("fallback", f"int8 recipe {recipe} missed the gate ({report.worst_cosine:.5f}); trying {recipes[attempt]}")
-                for stale in (model_path, model_path.with_name(model_path.name + ".data")):
+                for stale in (model_path, model_path.with_name(model_path.name + ".data"), staging / OPENVINO_MODEL):
                     stale.unlink(missing_ok=True)
             manifest["parity"] = report.to_dict()
             if reference is not embedder:
@@ -287,6 +290,7 @@ class Exporter:
             if held_out is not None:
                 manifest["parity"]["held_out"] = held_out_record(held_out, gates[0][0])
             manifest["certified"] = [certificate(target, ran, gated[None]) for target, ran, gated in gates]
+            self._advise(staging, manifest, precision, reference)
             self.progress("write", f"writing {out}")
             manifest["files"] = file_records(staging)
             write_manifest(staging, manifest)
@@ -303,17 +307,43 @@ class Exporter:
             settle_layout(model_path)
             return {}
         self.progress("convert", f"converting to {precision}" + (f" (recipe {recipe})" if recipe else ""))
-        return convert(traced, model_path, precision, int8_recipe=recipe or "plain", calibration=calibration,
-                       ranges=ranges, step=lambda detail: self.progress("convert", detail),
-                       advance=advance_of(self.progress))
+        conversion = convert(traced, model_path, precision, int8_recipe=recipe or "plain", calibration=calibration,
+                             ranges=ranges, step=lambda detail: self.progress("convert", detail),
+                             advance=advance_of(self.progress))
+        if precision == "int8":  # the same weights as OpenVINO runs them fast: a graph file reading the same data
+            keep_external(model_path)
+            conversion["openvino_graph_matmuls"] = write_openvino_graph(model_path, model_path.with_name(OPENVINO_MODEL))
+        return conversion
+
+    def _advise(self, directory: Path, manifest: dict[str, Any], precision: str, reference: Any) -> None:
+        """The advisory checks (:data:`ADVISORY_GATES`) of the artifact that passed its gate: each
+        pass adds a certificate, each miss or skip a line of ``parity.advisory``; none fails."""
+        advisory = {}
+        for target, bar in ADVISORY_GATES.get(precision, ()):
+            problem = advisory_problem(target, manifest)
+            if problem is not None:
+                advisory[target] = {"skipped": problem}
+                self.progress("parity", f"no {target} certificate: {problem}")
+                continue
+            [(_, ran, gated)], _ = self._gates(directory, manifest, precision, reference, targets=((target, bar),), held_out=False)
+            graph = gate_graph(directory, manifest, target).name
+            advisory[target] = {**gated[None].to_dict(), "graph": graph}
+            if all(r.passed for r in gated.values()):
+                manifest["certified"].append(certificate(target, ran, gated[None], extra={"graph": graph}))
+            self.progress("parity", f"{target} ran {ran} on {graph}: worst cosine {gated[None].worst_cosine:.5f} "
+                                    f"({'certified' if gated[None].passed else 'below the bar: not certified'})")
+        if advisory:
+            manifest["parity"]["advisory"] = advisory
 
     def _gates(
-        self, directory: Path, manifest: Mapping[str, Any], precision: str, reference: Any
+        self, directory: Path, manifest: Mapping[str, Any], precision: str, reference: Any,
+        targets: tuple[tuple[str, str], ...] | None = None, held_out: bool = True,
     ) -> tuple[list[tuple[str, str, dict[str | None, ParityReport]]], ParityReport | None]:
-        """``(target, precision it ran, reports)`` for each backend of the gate (:data:`GATES`):
-        reports for the main output (key None) and each extra one, each against a reference that
-        computes only that method in a forward pass of its own; and the main output on the
-        held-out texts on the first backend, when its gate passed (None otherwise)."""
+        """``(target, precision it ran, reports)`` for each backend of the gate (``targets``,
+        default :data:`GATES`), each on the graph file its backend runs: reports for the main output
+        (key None) and each extra one, each against a reference that computes only that method in
+        a forward pass of its own; and the main output on the held-out texts on the first backend,
+        when its gate passed and ``held_out`` (None otherwise)."""
         encoder = encoder_from_manifest(directory, manifest)
         if self._references is None:
             self._references = self.embedder.references()
@@ -321,18 +351,18 @@ class Exporter:
         cache = self._reference_outputs if reference is self.embedder else None
         graph_precision = "fp32" if precision == "bf16" else precision
         gates = []
-        held_out: ParityReport | None = None
-        for target, bar in GATES[precision]:
+        held_out_report: ParityReport | None = None
+        for target, bar in GATES[precision] if targets is None else targets:
             self.progress("parity", f"running the graph on {target} against PyTorch ({bar} bar)")
-            session = gate_session(target, directory / MODEL)
+            session = gate_session(target, gate_graph(directory, manifest, target))
             try:
                 reports = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(self.progress))
                 gates.append((target, ran_precision(session, graph_precision), reports))
-                if held_out is None and reports[None].passed and len(gates) == 1:  # part of the parity stage
-                    held_out = run_parity(session, encoder, references[None], bar, texts=HELD_OUT_TEXTS, cache=cache)
+                if held_out and held_out_report is None and reports[None].passed and len(gates) == 1:  # part of the parity stage
+                    held_out_report = run_parity(session, encoder, references[None], bar, texts=HELD_OUT_TEXTS, cache=cache)
             finally:
                 del session
-        return gates, held_out
+        return gates, held_out_report
 
 
 def _copy_graph(source: Path, target: Path, move: bool = False) -> None:

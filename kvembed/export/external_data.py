@@ -85,6 +85,20 @@ def settle_layout(path: Path) -> bool:
     return False
 
 
+def keep_external(path: Path) -> None:
+    """Store the graph at ``path``'s weights in ``<name>.data`` whatever their size (a no-op when
+    they are there already): a second graph file can then read the same bytes instead of carrying
+    its own copy (an int8 artifact's OpenVINO graph)."""
+    import onnx
+
+    data = path.with_name(path.name + ".data")
+    if data.exists():
+        return
+    model = onnx.load(str(path))  # weights inside: below the threshold, small enough to hold
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name,
+                    size_threshold=1024)
+
+
 def save_model(model: Any, path: Path) -> bool:
     """Save an ``onnx.ModelProto`` as ``path``, weights in ``<name>.data`` when it would pass 2 GB."""
     import onnx

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..methods.sharing import AlsoRequest, output_names
-from ..artifact import MODEL, Manifest, check_files, read_manifest
+from ..artifact import Manifest, check_files, read_manifest
 from ..runtime.artifact import encoder_from_manifest
 from .core import load_embedder
 from .manifest import source_record
-from .certify import GATES, certificate, gate_session, ran_precision
+from .certify import ADVISORY_GATES, GATES, advisory_problem, certificate, gate_graph, gate_session, ran_precision
 from .parity import ParityReport, parity_reports, reference_runs
 from .progress import Progress, advance_of, silent
 from ..errors import InvalidInput
@@ -34,6 +34,9 @@ class VerifyResult:
     """Where :attr:`report` ran (the first of the gate's targets, :data:`~kvembed.export.certify.GATES`)."""
     gates: dict[str, ParityReport] = field(default_factory=dict)
     """The main output's parity on the gate's other targets (bf16: onnxruntime at fp32)."""
+    advisory: dict[str, ParityReport | str] = field(default_factory=dict)
+    """The advisory checks (:data:`~kvembed.export.certify.ADVISORY_GATES`: an int8 artifact's
+    OpenVINO graph): each report, or why it could not run here; they certify, never fail."""
     certificates: list[dict[str, Any]] = field(default_factory=list)
     """A certificate (:mod:`kvembed.artifact.certificates`) for each target whose gate passed,
     when the files and the source model are those of the export (``kvembed verify --record``)."""
@@ -99,18 +102,30 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     gc.collect()
     encoder = encoder_from_manifest(directory, manifest)
     gates: list[tuple[str, str, dict[str | None, ParityReport]]] = []
-    for target, bar in GATES[typed.precision]:
-        progress("parity", f"running the graph on {target} against PyTorch ({bar} bar)")
-        session = gate_session(target, directory / MODEL)
-        gates.append((target, ran_precision(session, typed.graph_precision),
-                      parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(progress))))
+    advisory: dict[str, ParityReport | str] = {}
+    checks = [(target, bar, False) for target, bar in GATES[typed.precision]]
+    checks += [(target, bar, True) for target, bar in ADVISORY_GATES.get(typed.precision, ())]
+    certificates = []
+    for target, bar, advised in checks:
+        problem = advisory_problem(target, manifest) if advised else None
+        if problem is not None:
+            advisory[target] = problem
+            continue
+        graph = gate_graph(directory, manifest, target)
+        progress("parity", f"running {graph.name} on {target} against PyTorch ({bar} bar)")
+        session = gate_session(target, graph)
+        ran = ran_precision(session, typed.graph_precision)
+        gated = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(progress))
         del session
-    # only a check of the exported files against the exported model's reference certifies anything
-    certificates = [] if source_problems else [
-        certificate(target, ran, gated[None]) for target, ran, gated in gates if all(r.passed for r in gated.values())
-    ]
+        if advised:
+            advisory[target] = gated[None]
+        else:
+            gates.append((target, ran, gated))
+        # only a check of the exported files against the exported model's reference certifies anything
+        if not source_problems and all(r.passed for r in gated.values()):
+            certificates.append(certificate(target, ran, gated[None], extra={"graph": graph.name} if advised else None))
     first, _, reports = gates[0]
     reports = dict(reports)
     report = reports.pop(None)
     return VerifyResult(directory, manifest, report, file_problems, source_problems, reports, first,
-                        {target: gated[None] for target, _, gated in gates[1:]}, certificates)
+                        {target: gated[None] for target, _, gated in gates[1:]}, advisory, certificates)
