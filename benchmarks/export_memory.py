@@ -102,13 +102,16 @@ class StageMeter:
             time.sleep(POLL_SECONDS)
 
 
-def run_export(model: Path, out: Path, precision: str, method: str, layers: str | None, log: Path) -> dict[str, Any]:
+def run_export(model: Path, out: Path, precision: str, method: str, layers: str | None, log: Path,
+               int8_recipe: str | None = None) -> dict[str, Any]:
     """One ``kvembed-export`` in a fresh process: peak RSS (time -v), wall, per-stage RSS and wall."""
     exe = Path(sys.executable).with_name("kvembed-export")
     command = ["/usr/bin/time", "-v", str(exe), "--model", str(model), "--method", method, "--precision", precision,
                "--out", str(out), "--force"]
     if layers:
         command += ["--layers", layers]
+    if int8_recipe and precision == "int8":
+        command += ["--int8-recipe", int8_recipe]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
     start = time.monotonic()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -230,6 +233,7 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,fp16,int8")
     parser.add_argument("--method", default="kv-embedding")
     parser.add_argument("--method-layers", default=None, help="--layers passed to kvembed-export (default: the method's).")
+    parser.add_argument("--int8-recipe", default=None, help="--int8-recipe passed to kvembed-export for int8 (default: its auto).")
     parser.add_argument("--keep-artifacts", action="store_true", help="Keep each artifact (default: removed after its run).")
     parser.add_argument("--out", type=Path, default=None, help="JSON results file.")
     parser.add_argument("--floors", action="store_true",
@@ -260,7 +264,8 @@ def main() -> None:
         results["rates"] = rates
     for precision in args.precisions.split(","):
         out = args.work / f"artifact-{precision}"
-        run = run_export(model, out, precision, args.method, args.method_layers, args.work / f"export-{precision}.log")
+        run = run_export(model, out, precision, args.method, args.method_layers, args.work / f"export-{precision}.log",
+                         args.int8_recipe)
         if out.exists():
             run["artifact_bytes"] = sum(p.stat().st_size for p in out.iterdir())
             if args.floors and "floors" not in results:
