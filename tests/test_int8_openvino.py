@@ -83,7 +83,11 @@ def test_the_advisory_check_certifies_openvino_and_auto_takes_it(int8, oracle):
     assert ov is not None and ov.raw["graph"] == "model.openvino.onnx" and ov.hint == "bf16"
     assert ov.min_cosine == 0.99 and 0.99 <= ov.worst_cosine < 1.0
     assert manifest.certificate("openvino", "bf16") is None  # int8's bar, not bf16's: never taken as a bf16 pass
-    assert manifest.parity["advisory"]["openvino-bf16"]["graph"] == "model.openvino.onnx"
+    advisory = manifest.parity["advisory"]["openvino-bf16"]
+    assert advisory["graph"] == "model.openvino.onnx" and advisory["worst_cosine"] == ov.worst_cosine
+    # the held-out slice ran on what the certificate covers, not only on onnxruntime
+    assert advisory["held_out"]["backend"] == "openvino-bf16" and advisory["held_out"]["rows"] > 0
+    assert ov.raw["held_out_worst_cosine"] == advisory["held_out"]["worst_cosine"] != manifest.held_out.worst_cosine
     fast = Embedder.load(int8)
     assert fast.backend == "openvino-bf16" and "int8 artifact certified on OpenVINO" in fast.choice.reason
     assert fast.session.model_path.name == "model.openvino.onnx"

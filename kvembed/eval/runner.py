@@ -108,8 +108,9 @@ def resolved_method(embedder: Any) -> dict[str, Any]:
 def precision_record(embedder: Any, config: Configuration) -> dict[str, Any]:
     """The precision that computed a configuration's vectors, the backend that ran it, and for an
     artifact its parity gate's worst cosine (the certificate of the backend that ran, else the
-    export's gate) and the held-out worst cosine the export measured on texts the gate never
-    decided on: what a precision costs, shown beside what it scores."""
+    export's gate) and the held-out worst cosine measured on texts the gate never decided on (the
+    certificate's where its check measured one, else the export's): what a precision costs, shown
+    beside what it scores."""
     if config.baseline:
         return {"precision": None, "backend": "sentence-transformers", "gate_worst_cosine": None, "held_out_worst_cosine": None}
     if not config.artifact:
@@ -119,9 +120,12 @@ def precision_record(embedder: Any, config: Configuration) -> dict[str, Any]:
     manifest = Manifest.of(embedder.manifest)
     choice = getattr(embedder, "choice", None)
     certificate = getattr(choice, "certificate", None)
-    gate = certificate.worst_cosine if certificate is not None and certificate.against == "pytorch" else manifest.parity.get("worst_cosine")
-    return {"precision": manifest.precision, "backend": embedder.backend, "gate_worst_cosine": gate,
-            "held_out_worst_cosine": None if manifest.held_out is None else manifest.held_out.worst_cosine}
+    certified = certificate is not None and certificate.against == "pytorch"
+    gate = certificate.worst_cosine if certified else manifest.parity.get("worst_cosine")
+    held_out = None if manifest.held_out is None else manifest.held_out.worst_cosine
+    if certified and certificate.raw.get("held_out_worst_cosine") is not None:  # an advisory check's own (int8 on OpenVINO)
+        held_out = float(certificate.raw["held_out_worst_cosine"])
+    return {"precision": manifest.precision, "backend": embedder.backend, "gate_worst_cosine": gate, "held_out_worst_cosine": held_out}
 
 
 def mteb_tasks(tasks: Sequence[LocalTask], official: Sequence[str]) -> list[Any]:

@@ -325,11 +325,15 @@ class Exporter:
                 advisory[target] = {"skipped": problem}
                 self.progress("parity", f"no {target} certificate: {problem}")
                 continue
-            [(_, ran, gated)], _ = self._gates(directory, manifest, precision, reference, targets=((target, bar),), held_out=False)
+            [(_, ran, gated)], held_out = self._gates(directory, manifest, precision, reference, targets=((target, bar),))
             graph = gate_graph(directory, manifest, target).name
             advisory[target] = {**gated[None].to_dict(), "graph": graph}
+            extra: dict[str, Any] = {"graph": graph}
+            if held_out is not None:  # what ran, on the texts no gate decided on
+                advisory[target]["held_out"] = held_out_record(held_out, target)
+                extra["held_out_worst_cosine"] = held_out.worst_cosine
             if all(r.passed for r in gated.values()):
-                manifest["certified"].append(certificate(target, ran, gated[None], extra={"graph": graph}))
+                manifest["certified"].append(certificate(target, ran, gated[None], extra=extra))
             self.progress("parity", f"{target} ran {ran} on {graph}: worst cosine {gated[None].worst_cosine:.5f} "
                                     f"({'certified' if gated[None].passed else 'below the bar: not certified'})")
         if advisory:
