@@ -67,7 +67,7 @@ MASSIVE_SPREAD = 50.0
 #: "smooth-keep-wide-down" also keeps fp32 the down_projs whose input spreads over this
 WIDE_DOWN_SPREAD = 10.0
 #: "weights": input rows per int8 weight scale (benchmarks/RESULTS.md, "Weight-only int8")
-WEIGHT_BLOCK = 128
+WEIGHT_BLOCK = 64
 
 #: what ``--precision`` takes (bf16: the fp32 graph, certified on OpenVINO's bf16 hint)
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
