@@ -106,6 +106,26 @@ def provider_chain(
 
 #: onnxruntime's session config key that turns weight pre-packing off
 DISABLE_PREPACKING = "session.disable_prepacking"
+#: onnxruntime's session config key for the arithmetic of the ``MatMulNBits`` it fuses from a weight-only
+#: int8 graph's blocked ``DequantizeLinear -> MatMul`` (kvembed's int8 recipe ``weights``)
+ACCURACY_LEVEL_KEY = "session.qdq_matmulnbits_accuracy_level"
+#: the level every session of this backend pins, the parity gate's included, so the gate certifies
+#: what runs: 1 = float32 arithmetic on the dequantised weights, whether the weights were pre-packed
+#: or not. onnxruntime's default (4) quantises the activations to int8 inside the kernel, and only
+#: where the weights were pre-packed, which the gate's session does not do.
+WEIGHT_ONLY_ACCURACY = 1
+
+
+def pin_weight_only(options: ort.SessionOptions) -> ort.SessionOptions:
+    """``options`` with :data:`WEIGHT_ONLY_ACCURACY` pinned (it changes weight-only int8 graphs only),
+    replacing any other level set before."""
+    try:
+        if options.get_session_config_entry(ACCURACY_LEVEL_KEY) == str(WEIGHT_ONLY_ACCURACY):
+            return options
+    except RuntimeError:  # not set yet
+        pass
+    options.add_session_config_entry(ACCURACY_LEVEL_KEY, str(WEIGHT_ONLY_ACCURACY))
+    return options
 
 
 def session_options(threads: int | None = None, memory_arena: bool = True, prepacking: bool = True) -> ort.SessionOptions:
@@ -131,6 +151,7 @@ def session_options(threads: int | None = None, memory_arena: bool = True, prepa
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.add_session_config_entry(DISABLE_PREPACKING, "0" if prepacking else "1")
+    pin_weight_only(options)
     if threads is not None:
         if int(threads) < 1:
             raise InvalidInput(f"threads must be >= 1, got {threads}")
@@ -154,8 +175,11 @@ def create_session(
 
 
 def open_session(model_path: str | os.PathLike[str], options: ort.SessionOptions, providers: Sequence[Any]) -> ort.InferenceSession:
-    """``ort.InferenceSession``, with onnxruntime's load failures (a damaged or foreign file) turned
-    into a ValueError naming the file: its pybind errors (InvalidProtobuf, Fail, ...) say neither."""
+    """``ort.InferenceSession``, the one door to onnxruntime for the runtime and the parity gate:
+    the weight-only arithmetic pinned (:func:`pin_weight_only`), and onnxruntime's load failures
+    (a damaged or foreign file) turned into a ValueError naming the file: its pybind errors
+    (InvalidProtobuf, Fail, ...) say neither."""
+    pin_weight_only(options)
     try:
         return ort.InferenceSession(str(model_path), sess_options=options, providers=list(providers))
     except Exception as err:

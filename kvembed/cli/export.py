@@ -189,7 +189,7 @@ def export_command(
         check_int8_recipe(int8_recipe, check_precision(precision))
         check_gate_here(check_precision(precision), certify_emulated)
         check_output(out, force)
-        resolve_attention(attention, opset)
+        check_int8_recipe(int8_recipe, check_precision(precision), resolve_attention(attention, opset)[1])  # weight-only: opset 21
         check_model(model, method, options, list(also or []))
 
     preflight()

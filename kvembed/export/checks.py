@@ -19,8 +19,10 @@ MATRICES_PER_LAYER = 7
 
 
 def weight_matmuls(model: Any) -> int:
-    """How many (quantized) matrix multiplications in ``model`` take a weight initializer."""
+    """How many (quantized) matrix multiplications in ``model`` take a weight initializer, directly
+    or dequantised (weight-only int8)."""
     matrices = {t.name for t in model.graph.initializer if len(t.dims) == 2}
+    matrices |= {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in matrices}
     count = 0
     for node in model.graph.node:
         if node.op_type in ("MatMul", "MatMulInteger", "Gemm") and len(node.input) > 1 and node.input[1] in matrices:

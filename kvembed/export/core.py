@@ -238,7 +238,7 @@ class Exporter:
             embedder.tokenizer.save(str(staging / TOKENIZER), pretty=False)
             if embedder.encoder.context_tokenizer is not None:  # Causal2Vec's encoder tokenizer
                 embedder.context.tokenizer.save(str(staging / ENCODER_TOKENIZER), pretty=False)
-            recipes: list[str | None] = list(int8_plan(int8_recipe)) if precision == "int8" else [None]
+            recipes: list[str | None] = list(int8_plan(int8_recipe, self.opset)) if precision == "int8" else [None]
             calibration = calibration_feeds(embedder.encoder) if any(r and INT8_RECIPES[r].calibrated for r in recipes) else None
             tried: list[dict[str, Any]] = []
             model_path = staging / MODEL
@@ -423,6 +423,7 @@ def export_result(
     check_gate_here(precision, certify_emulated)
     check_output(out, force)
     attention, opset = resolve_attention(attention, opset)
+    check_int8_recipe(int8_recipe, precision, opset)
     if check_memory:  # before any weight loads: refuse in one line rather than meet the OOM killer
         from .memory import export_memory_check
 

@@ -31,7 +31,11 @@ fast U8S8 kernels still run), calibrate on the built-in calibration texts and fo
 the weights (:mod:`kvembed.export.smoothing`) for the outlier channels ("smooth-rows"), then also
 keep every SwiGLU ``down_proj`` fp32 ("smooth-rows-keep-down"), then fall back to per-tensor
 scales with every ``down_proj`` fp32 ("smooth-keep-down"); the exporter writes the first recipe
-that passes the parity gate (``--int8-recipe``). The per-tensor recipes ("smooth", which keeps
+that passes the parity gate (``--int8-recipe``), and last "weights": weight-only int8, every
+weight MatMul's weight int8 with a scale per block of input rows, dequantised before a float
+MatMul (:mod:`kvembed.export.quantize`; opset 21), activations never quantised, so nothing for an
+outlier to spoil; onnxruntime runs it at the accuracy level kvembed pins in every session it opens,
+the gate's included (:data:`kvembed.backends.onnxruntime.WEIGHT_ONLY_ACCURACY`). The per-tensor recipes ("smooth", which keeps
 fp32 the MatMuls whose inputs hold massive activations, "smooth-keep-wide-down", "plain") stay
 available by name. ``benchmarks/int8_options.py`` measures the alternatives (benchmarks/RESULTS.md).
 
@@ -62,6 +66,8 @@ from ..errors import InvalidInput
 MASSIVE_SPREAD = 50.0
 #: "smooth-keep-wide-down" also keeps fp32 the down_projs whose input spreads over this
 WIDE_DOWN_SPREAD = 10.0
+#: "weights": input rows per int8 weight scale (benchmarks/RESULTS.md, "Weight-only int8")
+WEIGHT_BLOCK = 64
 
 #: what ``--precision`` takes (bf16: the fp32 graph, certified on OpenVINO's bf16 hint)
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
@@ -307,6 +313,7 @@ class Int8Recipe:
     down_spread: float = 0.0  # with keep_down: only the down_projs whose input's top channel > this x median
     int8_tables: bool = True  # token-embedding tables int8 with per-row scales (False: kept fp32)
     per_row: bool = False  # activations quantised with a scale per token (True) or per tensor
+    block: int | None = None  # weight-only: int8 weights with a scale per this many input rows, activations float
 
     @property
     def calibrated(self) -> bool:
@@ -329,39 +336,56 @@ INT8_RECIPES: dict[str, Int8Recipe] = {r.name: r for r in (
                f"SmoothQuant (alpha {DEFAULT_ALPHA}) folded in, activations with a scale per token", per_row=True),
     Int8Recipe("smooth-rows-keep-down", DEFAULT_ALPHA, None, True,
                "as smooth-rows, and every SwiGLU down_proj kept fp32", per_row=True),
+    Int8Recipe("weights", None, None, False,
+               f"weight-only: every weight MatMul's weight int8 with a scale per {WEIGHT_BLOCK} input rows, activations "
+               "float; no calibration", block=WEIGHT_BLOCK),
 )}
-#: ``--int8-recipe auto``: tried in this order, the first that passes the parity gate is written
-INT8_AUTO = ("smooth-rows", "smooth-rows-keep-down", "smooth-keep-down")
+#: ``--int8-recipe auto``: tried in this order, the first that passes the parity gate is written;
+#: the dynamic recipes first (int8 arithmetic), weight-only last (float arithmetic, the accurate one)
+INT8_AUTO = ("smooth-rows", "smooth-rows-keep-down", "smooth-keep-down", "weights")
 
 
 def int8_recipe_help() -> str:
     """``--int8-recipe``'s help, from :data:`INT8_RECIPES` and :data:`INT8_AUTO`."""
     listed = "; ".join(f"{r.name} ({r.summary})" for r in INT8_RECIPES.values())
     return (f"int8 only: one of {listed}; several comma-separated (the first that passes the parity gate "
-            f"is written); or auto = {','.join(INT8_AUTO)}.")
+            f"is written); or auto = {','.join(INT8_AUTO)}. Weight-only recipes need --opset 21 or later (auto "
+            "leaves them out below).")
 
 
-def check_int8_recipe(recipe: str, precision: str) -> tuple[str, ...]:
-    """:func:`int8_plan` of ``recipe``; a recipe other than ``auto`` with another precision is an
-    error (it would be silently ignored)."""
-    plan = int8_plan(recipe)
+def check_int8_recipe(recipe: str, precision: str, opset: int | None = None) -> tuple[str, ...]:
+    """:func:`int8_plan` of ``recipe`` (for a graph of ``opset``); a recipe other than ``auto`` with
+    another precision is an error (it would be silently ignored)."""
+    plan = int8_plan(recipe, opset if precision == "int8" else None)
     if recipe != "auto" and precision != "int8":
         raise InvalidInput(f"--int8-recipe {recipe} applies to --precision int8 only (got --precision {precision}); "
                          "drop it or export int8")
     return plan
 
 
-def int8_plan(recipe: str) -> tuple[str, ...]:
+def int8_plan(recipe: str, opset: int | None = None) -> tuple[str, ...]:
     """The recipes to try, in order, for ``--int8-recipe``: ``auto``, one name, or several
-    separated by commas (tried in that order); ValueError naming the choices."""
+    separated by commas (tried in that order); ValueError naming the choices. With the graph's
+    ``opset``, a weight-only recipe needs :data:`~kvembed.export.quantize.BLOCKED_OPSET`: ``auto``
+    leaves it out below that, a recipe named is refused."""
     if recipe == "auto":
-        return INT8_AUTO
+        return tuple(name for name in INT8_AUTO if opset is None or opset >= _needed_opset(name))
     names = tuple(name.strip() for name in str(recipe).split(","))
     unknown = [name for name in names if name not in INT8_RECIPES]
     if unknown or len(set(names)) != len(names):
         raise InvalidInput(f"int8 recipe must be auto, or one or more (comma-separated, no repeats) of "
                          f"{', '.join(INT8_RECIPES)}, got {recipe!r}")
+    for name in names:
+        if opset is not None and opset < _needed_opset(name):
+            raise InvalidInput(f"int8 recipe {name} needs ONNX opset {_needed_opset(name)} or later (blocked "
+                               f"DequantizeLinear), and this export uses opset {opset}: add --opset {_needed_opset(name)}")
     return names
+
+
+def _needed_opset(recipe: str) -> int:
+    from .quantize import BLOCKED_OPSET
+
+    return BLOCKED_OPSET if INT8_RECIPES[recipe].block else 11
 
 
 def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
@@ -405,7 +429,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
         keep += massive_input_nodes(groups, measured, plan.massive_spread)
     if ranges is not None:  # a recipe that would write a graph already tried gives the same gate result
         made = ranges.setdefault("graphs", {})
-        signature = (plan.smooth_alpha, plan.weights, plan.int8_tables, plan.per_row, tuple(sorted(set(keep))))
+        signature = (plan.smooth_alpha, plan.weights, plan.int8_tables, plan.per_row, plan.block, tuple(sorted(set(keep))))
         if signature in made:
             raise SameGraphError(plan.name, made[signature])
         made[signature] = plan.name
@@ -420,13 +444,17 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
         facts.update({"smoothquant_alpha": plan.smooth_alpha, "smoothed_activations": len(groups) if plan.smooth_alpha else 0,
                       "calibration_batches": len(calibration)})
     if step is not None:
-        step(f"quantising: dynamic int8 per channel, one weight at a time{' with smoothing folded in' if folds else ''} "
-             f"(recipe {plan.name})")
+        step(f"quantising: {'weight-only int8 in blocks' if plan.block else 'dynamic int8 per channel'}, one weight at a "
+             f"time{' with smoothing folded in' if folds else ''} (recipe {plan.name})")
     # int8 weights in 7 bits by default: no int16 saturation on CPUs without VNNI (module docstring)
-    fmt = WeightFormat(signed=plan.weights != "u8", reduce_range=plan.weights == "s7", per_row=plan.per_row)
+    fmt = WeightFormat(signed=plan.weights != "u8", reduce_range=plan.weights == "s7", per_row=plan.per_row, block=plan.block)
     tables = EmbeddingTables()
     counts = quantize_matmuls(source, target, fmt, exclude=sorted(set(keep)), steps=folds, advance=advance,
                               finish=tables.rewrite if plan.int8_tables else None)
+    if plan.block:
+        facts.update(weight_only_facts(plan.block, counts, len(set(keep)), tables.facts))
+        facts["external_data"] = settle_layout(target)
+        return facts
     facts.update({
         "method": "dynamic int8 MatMuls as onnxruntime.quantization.quantize_dynamic(MatMul, per_channel=True, "
                   f"{'QUInt8' if plan.weights == 'u8' else 'QInt8'} weights{', reduce_range=True' if plan.weights == 's7' else ''}) "
@@ -441,6 +469,27 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
     })
     facts["external_data"] = settle_layout(target)
     return facts
+
+
+def weight_only_facts(block: int, counts: Mapping[str, Any], fp32_matmuls: int, tables: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest's ``precision_conversion`` of a weight-only graph: the storage, and the
+    arithmetic onnxruntime is pinned to when it runs it (the gate's session and the runtime's alike)."""
+    from ..backends.onnxruntime import ACCURACY_LEVEL_KEY, WEIGHT_ONLY_ACCURACY
+
+    return {
+        "method": "weight-only int8: blocked DequantizeLinear (opset 21, axis 0) feeding each float MatMul "
+                  "(kvembed.export.quantize); onnxruntime fuses the pair into com.microsoft MatMulNBits (8 bits)",
+        "weight_type": "int8 (symmetric, [-127, 127])",
+        "block_size": block,
+        "block_sizes": dict(counts["block_sizes"]),  # block -> weights: a smaller one where it does not divide the width
+        "scale_type": "float32, one per block of input rows per output column",
+        "activations": "float32 (not quantised)",
+        "accuracy_level": WEIGHT_ONLY_ACCURACY,
+        "session_config": {ACCURACY_LEVEL_KEY: str(WEIGHT_ONLY_ACCURACY)},
+        "fp32_matmuls": fp32_matmuls,
+        "quantized_matmuls": counts["quantized_matmuls"],
+        "embedding_tables": tables,
+    }
 
 
 # -- helpers -----------------------------------------------------------------------------------

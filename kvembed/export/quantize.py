@@ -15,6 +15,13 @@ to ``quantize_dynamic`` on a whole model.
 
 ``steps`` lets the caller change a weight on its way through (SmoothQuant's folding,
 :mod:`kvembed.export.smoothing`), so smoothing and quantising are one pass over the weights.
+
+Weight-only (``WeightFormat.block``): the same pass writes each chosen weight as symmetric int8
+with one float32 scale per block of input rows of each output column, and a blocked
+``DequantizeLinear`` (opset 21: ``axis=0``, ``block_size``) feeding the unchanged float
+``MatMul``; activations stay float. onnxruntime fuses the pair into ``MatMulNBits`` (8 bits),
+whose arithmetic its session config pins (:data:`kvembed.backends.onnxruntime.WEIGHT_ONLY_ACCURACY`);
+OpenVINO reads the pair as compressed weights.
 """
 
 from __future__ import annotations
@@ -25,19 +32,37 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import InvalidInput
+
 
 @dataclass(frozen=True)
 class WeightFormat:
-    """How a weight's channels are stored: onnxruntime's ``weight_type`` and ``reduce_range``."""
+    """How a weight is stored: dynamic (onnxruntime's ``weight_type`` and ``reduce_range``, the
+    activations quantised as they run), or weight-only in blocks (``block``: activations float)."""
 
     signed: bool  # int8 (symmetric, zero point 0) or uint8 (asymmetric)
     reduce_range: bool  # int8 in [-64, 64] / uint8 in [0, 127]
     #: activations quantised with one scale per row (token) instead of one per tensor
     per_row: bool = False
+    #: weight-only: int8 in [-127, 127] with a scale per this many input rows of each output column
+    #: (None: dynamic); a weight whose input width it does not divide gets a smaller block (:meth:`block_for`)
+    block: int | None = None
 
     @property
     def dtype(self) -> type:
         return np.int8 if self.signed else np.uint8
+
+    def block_for(self, rows: int) -> int:
+        """The block for a weight of ``rows`` input rows: the largest power of two from 16 up to
+        :attr:`block` that divides ``rows`` (OpenVINO reads no partial last block, and onnxruntime
+        fuses power-of-two blocks of 16 or more only), else ``rows`` itself (one block per column)."""
+        assert self.block is not None
+        size = self.block
+        while size >= 16:
+            if rows % size == 0 and size & (size - 1) == 0:
+                return size
+            size //= 2
+        return rows
 
     @property
     def limits(self) -> tuple[int, int]:
@@ -74,6 +99,25 @@ def quantize_per_channel(weight: np.ndarray, fmt: WeightFormat) -> tuple[np.ndar
     return values.astype(fmt.dtype), scale, zero
 
 
+def quantize_blocked(weight: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """``weight`` ([in, out] float32, ``in`` a multiple of ``block``) as symmetric int8 in blocks of
+    ``block`` input rows: (values [in, out], float32 scales [in / block, out]), ``scale = max|block| / 127``
+    (1 for an all-zero block) and ``values = round(weight / scale)`` (half to even)."""
+    weight = np.asarray(weight, dtype=np.float32)
+    rows, columns = weight.shape
+    blocks = weight.reshape(rows // block, block, columns)
+    peak = np.abs(blocks).max(axis=1)
+    scale = np.where(peak > 0, peak / np.float32(127.0), np.float32(1.0)).astype(np.float32)
+    values = blocks / scale[:, None, :]  # the one float temporary of the weight's size
+    np.rint(values, out=values)
+    np.clip(values, -127, 127, out=values)
+    return values.astype(np.int8).reshape(rows, columns), scale
+
+
+#: the opset whose DequantizeLinear takes ``block_size``
+BLOCKED_OPSET = 21
+
+
 def quantize_matmuls(
     source: Path,
     target: Path,
@@ -85,8 +129,8 @@ def quantize_matmuls(
     finish: Callable[[Any], Callable[[Any], None] | None] | None = None,
 ) -> dict[str, int]:
     """Write the fp32 graph ``source`` as ``target`` (weights in ``<target>.data``) with every
-    ``MatMul`` whose second input is a 2-D float initializer quantised dynamically (module
-    docstring), except the nodes named in ``exclude`` and those whose weight another node reads
+    ``MatMul`` whose second input is a 2-D float initializer quantised dynamically, or weight-only
+    where ``fmt.block`` is set (module docstring), except the nodes named in ``exclude`` and those whose weight another node reads
     too. ``steps[name]`` (optional) changes the float weight ``name`` before anything else is done
     with it. ``finish(model)`` may rewrite the quantised graph further (without its weights) and
     returns a per-tensor transform of its own for the weights on their way to disk (or None), so a
@@ -114,25 +158,30 @@ def quantize_matmuls(
     outputs = {o.name for o in graph.output}
     chosen = [n for n in chosen if all(id(r) in chosen_ids for r in readers[n.input[1]]) and n.input[1] not in outputs]
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
-    if opset < 11:
-        raise ValueError("dynamic int8 needs ONNX opset 11 or later (DynamicQuantizeLinear)")
-    quantized_nodes = _rewrite(graph, chosen, fmt, opset)
-    quantized_weights = {n.input[1] for n in chosen}
+    needed = BLOCKED_OPSET if fmt.block else 11
+    if opset < needed:
+        raise InvalidInput(f"{'weight-only int8 (blocked DequantizeLinear)' if fmt.block else 'dynamic int8 (DynamicQuantizeLinear)'} "
+                           f"needs ONNX opset {needed} or later, and this graph has opset {opset}: export with --opset {needed} or later")
+    blocks = {n.input[1]: fmt.block_for(int(floats[n.input[1]].dims[0])) for n in chosen} if fmt.block else {}
+    quantized_weights = {n.input[1] for n in chosen}  # before the rewrite renames weight-only MatMuls' inputs
+    quantized_nodes = _rewrite(graph, chosen, fmt, opset, blocks)
 
     # each weight becomes its int8 tensor (same bytes on disk until it streams), then its scales
-    # and zero points as placeholders, filled when the weight passes
-    pending: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    # (and, dynamic, zero points) as placeholders, filled when the weight passes
+    pending: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
     initializers = []
     for tensor in graph.initializer:  # copies: a weight's bytes are external or small here
         copy = TensorProto()
         copy.CopyFrom(tensor)
         initializers.append(copy)
         if copy.name in quantized_weights:
-            original, channels = copy.name, int(copy.dims[1])
+            original, rows, channels = copy.name, int(copy.dims[0]), int(copy.dims[1])
             copy.name = f"{original}_quantized"
-            initializers.append(TensorProto(name=f"{original}_scale", data_type=TensorProto.FLOAT, dims=[channels]))
-            initializers.append(TensorProto(name=f"{original}_zero_point", dims=[channels],
-                                            data_type=TensorProto.INT8 if fmt.signed else TensorProto.UINT8))
+            scale_dims = [rows // blocks[original], channels] if fmt.block else [channels]
+            initializers.append(TensorProto(name=f"{original}_scale", data_type=TensorProto.FLOAT, dims=scale_dims))
+            if not fmt.block:
+                initializers.append(TensorProto(name=f"{original}_zero_point", dims=[channels],
+                                                data_type=TensorProto.INT8 if fmt.signed else TensorProto.UINT8))
     del graph.initializer[:]
     graph.initializer.extend(initializers)
     del initializers
@@ -146,12 +195,17 @@ def quantize_matmuls(
             value = numpy_helper.to_array(tensor)
             if original in steps:
                 value = steps[original](value)
-            values, scale, zero = quantize_per_channel(value, fmt)
+            if fmt.block:
+                values, scale = quantize_blocked(value, blocks[original])
+                zero = None
+            else:
+                values, scale, zero = quantize_per_channel(value, fmt)
             del value
             pending[original] = (scale, zero)
             tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
         elif role == "scale":
-            tensor.CopyFrom(numpy_helper.from_array(pending[original][0], tensor.name))
+            scale = (pending.pop(original) if fmt.block else pending[original])[0]
+            tensor.CopyFrom(numpy_helper.from_array(scale, tensor.name))
         elif role == "zero":
             tensor.CopyFrom(numpy_helper.from_array(pending.pop(original)[1], tensor.name))
         elif original in steps:
@@ -168,12 +222,16 @@ def quantize_matmuls(
     stream_initializers(model, source.parent, target, both, advance=advance)
     if pending:
         raise RuntimeError(f"scales of {sorted(pending)[:3]} were never written")
-    return {"quantized_matmuls": quantized_nodes, "quantized_weights": len(quantized_weights)}
+    counts = {"quantized_matmuls": quantized_nodes, "quantized_weights": len(quantized_weights)}
+    if fmt.block:
+        counts["block_sizes"] = {str(size): sum(1 for b in blocks.values() if b == size) for size in sorted(set(blocks.values()))}
+    return counts
 
 
-def _rewrite(graph: Any, matmuls: list[Any], fmt: WeightFormat, opset: int) -> int:
+def _rewrite(graph: Any, matmuls: list[Any], fmt: WeightFormat, opset: int, blocks: Mapping[str, int]) -> int:
     """Replace each of ``matmuls`` in ``graph`` by onnxruntime's dynamic-quantisation nodes (its
-    names), one ``DynamicQuantizeLinear`` per activation."""
+    names), one ``DynamicQuantizeLinear`` per activation; weight-only (``fmt.block``), put a
+    blocked ``DequantizeLinear`` of its weight (``blocks[weight]`` rows a block) before each."""
     from onnx import TensorProto, helper
 
     chosen = {id(n) for n in matmuls}
@@ -186,6 +244,14 @@ def _rewrite(graph: Any, matmuls: list[Any], fmt: WeightFormat, opset: int) -> i
         x, w = node.input
         y = node.output[0]
         name = node.name or f"MatMul_{index}"
+        if fmt.block:
+            if w not in quantized_inputs:  # one DequantizeLinear per weight, however many MatMuls read it
+                quantized_inputs.add(w)
+                nodes.append(helper.make_node("DequantizeLinear", [f"{w}_quantized", f"{w}_scale"], [f"{w}_dequantized"],
+                                              name=f"{w}_DequantizeLinear", axis=0, block_size=blocks[w]))
+            node.input[1] = f"{w}_dequantized"
+            nodes.append(node)
+            continue
         if x not in quantized_inputs:
             quantized_inputs.add(x)
             nodes += _quantize_rows(x, opset) if fmt.per_row else [helper.make_node(
