@@ -170,15 +170,18 @@ def write_rate(folder: Path, total: int = 2 * GIB, block: int = 256 * 1024**2) -
 
 
 def gate_work(artifact: Path) -> dict[str, int]:
-    """The padded tokens the parity gate runs per side (its batches, the held-out texts' included,
-    through the artifact's own tokenizer) and the calibration's (int8), from the artifact's files."""
-    from kvembed.export.parity import GATE_TEXTS, HELD_OUT_TEXTS, gate_tokens
+    """The padded tokens the parity gate runs per side (its batches, the held-out texts' and a
+    sliding-window model's window text included, through the artifact's own tokenizer) and the
+    calibration's (int8), from the artifact's files."""
+    from kvembed.export.parity import HELD_OUT_TEXTS, gate_tokens, gated_texts
     from kvembed.export.smoothing import calibration_feeds
     from kvembed.artifact import read_manifest
     from kvembed.runtime.artifact import encoder_from_manifest
 
-    encoder = encoder_from_manifest(artifact, read_manifest(artifact))
-    gate = gate_tokens(encoder, GATE_TEXTS) + gate_tokens(encoder, HELD_OUT_TEXTS)
+    manifest = read_manifest(artifact)
+    encoder = encoder_from_manifest(artifact, manifest)
+    texts = gated_texts(encoder, manifest["source"].get("sliding_window"))
+    gate = gate_tokens(encoder, texts) + gate_tokens(encoder, HELD_OUT_TEXTS)
     calibration = sum(batch["input_ids"].size for batch in calibration_feeds(encoder))
     return {"gate_tokens_per_side": int(gate), "calibration_tokens": int(calibration)}
 

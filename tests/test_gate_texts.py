@@ -14,7 +14,7 @@ import pytest
 
 from kvembed.artifact import Manifest, load_manifest
 from kvembed.errors import InvalidInput
-from kvembed.export.gate_texts import GATE, HELD_OUT, load_gate_texts
+from kvembed.export.gate_texts import GATE, HELD_OUT, WINDOW, load_gate_texts
 from kvembed.export.parity import CASES, GATE_TEXTS, HELD_OUT_TEXTS, PARITY_TEXTS, gate_batches
 from kvembed.modeling.layers.calibration import builtin_calibration_path
 
@@ -33,8 +33,11 @@ def test_the_gate_texts_share_no_text_with_the_calibration_and_cover_real_input(
             "german", "french", "chinese", "russian"} <= categories[GATE]
     assert {"query", "code", "table", "numbers", "paragraph"} <= categories[HELD_OUT]
     assert len(categories[HELD_OUT] - {"query", "code", "table", "numbers", "paragraph", "mixed"}) >= 3  # languages
-    longest = max(texts, key=lambda t: len(t.text))
+    longest = max((t for t in texts if t.split != WINDOW), key=lambda t: len(t.text))
     assert longest.split == GATE and len(longest.text.split()) >= 200  # a paragraph of a few hundred tokens
+    # the window text: plain prose, longer still, gated only for a model with a sliding window
+    [window] = [t for t in texts if t.split == WINDOW]
+    assert len(window.text.split()) > 2 * len(longest.text.split()) and window.name not in GATE_TEXTS
     # the gate decides on the core and the variety texts; the held-out ones are apart
     assert set(GATE_TEXTS) == set(PARITY_TEXTS) | {t.name for t in texts if t.split == GATE}
     assert set(HELD_OUT_TEXTS) == {t.name for t in texts if t.split == HELD_OUT}
@@ -109,4 +112,7 @@ def test_export_prints_the_held_out_figure(tmp_path):
     held = load_manifest(out).held_out
     printed = " ".join(result.output.split())
     assert f"held out: worst cosine {held.worst_cosine:.7f} over {held.rows} rows of {held.texts} texts" in printed
+    longest = load_manifest(out).parity["longest_tokens"]
+    assert f"gate lengths: inputs up to {longest} tokens (prompt included) of max_length 64" in printed and 0 < longest <= 64
+    assert "sliding window" not in printed  # the demo model has none
     shutil.rmtree(out)

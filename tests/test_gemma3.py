@@ -40,10 +40,11 @@ VARIANTS = [
 ]
 
 
-def tiny_gemma3_config():
+def tiny_gemma3_config(**overrides):
+    """The tiny Gemma 3's config; ``overrides`` replace its fields (e.g. a longer ``sliding_window``)."""
     from transformers import Gemma3TextConfig
 
-    return Gemma3TextConfig(
+    fields = dict(
         hidden_size=64, intermediate_size=128, num_hidden_layers=len(LAYER_TYPES), num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=256, initializer_range=0.1,
         bos_token_id=1, eos_token_id=2, pad_token_id=0, query_pre_attn_scalar=24, sliding_window=WINDOW,
@@ -53,15 +54,16 @@ def tiny_gemma3_config():
             "sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
         },
     )
+    return Gemma3TextConfig(**{**fields, **overrides})
 
 
-def build_tiny_gemma3(folder: Path, seed: int) -> Path:
-    """The tiny Gemma 3 of :func:`tiny_gemma3_config` with random weights (norm weights too: Gemma
-    scales by ``1 + w``) and the demo tokenizer, saved in ``folder``."""
+def build_tiny_gemma3(folder: Path, seed: int, **overrides) -> Path:
+    """The tiny Gemma 3 of :func:`tiny_gemma3_config` (with ``overrides``) with random weights (norm
+    weights too: Gemma scales by ``1 + w``) and the demo tokenizer, saved in ``folder``."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_gemma3_config())
+    model = AutoModelForCausalLM.from_config(tiny_gemma3_config(**overrides))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -102,6 +102,13 @@ def held_out_line(held_out: Mapping[str, Any], gate_cosine: float) -> str:
             f"the gate never decided on (gate: {gate_cosine:.7f}; {bar} the gate's bar, reported only)")
 
 
+def lengths_line(manifest: Mapping[str, Any]) -> str:
+    """How long the gate's inputs were: a certificate says nothing about longer ones."""
+    longest, window = manifest["parity"].get("longest_tokens"), manifest["source"].get("sliding_window")
+    past = f", past the model's {window}-token sliding window" if window and longest > window else ""
+    return f"gate lengths: inputs up to {longest} tokens (prompt included) of max_length {manifest['max_length']}{past}"
+
+
 def advisory_line(target: str, advised: Any, graph: str | None) -> str:
     """One advisory check (an int8 artifact's OpenVINO graph): its figure and whether it certified a
     faster path, or why it did not run; it never decides pass or fail."""
@@ -228,6 +235,7 @@ def export_command(
     held_out = result.manifest["parity"].get("held_out")
     if held_out is not None:
         console.print(held_out_line(held_out, result.parity.worst_cosine), highlight=False)
+    console.print(lengths_line(result.manifest), highlight=False)
     from ..artifact import Certificate
 
     for item in result.manifest.get("certified", []):

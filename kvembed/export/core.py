@@ -33,7 +33,7 @@ from .graph import ExportError, resolve_attention
 from .graph import trace as trace_graph
 from .manifest import build_manifest, source_record
 from .openvino_graph import write_openvino_graph
-from .parity import GATE_TEXTS, HELD_OUT_TEXTS, ParityReport, held_out_record, parity_reports, reference_runs, run_parity
+from .parity import HELD_OUT_TEXTS, ParityReport, held_out_record, model_gate_texts, parity_reports, reference_runs, run_parity
 from .precision import INT8_RECIPES, SameGraphError, check_int8_recipe, check_precision, convert, int8_plan
 from .progress import Progress, advance_of, silent
 from .rewrites import optimize_with_onnxruntime, rms_norm_as_div
@@ -131,6 +131,7 @@ class Exporter:
         self._graph: dict[str, Any] | None = None
         self._reference_outputs: dict[Any, Any] = {}  # the traced embedder's parity outputs
         self._references: dict[str | None, Any] | None = None  # output label -> its single-method reference
+        self._texts: dict[str, str] | None = None  # what the gate decides on (model_gate_texts)
 
     def __enter__(self) -> "Exporter":
         return self
@@ -183,9 +184,16 @@ class Exporter:
         for label, reference in self._references.items():
             # the main output also on the held-out texts (reported beside the gate, never deciding):
             # their batches are their own, so each is cached as the held-out run will ask for it
-            texts = {**GATE_TEXTS, **HELD_OUT_TEXTS} if label is None else GATE_TEXTS
+            texts = {**self.gate_texts, **HELD_OUT_TEXTS} if label is None else self.gate_texts
             reference_runs(reference, self._reference_outputs, texts=texts, outputs=output_names(label),
                            advance=advance_of(self.progress))
+
+    @property
+    def gate_texts(self) -> dict[str, str]:
+        """The texts the gate decides on (one more past a sliding window: :func:`model_gate_texts`)."""
+        if self._texts is None:
+            self._texts = model_gate_texts(self.embedder)
+        return self._texts
 
     def _release(self) -> None:
         """Free the PyTorch weights: every parameter and buffer moves to the ``meta`` device (no
@@ -360,7 +368,8 @@ class Exporter:
             self.progress("parity", f"running the graph on {target} against PyTorch ({bar} bar)")
             session = gate_session(target, gate_graph(directory, manifest, target))
             try:
-                reports = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(self.progress))
+                reports = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(self.progress),
+                                         texts=self.gate_texts)
                 gates.append((target, ran_precision(session, graph_precision), reports))
                 if held_out and held_out_report is None and reports[None].passed and len(gates) == 1:  # part of the parity stage
                     held_out_report = run_parity(session, encoder, references[None], bar, texts=HELD_OUT_TEXTS, cache=cache)

@@ -12,6 +12,11 @@ gate's decision, and a held-out slice that is only reported.
 - the held-out slice (split ``held_out``): other queries, code, tables and languages that neither
   the int8 calibration nor the gate's pass/fail decision sees. The export reports its worst cosine
   beside the gate's, so a recipe that fits the gate's own texts but not other text shows.
+- the window text (split ``window``): long plain prose, cut by the model's own tokenizer so that
+  it runs :data:`WINDOW_MARGIN` tokens past a sliding-window model's window
+  (:func:`window_texts`); the other texts stay shorter than a real model's window, which the
+  exported graph's windowed mask would otherwise never be checked past. Only such a model's gate
+  runs it.
 
 The file is written for this project and shares no line with ``calibration.txt`` (a test checks).
 """
@@ -20,12 +25,20 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 FILE = "gate_texts.jsonl"
-GATE, HELD_OUT = "gate", "held_out"
+GATE, HELD_OUT, WINDOW = "gate", "held_out", "window"
+#: how many tokens past the sliding window the window text runs (prompt included)
+WINDOW_MARGIN = 64
+#: the window text runs once, as a document: long inputs are documents, and one case is enough for a
+#: mask that does not depend on the prompt
+WINDOW_KIND = "document"
 
 _LONG = (
     "The committee met on Tuesday to review the budget for the coming year. After a long debate "
@@ -94,3 +107,41 @@ def text_groups() -> dict[str, tuple[str, ...]]:
 GATE_TEXTS: dict[str, str] = {**PARITY_TEXTS, **split_texts(GATE)}
 #: reported beside the gate, never deciding
 HELD_OUT_TEXTS: dict[str, str] = split_texts(HELD_OUT)
+
+
+def window_texts(encoder: Any, window: int | None) -> dict[str, str]:
+    """name -> text of the window split, cut so that as a document (:data:`WINDOW_KIND`) its prompt
+    takes ``window + WINDOW_MARGIN`` tokens of ``encoder`` (a TextEncoder), or the encoder's
+    ``max_length`` if that is shorter; empty when there is no ``window`` or no input can pass it.
+    The prose repeats when a window is longer than it; the cut falls after a word."""
+    if window is None or window >= encoder.max_length:
+        return {}
+    target = min(int(window) + WINDOW_MARGIN, encoder.max_length)
+
+    def fits(text: str) -> bool:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a cut text is what this probes for
+            encoded = encoder.encode_one(text, WINDOW_KIND)
+        return not encoded.truncated and len(encoded.ids) <= target
+
+    made = {}
+    for name, prose in split_texts(WINDOW).items():
+        text = prose
+        while fits(text):
+            text += "\n\n" + prose
+        ends = [m.end() for m in re.finditer(r"\S+", text)]
+        lo, hi = 0, len(ends) - 1  # the most words that still fit: tokens grow with words
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(text[: ends[mid]]):
+                lo = mid
+            else:
+                hi = mid - 1
+        made[name] = text[: ends[lo]]
+    return made
+
+
+def gated_texts(encoder: Any, window: int | None) -> dict[str, str]:
+    """What the gate decides on for a model whose sliding window is ``window`` tokens (None: none):
+    :data:`GATE_TEXTS`, plus the window text (:func:`window_texts`) when inputs can pass the window."""
+    return {**GATE_TEXTS, **window_texts(encoder, window)}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import __version__
+from ..methods.architectures import sliding_window
 from ..methods.sharing import output_names
 from ..artifact import ENCODER_TOKENIZER, SCHEMA_VERSION
 from .graph import input_axes, input_names
@@ -38,6 +39,7 @@ def source_record(embedder: Any) -> dict[str, Any]:
     record["config_sha256"] = config_hash(location, config)
     record["num_layers"] = int(config.num_hidden_layers)
     record["hidden_size"] = int(config.hidden_size)
+    record["sliding_window"] = sliding_window(config)  # the gate ran one text past it (None: no window)
     # the dtype the checkpoint's weights are stored in (bfloat16 for most 4B-8B releases); the
     # export itself traces and checks in float32
     record["dtype"] = getattr(embedder, "source_dtype", None)

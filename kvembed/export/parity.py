@@ -16,8 +16,11 @@ from typing import Any, Callable, Mapping, Sequence, Tuple
 import numpy as np
 
 from ..artifact.certificates import TOLERANCES  # noqa: F401  (docs/methods.md's bars, re-exported)
+from ..methods.architectures import sliding_window
 from ..methods.sharing import output_names
-from .gate_texts import GATE, GATE_TEXTS, HELD_OUT_TEXTS, PARITY_TEXTS, text_groups  # noqa: F401  (re-exported)
+from .gate_texts import (  # noqa: F401  (re-exported)
+    GATE, GATE_TEXTS, HELD_OUT, HELD_OUT_TEXTS, PARITY_TEXTS, WINDOW, WINDOW_KIND, gated_texts, text_groups,
+)
 from .graph import ExportError
 
 KINDS = ("query", "document")
@@ -29,6 +32,10 @@ CASES = tuple((kind, side) for kind in KINDS for side in PADDING_SIDES)
 GATE_GROUP_CASES = tuple((case,) for case in CASES)
 #: the held-out groups take the cases in turn as well
 HELD_OUT_GROUP_CASES = ((("query", "left"),), (("document", "right"),))
+#: the window text runs alone, once: one row has nothing to pad, so either side is the same batch
+WINDOW_GROUP_CASES = (((WINDOW_KIND, "right"),),)
+#: split -> the cases its groups take in turn
+GROUP_CASES = {GATE: GATE_GROUP_CASES, HELD_OUT: HELD_OUT_GROUP_CASES, WINDOW: WINDOW_GROUP_CASES}
 
 
 @dataclass
@@ -47,6 +54,8 @@ class ParityReport:
     by_case: dict[str, dict[str, float]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     reference: dict[str, Any] = field(default_factory=dict)
+    #: tokens of the longest input compared, prompt included: the gate vouches for lengths up to it
+    longest_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -171,20 +180,27 @@ def run_reference(reference: Any, batch: Mapping[str, np.ndarray]) -> ReferenceR
 def gate_batches(texts: Mapping[str, str]) -> list[tuple[str, str, list[str]]]:
     """The gate's cases in order: ``(kind, padding side, text names)`` per padded batch. Texts of
     the data file's groups (:func:`~kvembed.export.gate_texts.text_groups`) run as their group, in
-    its cases; every other text is a core text (:func:`batch_plan`, every case)."""
+    its split's cases (:data:`GROUP_CASES`); every other text is a core text (:func:`batch_plan`,
+    every case)."""
     groups = text_groups()
     grouped = {name for names in groups.values() for name in names}
     core = [n for n in texts if n not in grouped]
     plan = [([n for n in batch if n in texts], CASES) for batch in batch_plan(core)]
-    counts: dict[bool, int] = {}
+    counts: dict[str, int] = {}
     for key, names in groups.items():
         present = [n for n in names if n in texts]
         if present:
-            gate = key.startswith(GATE + "/")
-            rotation = GATE_GROUP_CASES if gate else HELD_OUT_GROUP_CASES
-            index = counts[gate] = counts.get(gate, -1) + 1
+            split = key.split("/", 1)[0]
+            rotation = GROUP_CASES[split]
+            index = counts[split] = counts.get(split, -1) + 1
             plan.append((present, rotation[index % len(rotation)]))
     return [(kind, side, names) for kind, side in CASES for names, cases in plan if names and (kind, side) in cases]
+
+
+def model_gate_texts(embedder: Any) -> dict[str, str]:
+    """What the gate decides on for ``embedder`` (a TorchEmbedder, its weights freed or not):
+    :func:`~kvembed.export.gate_texts.gated_texts` for its encoder and its model's sliding window."""
+    return gated_texts(embedder.encoder, sliding_window(embedder.model.decoder.config))
 
 
 def gate_tokens(encoder: Any, texts: Mapping[str, str]) -> int:
@@ -252,6 +268,7 @@ def compare_runs(
         encoded = {(kind, tuple(names)): encoder.encode([texts[n] for n in names], kind) for kind, _, names in cases}
         total = sum(len(encoded[(kind, tuple(names))]) * max((len(x.ids) for x in encoded[(kind, tuple(names))]), default=0)
                     for kind, _, names in cases)
+        longest = max((len(x.ids) for items in encoded.values() for x in items), default=0)
         for kind in KINDS:
             for side in PADDING_SIDES:
                 case = f"{kind}/{side}"
@@ -306,6 +323,7 @@ def compare_runs(
         pooled_worst_cosine=_finite(worst_pooled),
         by_case=by_case,
         problems=sorted(set(problems)),
+        longest_tokens=longest,
     )
 
 
@@ -333,11 +351,13 @@ def parity_reports(
     precision: str,
     cache: dict[Any, Any] | None = None,
     advance: Callable[[int, int], None] | None = None,
+    texts: dict[str, str] | None = None,
 ) -> dict[str | None, ParityReport]:
     """Parity of every output pair of the graph (label None: the main one) against its
-    single-method reference (:meth:`TorchEmbedder.references`)."""
+    single-method reference (:meth:`TorchEmbedder.references`), on ``texts`` (default
+    :data:`GATE_TEXTS`; a sliding-window model's: :func:`~kvembed.export.gate_texts.gated_texts`)."""
     return {
-        label: run_parity(session, encoder, reference, precision, cache=cache, outputs=output_names(label),
+        label: run_parity(session, encoder, reference, precision, texts=texts, cache=cache, outputs=output_names(label),
                           advance=advance)
         for label, reference in references.items()
     }

@@ -16,7 +16,7 @@ from ..runtime.artifact import encoder_from_manifest
 from .core import load_embedder
 from .manifest import source_record
 from .certify import ADVISORY_GATES, GATES, advisory_problem, certificate, gate_graph, gate_session, ran_precision
-from .parity import ParityReport, parity_reports, reference_runs
+from .parity import ParityReport, model_gate_texts, parity_reports, reference_runs
 from .progress import Progress, advance_of, silent
 from ..errors import InvalidInput
 
@@ -95,9 +95,9 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     # as at export: the reference runs the gate's batches first and its weights are freed before
     # onnxruntime opens the artifact, so the model is never in memory twice
     progress("reference", "running the PyTorch reference on the parity texts")
-    references, cache = reference.references(), {}
+    references, cache, texts = reference.references(), {}, model_gate_texts(reference)
     for label, single in references.items():
-        reference_runs(single, cache, outputs=output_names(label), advance=advance_of(progress))
+        reference_runs(single, cache, texts=texts, outputs=output_names(label), advance=advance_of(progress))
     reference.model.to("meta")
     gc.collect()
     encoder = encoder_from_manifest(directory, manifest)
@@ -115,7 +115,7 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
         progress("parity", f"running {graph.name} on {target} against PyTorch ({bar} bar)")
         session = gate_session(target, graph)
         ran = ran_precision(session, typed.graph_precision)
-        gated = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(progress))
+        gated = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(progress), texts=texts)
         del session
         if advised:
             advisory[target] = gated[None]

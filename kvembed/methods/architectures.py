@@ -59,6 +59,23 @@ def _field(config: Any, name: str) -> Any:
     return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
 
 
+def sliding_window(config: Any) -> int | None:
+    """The span in tokens of the model's sliding-window layers, or None when no layer slides: as
+    transformers builds the masks (a window on the layers ``layer_types`` names sliding, else on
+    every layer when ``sliding_window`` is set; Qwen's only with ``use_sliding_window`` and
+    layers from ``max_window_layers`` on). The parity gate runs one text past it."""
+    window = _field(config, "sliding_window")
+    if window is None or _field(config, "use_sliding_window") is False:
+        return None
+    layer_types = _field(config, "layer_types")
+    if layer_types is not None:
+        return int(window) if "sliding_attention" in layer_types else None
+    first, layers = _field(config, "max_window_layers"), _field(config, "num_hidden_layers")
+    if _field(config, "use_sliding_window") and first is not None and layers is not None and first >= layers:
+        return None
+    return int(window)
+
+
 def architecture_of(config: Any) -> Architecture:
     """The :class:`Architecture` of a transformers config (or a ``config.json`` dict), or an
     InvalidInput listing the supported ones."""
