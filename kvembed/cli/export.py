@@ -228,9 +228,9 @@ def export_command(
     on = result.manifest["parity"].get("backend", "onnxruntime-cpu")
     console.print(parity_table(result.parity, f"parity vs PyTorch ({result.manifest['precision']} on {on})"))
     for target, gated in gates.items():
-        console.print(parity_table(ParityReport(**gated), f"parity vs PyTorch ({gated['precision']} on {target})"))
+        console.print(parity_table(ParityReport.from_dict(gated), f"parity vs PyTorch ({gated['precision']} on {target})"))
     for target, advised in result.manifest["parity"].get("advisory", {}).items():
-        console.print(advisory_line(target, advised.get("skipped") or ParityReport(**{k: v for k, v in advised.items() if k != "graph"}),
+        console.print(advisory_line(target, advised.get("skipped") or ParityReport.from_dict(advised),
                                     advised.get("graph")), highlight=False)
     held_out = result.manifest["parity"].get("held_out")
     if held_out is not None:
@@ -240,7 +240,7 @@ def export_command(
 
     for item in result.manifest.get("certified", []):
         console.print(f"certified: {escape(Certificate.from_dict(item).describe())}", highlight=False)
-    print_extra_parity({label: ParityReport(**extra) for label, extra in result.manifest["parity"].get("also", {}).items()})
+    print_extra_parity({label: ParityReport.from_dict(extra) for label, extra in result.manifest["parity"].get("also", {}).items()})
     graph = result.manifest["graph"]
     console.print(
         f"dim {result.manifest['dim']}, {graph['decoder_layers']} of {result.manifest['method']['num_layers']} "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, Tuple
 
@@ -59,6 +59,13 @@ class ParityReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ParityReport":
+        """A report from its :meth:`to_dict` form; keys a record adds beside it (an advisory check's
+        ``graph`` and ``held_out``) are not the report's and are left out."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in names})
 
     def summary(self) -> str:
         limit = f"cosine >= {self.min_cosine_required}"
