@@ -1,11 +1,12 @@
 """The runtime's CPU backends against each other and PyTorch, interleaved in one process.
 
-    python benchmarks/cpu_backends.py --fp32 ART_FP32 [--int8 ART_INT8] [--auto bf16=ART_BF16 ...] --torch --out DIR
+    python benchmarks/cpu_backends.py --fp32 ART_FP32 [--int8 ART_INT8] [--auto bf16=ART_BF16 ...] [--cpu LABEL=DIR ...] --torch --out DIR
 
 Backends: onnxruntime fp32 (the artifact as users load it), onnxruntime int8 (a second artifact of
 the same model), OpenVINO with the ``bf16`` and ``f32`` precision hints (the fp32 artifact's own
-``model.onnx``), each ``--auto`` artifact as ``Embedder.load(dir)`` runs it here (a bf16 artifact:
-OpenVINO bf16 where certified and the CPU has BF16), PyTorch fp32 (the reference). For every shape (``BxS``: B rows of S real tokens,
+``model.onnx``), each ``--auto`` artifact as ``Embedder.load(dir)`` runs it here (a bf16 artifact,
+or an int8 one whose OpenVINO graph was certified: OpenVINO bf16 where the CPU has BF16), each
+``--cpu`` artifact on onnxruntime's CPU provider, PyTorch fp32 (the reference). For every shape (``BxS``: B rows of S real tokens,
 the method's prompt included) the backends take turns call by call for ``--rounds`` rounds, so the
 per-round ratios see the same machine speed (this VM drifts 10-30% minute to minute); each ratio
 is the median of per-round ratios against onnxruntime fp32. Cosines are per row against PyTorch
@@ -60,6 +61,8 @@ def load_backends(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict
     for label, path in args.auto:
         embedder = load(path)  # provider auto, as Embedder.load(dir) picks for this artifact here
         embedders[f"{label} ({embedder.backend})"] = embedder
+    for label, path in args.cpu:
+        embedders[f"{label} (onnxruntime-cpu)"] = load(path, provider="cpu")
     for hint in args.ov:
         embedders[f"OpenVINO {hint}"] = load(args.fp32, provider="openvino", ov_precision=hint)
     for name, embedder in embedders.items():
@@ -78,6 +81,8 @@ def main() -> None:
     parser.add_argument("--torch", action="store_true", help="also run the PyTorch fp32 reference")
     parser.add_argument("--auto", nargs="*", default=[], metavar="LABEL=DIR", type=labelled_dir,
                         help="more artifacts of the same model and method, each loaded with provider auto (e.g. bf16=DIR)")
+    parser.add_argument("--cpu", nargs="*", default=[], metavar="LABEL=DIR", type=labelled_dir,
+                        help="more artifacts of the same model and method, each run on onnxruntime's CPU provider")
     parser.add_argument("--shapes", default="1x32,16x128,16x512")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
