@@ -349,13 +349,13 @@ class Exporter:
 
     def _gates(
         self, directory: Path, manifest: Mapping[str, Any], precision: str, reference: Any,
-        targets: tuple[tuple[str, str], ...] | None = None, held_out: bool = True,
+        targets: tuple[tuple[str, str], ...] | None = None,
     ) -> tuple[list[tuple[str, str, dict[str | None, ParityReport]]], ParityReport | None]:
         """``(target, precision it ran, reports)`` for each backend of the gate (``targets``,
         default :data:`GATES`), each on the graph file its backend runs: reports for the main output
         (key None) and each extra one, each against a reference that computes only that method in
         a forward pass of its own; and the main output on the held-out texts on the first backend,
-        when its gate passed and ``held_out`` (None otherwise)."""
+        when its gate passed (None otherwise)."""
         encoder = encoder_from_manifest(directory, manifest)
         if self._references is None:
             self._references = self.embedder.references()
@@ -371,7 +371,7 @@ class Exporter:
                 reports = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(self.progress),
                                          texts=self.gate_texts)
                 gates.append((target, ran_precision(session, graph_precision), reports))
-                if held_out and held_out_report is None and reports[None].passed and len(gates) == 1:  # part of the parity stage
+                if held_out_report is None and reports[None].passed and len(gates) == 1:  # part of the parity stage
                     held_out_report = run_parity(session, encoder, references[None], bar, texts=HELD_OUT_TEXTS, cache=cache)
             finally:
                 del session
