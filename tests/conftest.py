@@ -49,7 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
 TRITON_STUB_VENV = Path(__file__).resolve().parents[1] / ".venv-triton"
 TRITON_STUB_PACKAGES = ("numpy<2", "onnxruntime", "tokenizers", "openvino")
 #: the test files that start a real tritonserver (and so need the stub environment)
-TRITON_TEST_FILES = ("test_triton.py", "test_gemma3_deploy.py")
+TRITON_TEST_FILES = ("test_triton.py", "test_gemma3_deploy.py", "test_big_artifacts.py")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +21,8 @@ from kvembed.export.verification import verify
 from kvembed.methods import resolve
 from kvembed.methods.sharing import parse_also, resolve_also, sharing_problem
 from kvembed.runtime import Embedder
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 STORIES = "stories260k"
 TEXTS = ["A man is playing a guitar.", "", "Ünïcödé café — 東京 🤖", "What is the capital of France? It is Paris."]
@@ -125,9 +128,10 @@ def test_token_prepending_several_exits(oracle, tmp_path):
     }, oracle(STORIES))
 
 
-def test_verify_checks_extra_outputs(tmp_path):
-    out = tmp_path / "a"
-    export_result(STORIES, "kv-embedding", out, also=["last=kv-embedding:pooling=last"])
+def test_verify_checks_extra_outputs(stories_artifact, tmp_path):
+    """On the session's shared kv-embedding artifact with a ``last`` output (tests/test_openvino.py
+    and tests/test_triton.py read it too), copied: no second export of the same thing."""
+    out = Path(shutil.copytree(stories_artifact("kv-embedding", also=("last=kv-embedding:pooling=last",)), tmp_path / "a"))
     checked = verify(out)
     assert checked.passed and set(checked.also) == {"last"} and checked.also["last"].worst_cosine >= 0.99999
     # an artifact whose manifest says the extra output pools differently than its graph does

@@ -18,6 +18,8 @@ from kvembed.artifact.staging import write_bytes_atomic
 from kvembed.runtime import Embedder
 from kvembed.runtime.artifact import encoder_from_manifest
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TEXTS = ["A man is playing a guitar.", "Why is the sky blue?"]
 
 

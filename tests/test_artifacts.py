@@ -26,6 +26,8 @@ from kvembed.runtime import Embedder
 from kvembed.artifact import check_files, read_manifest
 from kvembed.runtime.artifact import encoder_from_manifest
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TEXTS = ["A man is playing a guitar.", "", "Ünïcödé café — 東京 🤖", "What is the capital of France?"]
 
 

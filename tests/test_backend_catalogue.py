@@ -18,6 +18,8 @@ from kvembed.backends.openvino import OpenVINOOptions
 from kvembed.backends.protocol import Session
 from kvembed.runtime import Embedder
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 ROOM = Path(catalogue.__file__).parent
 #: Embedder.load's keywords and defaults before the backends room (all must keep working)
 OLD_KEYWORDS = {

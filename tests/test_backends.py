@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 from kvembed.backends import catalogue
 from kvembed.export import compare as bk
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 runner = CliRunner()
 HAS_TENSORRT = catalogue.BACKENDS["tensorrt"].probe() is None
 HAS_CUDA = catalogue.provider_problem("cuda") is None

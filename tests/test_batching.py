@@ -20,6 +20,8 @@ from kvembed.runtime import Embedder
 from kvembed.runtime import embedder as embedder_module
 from kvembed.runtime.batching import ALIASES, BatchPolicy, plan_batches, run_batches
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -20,6 +20,8 @@ from kvembed.bench.peak import ModelShape, fp32_matmul_weights, gemm_peak, matmu
 from kvembed.bench.workload import exact_rows, make_batch, mixed_corpus
 from kvembed.cli.main import app
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 #: openvino joins the default backends where the package is installed; its precision is ARTIFACT/HINT

@@ -25,6 +25,8 @@ from kvembed.artifact import check_files, load_manifest  # noqa: E402
 from kvembed.backends.cpu import cpu_features  # noqa: E402
 from kvembed.runtime import Embedder  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 NO_BF16 = "avx2,avx512f"  # a CPU without avx512_bf16 / amx_bf16
 #: texts the gate never saw (kvembed.export.parity.PARITY_TEXTS are the gate's)
 UNSEEN = ["The river froze early that winter.", "Quarterly revenue rose four percent", "¿Dónde está la biblioteca?",

@@ -24,6 +24,8 @@ from kvembed.runtime import Embedder
 from kvembed.backends.onnxruntime import DISABLE_PREPACKING
 from kvembed.triton import write_repository
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 MIB = 1024**2
 WIDTH, DEPTH = 1024, 16  # 16 MatMuls of 1024 x 1024 fp32: 64 MiB of weights
 

@@ -29,6 +29,8 @@ from serve_util import free_port, stop_process
 from kvembed.runtime import Embedder
 from kvembed.artifact import read_manifest, sha256_file
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 KVEMBED = str(Path(sys.executable).with_name("kvembed"))
 THIS_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 TEXTS = ["A cat sat on the mat.", "Stock markets fell sharply today.", "über 東京", "x"]

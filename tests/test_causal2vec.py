@@ -28,6 +28,8 @@ from kvembed.modeling.reference import TorchEmbedder
 from kvembed.runtime import Embedder
 from serve_util import ServerProcess
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 ARCHES = ("llama", "qwen3", "mistral")
 
 

@@ -23,6 +23,8 @@ from kvembed.cli.main import app
 from kvembed.modeling.reference import TorchEmbedder
 from kvembed.runtime import Embedder
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 runner = CliRunner()
 
 

@@ -26,6 +26,8 @@ from checks import cosines, run_python
 from kvembed.corpus import CorpusError, CorpusOptions, embed_corpus
 from kvembed.runtime import Embedder
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 ROOT = Path(__file__).resolve().parents[1]
 FILES, ROWS_PER_FILE, SHARD_ROWS = 5, 4000, 1000  # 20,000 texts, 20 shards
 WORDS = "the a cat dog sat ran on in park mat blue sky why is was happy über 東京 🎉 , . ?".split()

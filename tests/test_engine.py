@@ -32,6 +32,8 @@ from kvembed.backends.tensorrt import (
     ENGINE_JSON, ENGINE_KEYS, EngineSession, check_engine_matches, check_feeds_fit, engine_limits, read_engine_json,
 )
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 NO_TENSORRT = importlib.util.find_spec("tensorrt") is None
 
 

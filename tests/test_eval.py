@@ -24,6 +24,8 @@ from typer.testing import CliRunner
 from kvembed.cli.main import app
 from kvembed.eval.tasks import SAMPLES, load_task
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 runner = CliRunner()
 REFUSED_HUB = "http://127.0.0.1:9"  # nothing listens on the discard port: connection refused at once
 

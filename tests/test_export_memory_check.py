@@ -27,6 +27,8 @@ from kvembed.export.memory import (
 )
 from kvembed.methods import demo_model_path
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 #: Qwen3-4B's shape (config.json of Qwen/Qwen3-4B, the keys the estimate reads)
 QWEN3_4B = {
     "model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,

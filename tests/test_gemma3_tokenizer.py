@@ -91,10 +91,12 @@ def test_the_cache_folder_and_its_tokenizer_json_tokenise_like_the_loader(gguf_f
 
 @pytest.fixture(scope="module")
 def artifact(gguf_file, traces, tmp_path_factory) -> Path:
-    """The real 270M exported (kv-embedding, fp32, through the parity gate): its tokenizer.json
-    and manifest are what the torch-free runtime tokenises with."""
-    return traces.get("gemma3-270m", "kv-embedding", max_length=128).write(
-        tmp_path_factory.mktemp("gemma3-270m") / "kv", "fp32").path
+    """The real 270M exported (fp32, through the parity gate): its tokenizer.json and manifest are
+    what the torch-free runtime tokenises with. The exporter writes the loaded tokenizer whatever
+    the graph, so the method is the cheapest one with a prompt around the text and no text
+    clean-up: aligned-wva reading layer 0 traces one decoder layer of eighteen."""
+    return traces.get("gemma3-270m", "aligned-wva", layers="0", max_length=128).write(
+        tmp_path_factory.mktemp("gemma3-270m") / "awva", "fp32").path
 
 
 def test_the_exported_artifact_tokenises_like_the_loader(artifact, loader_tokenizer, header):
@@ -104,6 +106,8 @@ def test_the_exported_artifact_tokenises_like_the_loader(artifact, loader_tokeni
     from kvembed.runtime.artifact import encoder_from_manifest
 
     manifest = load_manifest(artifact)
+    assert set(manifest.method.templates) == {"query", "document"}
+    assert all(template != "{text}" for template in manifest.method.templates.values())  # a prompt around the text
     encoder = encoder_from_manifest(artifact, manifest)
     for kind, template in manifest.method.templates.items():
         for text in TOKENIZER_TEXTS:

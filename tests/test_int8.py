@@ -23,6 +23,8 @@ from kvembed.methods import demo_model_path
 from kvembed.artifact import read_manifest
 from kvembed.runtime.artifact import encoder_from_manifest
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def _session(path: Path) -> ort.InferenceSession:
     options = ort.SessionOptions()

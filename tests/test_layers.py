@@ -27,6 +27,8 @@ from kvembed.modeling.layers import (
 from kvembed.cli.layers import app
 from kvembed.modeling.reference import TorchEmbedder
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 NUM_TEXTS = 200  # the CLI default is 1,000; 200 keeps this file fast
 runner = CliRunner()
 

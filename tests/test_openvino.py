@@ -27,6 +27,8 @@ pytest.importorskip("openvino", reason="the OpenVINO backend needs the openvino 
 from kvembed.methods.registry import METHODS as ALL_METHODS  # noqa: E402
 from kvembed.runtime import Embedder  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 #: Causal2Vec is covered in tests/test_causal2vec.py (it needs a checkpoint with an encoder)
 METHODS = tuple(m for m in ALL_METHODS if m != "causal2vec")
 STORIES_OPTIONS = {"va": {"layers": "1-2"}}  # as tests/test_export.py: the same shared artifacts

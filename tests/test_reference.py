@@ -15,6 +15,8 @@ from checks import assert_matches_oracle, assert_same, run_python
 from conftest import ARCHITECTURES, MISTRAL_WINDOW, TEXTS
 from kvembed.modeling.reference import TorchEmbedder
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 ALL_METHODS = ("kv-embedding", "va", "aligned-wva", "token-prepending", "last-token", "mean", "prompteol", "echo")
 
 #: (method, options) variants checked against the oracle; the same options go to both sides

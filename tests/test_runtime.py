@@ -17,6 +17,8 @@ from conftest import TEXTS
 from kvembed.modeling.reference import TorchEmbedder
 from kvembed.runtime import Embedder
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 ALL_METHODS = ("kv-embedding", "va", "aligned-wva", "token-prepending", "last-token", "mean", "prompteol", "echo")
 ROOT = Path(__file__).resolve().parents[1]
 

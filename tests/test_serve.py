@@ -33,6 +33,8 @@ from serve_util import (
 from kvembed.runtime import Embedder
 from kvembed.serve.config import DEFAULT_LONG_LANE_NICE
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the a cat dog sat ran on in park mat blue sky why is was happy über 東京 , . ?".split()
 ERROR_KEYS = {"message", "type", "param", "code"}

@@ -19,6 +19,8 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.engine import Status, events
 from serve_util import ServerProcess
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 #: fuzzing examples per operation (the coverage phase adds its own cases); enough to find the
 #: failures this file was written for, few enough for about a minute on a loaded 2-core host
 MAX_EXAMPLES = 60

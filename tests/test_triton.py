@@ -37,6 +37,8 @@ from triton_util import (Clients, announced_endpoints, assert_close, child_pids,
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TEXTS = ["A man is playing a guitar.", "", "   ", "Ünïcödé café — 東京 🤖", "What is the capital of France? It is Paris.",
          'He said "stop" and left', "x" * 3000]
 LONG = "The quick brown fox jumps over the lazy dog. " * 4445  # 200,025 characters
