@@ -243,6 +243,13 @@ def main() -> None:
                         help="Also measure this machine's GEMM and write rates and report each long stage's floor "
                              "(needs the artifacts: implies --keep-artifacts for the first one).")
     args = parser.parse_args()
+    if args.int8_recipe is not None:  # before the checkpoint is built: a wrong name is one line
+        from kvembed.export.precision import int8_plan
+
+        try:
+            int8_plan(args.int8_recipe)
+        except ValueError as err:
+            parser.error(f"--int8-recipe: {err}")
     if args.tokenizer is not None:  # before any weight is written
         from kvembed.bench.synthetic import tokenizer_folder
 

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pytest
 import torch
 
@@ -36,6 +37,26 @@ TEXTS = [
     "Why is the sky blue?",
     'She said "no" twice.',
 ]
+
+
+#: a CPU without avx512_bf16 / amx_bf16, stated with KVEMBED_CPU_FEATURES (the product's override of its probe)
+NO_BF16 = "avx2,avx512f"
+#: texts no parity gate decides on (kvembed/export/gate_texts.py holds the gate's)
+UNSEEN = ["The river froze early that winter.", "Quarterly revenue rose four percent", "¿Dónde está la biblioteca?",
+          "def f(x): return x * 2", "a"]
+
+
+def unit(rows: "np.ndarray") -> "np.ndarray":
+    return rows / np.linalg.norm(rows, axis=-1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def bf16_cpu():
+    """Skips a module that needs a CPU with BF16 (the no-BF16 paths are stated with NO_BF16)."""
+    from kvembed.backends.cpu import cpu_features
+
+    if not cpu_features().bf16:
+        pytest.skip("this CPU has no BF16 (the no-BF16 paths are tested by stating one with KVEMBED_CPU_FEATURES)")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -17,26 +17,15 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import TEXTS
+from conftest import NO_BF16, TEXTS, UNSEEN, unit
 
 pytest.importorskip("openvino", reason="bf16 artifacts are gated and run on OpenVINO (pip install 'kvembed[openvino]')")
 
 from kvembed.artifact import check_files, load_manifest  # noqa: E402
-from kvembed.backends.cpu import cpu_features  # noqa: E402
 from kvembed.runtime import Embedder  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-NO_BF16 = "avx2,avx512f"  # a CPU without avx512_bf16 / amx_bf16
-#: texts the gate never saw (kvembed.export.parity.PARITY_TEXTS are the gate's)
-UNSEEN = ["The river froze early that winter.", "Quarterly revenue rose four percent", "¿Dónde está la biblioteca?",
-          "def f(x): return x * 2", "a"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def bf16_cpu():
-    if not cpu_features().bf16:
-        pytest.skip("this CPU has no BF16 (the tests that state one without run anyway in test_cli.py)")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "bf16_cpu")
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +37,6 @@ def bf16(stories_artifact):
 def fp32(stories_artifact):
     return stories_artifact("kv-embedding")
 
-
-def unit(rows: np.ndarray) -> np.ndarray:
-    return rows / np.linalg.norm(rows, axis=-1, keepdims=True)
 
 
 def test_bf16_export_keeps_the_fp32_graph_and_certifies_both_gates(bf16, fp32):

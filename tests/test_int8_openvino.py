@@ -15,32 +15,21 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from conftest import TEXTS
+from conftest import NO_BF16, TEXTS, UNSEEN, unit
 
 pytest.importorskip("openvino", reason="the int8 OpenVINO graph runs on OpenVINO (pip install 'kvembed[openvino]')")
 
 from kvembed.artifact import check_files, load_manifest  # noqa: E402
-from kvembed.backends.cpu import cpu_features  # noqa: E402
 from kvembed.runtime import Embedder  # noqa: E402
 
-NO_BF16 = "avx2,avx512f"
-UNSEEN = ["The river froze early that winter.", "Quarterly revenue rose four percent", "¿Dónde está la biblioteca?",
-          "def f(x): return x * 2", "a"]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def bf16_cpu():
-    if not cpu_features().bf16:
-        pytest.skip("this CPU has no BF16: the advisory OpenVINO check is skipped here (tested below by stating one)")
+pytestmark = pytest.mark.usefixtures("bf16_cpu")
 
 
 @pytest.fixture(scope="module")
 def int8(stories_artifact):
     return stories_artifact("kv-embedding", "int8")
 
-
-def unit(rows: np.ndarray) -> np.ndarray:
-    return rows / np.linalg.norm(rows, axis=-1, keepdims=True)
 
 
 def graph_of(path):
