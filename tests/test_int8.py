@@ -17,6 +17,7 @@ from onnx import numpy_helper
 
 from checks import cosines
 from conftest import TEXTS
+from kvembed.export.parity import gate_batches
 from kvembed.export.precision import INT8_AUTO, INT8_RECIPES, to_int8
 from kvembed.export.smoothing import activation_ranges, calibration_feeds, massive_input_nodes, smooth, smoothable_groups
 from kvembed.methods import demo_model_path
@@ -158,14 +159,21 @@ def test_the_exporter_falls_back_to_the_next_recipe_that_passes(tmp_path):
         weights[name][channel] *= 500.0
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
     with Exporter(TorchEmbedder.from_pretrained(folder, "kv-embedding")) as exporter:
-        with pytest.raises(ParityError, match=r"parity FAILED \(int8\)"):
+        with pytest.raises(ParityError, match=r"parity FAILED \(int8\)") as alone:
             exporter.write(tmp_path / "plain", "int8", int8_recipe="plain")
         assert not (tmp_path / "plain").exists()
         result = exporter.write(tmp_path / "fallback", "int8", int8_recipe="plain,smooth")
+        planned = len(gate_batches(exporter.gate_texts))
+    # plain alone is the last recipe tried: its gate compares every batch
+    assert not alone.value.report.stopped_early and alone.value.report.batches == planned
     conversion = result.manifest["graph"]["precision_conversion"]
     tried = conversion["recipes_tried"]
     assert [(t["recipe"], t["passed"]) for t in tried] == [("plain", False), ("smooth", True)]
     assert tried[0]["worst_cosine"] < 0.99 <= tried[1]["worst_cosine"] == result.parity.worst_cosine
+    # with smooth to fall back to, plain's gate stopped at its first miss; smooth's ran in full
+    assert [t["stopped_early"] for t in tried] == [True, False]
+    assert alone.value.report.worst_cosine <= tried[0]["worst_cosine"]
+    assert not result.parity.stopped_early and result.parity.batches == planned
     assert conversion["recipe"] == "smooth" and conversion["fp32_matmuls"] == sum(n for _, n in damage.values())
 
 

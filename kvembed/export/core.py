@@ -266,7 +266,9 @@ class Exporter:
                 manifest = build_manifest(embedder, self._graph, self.opset, precision, facts, conversion)
                 if precision == "int8":  # OpenVINO's graph: its own beside the integer one, or model.onnx itself
                     manifest["graphs"] = {"openvino": OPENVINO_MODEL if (staging / OPENVINO_MODEL).exists() else MODEL}
-                gates, held_out = self._gates(staging, manifest, precision, reference)
+                # another recipe to fall back to: a miss needs no full measurement, only a verdict
+                stop = attempt < len(recipes)
+                gates, held_out = self._gates(staging, manifest, precision, reference, stop_at_miss=stop)
                 reports = dict(gates[0][2])
                 report = reports.pop(None)
                 failure = None
@@ -274,14 +276,19 @@ class Exporter:
                     for label, checked in gated.items():
                         if failure is None and not checked.passed:
                             failure = ParityError(checked, label, None if target == gates[0][0] else target)
+                # the miss left something uncompared: batches of the output that missed, or the outputs after it
+                stopped = failure is not None and (failure.report.stopped_early or len(gates[0][2]) < len(self._references or {}))
                 if recipe is not None:
-                    tried.append({"recipe": recipe, "worst_cosine": report.worst_cosine, "passed": failure is None})
+                    tried.append({"recipe": recipe, "worst_cosine": report.worst_cosine, "passed": failure is None,
+                                  "stopped_early": stopped})
                     manifest["graph"]["precision_conversion"]["recipes_tried"] = tried
                 if failure is None:
                     break
                 if attempt == len(recipes):
                     raise failure
-                self.progress("fallback", f"int8 recipe {recipe} missed the gate ({report.worst_cosine:.5f}); trying {recipes[attempt]}")
+                how = ", stopped at the first miss" if stopped else ""
+                self.progress("fallback", f"int8 recipe {recipe} missed the gate ({report.worst_cosine:.5f}{how}); "
+                                          f"trying {recipes[attempt]}")
                 for stale in (model_path, model_path.with_name(model_path.name + ".data"), staging / OPENVINO_MODEL):
                     stale.unlink(missing_ok=True)
             manifest["parity"] = report.to_dict()
@@ -349,13 +356,17 @@ class Exporter:
 
     def _gates(
         self, directory: Path, manifest: Mapping[str, Any], precision: str, reference: Any,
-        targets: tuple[tuple[str, str], ...] | None = None,
+        targets: tuple[tuple[str, str], ...] | None = None, stop_at_miss: bool = False,
     ) -> tuple[list[tuple[str, str, dict[str | None, ParityReport]]], ParityReport | None]:
         """``(target, precision it ran, reports)`` for each backend of the gate (``targets``,
         default :data:`GATES`), each on the graph file its backend runs: reports for the main output
         (key None) and each extra one, each against a reference that computes only that method in
         a forward pass of its own; and the main output on the held-out texts on the first backend,
-        when its gate passed (None otherwise)."""
+        when its gate passed (None otherwise).
+
+        ``stop_at_miss`` (a recipe with another to fall back to): the gate stops at its first miss
+        (:func:`~kvembed.export.parity.parity_reports`): no later batch, output or backend runs,
+        nor the held-out texts, once any output missed."""
         encoder = encoder_from_manifest(directory, manifest)
         if self._references is None:
             self._references = self.embedder.references()
@@ -369,12 +380,15 @@ class Exporter:
             session = gate_session(target, gate_graph(directory, manifest, target))
             try:
                 reports = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(self.progress),
-                                         texts=self.gate_texts)
+                                         texts=self.gate_texts, stop_at_miss=stop_at_miss)
                 gates.append((target, ran_precision(session, graph_precision), reports))
-                if held_out_report is None and reports[None].passed and len(gates) == 1:  # part of the parity stage
+                missed = stop_at_miss and not all(r.passed for r in reports.values())
+                if held_out_report is None and reports[None].passed and len(gates) == 1 and not missed:  # part of the parity stage
                     held_out_report = run_parity(session, encoder, references[None], bar, texts=HELD_OUT_TEXTS, cache=cache)
             finally:
                 del session
+            if missed:
+                break
         return gates, held_out_report
 
 

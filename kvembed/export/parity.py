@@ -56,6 +56,9 @@ class ParityReport:
     reference: dict[str, Any] = field(default_factory=dict)
     #: tokens of the longest input compared, prompt included: the gate vouches for lengths up to it
     longest_tokens: int = 0
+    #: the comparison stopped at the first batch that decided a miss (``stop_at_miss``): the figures
+    #: are those of the batches compared before it, the rest were never run
+    stopped_early: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,9 +75,12 @@ class ParityReport:
         if self.max_abs_allowed is not None:
             limit += f", max abs <= {self.max_abs_allowed:g}"
         state = "passed" if self.passed else "FAILED"
+        over = f"{self.rows} rows"
+        if self.stopped_early:
+            over += f" of the {self.batches} batches compared before the gate stopped at the first miss"
         text = (
             f"parity {state} ({self.precision}): worst cosine {self.worst_cosine:.7f}, max abs diff "
-            f"{self.max_abs_diff:.3g} over {self.rows} rows (needs {limit})"
+            f"{self.max_abs_diff:.3g} over {over} (needs {limit})"
         )
         if self.problems:
             text += "; " + "; ".join(self.problems)
@@ -119,6 +125,7 @@ def run_parity(
     cache: dict[Any, Any] | None = None,
     outputs: tuple[str, str] = ("embedding", "pooled"),
     advance: Advance | None = None,
+    stop_at_miss: bool = False,
 ) -> ParityReport:
     """Compare ``session`` (an onnxruntime session, or any backend's :class:`~kvembed.backends.protocol.Session`)
     against ``reference`` (a TorchEmbedder).
@@ -128,6 +135,7 @@ def run_parity(
     ``cache`` (a dict owned by the caller, one per reference) keeps the reference's outputs for
     the next precision exported from the same trace. ``outputs`` names the graph's
     (embedding, pooled) pair to check; the reference's first pair is what it is checked against.
+    ``stop_at_miss``: as :func:`compare_runs`'s.
     """
     protocol = hasattr(session, "input_names")  # a backends Session (OpenVINO's too), else a bare onnxruntime one
     feeds = set(session.input_names) if protocol else {i.name for i in session.get_inputs()}
@@ -154,7 +162,7 @@ def run_parity(
         return ([e.ids for e in ours_encoded] == [e.ids for e in theirs_encoded]
                 and [e.pool for e in ours_encoded] == [e.pool for e in theirs_encoded])
 
-    return compare_runs(ours, theirs, encoder, precision, texts, same_tokens, advance)
+    return compare_runs(ours, theirs, encoder, precision, texts, same_tokens, advance, stop_at_miss)
 
 
 @dataclass
@@ -253,13 +261,19 @@ def compare_runs(
     texts: dict[str, str] | None = None,
     same_tokens: Callable[[list[str], str, Any], bool] | None = None,
     advance: Advance | None = None,
+    stop_at_miss: bool = False,
 ) -> ParityReport:
     """The gate's comparison, for any two ways of running a padded batch: the parity texts through
     ``encoder`` in the gate's batches (:func:`gate_batches`), as queries and documents, right- and
     left-padded; ``run(batch)`` against ``reference(batch, key)`` (``key`` names the case, for
     caching) by METHODS.md's tolerance for ``precision``. ``same_tokens(items, kind, encoded)``,
     when given, must hold for a batch to be compared (the reference tokenises on its own).
-    ``advance(done, total)`` is told the batches' padded tokens run so far."""
+    ``advance(done, total)`` is told the batches' padded tokens run so far.
+
+    ``stop_at_miss``: stop before the next batch once the verdict is a miss (no later batch can
+    undo a problem, a cosine below the bar or a difference over its bound), for a gate whose miss
+    only sends the export on to another recipe; the report says so (``stopped_early``). Off, every
+    batch is compared and the report is complete."""
     texts = dict(GATE_TEXTS if texts is None else texts)
     tolerance = TOLERANCES[precision]
     min_cos, max_abs = tolerance["min_cosine"], tolerance.get("max_abs")
@@ -268,7 +282,8 @@ def compare_runs(
     by_case: dict[str, dict[str, float]] = {}
     problems: list[str] = []
     rows = batches = 0
-    cases = gate_batches(texts)
+    stopped = False
+    cases = gate_batches(texts)  # by case (kind, then padding side), each case's batches in turn
     done = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # truncation warnings: the long text may exceed max_length
@@ -276,44 +291,46 @@ def compare_runs(
         total = sum(len(encoded[(kind, tuple(names))]) * max((len(x.ids) for x in encoded[(kind, tuple(names))]), default=0)
                     for kind, _, names in cases)
         longest = max((len(x.ids) for items in encoded.values() for x in items), default=0)
-        for kind in KINDS:
-            for side in PADDING_SIDES:
-                case = f"{kind}/{side}"
-                case_cos, case_abs = 1.0, 0.0
-                for names in [n for k, d, n in cases if (k, d) == (kind, side)]:
-                    items = [texts[n] for n in names]
-                    ours = encoded[(kind, tuple(names))]
-                    if same_tokens is not None and not same_tokens(items, kind, ours):
-                        problems.append(f"token ids differ from the reference's for {case} batch {names}")
-                        continue
-                    batch = encoder.pad(ours, side)
-                    want_e, want_p = reference(batch, (kind, side, tuple(names), tuple(items)))
-                    got_e, got_p = (np.asarray(g, dtype=np.float32) for g in run(batch))
-                    done += _padded_tokens(batch)
-                    if advance is not None:
-                        advance(done, max(total, done))
-                    if got_e.shape != want_e.shape:
-                        problems.append(f"output shape {got_e.shape} != reference {want_e.shape}")
-                        continue
-                    cos = cosine_rows(got_e, want_e)
-                    if not np.isfinite(got_e).all():
-                        problems.append(f"non-finite values in the graph's output for {case} batch {names}")
-                        cos = np.where(np.isfinite(got_e).all(-1), cos, -1.0)
-                    diff = np.abs(got_e.astype(np.float64) - want_e)
-                    diff = np.where(np.isfinite(diff), diff, np.inf)
-                    pooled_cos = cosine_rows(got_p, want_p)
-                    rows += len(names)
-                    batches += 1
-                    worst_pooled = min(worst_pooled, float(np.nan_to_num(pooled_cos, nan=-1.0).min()))
-                    row = int(np.argmin(cos))
-                    if float(cos[row]) < worst_cos:
-                        worst_cos = float(cos[row])
-                        worst_row = {"text": names[row], "kind": kind, "padding_side": side, "batch_size": len(names)}
-                    worst_abs = max(worst_abs, float(diff.max()))
-                    case_cos = min(case_cos, float(cos.min()))
-                    case_abs = max(case_abs, float(diff.max()))
-                by_case[case] = {"worst_cosine": case_cos, "max_abs_diff": case_abs}
-    passed = not problems and rows > 0 and worst_cos >= min_cos and (max_abs is None or worst_abs <= max_abs)
+        for kind, side, names in cases:
+            if stop_at_miss and _misses(problems, worst_cos, worst_abs, min_cos, max_abs):
+                stopped = True
+                break
+            case = f"{kind}/{side}"
+            seen = by_case.setdefault(case, {"worst_cosine": 1.0, "max_abs_diff": 0.0})
+            items = [texts[n] for n in names]
+            ours = encoded[(kind, tuple(names))]
+            if same_tokens is not None and not same_tokens(items, kind, ours):
+                problems.append(f"token ids differ from the reference's for {case} batch {names}")
+                continue
+            batch = encoder.pad(ours, side)
+            want_e, want_p = reference(batch, (kind, side, tuple(names), tuple(items)))
+            got_e, got_p = (np.asarray(g, dtype=np.float32) for g in run(batch))
+            done += _padded_tokens(batch)
+            if advance is not None:
+                advance(done, max(total, done))
+            if got_e.shape != want_e.shape:
+                problems.append(f"output shape {got_e.shape} != reference {want_e.shape}")
+                continue
+            cos = cosine_rows(got_e, want_e)
+            if not np.isfinite(got_e).all():
+                problems.append(f"non-finite values in the graph's output for {case} batch {names}")
+                cos = np.where(np.isfinite(got_e).all(-1), cos, -1.0)
+            diff = np.abs(got_e.astype(np.float64) - want_e)
+            diff = np.where(np.isfinite(diff), diff, np.inf)
+            pooled_cos = cosine_rows(got_p, want_p)
+            rows += len(names)
+            batches += 1
+            worst_pooled = min(worst_pooled, float(np.nan_to_num(pooled_cos, nan=-1.0).min()))
+            row = int(np.argmin(cos))
+            if float(cos[row]) < worst_cos:
+                worst_cos = float(cos[row])
+                worst_row = {"text": names[row], "kind": kind, "padding_side": side, "batch_size": len(names)}
+            worst_abs = max(worst_abs, float(diff.max()))
+            seen["worst_cosine"] = min(seen["worst_cosine"], float(cos.min()))
+            seen["max_abs_diff"] = max(seen["max_abs_diff"], float(diff.max()))
+    if not stopped:  # every case in its place, one these texts have no batch in too
+        by_case = {case: by_case.get(case, {"worst_cosine": 1.0, "max_abs_diff": 0.0}) for case in (f"{k}/{s}" for k, s in CASES)}
+    passed = rows > 0 and not _misses(problems, worst_cos, worst_abs, min_cos, max_abs)
     if rows == 0 and not problems:
         problems.append("no rows compared")
     return ParityReport(
@@ -331,7 +348,14 @@ def compare_runs(
         by_case=by_case,
         problems=sorted(set(problems)),
         longest_tokens=longest,
+        stopped_early=stopped,
     )
+
+
+def _misses(problems: Sequence[str], worst_cos: float, worst_abs: float, min_cos: float, max_abs: float | None) -> bool:
+    """Whether the figures so far already decide a miss: more batches can only add problems, lower
+    the worst cosine and raise the largest difference."""
+    return bool(problems) or not worst_cos >= min_cos or (max_abs is not None and not worst_abs <= max_abs)
 
 
 def held_out_record(report: ParityReport, backend: str) -> dict[str, Any]:
@@ -359,15 +383,21 @@ def parity_reports(
     cache: dict[Any, Any] | None = None,
     advance: Callable[[int, int], None] | None = None,
     texts: dict[str, str] | None = None,
+    stop_at_miss: bool = False,
 ) -> dict[str | None, ParityReport]:
     """Parity of every output pair of the graph (label None: the main one) against its
     single-method reference (:meth:`TorchEmbedder.references`), on ``texts`` (default
-    :data:`GATE_TEXTS`; a sliding-window model's: :func:`~kvembed.export.gate_texts.gated_texts`)."""
-    return {
-        label: run_parity(session, encoder, reference, precision, texts=texts, cache=cache, outputs=output_names(label),
-                          advance=advance)
-        for label, reference in references.items()
-    }
+    :data:`GATE_TEXTS`; a sliding-window model's: :func:`~kvembed.export.gate_texts.gated_texts`).
+
+    ``stop_at_miss``: each comparison stops at its first miss (:func:`compare_runs`), and once one
+    output missed the later ones are not run (the graph is refused whatever they say)."""
+    reports: dict[str | None, ParityReport] = {}
+    for label, reference in references.items():
+        reports[label] = run_parity(session, encoder, reference, precision, texts=texts, cache=cache,
+                                    outputs=output_names(label), advance=advance, stop_at_miss=stop_at_miss)
+        if stop_at_miss and not reports[label].passed:
+            break
+    return reports
 
 
 def parity_session(path: Path) -> Any:
