@@ -6,10 +6,12 @@ VmHWM (``/proc/self/status``: the peak the kernel saw) after the load and after 
 the RSS / PSS / anonymous split of ``/proc/self/smaps_rollup``, and the median time per batch.
 Configurations (onnxruntime CPU):
 
-- ``default``: what ``Embedder.load(dir, provider="cpu")`` does now;
+- ``auto``: ``Embedder.load(dir)``, the backend kvembed chooses here (its OpenVINO blobs cached in
+  ``--cache``, compiled by a run before the measured ones); ``default``: what ``Embedder.load(dir, provider="cpu")`` does now;
 - ``ort-prepack``: onnxruntime's own defaults (weights pre-packed at load, CPU arena on): the
   baseline of the speed ratios; ``ort-noprepack``: pre-packing off (``session.disable_prepacking``);
 - ``ort-noarena``, ``ort-noprepack-noarena``: the same with the CPU memory arena off;
+- ``ort-nofuse...`` (by name only): onnxruntime's QDQ fusions off (``session.disable_quant_qdq``);
 - ``openvino-bf16``, ``openvino-f32``: OpenVINO's CPU plugin with that precision hint, compiled
   from the ONNX (no cache); ``openvino-bf16-cached``: imported from a blob compiled beforehand.
 
@@ -36,7 +38,10 @@ from typing import Any
 
 GIB = 1024**3
 BASELINE = "ort-prepack"  # speed ratios are against onnxruntime's own defaults
-ORT_CONFIGS = ("default", "ort-prepack", "ort-noprepack", "ort-noarena", "ort-noprepack-noarena")
+ORT_CONFIGS = ("auto", "default", "ort-prepack", "ort-noprepack", "ort-noarena", "ort-noprepack-noarena")
+#: onnxruntime without its QDQ fusions (``-nofuse``), asked for by name only: a weight-only int8 graph
+#: then dequantises each weight during the call instead of holding MatMulNBits' copy of it
+EXTRA_CONFIGS = ("ort-nofuse", "ort-nofuse-noarena", "ort-noprepack-noarena-nofuse")
 OV_CONFIGS = ("openvino-bf16", "openvino-f32", "openvino-bf16-cached")
 TEXT = "The quick brown fox jumps over the lazy dog while the little cat sat in the sun. " * 20
 
@@ -69,17 +74,21 @@ def open_embedder(artifact: Path, config: str, threads: int, cache: Path) -> Any
 
     if config == "default":
         return Embedder.load(artifact, provider="cpu", threads=threads, verify=False)
+    if config == "auto":  # what a user gets: the backend kvembed chooses for this artifact on this machine
+        return Embedder.load(artifact, threads=threads, verify=False, ov_cache_dir=cache)
     if config.startswith("openvino"):
         precision = "bf16" if "bf16" in config else "f32"
         return Embedder.load(artifact, provider="openvino", threads=threads, verify=False, ov_precision=precision,
                              ov_cache_dir=cache if config.endswith("cached") else False)
     from kvembed.artifact import MODEL, read_manifest
-    from kvembed.backends.onnxruntime import CPU, open_session, session_options
+    from kvembed.backends.onnxruntime import CPU, OnnxRuntimeSession, open_session, session_options
     from kvembed.runtime.artifact import encoder_from_manifest
 
     options = session_options(threads, memory_arena="noarena" not in config, prepacking="noprepack" not in config)
+    if "nofuse" in config:  # no QDQ fusion: a weight-only graph's DequantizeLinear -> MatMul stays as written
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
     manifest = read_manifest(artifact)
-    session = open_session(artifact / MODEL, options, [CPU])
+    session = OnnxRuntimeSession(open_session(artifact / MODEL, options, [CPU]))
     return Embedder(artifact, manifest, encoder_from_manifest(artifact, manifest), session)
 
 
@@ -210,7 +219,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--artifacts", nargs="*", type=Path, default=[])
     parser.add_argument("--configs", default=",".join(ORT_CONFIGS + OV_CONFIGS),
-                        help="Comma-separated; OpenVINO configurations run only on fp32/fp16 artifacts.")
+                        help="Comma-separated; OpenVINO configurations run on artifacts OpenVINO can run (fp32, fp16, bf16, int8 with its OpenVINO graph).")
     parser.add_argument("--rounds", type=int, default=1, help="Interleaved rounds (each configuration once per round).")
     parser.add_argument("--reps", type=int, default=5, help="Timed 16 x 128 batches per process (after one warm-up).")
     parser.add_argument("--threads", type=int, default=2)
@@ -241,9 +250,14 @@ def main() -> None:
     configs = [c for c in args.configs.split(",") if c]
     for artifact in args.artifacts:
         precision = json.loads((artifact / "kvembed.json").read_text()).get("precision", "?")
-        chosen = [c for c in configs if not c.startswith("openvino") or precision in ("fp32", "fp16")]
-        if any(c.endswith("cached") for c in chosen):  # compile once so the cached runs import a blob
-            finish(run_child(artifact, "openvino-bf16-cached", args))
+        manifest = json.loads((artifact / "kvembed.json").read_text())
+        openvino_graph = precision in ("fp32", "fp16", "bf16") or "openvino" in (manifest.get("graphs") or {})
+        chosen = [c for c in configs if not c.startswith("openvino") or openvino_graph]
+        skipped = sorted(set(configs) - set(chosen))
+        if skipped:
+            print(f"{artifact.name}: skipping {', '.join(skipped)} (a {precision} artifact without an OpenVINO graph)", flush=True)
+        for warm in [c for c in ("openvino-bf16-cached", "auto") if c in chosen]:  # compile once: cached runs import a blob
+            finish(run_child(artifact, warm, args))
         for round_ in range(args.rounds):
             for config in chosen:
                 result = finish(run_child(artifact, config, args))
