@@ -39,7 +39,10 @@ from ..errors import InvalidInput
 DEFAULT_ALPHA = 0.65
 #: calibration texts: the first of the built-in calibration set, as queries and as documents
 CALIBRATION_TEXTS = 64
-CALIBRATION_BATCH = 4
+#: texts per calibration batch: each batch streams every weight once (the calibration session
+#: packs no weights), so fewer, larger batches of like length are faster; the ranges are maxima
+#: over real tokens and do not depend on it
+CALIBRATION_BATCH = 16
 
 
 @dataclass
