@@ -41,9 +41,9 @@ INSTALL = "pip install 'kvembed[openvino]'"
 MEND_VERSION = 1  # bump when repeat_kv_heads changes what it builds: kept blobs are then rebuilt
 #: resident bytes per byte of graph files at the first load, which compiles from the ONNX and holds
 #: the weights read, their converted copy and the blob being written at once (later loads import the
-#: blob and hold about one copy: benchmarks/RESULTS.md). An int8 artifact's weights are kept int8
-#: (its graph files count its integer graph too); an fp16 file is converted to fp32 first; a bf16
-#: artifact holds the fp32 graph. Unknown precisions get the largest.
+#: blob and hold about one copy: benchmarks/RESULTS.md). An int8 artifact's weights stay int8; an
+#: fp16 file's are converted to wider copies while compiling; a bf16 artifact holds the
+#: fp32 graph. Unknown precisions get the largest.
 OPENVINO_WEIGHT_FACTOR = {"fp32": 2.5, "bf16": 2.5, "int8": 2.2, "fp16": 5.0}
 
 
