@@ -244,6 +244,9 @@ def main() -> None:
         args.cache = args.cache or Path(tempfile.mkdtemp(prefix="load-memory-"))
         speed(args)
         return
+    missing = [str(a) for a in args.artifacts if not (a / "kvembed.json").is_file()]
+    if missing:
+        parser.error(f"not a kvembed artifact (no kvembed.json): {', '.join(missing)}")
     temporary = tempfile.TemporaryDirectory(prefix="load-memory-")
     args.cache = args.cache or Path(temporary.name) / "ov-cache"
     runs: list[dict[str, Any]] = []
