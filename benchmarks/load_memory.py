@@ -247,14 +247,20 @@ def main() -> None:
     missing = [str(a) for a in args.artifacts if not (a / "kvembed.json").is_file()]
     if missing:
         parser.error(f"not a kvembed artifact (no kvembed.json): {', '.join(missing)}")
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = sorted(set(configs) - set(ORT_CONFIGS + EXTRA_CONFIGS + OV_CONFIGS))
+    if unknown:
+        parser.error(f"unknown --configs {', '.join(unknown)}; known: {', '.join(ORT_CONFIGS + EXTRA_CONFIGS + OV_CONFIGS)}")
+    from kvembed.artifact import load_manifest
+
     temporary = tempfile.TemporaryDirectory(prefix="load-memory-")
     args.cache = args.cache or Path(temporary.name) / "ov-cache"
     runs: list[dict[str, Any]] = []
-    configs = [c for c in args.configs.split(",") if c]
     for artifact in args.artifacts:
-        precision = json.loads((artifact / "kvembed.json").read_text()).get("precision", "?")
-        manifest = json.loads((artifact / "kvembed.json").read_text())
-        openvino_graph = precision in ("fp32", "fp16", "bf16") or "openvino" in (manifest.get("graphs") or {})
+        manifest = load_manifest(artifact)
+        precision = manifest.precision
+        # OpenVINO runs an int8 artifact's own OpenVINO graph; one without (older exports) is not worth timing there
+        openvino_graph = precision != "int8" or "openvino" in manifest.graphs
         chosen = [c for c in configs if not c.startswith("openvino") or openvino_graph]
         skipped = sorted(set(configs) - set(chosen))
         if skipped:
