@@ -12,8 +12,12 @@ Configurations (onnxruntime CPU):
   baseline of the speed ratios; ``ort-noprepack``: pre-packing off (``session.disable_prepacking``);
 - ``ort-noarena``, ``ort-noprepack-noarena``: the same with the CPU memory arena off;
 - ``ort-nofuse...`` (by name only): onnxruntime's QDQ fusions off (``session.disable_quant_qdq``);
-- ``openvino-bf16``, ``openvino-f32``: OpenVINO's CPU plugin with that precision hint, compiled
-  from the ONNX (no cache); ``openvino-bf16-cached``: imported from a blob compiled beforehand.
+- ``openvino-bf16``, ``openvino-f32``, ``openvino-f16``: OpenVINO's CPU plugin with that precision
+  hint, compiled from the ONNX (no cache); ``openvino-bf16-cached``, ``openvino-f16-cached``:
+  imported from a blob compiled beforehand.
+
+``auto`` and the cached configurations first run once to compile and write the blob; that run is
+reported too, as ``first_load``.
 
 Rounds interleave the configurations (round 1: every configuration once, round 2: again ...), so
 speed ratios within one run are comparable on a shared machine. ``--sharing`` starts two processes
@@ -42,7 +46,7 @@ ORT_CONFIGS = ("auto", "default", "ort-prepack", "ort-noprepack", "ort-noarena",
 #: onnxruntime without its QDQ fusions (``-nofuse``), asked for by name only: a weight-only int8 graph
 #: then dequantises each weight during the call instead of holding MatMulNBits' copy of it
 EXTRA_CONFIGS = ("ort-nofuse", "ort-nofuse-noarena", "ort-noprepack-noarena-nofuse")
-OV_CONFIGS = ("openvino-bf16", "openvino-f32", "openvino-bf16-cached")
+OV_CONFIGS = ("openvino-bf16", "openvino-f32", "openvino-f16", "openvino-bf16-cached", "openvino-f16-cached")
 TEXT = "The quick brown fox jumps over the lazy dog while the little cat sat in the sun. " * 20
 
 
@@ -77,7 +81,7 @@ def open_embedder(artifact: Path, config: str, threads: int, cache: Path) -> Any
     if config == "auto":  # what a user gets: the backend kvembed chooses for this artifact on this machine
         return Embedder.load(artifact, threads=threads, verify=False, ov_cache_dir=cache)
     if config.startswith("openvino"):
-        precision = "bf16" if "bf16" in config else "f32"
+        precision = config.split("-")[1]
         return Embedder.load(artifact, provider="openvino", threads=threads, verify=False, ov_precision=precision,
                              ov_cache_dir=cache if config.endswith("cached") else False)
     from kvembed.artifact import MODEL, read_manifest
@@ -256,6 +260,7 @@ def main() -> None:
     temporary = tempfile.TemporaryDirectory(prefix="load-memory-")
     args.cache = args.cache or Path(temporary.name) / "ov-cache"
     runs: list[dict[str, Any]] = []
+    first_loads: list[dict[str, Any]] = []
     for artifact in args.artifacts:
         manifest = load_manifest(artifact)
         precision = manifest.precision
@@ -265,8 +270,12 @@ def main() -> None:
         skipped = sorted(set(configs) - set(chosen))
         if skipped:
             print(f"{artifact.name}: skipping {', '.join(skipped)} (a {precision} artifact without an OpenVINO graph)", flush=True)
-        for warm in [c for c in ("openvino-bf16-cached", "auto") if c in chosen]:  # compile once: cached runs import a blob
-            finish(run_child(artifact, warm, args))
+        for warm in [c for c in chosen if c == "auto" or c.endswith("-cached")]:  # compile once: cached runs import a blob
+            result = finish(run_child(artifact, warm, args))
+            result.update(artifact=str(artifact), config=warm, precision=precision, first_load=True,
+                          artifact_bytes=artifact_bytes(artifact))
+            print(json.dumps(result), flush=True)
+            first_loads.append(result)
         for round_ in range(args.rounds):
             for config in chosen:
                 result = finish(run_child(artifact, config, args))
@@ -292,7 +301,7 @@ def main() -> None:
         print(f"two processes on {Path(entry['artifact']).name} ({entry['artifact_bytes'] / 1e9:.2f} GB, {entry['config']}): {cells}")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"runs": runs, "sharing": sharing}, indent=2) + "\n", encoding="utf-8")
+        args.out.write_text(json.dumps({"runs": runs, "first_loads": first_loads, "sharing": sharing}, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ def test_cli_unknown_backend_exits_2(artifact, entry):
     result = runner.invoke(export.app if entry.startswith("kvembed-export") else app, args + [str(artifact), "--backends", "cpu,vulkan"])
     assert result.exit_code == 2, result.output
     assert "unknown backends 'cpu', 'vulkan'" in result.output
-    assert "onnxruntime-cpu, onnxruntime-cuda, onnxruntime-tensorrt, tensorrt, openvino-f32, openvino-bf16, onnx-reference, openvino" in result.output
+    assert "onnxruntime-cpu, onnxruntime-cuda, onnxruntime-tensorrt, tensorrt, openvino-f32, openvino-bf16, openvino-f16, onnx-reference, openvino" in result.output
     assert "Traceback" not in result.output and "parity" not in result.output  # refused before the slow part
 
 

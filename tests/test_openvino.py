@@ -289,7 +289,7 @@ def test_cli_embed_and_serve_take_ov_precision(artifact, tmp_path):
     assert float(cosines(np.load(out), expected).min()) >= 0.99999
     for args, message in (
         (["embed", str(path), "hi", "--ov-precision", "f32"], "--ov-precision applies to --provider openvino"),
-        (["embed", str(path), "hi", "--provider", "openvino", "--ov-precision", "fp8"], "--ov-precision must be f32 or bf16"),
+        (["embed", str(path), "hi", "--provider", "openvino", "--ov-precision", "fp8"], "--ov-precision must be one of f32, bf16, f16"),
         (["serve", str(path), "--ov-precision", "bf16"], "--ov-precision applies to --provider openvino"),
     ):
         result = runner.invoke(app, args)

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any, Mapping, Sequence
 
 from ..artifact import MODEL, Certificate, Manifest, load_manifest, read_manifest
+from ..artifact.certificates import precision_name
 from .cpu import cpu_features
 from .protocol import BackendUnavailableError, Session
 from ..errors import InvalidInput
@@ -141,11 +142,15 @@ class Choice:
 
 
 #: artifact precision -> what ``auto`` says when it keeps the artifact on onnxruntime instead of
-#: the certified OpenVINO bf16 path
+#: the certified OpenVINO path
 _ONNXRUNTIME_INSTEAD = {
     "bf16": "runs its fp32 graph on onnxruntime instead (as accurate as bf16 or more, slower)",
     "int8": "runs its integer graph on onnxruntime instead",
+    "fp16": "runs on onnxruntime instead (on a CPU: fp32 copies of its weights, twice the memory)",
 }
+#: artifact precision -> the OpenVINO hint ``auto`` runs it with where certified: bf16 arithmetic
+#: for the fp32 graph (bf16) and int8's dequantised weights; fp16 weights kept as they are (f16)
+_OPENVINO_HINT = {"bf16": "bf16", "int8": "bf16", "fp16": "f16"}
 
 
 def choose_backend(
@@ -161,6 +166,9 @@ def choose_backend(
       (:meth:`~kvembed.artifact.Manifest.certificate`), or an int8 artifact with one of OpenVINO
       running its OpenVINO graph in bf16 within int8's bar, on a CPU with BF16
       (:func:`~kvembed.backends.cpu.cpu_features`) where openvino is installed: OpenVINO, bf16 hint;
+    - an fp16 artifact with a certificate of OpenVINO running it in fp16 within fp16's bar, on a CPU
+      with FP16, where openvino is installed: OpenVINO, f16 hint (its weights stay fp16, where
+      onnxruntime's CPU provider holds fp32 copies);
     - otherwise onnxruntime, exactly as before certificates existed (CUDA when onnxruntime-gpu sees
       a GPU, else the CPU): a bf16 artifact's graph is the fp32 one, which its gate also certified
       on onnxruntime, and the reason says why bf16 was not taken.
@@ -179,16 +187,20 @@ def choose_backend(
     if kind not in _ONNXRUNTIME_INSTEAD or (kind == "int8" and "openvino" not in typed.graphs):
         return Choice("onnxruntime", "auto", reason=f"{kind} artifact: onnxruntime", auto=True)
     instead = _ONNXRUNTIME_INSTEAD[kind]
-    certificate = typed.certificate("openvino", "bf16", bar=kind)
+    hint = _OPENVINO_HINT[kind]
+    ran = precision_name(hint)
+    certificate = typed.certificate("openvino", ran, bar=kind)
     features = cpu_features()
     if certificate is None:
-        why = ("no certificate of OpenVINO running bf16 (kvembed verify DIR --record on a CPU with BF16 adds one)"
+        why = (f"no certificate of OpenVINO running {ran} (kvembed verify DIR --record on a CPU with "
+               f"{ran.upper()} adds one)"
                if not any(c.backend == "openvino" for c in typed.certified) else
-               "certified on OpenVINO only where bf16 did not run (" +
+               f"certified on OpenVINO only where {ran} did not run (" +
                "; ".join(c.describe() for c in typed.certified if c.backend == "openvino") + ")")
         return Choice("onnxruntime", "auto", reason=f"{kind} artifact, {why}: {instead}", auto=True)
-    if not features.bf16:
-        return Choice("onnxruntime", "auto", reason=f"{kind} artifact, this CPU has {features.describe()}: {instead}",
+    has, described = (features.fp16, features.describe_fp16()) if hint == "f16" else (features.bf16, features.describe())
+    if not has:
+        return Choice("onnxruntime", "auto", reason=f"{kind} artifact, this CPU has {described}: {instead}",
                       certificate=certificate, auto=True)
     problem = BACKENDS["openvino"].probe()
     if problem is not None:
@@ -196,8 +208,8 @@ def choose_backend(
     if options is not None and not isinstance(options, BACKENDS["openvino"].options_type()):
         return Choice("onnxruntime", "auto", reason=f"{kind} artifact, options= are {type(options).__name__}: {instead}",
                       certificate=certificate, auto=True)
-    return Choice("openvino", "openvino", "bf16", auto=True, certificate=certificate,
-                  reason=f"{kind} artifact certified on OpenVINO ({certificate.describe()}), this CPU has {features.describe()}")
+    return Choice("openvino", "openvino", hint, auto=True, certificate=certificate,
+                  reason=f"{kind} artifact certified on OpenVINO ({certificate.describe()}), this CPU has {described}")
 
 
 def open_session(directory: str | os.PathLike[str], provider: str = "auto", options: Any = None,
@@ -241,8 +253,12 @@ def session_memory(directory: str | os.PathLike[str], provider: str = "cpu") -> 
     path = Path(directory)
     precision = str(read_manifest(path).get("precision", "fp32"))
     graph = sum(p.stat().st_size for p in path.iterdir() if p.is_file() and p.name.startswith(MODEL))
-    backend = BACKENDS["openvino" if choose_backend(path, provider).backend == "openvino" else "onnxruntime"]
-    return int(graph * backend.load().weight_factor(precision) + SESSION_OVERHEAD)
+    choice = choose_backend(path, provider)
+    if choice.backend == "openvino":
+        factor = BACKENDS["openvino"].load().weight_factor(precision, choice.ov_precision)
+    else:
+        factor = BACKENDS["onnxruntime"].load().weight_factor(precision)
+    return int(graph * factor + SESSION_OVERHEAD)
 
 
 # -- kvembed verify --backends: the same graph on every backend present ---------------------------
@@ -266,9 +282,9 @@ class VerifyTarget:
         return BACKENDS[self.backend].probe()
 
 
-CPU, CUDA, ORT_TENSORRT, TENSORRT, OV_F32, OV_BF16, REFERENCE = (
+CPU, CUDA, ORT_TENSORRT, TENSORRT, OV_F32, OV_BF16, OV_F16, REFERENCE = (
     "onnxruntime-cpu", "onnxruntime-cuda", "onnxruntime-tensorrt", "tensorrt", "openvino-f32", "openvino-bf16",
-    "onnx-reference",
+    "openvino-f16", "onnx-reference",
 )
 #: every verify target, in the order they are run and reported (the first is the baseline)
 VERIFY_TARGETS: dict[str, VerifyTarget] = {t.name: t for t in (
@@ -278,18 +294,19 @@ VERIFY_TARGETS: dict[str, VerifyTarget] = {t.name: t for t in (
     VerifyTarget(TENSORRT, "tensorrt"),
     VerifyTarget(OV_F32, "openvino", "f32"),
     VerifyTarget(OV_BF16, "openvino", "bf16"),
+    VerifyTarget(OV_F16, "openvino", "f16"),
     VerifyTarget(REFERENCE, "onnx-reference"),
 )}
 VERIFY_BACKENDS: tuple[str, ...] = tuple(VERIFY_TARGETS)
 #: names that stand for several targets
-VERIFY_ALIASES: dict[str, tuple[str, ...]] = {"openvino": (OV_F32, OV_BF16)}
+VERIFY_ALIASES: dict[str, tuple[str, ...]] = {"openvino": (OV_F32, OV_BF16, OV_F16)}
 #: ``auto`` offers onnx-reference only below this model size (model.onnx + external data): pure Python is slow
 REFERENCE_AUTO_LIMIT = 50 * 1024 * 1024
 #: ``kvembed verify --backends`` help
 VERIFY_HELP = (
     "Backends to compare the graph on, comma-separated: auto (every backend present; onnx-reference only for "
     f"models under {REFERENCE_AUTO_LIMIT // 1024 // 1024} MB) or names from {', '.join(VERIFY_BACKENDS[:-1])} "
-    f"(openvino: both), {REFERENCE} (e.g. 'auto,{REFERENCE}'); each is compared with {CPU}."
+    f"(openvino: all three), {REFERENCE} (e.g. 'auto,{REFERENCE}'); each is compared with {CPU}."
 )
 
 
@@ -304,6 +321,12 @@ def reference_problem() -> str | None:
 
 def cpu_has_bf16() -> bool:
     return cpu_features().bf16
+
+
+def _runs_natively(target: str) -> bool:
+    """Whether OpenVINO's reduced-precision hint of ``target`` runs as asked on this CPU (not f32)."""
+    features = cpu_features()
+    return features.bf16 if target == OV_BF16 else features.fp16
 
 
 def model_bytes(path: str | os.PathLike[str]) -> int:
@@ -374,8 +397,9 @@ def resolve_verify_backends(
                     f"model is {_mb(size)} (auto takes it below {_mb(REFERENCE_AUTO_LIMIT)}: pure Python is slow); "
                     f"ask for it with --backends auto,{REFERENCE}"
                 )
-            elif name == OV_BF16 and OV_BF16 not in names and not cpu_has_bf16():
-                skipped[name] = f"this CPU has no BF16 (OpenVINO would run f32 again); ask for it with --backends auto,{OV_BF16}"
+            elif name in (OV_BF16, OV_F16) and name not in names and not _runs_natively(name):
+                kind = "BF16" if name == OV_BF16 else "FP16"
+                skipped[name] = f"this CPU has no {kind} (OpenVINO would run f32 again); ask for it with --backends auto,{name}"
             else:
                 chosen.add(name)
     for name in names:

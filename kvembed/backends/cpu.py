@@ -1,9 +1,10 @@
-"""What this CPU can compute fast: the one capability probe behind bf16 (the export's refusal,
-OpenVINO's precision hint, what ``provider="auto"`` picks, the flags a certificate records).
+"""What this CPU can compute fast: the one capability probe behind bf16 and fp16 (the export's
+refusal, OpenVINO's precision hint, what ``provider="auto"`` picks, the flags a certificate records).
 
-The probe reads Linux's ``/proc/cpuinfo`` flags; BF16 means AVX-512 BF16 or AMX-BF16 (the
-instructions OpenVINO's CPU plugin runs bf16 matmuls with; elsewhere its bf16 hint runs f32).
-Where ``openvino`` is installed, its CPU plugin's ``OPTIMIZATION_CAPABILITIES`` has the last word.
+The probe reads Linux's ``/proc/cpuinfo`` flags; BF16 means AVX-512 BF16 or AMX-BF16, FP16 means
+AVX-512 FP16 or AMX-FP16 (the instructions OpenVINO's CPU plugin runs bf16 / f16 matmuls with;
+elsewhere its bf16 or f16 hint runs f32). Where ``openvino`` is installed, its CPU plugin's
+``OPTIMIZATION_CAPABILITIES`` has the last word.
 
 ``KVEMBED_CPU_FEATURES`` replaces the probe: a comma list of cpuinfo flag names (``avx2,avx512f``;
 ``none`` for none). It states what a CPU has, for machines whose probe is wrong and for checking
@@ -22,6 +23,8 @@ from pathlib import Path
 ENV = "KVEMBED_CPU_FEATURES"
 #: the flags that give bf16 matmuls
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+#: the flags that give fp16 arithmetic on x86 (OpenVINO's f16 hint runs f32 without them)
+FP16_FLAGS = ("avx512_fp16", "amx_fp16")
 #: the flags a certificate records: what decides which kernels a backend runs
 RELEVANT_FLAGS = (
     "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
@@ -37,6 +40,7 @@ class CpuFeatures:
     #: ``"probe"`` (cpuinfo, and OpenVINO's plugin where installed) or ``"KVEMBED_CPU_FEATURES"``
     source: str
     bf16: bool
+    fp16: bool = False
 
     def describe(self) -> str:
         """One phrase for messages: which bf16 instructions, and where the facts came from."""
@@ -44,8 +48,14 @@ class CpuFeatures:
         what = f"BF16 ({', '.join(have) or 'OpenVINO lists BF16'})" if self.bf16 else "no BF16 (no avx512_bf16 / amx_bf16)"
         return what + (f", as {ENV} says" if self.source == ENV else "")
 
+    def describe_fp16(self) -> str:
+        """One phrase for messages about FP16, as :meth:`describe` for BF16."""
+        have = [flag for flag in FP16_FLAGS if flag in self.flags]
+        what = f"FP16 ({', '.join(have) or 'OpenVINO lists FP16'})" if self.fp16 else "no FP16 (no avx512_fp16 / amx_fp16)"
+        return what + (f", as {ENV} says" if self.source == ENV else "")
+
     def to_dict(self) -> dict[str, object]:
-        return {"flags": list(self.flags), "bf16": self.bf16, "source": self.source}
+        return {"flags": list(self.flags), "bf16": self.bf16, "fp16": self.fp16, "source": self.source}
 
 
 def parse_features(text: str) -> tuple[str, ...]:
@@ -60,16 +70,17 @@ def cpu_features() -> CpuFeatures:
     given = os.environ.get(ENV)
     if given is not None and given.strip():
         flags = parse_features(given)
-        return CpuFeatures(flags, ENV, any(flag in flags for flag in BF16_FLAGS))
+        return CpuFeatures(flags, ENV, any(flag in flags for flag in BF16_FLAGS), any(flag in flags for flag in FP16_FLAGS))
     return _probed()
 
 
 @functools.lru_cache(maxsize=1)
 def _probed() -> CpuFeatures:
     flags = tuple(sorted(set(_cpuinfo_flags()) & set(RELEVANT_FLAGS)))
-    bf16 = any(flag in flags for flag in BF16_FLAGS)
-    plugin = _openvino_lists_bf16()
-    return CpuFeatures(flags, "probe", bf16 if plugin is None else plugin)
+    listed = _openvino_capabilities()
+    bf16 = any(flag in flags for flag in BF16_FLAGS) if listed is None else "BF16" in listed
+    fp16 = any(flag in flags for flag in FP16_FLAGS) and (listed is None or "FP16" in listed)
+    return CpuFeatures(flags, "probe", bf16, fp16)
 
 
 def _cpuinfo_flags() -> list[str]:
@@ -84,8 +95,8 @@ def _cpuinfo_flags() -> list[str]:
     return []
 
 
-def _openvino_lists_bf16() -> bool | None:
-    """Whether OpenVINO's CPU plugin lists BF16 among its capabilities; None without openvino."""
+def _openvino_capabilities() -> set[str] | None:
+    """OpenVINO's CPU plugin's ``OPTIMIZATION_CAPABILITIES`` (BF16, FP16, ...); None without openvino."""
     try:
         import openvino
     except Exception:
@@ -94,4 +105,4 @@ def _openvino_lists_bf16() -> bool | None:
         capabilities = openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     except Exception:  # an old or unusual plugin: the flags decide
         return None
-    return "BF16" in [str(c).upper() for c in capabilities]
+    return {str(c).upper() for c in capabilities}

@@ -20,7 +20,10 @@ import hashlib
 import json
 import mmap
 import os
+import re
+import shutil
 import sys
+import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
@@ -36,15 +39,17 @@ from .cpu import cpu_features
 
 NAME = "openvino"
 OPENVINO = "OpenVINO"
-PRECISIONS = ("f32", "bf16")
+PRECISIONS = ("f32", "bf16", "f16")
 INSTALL = "pip install 'kvembed[openvino]'"
 MEND_VERSION = 1  # bump when repeat_kv_heads changes what it builds: kept blobs are then rebuilt
 #: resident bytes per byte of graph files at the first load, which compiles from the ONNX and holds
-#: the weights read, their converted copy and the blob being written at once (later loads import the
-#: blob and hold about one copy: benchmarks/RESULTS.md). An int8 artifact's weights stay int8; an
-#: fp16 file's are converted to wider copies while compiling; a bf16 artifact holds the
-#: fp32 graph. Unknown precisions get the largest.
+#: the weights read and their converted copy at once (later loads import the blob and hold about
+#: one copy: benchmarks/RESULTS.md). An int8 artifact's weights stay int8; an fp16 file's are
+#: converted to wider copies while compiling, except under the f16 hint (:data:`NATIVE_FP16_FACTOR`);
+#: a bf16 artifact holds the fp32 graph. Unknown precisions get the largest.
 OPENVINO_WEIGHT_FACTOR = {"fp32": 2.5, "bf16": 2.5, "int8": 2.2, "fp16": 5.0}
+#: an fp16 graph under the f16 hint on a CPU with FP16: the plugin packs the fp16 weights as they are
+NATIVE_FP16_FACTOR = 1.3
 
 
 @dataclass(frozen=True)
@@ -69,8 +74,11 @@ def probe() -> str | None:
     return None
 
 
-def weight_factor(precision: str) -> float:
-    """Resident bytes per byte of graph file while OpenVINO compiles it (see :data:`OPENVINO_WEIGHT_FACTOR`)."""
+def weight_factor(precision: str, hint: str | None = None) -> float:
+    """Resident bytes per byte of graph file while OpenVINO compiles it under ``hint`` (see
+    :data:`OPENVINO_WEIGHT_FACTOR`)."""
+    if precision == "fp16" and hint_for(hint) == "f16":
+        return NATIVE_FP16_FACTOR
     return OPENVINO_WEIGHT_FACTOR.get(precision, max(OPENVINO_WEIGHT_FACTOR.values()))
 
 
@@ -125,11 +133,15 @@ def default_precision(core: Any = None) -> str:
 
 def hint_for(precision: str | None) -> str:
     """The precision hint a session compiles with: ``precision`` (None: :func:`default_precision`),
-    except bf16 on a CPU without BF16, which runs f32: OpenVINO itself does so there, and saying it
-    here makes a stated CPU (``KVEMBED_CPU_FEATURES``) behave as that CPU would."""
+    except bf16 on a CPU without BF16 and f16 on one without FP16, which run f32: OpenVINO itself
+    does so there, and saying it here makes a stated CPU (``KVEMBED_CPU_FEATURES``) behave as that
+    CPU would."""
     if precision is None:
         return default_precision()
-    return "f32" if precision == "bf16" and not cpu_features().bf16 else precision
+    features = cpu_features()
+    if (precision == "bf16" and not features.bf16) or (precision == "f16" and not features.fp16):
+        return "f32"
+    return precision
 
 
 def ran_precision(compiled: Any, fallback: str) -> str:
@@ -143,13 +155,17 @@ def ran_precision(compiled: Any, fallback: str) -> str:
 class CompiledCache:
     """Compiled models kept on disk, so a second load skips reading, mending and compiling the ONNX.
 
-    One slot per (model file, precision): ``<dir>/<slot>.blob`` is ``CompiledModel.export_model()``
-    and ``<slot>.json`` the fingerprint it was made from (OpenVINO's version, the precision, size
-    and mtime of every ``model*`` file beside the graph, external data included); a stale slot is
-    rebuilt in place, so the cache grows with the number of models, not of re-exports. The blob is
-    imported from a memory map (the weights stay file-backed pages). OpenVINO's own ``CACHE_DIR``
-    would need the mended model saved as IR beside its blob (twice the disk) or would hash the
-    model read from ONNX, which is no faster than compiling (benchmarks/RESULTS.md)."""
+    One slot per (model file, precision): ``<dir>/<slot>.blob`` is the compiled model as OpenVINO
+    exports it and ``<slot>.json`` the fingerprint it was made from (OpenVINO's version, the
+    precision, size and mtime of every ``model*`` file beside the graph, external data included); a
+    stale slot is rebuilt in place, so the cache grows with the number of models, not of
+    re-exports. The blob is imported from a memory map (the weights stay file-backed pages).
+
+    The blob is written by OpenVINO's own ``CACHE_DIR`` into a fresh folder (:meth:`staging`) and
+    then moved into its slot (:meth:`adopt`): OpenVINO streams it to the file as it exports, where
+    ``export_model()`` would hold all of it in memory, once more the weights. ``CACHE_DIR`` is not
+    used to look blobs up: it keys them by a hash of the model, which costs a read of every weight
+    (no faster than compiling, benchmarks/RESULTS.md), where the fingerprint costs a ``stat``."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory).expanduser()
@@ -181,11 +197,44 @@ class CompiledCache:
         return None
 
     def store(self, fingerprint: Mapping[str, Any], compiled: Any) -> None:
-        """Write the blob, then its fingerprint (each by atomic rename: readers never see half of one)."""
+        """Write ``compiled``'s blob from memory, then its fingerprint (each by atomic rename:
+        readers never see half of one); the fallback where :meth:`staging` wrote no blob."""
         slot = self.slot(fingerprint)
         self.directory.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(slot.with_suffix(".blob"), compiled.export_model().getbuffer())
         write_text_atomic(slot.with_suffix(".json"), json.dumps(fingerprint))
+
+    def staging(self) -> Path:
+        """A fresh folder in the cache directory for OpenVINO's ``CACHE_DIR`` to write one blob into
+        (on the cache's filesystem, so :meth:`adopt` is a rename)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=".compiling-", dir=self.directory))
+
+    def adopt(self, fingerprint: Mapping[str, Any], blob: Path) -> None:
+        """Move ``blob`` (written by OpenVINO into :meth:`staging`) into ``fingerprint``'s slot, then
+        write the fingerprint: a reader sees the old slot, no slot, or the new one whole."""
+        slot = self.slot(fingerprint)
+        slot.with_suffix(".json").unlink(missing_ok=True)  # the old fingerprint never names the new blob
+        os.replace(blob, slot.with_suffix(".blob"))
+        write_text_atomic(slot.with_suffix(".json"), json.dumps(fingerprint))
+
+
+#: OpenVINO's ``CACHE_DIR`` blobs begin with one XML header line before what ``export_model()`` writes
+_HEADER = re.compile(rb"<\?xml[^\n]*?<compiled_blob[^\n]*?/>\n")
+_ALIGNMENT = re.compile(rb'header_size_alignment="(\d+)"')
+
+
+def payload_offset(blob: bytes | mmap.mmap) -> int:
+    """Where the compiled model starts in ``blob``: after the header line OpenVINO's ``CACHE_DIR``
+    writes (rounded up to its ``header_size_alignment`` where it names one), else 0."""
+    head = bytes(blob[:4096])
+    match = _HEADER.match(head)
+    if match is None:
+        return 0
+    alignment = _ALIGNMENT.search(match.group(0))
+    step = int(alignment.group(1)) if alignment else 0
+    end = match.end()
+    return -(-end // step) * step if step > 1 else end
 
 
 #: Linux's MADV_PAGEOUT (5.4+; Python 3.11's mmap module does not name it)
@@ -245,8 +294,8 @@ def default_cache_dir() -> Path:
 class OpenVINOSession:
     """A model compiled for OpenVINO's CPU device, behind the :class:`~kvembed.backends.protocol.Session` protocol.
 
-    ``precision``: ``INFERENCE_PRECISION_HINT`` (``"f32"`` or ``"bf16"``; None = bf16 only where
-    the CPU has it; bf16 on a CPU without BF16 runs f32, see :func:`hint_for`); :attr:`precision`
+    ``precision``: ``INFERENCE_PRECISION_HINT`` (``"f32"``, ``"bf16"`` or ``"f16"``; None = bf16 only
+    where the CPU has it; bf16 or f16 on a CPU without it runs f32, see :func:`hint_for`); :attr:`precision`
     is what the compiled model reports it runs. ``threads``: ``INFERENCE_NUM_THREADS`` (None = OpenVINO's choice).
     ``cache_dir``: where compiled models are kept (:class:`CompiledCache`; None = the default
     :func:`default_cache_dir`, False = no cache). A cache that cannot be read or written is a
@@ -285,25 +334,46 @@ class OpenVINOSession:
         self.compiled = self._import(blob) if blob is not None else None
         self.from_cache = self.compiled is not None
         if self.compiled is None:
-            self.compiled = self._compile()
-            if cache is not None:
-                try:
-                    cache.store(fingerprint, self.compiled)
-                except OSError as err:
-                    warnings.warn(f"OpenVINO cache {str(cache.directory)!r} not written ({err}); loads stay uncached", stacklevel=5)
-                else:
-                    # the model compiled from ONNX holds every constant it read in anonymous memory;
-                    # the one imported from the blob just written holds them as reclaimable pages
-                    self.compiled = self._import(cache.load(fingerprint)) or self.compiled
+            self.compiled = self._compile() if cache is None else self._compile_into(cache, fingerprint)
         self._inputs = [port.get_any_name() for port in self.compiled.inputs]
         self.precision = ran_precision(self.compiled, self.precision)
 
-    def _compile(self) -> Any:
-        """Read the ONNX, mend its attention, compile; OpenVINO's errors as one line."""
+    def _compile_into(self, cache: CompiledCache, fingerprint: Mapping[str, Any]) -> Any:
+        """Compile, keep the blob in ``cache`` and return the model imported from it.
+
+        The model compiled from ONNX holds the constants it read (anonymous memory, or the ONNX
+        file's pages); the one imported from the blob holds them as pages the session releases
+        (:meth:`_import`, :meth:`_paging`). The compiled one is dropped before the import, so the
+        two never coexist; should OpenVINO refuse its own blob, the model is compiled again, uncached."""
+        def uncached(err: Exception) -> None:
+            warnings.warn(f"OpenVINO cache {str(cache.directory)!r} not written ({err}); loads stay uncached", stacklevel=6)
+
+        try:
+            staging = cache.staging()
+        except OSError as err:
+            uncached(err)
+            return self._compile()
+        try:
+            compiled = self._compile({"CACHE_DIR": str(staging)})
+            written = sorted(staging.glob("*.blob"))
+            if len(written) == 1:
+                cache.adopt(fingerprint, written[0])
+            else:  # a plugin that did not cache: its export, from memory
+                cache.store(fingerprint, compiled)
+        except OSError as err:
+            uncached(err)
+            return compiled
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        del compiled
+        return self._import(cache.load(fingerprint)) or self._compile()
+
+    def _compile(self, extra: Mapping[str, Any] | None = None) -> Any:
+        """Read the ONNX, mend its attention, compile (with :attr:`config` and ``extra``); OpenVINO's errors as one line."""
         try:
             model = self.core.read_model(str(self.model_path))
             repeat_kv_heads(model)
-            return self.core.compile_model(model, "CPU", self.config)
+            return self.core.compile_model(model, "CPU", {**self.config, **(extra or {})})
         except RuntimeError as err:
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
             detail = (lines[-1] if lines else type(err).__name__)[:300]  # OpenVINO puts the cause last
@@ -322,7 +392,7 @@ class OpenVINOSession:
         try:
             with open(blob, "rb") as handle:
                 mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
-            tensor = self._ov.Tensor(np.frombuffer(mapped, dtype=np.uint8), shared_memory=True)
+            tensor = self._ov.Tensor(np.frombuffer(mapped, dtype=np.uint8, offset=payload_offset(mapped)), shared_memory=True)
             with pages_released_meanwhile(mapped):
                 compiled = self.core.import_model(tensor, "CPU", self.config)
         except (RuntimeError, OSError, ValueError) as err:

@@ -15,6 +15,7 @@ except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-export needs typer and rich: pip install 'kvembed[export]' ({err})")
 
 from ..artifact import MANIFEST
+from ..backends.catalogue import OV_F16
 from . import options as opt
 from .support import DEBUG_HELP, EXIT_FAILED, default_command_group, guard_app, run_app
 
@@ -110,11 +111,12 @@ def lengths_line(manifest: Mapping[str, Any]) -> str:
 
 
 def advisory_line(target: str, advised: Any, graph: str | None) -> str:
-    """One advisory check (an int8 artifact's OpenVINO graph): its figure and whether it certified a
-    faster path, or why it did not run; it never decides pass or fail."""
+    """One advisory check (an int8 artifact's OpenVINO graph, an fp16 artifact under the f16 hint):
+    its figure and whether it certified a faster path, or why it did not run; it never decides pass or fail."""
     if isinstance(advised, str):
         return f"advisory {target}: not run ({escape(advised)}); the artifact runs on onnxruntime"
-    verdict = "certified: auto runs it on a CPU with BF16" if advised.passed else "[bold yellow]below the bar[/]: not certified"
+    needs = "FP16" if target == OV_F16 else "BF16"
+    verdict = f"certified: auto runs it on a CPU with {needs}" if advised.passed else "[bold yellow]below the bar[/]: not certified"
     return (f"advisory {target} on {graph}: worst cosine {advised.worst_cosine:.7f} vs PyTorch "
             f"(bar {advised.min_cosine_required}); {verdict}")
 

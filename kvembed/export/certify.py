@@ -15,6 +15,11 @@ onnxruntime, an advisory check (:data:`ADVISORY_GATES`) runs that graph on OpenV
 hint at int8's bar: a pass becomes one more certificate, which lets ``provider="auto"`` run the
 artifact there on a CPU with BF16; a miss, or a machine that cannot run it, only costs the
 certificate, never the export.
+
+An fp16 artifact's graph runs on OpenVINO as it is under the f16 hint, on a CPU with FP16 (AVX-512
+FP16, AMX-FP16): the weights stay fp16 there, where onnxruntime's CPU provider holds fp32 copies of
+them. Its advisory check runs that at fp16's bar; a model whose activations leave fp16's range (fp16
+arithmetic, where onnxruntime's CPU provider computes fp32) misses, and keeps onnxruntime.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any, Mapping
 from .. import __version__
 from ..artifact import MODEL
 from ..artifact.certificates import PYTORCH, precision_name
-from ..backends.catalogue import BACKENDS, CPU, OV_BF16, VERIFY_TARGETS
+from ..backends.catalogue import BACKENDS, CPU, OV_BF16, OV_F16, VERIFY_TARGETS
 from ..backends.cpu import cpu_features
 from ..errors import InvalidInput, MissingDependency
 
@@ -41,7 +46,10 @@ GATES: dict[str, tuple[tuple[str, str], ...]] = {
 #: passes and failing nothing where it does not: (verify target, tolerance precision)
 ADVISORY_GATES: dict[str, tuple[tuple[str, str], ...]] = {
     "int8": ((OV_BF16, "int8"),),
+    "fp16": ((OV_F16, "fp16"),),
 }
+#: artifact precisions whose advisory checks run a graph of their own (the manifest's ``graphs``)
+OWN_GRAPHS = frozenset({"int8"})
 #: what ``--certify-emulated`` is called in messages
 EMULATED_FLAG = "--certify-emulated"
 
@@ -67,14 +75,17 @@ def check_gate_here(precision: str, certify_emulated: bool = False) -> None:
 
 def advisory_problem(target: str, manifest: Mapping[str, Any]) -> str | None:
     """Why the advisory check on ``target`` cannot certify anything for the artifact of ``manifest``
-    here (the artifact names no graph for the target's backend, openvino absent, or a CPU without
-    BF16 where the bf16 hint runs f32), or None."""
+    here (an int8 artifact names no graph for the target's backend, openvino absent, or a CPU without
+    BF16 / FP16 where the bf16 / f16 hint runs f32), or None."""
     spec = VERIFY_TARGETS[target]
-    if spec.backend not in (manifest.get("graphs") or {}):
+    if manifest.get("precision") in OWN_GRAPHS and spec.backend not in (manifest.get("graphs") or {}):
         return f"the artifact names no graph for {spec.backend} (exported before it had one: re-export it)"
     problem = BACKENDS[spec.backend].probe()
-    if problem is None and spec.setting == "bf16" and not cpu_features().bf16:
-        problem = f"this CPU has {cpu_features().describe()}: OpenVINO would run f32, which auto never picks"
+    features = cpu_features()
+    if problem is None and spec.setting == "bf16" and not features.bf16:
+        problem = f"this CPU has {features.describe()}: OpenVINO would run f32, which auto never picks"
+    if problem is None and spec.setting == "f16" and not features.fp16:
+        problem = f"this CPU has {features.describe_fp16()}: OpenVINO would run f32, which auto never picks"
     return problem
 
 

@@ -64,7 +64,7 @@ import numpy as np
 
 from ..artifact import MODEL, Manifest, read_manifest
 from ..artifact.certificates import precision_name
-from ..backends.catalogue import CPU, OV_BF16, VERIFY_ALIASES, VERIFY_BACKENDS, VERIFY_TARGETS
+from ..backends.catalogue import CPU, OV_BF16, OV_F16, VERIFY_ALIASES, VERIFY_BACKENDS, VERIFY_TARGETS
 from ..backends.protocol import BackendUnavailableError
 from ..runtime.artifact import encoder_from_manifest
 from .parity import PADDING_SIDES, PARITY_TEXTS, cosine_rows
@@ -86,7 +86,7 @@ BACKEND_TOLERANCES: dict[str, BackendTolerance] = {
     "int8": BackendTolerance(atol=2e-2, rtol=2e-2, min_cosine=0.999),
 }
 #: backends computing below fp32 whatever the artifact: their pairs get at least these bounds
-PAIR_TOLERANCES: dict[str, BackendTolerance] = {OV_BF16: BACKEND_TOLERANCES["fp16"]}
+PAIR_TOLERANCES: dict[str, BackendTolerance] = {OV_BF16: BACKEND_TOLERANCES["fp16"], OV_F16: BACKEND_TOLERANCES["fp16"]}
 
 
 def stacked(first: BackendTolerance, second: BackendTolerance) -> BackendTolerance:

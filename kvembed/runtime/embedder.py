@@ -152,7 +152,9 @@ class Embedder:
             warnings.warn(
                 f"{str(path)!r} is an fp16 artifact on onnxruntime's CPU provider, which has no fp16 MatMul: it "
                 "holds fp32 copies of the weights (twice the artifact's size) and runs at fp32 speed; on a CPU "
-                "use the int8 or fp32 artifact, or provider='openvino'", stacklevel=2)
+                "with FP16 (AVX-512 FP16, AMX-FP16) provider='openvino', ov_precision='f16' keeps them fp16 "
+                "(provider='auto' takes it once certified: kvembed verify DIR --record); elsewhere use the int8 "
+                "or fp32 artifact", stacklevel=2)
         embedder = cls(path, manifest, encoder, session, max_call_tokens, call_cost, choice)
         log.info("kvembed: %s runs on %s (provider %s: %s)", path, embedder.backend, provider, choice.reason)
         return embedder
