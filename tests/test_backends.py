@@ -190,24 +190,27 @@ def test_cli_absent_cuda_exits_2_with_install_hint(artifact):
 
 
 def test_verify_backends_openvino(artifact):
-    """``kvembed verify --backends openvino``: OpenVINO f32 and bf16 against onnxruntime-cpu (added
-    as the baseline), f32 at the fp32 bar, bf16 at the fp32 and bf16 (fp16's) angles added."""
+    """``kvembed verify --backends openvino``: OpenVINO f32, bf16 and f16 against onnxruntime-cpu
+    (added as the baseline), f32 at the fp32 bar, bf16 and f16 at the fp32 and fp16 angles added."""
     pytest.importorskip("openvino", reason="needs the openvino package (pip install 'kvembed[openvino]')")
     from kvembed.cli.main import app
 
     result = bk.compare_backends(artifact, "openvino")
-    assert result.backends == ["onnxruntime-cpu", "openvino-f32", "openvino-bf16"]
+    assert result.backends == ["onnxruntime-cpu", "openvino-f32", "openvino-bf16", "openvino-f16"]
     assert result.passed and not result.problems, result.summary()
-    f32, bf16 = result.pairs
+    f32, bf16, f16 = result.pairs
     assert f32.tolerance == {"atol": 1e-4, "rtol": 1e-3, "min_cosine": 0.99999} and f32.worst_cosine >= 0.99999
     bar = math.cos(math.acos(0.99999) + math.acos(0.999))
-    assert bf16.tolerance["min_cosine"] == pytest.approx(bar) and bf16.worst_cosine >= bar
+    for reduced in (bf16, f16):
+        assert reduced.tolerance["min_cosine"] == pytest.approx(bar) and reduced.worst_cosine >= bar
     assert set(f32.outputs) == {"embedding", "pooled"}
     names, skipped = bk.resolve_backends(artifact)
     assert "openvino-f32" in names and ("openvino-bf16" in names or "no BF16" in skipped["openvino-bf16"])
+    assert "openvino-f16" in names or "no FP16" in skipped["openvino-f16"]
     done = runner.invoke(app, ["verify", str(artifact), "--backends", "openvino"])
     assert done.exit_code == 0, done.output
-    assert "onnxruntime-cpu vs openvino-f32" in done.output and "onnxruntime-cpu vs openvino-bf16" in done.output
+    for target in ("openvino-f32", "openvino-bf16", "openvino-f16"):
+        assert f"onnxruntime-cpu vs {target}" in done.output
 
 
 def test_verify_passes_an_int8_artifact_on_openvino_bf16(stories_artifact):

@@ -424,3 +424,22 @@ def test_imported_blob_is_not_held_resident(artifact, tmp_path):
     (blob,) = cache.glob("*.blob")
     assert mapped_rss_kb(blob) * 1024 < blob.stat().st_size * 0.75
     assert float(cosines(loaded.encode(TEXTS), expected).min()) >= 0.99999
+
+
+def test_a_compile_that_died_leaves_no_partial_blob_behind(tmp_path):
+    """OpenVINO writes a blob into ``.compiling-<pid>-*`` as it exports (as big as the weights); a
+    process killed meanwhile (the OOM killer) leaves it. The next compile into the cache removes the
+    folders of processes that are gone and keeps those of processes still compiling."""
+    import subprocess
+    import sys
+
+    from kvembed.backends.openvino import CompiledCache
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f".compiling-{gone.stdout.strip()}-abc"
+    dead.mkdir()
+    (dead / "123.blob").write_bytes(b"\0" * 4096)
+    live = tmp_path / f".compiling-{os.getpid()}-xyz"
+    live.mkdir()
+    fresh = CompiledCache(tmp_path).staging()
+    assert not dead.exists() and live.is_dir() and fresh.is_dir() and fresh.name.startswith(f".compiling-{os.getpid()}-")

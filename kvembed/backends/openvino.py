@@ -206,9 +206,13 @@ class CompiledCache:
 
     def staging(self) -> Path:
         """A fresh folder in the cache directory for OpenVINO's ``CACHE_DIR`` to write one blob into
-        (on the cache's filesystem, so :meth:`adopt` is a rename)."""
+        (on the cache's filesystem, so :meth:`adopt` is a rename). Folders left by processes that
+        died while compiling (a partial blob each, as big as the weights) are removed first."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=".compiling-", dir=self.directory))
+        for left in self.directory.glob(f"{STAGING_PREFIX}*"):
+            if not _alive(left.name[len(STAGING_PREFIX):].split("-", 1)[0]):
+                shutil.rmtree(left, ignore_errors=True)
+        return Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=self.directory))
 
     def adopt(self, fingerprint: Mapping[str, Any], blob: Path) -> None:
         """Move ``blob`` (written by OpenVINO into :meth:`staging`) into ``fingerprint``'s slot, then
@@ -217,6 +221,23 @@ class CompiledCache:
         slot.with_suffix(".json").unlink(missing_ok=True)  # the old fingerprint never names the new blob
         os.replace(blob, slot.with_suffix(".blob"))
         write_text_atomic(slot.with_suffix(".json"), json.dumps(fingerprint))
+
+
+#: the cache's staging folders: ``.compiling-<pid>-<random>``
+STAGING_PREFIX = ".compiling-"
+
+
+def _alive(pid: str) -> bool:
+    """Whether the process ``pid`` (a string from a folder name) runs; a name that is no pid is not."""
+    try:
+        os.kill(int(pid), 0)
+    except ValueError:
+        return False
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 #: OpenVINO's ``CACHE_DIR`` blobs begin with one XML header line before what ``export_model()`` writes
