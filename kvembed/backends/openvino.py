@@ -44,10 +44,11 @@ INSTALL = "pip install 'kvembed[openvino]'"
 MEND_VERSION = 1  # bump when repeat_kv_heads changes what it builds: kept blobs are then rebuilt
 #: resident bytes per byte of graph files at the first load, which compiles from the ONNX and holds
 #: the weights read and their converted copy at once (later loads import the blob and hold about
-#: one copy: benchmarks/RESULTS.md). An int8 artifact's weights stay int8; an fp16 file's are
-#: converted to wider copies while compiling, except under the f16 hint (:data:`NATIVE_FP16_FACTOR`);
-#: a bf16 artifact holds the fp32 graph. Unknown precisions get the largest.
-OPENVINO_WEIGHT_FACTOR = {"fp32": 2.5, "bf16": 2.5, "int8": 2.2, "fp16": 5.0}
+#: one copy: benchmarks/RESULTS.md). An int8 artifact's weights stay int8 (and the blob streams to
+#: disk, not through memory); an fp16 file's are converted to wider copies while
+#: compiling, except under the f16 hint (:data:`NATIVE_FP16_FACTOR`); a bf16 artifact holds the
+#: fp32 graph. Unknown precisions get the largest.
+OPENVINO_WEIGHT_FACTOR = {"fp32": 2.5, "bf16": 2.5, "int8": 1.3, "fp16": 5.0}
 #: an fp16 graph under the f16 hint on a CPU with FP16: the plugin packs the fp16 weights as they are
 NATIVE_FP16_FACTOR = 1.3
 
