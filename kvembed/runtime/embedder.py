@@ -261,7 +261,10 @@ class Embedder:
         at most :meth:`rows_per_call` rows under ``policy`` (default :attr:`policy`)."""
         feeds = {name: batch[name] for name in self._inputs}
         width = next(iter(feeds.values())).shape[1]
-        return run_in_slices(feeds, self.rows_per_call(width, policy), lambda part: self.session.run(part, list(names)))
+        values = run_in_slices(feeds, self.rows_per_call(width, policy), lambda part: self.session.run(part, list(names)))
+        if self.backend in HALF_NORM_BACKENDS:
+            values = [unit_rows(value) if name.split(".", 1)[0] == NORMALISED else value for name, value in zip(names, values)]
+        return values
 
     def rows_per_call(self, width: int, policy: BatchPolicy | None = None) -> int | None:
         """How many rows of ``width`` padded tokens one graph call takes (None: any number): the
@@ -424,6 +427,21 @@ class Embedder:
 
     def _encode_chunk(self, chunk: list[Any], offset: int, kind: str, kwargs: dict[str, Any]) -> np.ndarray:
         return self.encode(chunk, kind=kind, show_progress_bar=False, first_index=offset, **kwargs)
+
+
+#: the graph outputs the graph L2-normalises (``embedding``, ``embedding.<label>``)
+NORMALISED = output_names(None)[0]
+#: backends that compute the graph's final normalisation in 16-bit floats (OpenVINO's f16 hint
+#: turns every op fp16; its bf16 hint keeps such ops in f32): their unit vectors come back with
+#: norms ~1e-4 off 1, so the runtime normalises those rows again in float32 (directions unchanged)
+HALF_NORM_BACKENDS = frozenset({"openvino-f16"})
+
+
+def unit_rows(rows: np.ndarray) -> np.ndarray:
+    """``rows`` scaled to unit L2 norm in float32 (a zero row stays zero)."""
+    rows = np.asarray(rows, dtype=np.float32)
+    norms = np.linalg.norm(rows, axis=-1, keepdims=True)
+    return rows / np.where(norms > 0, norms, 1)
 
 
 def backend_name(session: Any) -> str:
