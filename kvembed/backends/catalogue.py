@@ -198,7 +198,7 @@ def choose_backend(
                f"certified on OpenVINO only where {ran} did not run (" +
                "; ".join(c.describe() for c in typed.certified if c.backend == "openvino") + ")")
         return Choice("onnxruntime", "auto", reason=f"{kind} artifact, {why}: {instead}", auto=True)
-    has, described = (features.fp16, features.describe_fp16()) if hint == "f16" else (features.bf16, features.describe())
+    has, described = getattr(features, ran), features.describe(ran)
     if not has:
         return Choice("onnxruntime", "auto", reason=f"{kind} artifact, this CPU has {described}: {instead}",
                       certificate=certificate, auto=True)
@@ -325,8 +325,7 @@ def cpu_has_bf16() -> bool:
 
 def _runs_natively(target: str) -> bool:
     """Whether OpenVINO's reduced-precision hint of ``target`` runs as asked on this CPU (not f32)."""
-    features = cpu_features()
-    return features.bf16 if target == OV_BF16 else features.fp16
+    return bool(getattr(cpu_features(), precision_name(VERIFY_TARGETS[target].setting)))
 
 
 def model_bytes(path: str | os.PathLike[str]) -> int:

@@ -42,16 +42,13 @@ class CpuFeatures:
     bf16: bool
     fp16: bool = False
 
-    def describe(self) -> str:
-        """One phrase for messages: which bf16 instructions, and where the facts came from."""
-        have = [flag for flag in BF16_FLAGS if flag in self.flags]
-        what = f"BF16 ({', '.join(have) or 'OpenVINO lists BF16'})" if self.bf16 else "no BF16 (no avx512_bf16 / amx_bf16)"
-        return what + (f", as {ENV} says" if self.source == ENV else "")
-
-    def describe_fp16(self) -> str:
-        """One phrase for messages about FP16, as :meth:`describe` for BF16."""
-        have = [flag for flag in FP16_FLAGS if flag in self.flags]
-        what = f"FP16 ({', '.join(have) or 'OpenVINO lists FP16'})" if self.fp16 else "no FP16 (no avx512_fp16 / amx_fp16)"
+    def describe(self, kind: str = "bf16") -> str:
+        """One phrase for messages: which ``kind`` (``bf16``, ``fp16``) instructions, and where the facts came from."""
+        flags = {"bf16": BF16_FLAGS, "fp16": FP16_FLAGS}[kind]
+        name = kind.upper()
+        have = [flag for flag in flags if flag in self.flags]
+        what = (f"{name} ({', '.join(have) or f'OpenVINO lists {name}'})" if getattr(self, kind)
+                else f"no {name} (no {' / '.join(flags)})")
         return what + (f", as {ENV} says" if self.source == ENV else "")
 
     def to_dict(self) -> dict[str, object]:

@@ -82,10 +82,9 @@ def advisory_problem(target: str, manifest: Mapping[str, Any]) -> str | None:
         return f"the artifact names no graph for {spec.backend} (exported before it had one: re-export it)"
     problem = BACKENDS[spec.backend].probe()
     features = cpu_features()
-    if problem is None and spec.setting == "bf16" and not features.bf16:
-        problem = f"this CPU has {features.describe()}: OpenVINO would run f32, which auto never picks"
-    if problem is None and spec.setting == "f16" and not features.fp16:
-        problem = f"this CPU has {features.describe_fp16()}: OpenVINO would run f32, which auto never picks"
+    kind = precision_name(spec.setting) if spec.setting in ("bf16", "f16") else None  # a reduced-precision hint
+    if problem is None and kind is not None and not getattr(features, kind):
+        problem = f"this CPU has {features.describe(kind)}: OpenVINO would run f32, which auto never picks"
     return problem
 
 
