@@ -198,8 +198,8 @@ def choose_backend(
                f"certified on OpenVINO only where {ran} did not run (" +
                "; ".join(c.describe() for c in typed.certified if c.backend == "openvino") + ")")
         return Choice("onnxruntime", "auto", reason=f"{kind} artifact, {why}: {instead}", auto=True)
-    has, described = getattr(features, ran), features.describe(ran)
-    if not has:
+    described = features.describe_hint(hint)
+    if not features.runs(hint):
         return Choice("onnxruntime", "auto", reason=f"{kind} artifact, this CPU has {described}: {instead}",
                       certificate=certificate, auto=True)
     problem = BACKENDS["openvino"].probe()
@@ -323,11 +323,6 @@ def cpu_has_bf16() -> bool:
     return cpu_features().bf16
 
 
-def _runs_natively(target: str) -> bool:
-    """Whether OpenVINO's reduced-precision hint of ``target`` runs as asked on this CPU (not f32)."""
-    return bool(getattr(cpu_features(), precision_name(VERIFY_TARGETS[target].setting)))
-
-
 def model_bytes(path: str | os.PathLike[str]) -> int:
     """Size of an ONNX file plus its external data (``model.onnx.data``) if any."""
     path = Path(path)
@@ -388,6 +383,7 @@ def resolve_verify_backends(
     skipped: dict[str, str] = {}
     if "auto" in names:
         size = model_bytes(model_path)
+        features = cpu_features()
         for name in VERIFY_BACKENDS:
             if name in problems:
                 skipped[name] = problems[name]
@@ -396,9 +392,9 @@ def resolve_verify_backends(
                     f"model is {_mb(size)} (auto takes it below {_mb(REFERENCE_AUTO_LIMIT)}: pure Python is slow); "
                     f"ask for it with --backends auto,{REFERENCE}"
                 )
-            elif name in (OV_BF16, OV_F16) and name not in names and not _runs_natively(name):
-                kind = "BF16" if name == OV_BF16 else "FP16"
-                skipped[name] = f"this CPU has no {kind} (OpenVINO would run f32 again); ask for it with --backends auto,{name}"
+            elif VERIFY_TARGETS[name].backend == "openvino" and name not in names and not features.runs(VERIFY_TARGETS[name].setting):
+                skipped[name] = (f"this CPU has {features.describe_hint(VERIFY_TARGETS[name].setting)}: OpenVINO would "
+                                 f"run f32 again; ask for it with --backends auto,{name}")
             else:
                 chosen.add(name)
     for name in names:

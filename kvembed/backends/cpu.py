@@ -25,6 +25,9 @@ ENV = "KVEMBED_CPU_FEATURES"
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 #: the flags that give fp16 arithmetic on x86 (OpenVINO's f16 hint runs f32 without them)
 FP16_FLAGS = ("avx512_fp16", "amx_fp16")
+#: OpenVINO's reduced-precision hints -> the capability (a :class:`CpuFeatures` field) that runs
+#: them as asked; any other hint (f32) runs everywhere
+HINT_NEEDS = {"bf16": "bf16", "f16": "fp16"}
 #: the flags a certificate records: what decides which kernels a backend runs
 RELEVANT_FLAGS = (
     "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
@@ -50,6 +53,15 @@ class CpuFeatures:
         what = (f"{name} ({', '.join(have) or f'OpenVINO lists {name}'})" if getattr(self, kind)
                 else f"no {name} (no {' / '.join(flags)})")
         return what + (f", as {ENV} says" if self.source == ENV else "")
+
+    def runs(self, hint: str) -> bool:
+        """Whether OpenVINO's precision ``hint`` runs as asked here (a reduced one needs its
+        instructions; without them OpenVINO runs f32)."""
+        return hint not in HINT_NEEDS or bool(getattr(self, HINT_NEEDS[hint]))
+
+    def describe_hint(self, hint: str) -> str:
+        """:meth:`describe` of the capability ``hint`` needs (BF16 for bf16, FP16 for f16)."""
+        return self.describe(HINT_NEEDS.get(hint, "bf16"))
 
     def to_dict(self) -> dict[str, object]:
         return {"flags": list(self.flags), "bf16": self.bf16, "fp16": self.fp16, "source": self.source}

@@ -139,10 +139,7 @@ def hint_for(precision: str | None) -> str:
     CPU would."""
     if precision is None:
         return default_precision()
-    features = cpu_features()
-    if (precision == "bf16" and not features.bf16) or (precision == "f16" and not features.fp16):
-        return "f32"
-    return precision
+    return precision if cpu_features().runs(precision) else "f32"
 
 
 def ran_precision(compiled: Any, fallback: str) -> str:
@@ -232,9 +229,7 @@ def _alive(pid: str) -> bool:
     """Whether the process ``pid`` (a string from a folder name) runs; a name that is no pid is not."""
     try:
         os.kill(int(pid), 0)
-    except ValueError:
-        return False
-    except ProcessLookupError:
+    except (ValueError, ProcessLookupError):
         return False
     except PermissionError:  # someone else's process
         return True
@@ -248,7 +243,8 @@ _ALIGNMENT = re.compile(rb'header_size_alignment="(\d+)"')
 
 def payload_offset(blob: bytes | mmap.mmap) -> int:
     """Where the compiled model starts in ``blob``: after the header line OpenVINO's ``CACHE_DIR``
-    writes (rounded up to its ``header_size_alignment`` where it names one), else 0."""
+    writes, which OpenVINO pads with zeros to a multiple of its ``header_size_alignment`` where that
+    is not 0 (``CompiledBlobHeader``'s writer); 0 for a blob without the header (``export_model()``)."""
     head = bytes(blob[:4096])
     match = _HEADER.match(head)
     if match is None:

@@ -15,7 +15,8 @@ except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-export needs typer and rich: pip install 'kvembed[export]' ({err})")
 
 from ..artifact import MANIFEST
-from ..backends.catalogue import OV_F16
+from ..backends.catalogue import VERIFY_TARGETS
+from ..backends.cpu import HINT_NEEDS
 from . import options as opt
 from .support import DEBUG_HELP, EXIT_FAILED, default_command_group, guard_app, run_app
 
@@ -115,7 +116,7 @@ def advisory_line(target: str, advised: Any, graph: str | None) -> str:
     its figure and whether it certified a faster path, or why it did not run; it never decides pass or fail."""
     if isinstance(advised, str):
         return f"advisory {target}: not run ({escape(advised)}); the artifact runs on onnxruntime"
-    needs = "FP16" if target == OV_F16 else "BF16"
+    needs = HINT_NEEDS.get(VERIFY_TARGETS[target].setting, "bf16").upper()
     verdict = f"certified: auto runs it on a CPU with {needs}" if advised.passed else "[bold yellow]below the bar[/]: not certified"
     return (f"advisory {target} on {graph}: worst cosine {advised.worst_cosine:.7f} vs PyTorch "
             f"(bar {advised.min_cosine_required}); {verdict}")

@@ -82,9 +82,8 @@ def advisory_problem(target: str, manifest: Mapping[str, Any]) -> str | None:
         return f"the artifact names no graph for {spec.backend} (exported before it had one: re-export it)"
     problem = BACKENDS[spec.backend].probe()
     features = cpu_features()
-    kind = precision_name(spec.setting) if spec.setting in ("bf16", "f16") else None  # a reduced-precision hint
-    if problem is None and kind is not None and not getattr(features, kind):
-        problem = f"this CPU has {features.describe(kind)}: OpenVINO would run f32, which auto never picks"
+    if problem is None and not features.runs(spec.setting):
+        problem = f"this CPU has {features.describe_hint(spec.setting)}: OpenVINO would run f32, which auto never picks"
     return problem
 
 

@@ -22,6 +22,7 @@ from ..artifact import Manifest, check_files, read_manifest
 from .artifact import encoder_from_manifest
 from .batching import CPU_CALL_COST, CPU_CALL_TOKENS, BatchPolicy, run_batches, run_in_slices
 from .encoding import EncodedText, TextEncoder, check_padding_side, check_texts
+from .vectors import unit_rows
 from ..errors import InvalidInput
 
 __all__ = ["CPU_CALL_COST", "CPU_CALL_TOKENS", "Embedder"]
@@ -57,6 +58,7 @@ class Embedder:
         self.encoder = encoder
         self.session = session
         self._inputs = list(session.input_names)
+        self._renormalise = backend_name(session) in HALF_NORM_BACKENDS
         cpu = self.providers[0] in (CPU, OPENVINO)
         #: the default batching policy of every embedding method: the call budget and call cost
         #: given to :meth:`load` ("auto": :data:`CPU_CALL_TOKENS` / :data:`CPU_CALL_COST` on the CPU
@@ -262,7 +264,7 @@ class Embedder:
         feeds = {name: batch[name] for name in self._inputs}
         width = next(iter(feeds.values())).shape[1]
         values = run_in_slices(feeds, self.rows_per_call(width, policy), lambda part: self.session.run(part, list(names)))
-        if self.backend in HALF_NORM_BACKENDS:
+        if self._renormalise:
             values = [unit_rows(value) if name.split(".", 1)[0] == NORMALISED else value for name, value in zip(names, values)]
         return values
 
@@ -435,13 +437,6 @@ NORMALISED = output_names(None)[0]
 #: turns every op fp16; its bf16 hint keeps such ops in f32): their unit vectors come back with
 #: norms ~1e-4 off 1, so the runtime normalises those rows again in float32 (directions unchanged)
 HALF_NORM_BACKENDS = frozenset({"openvino-f16"})
-
-
-def unit_rows(rows: np.ndarray) -> np.ndarray:
-    """``rows`` scaled to unit L2 norm in float32 (a zero row stays zero)."""
-    rows = np.asarray(rows, dtype=np.float32)
-    norms = np.linalg.norm(rows, axis=-1, keepdims=True)
-    return rows / np.where(norms > 0, norms, 1)
 
 
 def backend_name(session: Any) -> str:

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import InvalidInput
+from .vectors import unit_rows
 
 #: mteb's PromptType values -> kvembed kinds; no prompt type means a symmetric task: documents
 PROMPT_KINDS = {"query": "query", "document": "document", "passage": "document", None: "document"}
@@ -47,12 +48,12 @@ class MTEBEncoder:
 
     def similarity(self, embeddings1: Any, embeddings2: Any) -> np.ndarray:
         """Cosine similarity matrix [n1, n2]."""
-        a, b = _unit(embeddings1), _unit(embeddings2)
+        a, b = unit_rows(embeddings1), unit_rows(embeddings2)
         return a @ b.T
 
     def similarity_pairwise(self, embeddings1: Any, embeddings2: Any) -> np.ndarray:
         """Cosine similarity of corresponding rows [n]."""
-        a, b = _unit(embeddings1), _unit(embeddings2)
+        a, b = unit_rows(embeddings1), unit_rows(embeddings2)
         if a.shape != b.shape:
             raise InvalidInput(f"pairwise similarity needs equal shapes, got {a.shape} and {b.shape}")
         return (a * b).sum(axis=-1)
@@ -101,9 +102,3 @@ def _texts_of(inputs: Any) -> list[str]:
         else:
             raise TypeError(f"expected batches with a 'text' list or plain str items, got {type(batch).__name__}")
     return texts
-
-
-def _unit(embeddings: Any) -> np.ndarray:
-    array = np.atleast_2d(np.asarray(embeddings, dtype=np.float32))
-    norms = np.linalg.norm(array, axis=-1, keepdims=True)
-    return array / np.maximum(norms, 1e-12)

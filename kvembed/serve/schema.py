@@ -15,6 +15,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 
+from ..runtime.vectors import unit_rows
 from .errors import ApiError
 
 
@@ -137,6 +138,4 @@ def truncate_dimensions(vectors: np.ndarray, dimensions: int | None) -> np.ndarr
     """
     if dimensions is None or dimensions >= vectors.shape[1]:
         return vectors
-    cut = vectors[:, :dimensions]
-    norms = np.linalg.norm(cut, axis=1, keepdims=True)
-    return cut / np.maximum(norms, np.finfo(np.float32).tiny)
+    return unit_rows(vectors[:, :dimensions])
