@@ -25,7 +25,7 @@ from onnx.external_data_helper import uses_external_data
 
 from checks import assert_matches_oracle
 from conftest import tiny_config
-from kvembed.export import core, external_data, verification
+from kvembed.export import core, external_data, rewrites, verification
 from kvembed.export.core import Exporter, export_result, load_embedder
 from kvembed.export.checks import MATRICES_PER_LAYER, weight_matmuls
 from kvembed.export.external_data import DATA_FILE, EXTERNAL_MIN_BYTES
@@ -254,6 +254,41 @@ def test_trace_writes_weights_external_and_transposed(sharded_bf16):
         q = embedder.model.decoder.layers[0].self_attn.q_proj.weight.detach().numpy()
         assert any(a.shape == q.T.shape and np.array_equal(a, q.T) for a in stored)
     assert exporter.weights_released is False  # only export_result frees the weights
+
+
+def test_offline_optimisation_never_rewrites_the_weights(monkeypatch):
+    """onnxruntime's offline pass sees the weights as graph inputs: the traced graph's data file is
+    the same file afterwards (same inode, bytes and modification time), every weight still points
+    into it, nothing is left beside it, and the optimised graph computes what the traced one did.
+    (The demo model's traced graph has a node onnxruntime removes; the tiny Qwen3's has none.)"""
+    monkeypatch.setattr(rewrites, "WEIGHT_INPUT_BYTES", 1024)  # the demo model's matrices count as weights
+    embedder = load_embedder(str(demo_model_path()), METHOD, padding_side="right")
+    with Exporter(embedder, optimize=False) as exporter:
+        path = exporter.trace()
+        data = path.with_name(path.name + ".data")
+        before = data.stat()
+        content = data.read_bytes()
+        traced = path.with_name("traced.onnx")
+        shutil.copy(path, traced)
+        layout = {t.name: {e.key: e.value for e in t.external_data}
+                  for t in onnx.load(str(path), load_external_data=False).graph.initializer if uses_external_data(t)}
+        assert layout
+        record = rewrites.optimize_with_onnxruntime(path)
+        assert record["applied"] and record["nodes_after"] < record["nodes_before"], record
+        after = data.stat()
+        assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
+        assert data.read_bytes() == content
+        optimized = onnx.load(str(path), load_external_data=False)
+        assert len(optimized.graph.node) == record["nodes_after"]
+        assert [i.name for i in optimized.graph.input] == ["input_ids", "attention_mask"]
+        assert {t.name: {e.key: e.value for e in t.external_data}
+                for t in optimized.graph.initializer if uses_external_data(t)} == layout
+        assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, data.name, traced.name])
+        ids = np.array([[5, 17, 42, 99, 3, 0], [7, 8, 9, 0, 0, 0]], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
+        run = [onnxruntime.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, feeds) for p in (traced, path)]
+        for old, new in zip(*run):
+            np.testing.assert_allclose(new, old, rtol=1e-5, atol=1e-6)
 
 
 def test_bf16_checkpoint_loads_to_the_same_float32_model(sharded_bf16):

@@ -8,7 +8,6 @@ the rewrite applied.
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,30 +19,35 @@ def optimize_with_onnxruntime(path: Path) -> dict[str, Any]:
 
     Replaces ``path`` only if the result is smaller and still uses standard ops from the allow-list
     only. Extended and layout levels are never used: they fuse into ``com.microsoft`` contrib ops.
+
+    onnxruntime sees the graph with its weights as inputs (:func:`_weights_as_inputs`): it needs
+    neither their bytes nor to write them again (its optimized-model writer rewrites every
+    initializer, the whole model once more on disk, for what is one node on the models here), and
+    folding a weight is what the export never wants (the trace keeps weight transposes unfolded).
+    The optimised graph gets the same initializers back, so the weights file is not touched.
     """
     import onnx
     import onnxruntime as ort
 
     record: dict[str, Any] = {"name": "onnxruntime ORT_ENABLE_BASIC (offline)", "applied": False}
-    before = onnx.load(str(path), load_external_data=False)
-    record["nodes_before"] = len(before.graph.node)
-    external = any(_is_external(t) for t in before.graph.initializer)
+    model = onnx.load(str(path), load_external_data=False)
+    record["nodes_before"] = len(model.graph.node)
+    weights = _weights_as_inputs(model)
+    skeleton = path.with_name(path.stem + ".skeleton.onnx")
     target = path.with_name(path.stem + ".ortopt.onnx")
-    target_data = target.with_name(target.name + ".data")
+    onnx.save(model, str(skeleton))
+    del model
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(target)
-    options.add_session_config_entry("session.disable_prepacking", "1")  # never run: no packed copy of the weights
-    if external:
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", target_data.name)
-        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     try:
-        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        optimized = onnx.load(str(target), load_external_data=False)
+        ort.InferenceSession(str(skeleton), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(str(target))
     except Exception as err:  # keep the unoptimised graph
         record["reason"] = f"onnxruntime failed: {type(err).__name__}"
-        _remove(target, target_data)
         return record
+    finally:
+        _remove(skeleton, target)
     _drop_unused_opsets(optimized)
     record["nodes_after"] = len(optimized.graph.node)
     bad = non_portable_ops(optimized, ALLOWED_OPS)
@@ -53,17 +57,45 @@ def optimize_with_onnxruntime(path: Path) -> dict[str, Any]:
         record["reason"] = "no node removed"
     else:
         record["applied"] = True
-    if record["applied"]:
-        data = path.with_name(path.name + ".data")
-        if external:
-            for tensor in optimized.graph.initializer:
-                for entry in tensor.external_data:
-                    if entry.key == "location":
-                        entry.value = data.name
-            os.replace(target_data, data)
+        _inputs_as_weights(optimized, weights)
         onnx.save(optimized, str(path))
-    _remove(target, target_data)
     return record
+
+
+#: initializers of at least this many bytes are weights to onnxruntime's offline pass (graph inputs)
+WEIGHT_INPUT_BYTES = 1 << 16
+
+
+def _weights_as_inputs(model: Any) -> list[Any]:
+    """Move ``model``'s initializers of :data:`WEIGHT_INPUT_BYTES` or more to graph inputs of their
+    type and shape; returns them (external ones still pointing at their file) for
+    :func:`_inputs_as_weights`."""
+    import numpy as np
+    import onnx
+    from onnx import helper
+
+    graph = model.graph
+    declared = {i.name for i in graph.input}
+    weights, kept = [], []
+    for tensor in graph.initializer:
+        size = int(np.prod(tensor.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        (weights if size >= WEIGHT_INPUT_BYTES and tensor.name not in declared else kept).append(tensor)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in weights)
+    return weights
+
+
+def _inputs_as_weights(model: Any, weights: list[Any]) -> None:
+    """Undo :func:`_weights_as_inputs` on the optimised ``model``: the inputs become the same
+    initializers again (a weight nothing reads any more is dropped)."""
+    graph = model.graph
+    names = {t.name for t in weights}
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    inputs = [i for i in graph.input if i.name not in names]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    graph.initializer.extend(t for t in weights if t.name in read)
 
 
 def rms_norm_as_div(path: Path) -> dict[str, Any]:
@@ -111,12 +143,6 @@ def node_edges(graph: Any) -> tuple[dict[str, Any], dict[str, list[Any]]]:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     return producers, consumers
-
-
-def _is_external(tensor: Any) -> bool:
-    import onnx
-
-    return tensor.data_location == onnx.TensorProto.EXTERNAL
 
 
 def _drop_unused_opsets(model: Any) -> None:
