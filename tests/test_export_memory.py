@@ -256,12 +256,11 @@ def test_trace_writes_weights_external_and_transposed(sharded_bf16):
     assert exporter.weights_released is False  # only export_result frees the weights
 
 
-def test_offline_optimisation_never_rewrites_the_weights(monkeypatch):
+def test_offline_optimisation_never_rewrites_the_weights():
     """onnxruntime's offline pass sees the weights as graph inputs: the traced graph's data file is
     the same file afterwards (same inode, bytes and modification time), every weight still points
     into it, nothing is left beside it, and the optimised graph computes what the traced one did.
     (The demo model's traced graph has a node onnxruntime removes; the tiny Qwen3's has none.)"""
-    monkeypatch.setattr(rewrites, "WEIGHT_INPUT_BYTES", 1024)  # the demo model's matrices count as weights
     embedder = load_embedder(str(demo_model_path()), METHOD, padding_side="right")
     with Exporter(embedder, optimize=False) as exporter:
         path = exporter.trace()

@@ -136,17 +136,17 @@ class EmbeddingTables:
             helper.make_node("Mul", [f"{out}_scaled", self._columns_of[table]], [out], name=f"{name}_columns"),
         ]
 
-    def transform(self, tensor: Any) -> None:
+    def transform(self, tensor: Any, values: np.ndarray | None, scratch: Any = None) -> np.ndarray | None:
         """A table becomes its int8 rows (renamed); the placeholders after it get its scales and columns."""
-        from onnx import numpy_helper
-
         if tensor.name in self._renamed:
-            values, scales, columns = quantize_rows(numpy_helper.to_array(tensor))
+            quantized, scales, columns = quantize_rows(values)
             self._pending[self._scales_of[tensor.name]] = scales
             self._pending[self._columns_of[tensor.name]] = columns
-            tensor.CopyFrom(numpy_helper.from_array(values, self._renamed[tensor.name]))
-        elif tensor.name in self._pending:
-            tensor.CopyFrom(numpy_helper.from_array(self._pending.pop(tensor.name), tensor.name))
+            tensor.name = self._renamed[tensor.name]
+            return quantized
+        if tensor.name in self._pending:
+            return self._pending.pop(tensor.name)
+        return None
 
 
 def _axis(node: Any) -> int:

@@ -5,7 +5,7 @@ writing a graph one weight at a time, so a conversion never holds every weight a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -27,45 +27,116 @@ def weight_bytes(model: Any) -> int:
     return sum(_tensor_bytes(t) for t in model.graph.initializer)
 
 
-def stream_initializers(model: Any, source_dir: Path, target: Path, transform: Any = None,
+class Scratch:
+    """Buffers reused from one tensor to the next while weights stream: a fresh array per weight
+    costs the kernel a page fault per 4 KiB to zero (most of a conversion's time, measured), a
+    reused one costs nothing. :meth:`array` gives an array over the buffer of ``key``, grown to
+    the largest asked for; it is valid until the next request for the same key."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def array(self, key: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.nbytes < size:
+            self._buffers[key] = buffer = np.empty(max(size, 1), dtype=np.uint8)
+        return buffer[:size].view(dtype).reshape(shape)
+
+
+#: ``transform(tensor, values, scratch)``: the values to store for ``tensor``, or None to keep them
+Transform = Callable[[Any, "np.ndarray | None", Scratch], "np.ndarray | None"]
+
+
+def stream_initializers(model: Any, source_dir: Path, target: Path, transform: Transform | None = None,
                         sources: Mapping[str, Path] | None = None, advance: Any = None) -> int:
     """Write ``model`` (an ``onnx.ModelProto`` loaded without its external data, whose weights live
     in ``source_dir``, or for the tensors named in ``sources`` in the directory given there) as
-    ``target``, its weights in ``<target>.data``, one tensor at a time: each is read, passed to
-    ``transform(tensor)`` (which may rewrite it in place), appended to the data file and dropped,
-    so no more than one weight is ever in memory. ``advance(done, total)`` is told the tensors
-    handled so far. Returns the bytes written to the data file."""
+    ``target``, its weights in ``<target>.data``, one tensor at a time, so no more than one weight
+    is ever in memory. ``advance(done, total)`` is told the tensors handled so far. Returns the
+    bytes written to the data file.
+
+    ``transform(tensor, values, scratch)`` sees each initializer (the TensorProto: its name, which
+    it may change, type and dims) with its values (an array it may change in place, valid until it
+    returns; None for a placeholder that has none) and returns the values to store (the tensor
+    takes their dtype and shape; an array from ``scratch`` is fine) or None to store them as they
+    are. A weight goes from the source file into a reused buffer and from the stored array to the
+    target file with no copy between: protobuf never holds it (a message keeps its fields in an
+    arena until the message is gone)."""
     import onnx
-    from onnx.external_data_helper import (
-        load_external_data_for_tensor, save_external_data, set_external_data, uses_external_data,
-    )
 
     data = target.with_name(target.name + ".data")
-    data.write_bytes(b"")
+    scratch = Scratch()
     total = len(model.graph.initializer)
-    for done, tensor in enumerate(model.graph.initializer, 1):
-        # each weight is handled in a message of its own: protobuf (upb) allocates a message's
-        # fields in its arena and frees them only with the message, so bytes set on the model's
-        # own tensors would stay allocated, clearing them or not, until the whole model is gone
-        work = onnx.TensorProto()
-        work.CopyFrom(tensor)
-        if uses_external_data(work):
-            load_external_data_for_tensor(work, str((sources or {}).get(work.name, source_dir)))
-            work.data_location = onnx.TensorProto.DEFAULT
-            del work.external_data[:]
-        if transform is not None:
-            transform(work)
-        if work.HasField("raw_data") and len(work.raw_data) >= EXTERNAL_MIN_BYTES:
-            set_external_data(work, data.name)
-            save_external_data(work, str(target.parent))
-            work.ClearField("raw_data")
-            work.data_location = onnx.TensorProto.EXTERNAL
-        tensor.CopyFrom(work)
-        del work
-        if advance is not None:
-            advance(done, total)
+    with open(data, "wb") as sink:
+        for done, tensor in enumerate(model.graph.initializer, 1):
+            values = _read_values(tensor, (sources or {}).get(tensor.name, source_dir), scratch)
+            if transform is not None:
+                changed = transform(tensor, values, scratch)
+                values = values if changed is None else changed
+            if values is not None:
+                _store(tensor, values, sink, data.name)
+            del values
+            if advance is not None:
+                advance(done, total)
+    del scratch
     onnx.save_model(model, str(target))
     return data.stat().st_size
+
+
+_DATA_FIELDS = ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data")
+
+
+def _read_values(tensor: Any, directory: Path, scratch: Scratch) -> np.ndarray | None:
+    """``tensor``'s values: an external one read into the scratch buffer ``"read"``, an inline one
+    as onnx gives it (small), a placeholder without data as None."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    dims = tuple(int(d) for d in tensor.dims)
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        values = scratch.array("read", dims, dtype)
+        view = values.reshape(-1).view(np.uint8)
+        length = int(info.get("length", view.nbytes))
+        if length != view.nbytes:
+            raise ValueError(f"external data of {tensor.name} holds {length} bytes, its type and shape need {view.nbytes}")
+        with open(Path(directory) / info["location"], "rb") as source:
+            source.seek(int(info.get("offset", 0)))
+            if source.readinto(view) != length:
+                raise ValueError(f"external data of {tensor.name} ends early in {info['location']}")
+        return values
+    if not any(tensor.HasField(f) if f == "raw_data" else len(getattr(tensor, f)) for f in _DATA_FIELDS) and \
+            int(np.prod(dims, dtype=np.int64)) > 0:
+        return None  # a placeholder the transform fills
+    return numpy_helper.to_array(tensor).copy()  # writable, as an external tensor's is
+
+
+def _store(tensor: Any, values: np.ndarray, sink: Any, location: str) -> None:
+    """Make ``tensor`` hold ``values``: appended to ``sink`` (the data file named ``location``)
+    from :data:`EXTERNAL_MIN_BYTES` on, inline below."""
+    import onnx
+    from onnx import helper
+
+    values = np.require(values, requirements="C")  # ascontiguousarray would make a scalar 1-D
+    for field in _DATA_FIELDS:
+        tensor.ClearField(field)
+    del tensor.external_data[:]
+    tensor.data_type = helper.np_dtype_to_tensor_dtype(values.dtype)
+    del tensor.dims[:]
+    tensor.dims.extend(values.shape)
+    if values.nbytes >= EXTERNAL_MIN_BYTES:
+        offset = sink.tell()
+        sink.write(values.reshape(-1).view(np.uint8))
+        for key, value in (("location", location), ("offset", str(offset)), ("length", str(values.nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+    else:
+        tensor.raw_data = values.tobytes()
+        tensor.data_location = onnx.TensorProto.DEFAULT
 
 
 def settle_layout(path: Path) -> bool:

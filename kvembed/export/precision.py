@@ -165,7 +165,7 @@ def to_fp16(source: Path, target: Path, advance: Callable[[int, int], None] | No
     """
     import numpy as np
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     model = onnx.load(str(source), load_external_data=False)
     _name_nodes(model)
@@ -240,11 +240,18 @@ def to_fp16(source: Path, target: Path, advance: Callable[[int, int], None] | No
     # weights: converted one tensor at a time, on their way to the target's data file
     converted = []
 
-    def to_half(tensor: Any) -> None:
-        if tensor.data_type == TensorProto.FLOAT and home.get(tensor.name) == TensorProto.FLOAT16:
-            array = numpy_helper.to_array(tensor)
-            tensor.CopyFrom(numpy_helper.from_array(np.clip(array, -_FP16_MAX, _FP16_MAX).astype(np.float16), tensor.name))
-            converted.append(tensor.name)
+    def to_half(tensor: Any, values: Any, scratch: Any) -> Any:
+        """Clamped to fp16's range and rounded to fp16 by torch, in place and into a reused buffer
+        (numpy's float-to-half cast is scalar code, 3-10x slower; the bits are the same)."""
+        if values is None or tensor.data_type != TensorProto.FLOAT or home.get(tensor.name) != TensorProto.FLOAT16:
+            return None
+        import torch
+
+        source = torch.from_numpy(values).clamp_(-_FP16_MAX, _FP16_MAX)
+        half = scratch.array("half", values.shape, np.float16)
+        torch.from_numpy(half).copy_(source)
+        converted.append(tensor.name)
+        return half
 
     del graph.value_info[:]
     toposort(graph)
@@ -400,6 +407,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
     activation ranges once measured, so a fallback recipe does not run the fp32 graph again.
     ``step(detail)`` is told as each part (calibrating, smoothing, quantising) begins, and
     ``advance(done, total)`` each part's share done."""
+    import numpy as np
     import onnx
 
     from .embedding_table import EmbeddingTables
@@ -439,7 +447,8 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
             if step is not None:
                 step(f"smoothing: SmoothQuant's factors from the weights (recipe {plan.name})")
             smoothing = smoothing_plan_from_file(source, groups, measured, plan.smooth_alpha)
-            folds = {name: (lambda value, steps=steps: apply_steps(value.astype("float32"), steps))
+            # the streamed weight is float32 in a buffer of the stream's: smoothed in place
+            folds = {name: (lambda value, steps=steps: apply_steps(np.asarray(value, dtype=np.float32), steps, in_place=True))
                      for name, steps in smoothing.items()}
         facts.update({"smoothquant_alpha": plan.smooth_alpha, "smoothed_activations": len(groups) if plan.smooth_alpha else 0,
                       "calibration_batches": len(calibration)})

@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import InvalidInput
+from .external_data import Transform
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,13 @@ class WeightFormat:
         return (-127, 127) if self.signed else (0, 255)
 
 
-def quantize_per_channel(weight: np.ndarray, fmt: WeightFormat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize_per_channel(weight: np.ndarray, fmt: WeightFormat, scratch: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``weight`` ([in, out] float32) quantised per output channel: (values, scales, zero points),
     with onnxruntime's arithmetic (``compute_scale_zp`` then ``quantize_nparray``) over every
     channel at once: the range always includes 0; int8 is symmetric; the scale is computed in
-    float64 and stored in float32; a range below float32's smallest normal gets scale 1."""
+    float64 and stored in float32; a range below float32's smallest normal gets scale 1.
+    ``scratch`` (:class:`~kvembed.export.external_data.Scratch`): the weight-sized temporaries
+    and the values go into its reused buffers (valid until the next weight)."""
     weight = np.asarray(weight, dtype=np.float32)
     qmin, qmax = fmt.limits
     rmin = np.minimum(weight.min(axis=0), np.float32(0))
@@ -93,25 +96,40 @@ def quantize_per_channel(weight: np.ndarray, fmt: WeightFormat) -> tuple[np.ndar
         zero[tiny] = 0
     scale = np.where(tiny, np.float32(1.0), scale64.astype(np.float32)).astype(np.float32)
     info = np.iinfo(fmt.dtype)
-    values = np.round(weight / scale[None, :])
+    values = np.divide(weight, scale[None, :], out=_buffer(scratch, "quantize", weight.shape, np.float32))
+    np.round(values, out=values)
     values += zero.astype(np.float32)[None, :]
     np.clip(values, info.min, info.max, out=values)
-    return values.astype(fmt.dtype), scale, zero
+    return _cast(values, fmt.dtype, scratch), scale, zero
 
 
-def quantize_blocked(weight: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+def _buffer(scratch: Any, key: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    return np.empty(shape, dtype=dtype) if scratch is None else scratch.array(key, shape, dtype)
+
+
+def _cast(values: np.ndarray, dtype: Any, scratch: Any) -> np.ndarray:
+    """``values.astype(dtype)``, into ``scratch``'s buffer when there is one."""
+    if scratch is None:
+        return values.astype(dtype)
+    out = scratch.array("quantized", values.shape, dtype)
+    np.copyto(out, values, casting="unsafe")
+    return out
+
+
+def quantize_blocked(weight: np.ndarray, block: int, scratch: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """``weight`` ([in, out] float32, ``in`` a multiple of ``block``) as symmetric int8 in blocks of
     ``block`` input rows: (values [in, out], float32 scales [in / block, out]), ``scale = max|block| / 127``
-    (1 for an all-zero block) and ``values = round(weight / scale)`` (half to even)."""
+    (1 for an all-zero block) and ``values = round(weight / scale)`` (half to even). ``scratch``: as
+    :func:`quantize_per_channel`'s."""
     weight = np.asarray(weight, dtype=np.float32)
     rows, columns = weight.shape
     blocks = weight.reshape(rows // block, block, columns)
-    peak = np.abs(blocks).max(axis=1)
+    peak = np.maximum(blocks.max(axis=1), -blocks.min(axis=1))  # max |x| without an |x| temporary
     scale = np.where(peak > 0, peak / np.float32(127.0), np.float32(1.0)).astype(np.float32)
-    values = blocks / scale[:, None, :]  # the one float temporary of the weight's size
+    values = np.divide(blocks, scale[:, None, :], out=_buffer(scratch, "quantize", blocks.shape, np.float32))
     np.rint(values, out=values)
     np.clip(values, -127, 127, out=values)
-    return values.astype(np.int8).reshape(rows, columns), scale
+    return _cast(values, np.int8, scratch).reshape(rows, columns), scale
 
 
 #: the opset whose DequantizeLinear takes ``block_size``
@@ -126,7 +144,7 @@ def quantize_matmuls(
     exclude: Sequence[str] = (),
     steps: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None,
     advance: Any = None,
-    finish: Callable[[Any], Callable[[Any], None] | None] | None = None,
+    finish: Callable[[Any], Transform | None] | None = None,
 ) -> dict[str, int]:
     """Write the fp32 graph ``source`` as ``target`` (weights in ``<target>.data``) with every
     ``MatMul`` whose second input is a 2-D float initializer quantised dynamically, or weight-only
@@ -138,7 +156,7 @@ def quantize_matmuls(
     :mod:`kvembed.export.embedding_table`). ``advance(done, total)`` is told the tensors written.
     Returns counts."""
     import onnx
-    from onnx import TensorProto, numpy_helper
+    from onnx import TensorProto
 
     from .external_data import stream_initializers
     from .precision import node_inputs, toposort
@@ -189,34 +207,32 @@ def quantize_matmuls(
     roles = {f"{w}{suffix}": (role, w) for w in quantized_weights
              for suffix, role in (("_quantized", "weight"), ("_scale", "scale"), ("_zero_point", "zero"))}
 
-    def transform(tensor: Any) -> None:
+    def transform(tensor: Any, value: np.ndarray | None, scratch: Any) -> np.ndarray | None:
         role, original = roles.get(tensor.name, ("", tensor.name))
         if role == "weight":
-            value = numpy_helper.to_array(tensor)
             if original in steps:
                 value = steps[original](value)
             if fmt.block:
-                values, scale = quantize_blocked(value, blocks[original])
+                values, scale = quantize_blocked(value, blocks[original], scratch)
                 zero = None
             else:
-                values, scale, zero = quantize_per_channel(value, fmt)
-            del value
+                values, scale, zero = quantize_per_channel(value, fmt, scratch)
             pending[original] = (scale, zero)
-            tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
-        elif role == "scale":
-            scale = (pending.pop(original) if fmt.block else pending[original])[0]
-            tensor.CopyFrom(numpy_helper.from_array(scale, tensor.name))
-        elif role == "zero":
-            tensor.CopyFrom(numpy_helper.from_array(pending.pop(original)[1], tensor.name))
-        elif original in steps:
-            tensor.CopyFrom(numpy_helper.from_array(steps[original](numpy_helper.to_array(tensor)), tensor.name))
+            return values
+        if role == "scale":
+            return (pending.pop(original) if fmt.block else pending[original])[0]
+        if role == "zero":
+            return pending.pop(original)[1]
+        return steps[original](value) if original in steps else None
 
     more = finish(model) if finish is not None else None
 
-    def both(tensor: Any) -> None:
-        transform(tensor)
-        if more is not None:
-            more(tensor)
+    def both(tensor: Any, value: np.ndarray | None, scratch: Any) -> np.ndarray | None:
+        changed = transform(tensor, value, scratch)
+        if more is None:
+            return changed
+        again = more(tensor, value if changed is None else changed, scratch)
+        return changed if again is None else again
 
     toposort(graph)
     stream_initializers(model, source.parent, target, both, advance=advance)

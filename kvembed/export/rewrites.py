@@ -67,9 +67,9 @@ WEIGHT_INPUT_BYTES = 1 << 16
 
 
 def _weights_as_inputs(model: Any) -> list[Any]:
-    """Move ``model``'s initializers of :data:`WEIGHT_INPUT_BYTES` or more to graph inputs of their
-    type and shape; returns them (external ones still pointing at their file) for
-    :func:`_inputs_as_weights`."""
+    """Move ``model``'s external initializers and those of :data:`WEIGHT_INPUT_BYTES` or more to
+    graph inputs of their type and shape (onnxruntime would write an external one back inline);
+    returns them (external ones still pointing at their file) for :func:`_inputs_as_weights`."""
     import numpy as np
     import onnx
     from onnx import helper
@@ -79,7 +79,8 @@ def _weights_as_inputs(model: Any) -> list[Any]:
     weights, kept = [], []
     for tensor in graph.initializer:
         size = int(np.prod(tensor.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-        (weights if size >= WEIGHT_INPUT_BYTES and tensor.name not in declared else kept).append(tensor)
+        weight = size >= WEIGHT_INPUT_BYTES or tensor.data_location == onnx.TensorProto.EXTERNAL
+        (weights if weight and tensor.name not in declared else kept).append(tensor)
     del graph.initializer[:]
     graph.initializer.extend(kept)
     graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in weights)

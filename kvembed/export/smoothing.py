@@ -219,10 +219,15 @@ def smoothing_plan(read: Callable[[str], np.ndarray], groups: list[SmoothGroup],
     return plan
 
 
-def apply_steps(value: np.ndarray, steps: list[Step]) -> np.ndarray:
-    """``value`` (float32) after ``steps`` (:func:`smoothing_plan`)."""
+def apply_steps(value: np.ndarray, steps: list[Step], in_place: bool = False) -> np.ndarray:
+    """``value`` (float32) after ``steps`` (:func:`smoothing_plan`); ``in_place``: in ``value``
+    itself (a float32 array the caller owns), with no temporary of its size."""
     for kind, s in steps:
-        value = value * s[:, None] if kind == "rows" else value / s if kind == "divide" else value / s[None, :]
+        factor = s[:, None] if kind == "rows" else s if kind == "divide" else s[None, :]
+        if in_place:
+            np.multiply(value, factor, out=value) if kind == "rows" else np.divide(value, factor, out=value)
+        else:
+            value = value * factor if kind == "rows" else value / factor
     return value
 
 
