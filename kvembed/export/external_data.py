@@ -71,7 +71,7 @@ def stream_initializers(model: Any, source_dir: Path, target: Path, transform: T
     total = len(model.graph.initializer)
     with open(data, "wb") as sink:
         for done, tensor in enumerate(model.graph.initializer, 1):
-            values = _read_values(tensor, (sources or {}).get(tensor.name, source_dir), scratch)
+            values = read_values(tensor, (sources or {}).get(tensor.name, source_dir), scratch)
             if transform is not None:
                 changed = transform(tensor, values, scratch)
                 values = values if changed is None else changed
@@ -88,9 +88,10 @@ def stream_initializers(model: Any, source_dir: Path, target: Path, transform: T
 _DATA_FIELDS = ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data")
 
 
-def _read_values(tensor: Any, directory: Path, scratch: Scratch) -> np.ndarray | None:
-    """``tensor``'s values: an external one read into the scratch buffer ``"read"``, an inline one
-    as onnx gives it (small), a placeholder without data as None."""
+def read_values(tensor: Any, directory: Path, scratch: Scratch | None = None) -> np.ndarray | None:
+    """``tensor``'s values, an array the caller may change: an external one read from its file in
+    ``directory`` straight into an array (``scratch``'s buffer ``"read"`` when given), an inline
+    one as onnx gives it (small), a placeholder without data as None."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -98,7 +99,7 @@ def _read_values(tensor: Any, directory: Path, scratch: Scratch) -> np.ndarray |
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         info = {entry.key: entry.value for entry in tensor.external_data}
         dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
-        values = scratch.array("read", dims, dtype)
+        values = np.empty(dims, dtype=dtype) if scratch is None else scratch.array("read", dims, dtype)
         view = values.reshape(-1).view(np.uint8)
         length = int(info.get("length", view.nbytes))
         if length != view.nbytes:

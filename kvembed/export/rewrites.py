@@ -22,9 +22,9 @@ def optimize_with_onnxruntime(path: Path) -> dict[str, Any]:
 
     onnxruntime sees the graph with its weights as inputs (:func:`_weights_as_inputs`): it needs
     neither their bytes nor to write them again (its optimized-model writer rewrites every
-    initializer, the whole model once more on disk, for what is one node on the models here), and
-    folding a weight is what the export never wants (the trace keeps weight transposes unfolded).
-    The optimised graph gets the same initializers back, so the weights file is not touched.
+    initializer, the whole model once more on disk, however few nodes it removes), and folding a
+    weight is what the export never wants (the trace keeps weight transposes unfolded). The
+    optimised graph gets the same initializers back, so the weights file is not touched.
     """
     import onnx
     import onnxruntime as ort
@@ -89,14 +89,13 @@ def _weights_as_inputs(model: Any) -> list[Any]:
 
 def _inputs_as_weights(model: Any, weights: list[Any]) -> None:
     """Undo :func:`_weights_as_inputs` on the optimised ``model``: the inputs become the same
-    initializers again (a weight nothing reads any more is dropped)."""
+    initializers again."""
     graph = model.graph
     names = {t.name for t in weights}
-    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
     inputs = [i for i in graph.input if i.name not in names]
     del graph.input[:]
     graph.input.extend(inputs)
-    graph.initializer.extend(t for t in weights if t.name in read)
+    graph.initializer.extend(weights)
 
 
 def rms_norm_as_div(path: Path) -> dict[str, Any]:

@@ -202,15 +202,19 @@ Step = Tuple[str, np.ndarray]
 def smoothing_plan(read: Callable[[str], np.ndarray], groups: list[SmoothGroup], ranges: Mapping[str, np.ndarray],
                    alpha: float = DEFAULT_ALPHA) -> dict[str, list[Step]]:
     """The SmoothQuant steps for each weight (by name), in order; ``read(name)`` gives a weight as
-    stored. Group by group as in the graph: a group's weights are seen with the steps of the groups
+    stored, in an array the plan may overwrite (a copy, or a buffer reused per read). Group by group as in the graph: a group's weights are seen with the steps of the groups
     before it applied (``up_proj`` is both gate/up's weight and down_proj's fold)."""
     if not 0.0 < alpha < 1.0:
         raise InvalidInput(f"SmoothQuant alpha must be in (0, 1), got {alpha!r}")
     plan: dict[str, list[Step]] = {}
+
+    def row_peaks(name: str) -> np.ndarray:  # max |w| per row after the earlier groups' steps
+        value = apply_steps(np.array(read(name), dtype=np.float32, copy=None), plan.get(name, []), in_place=True)
+        return np.maximum(value.max(axis=1), -value.min(axis=1))
+
     for group in groups:
         x_max = np.maximum(ranges[group.activation].astype(np.float64), 1e-5)
-        w_max = np.max([np.abs(apply_steps(read(name).astype(np.float32), plan.get(name, []))).max(axis=1)
-                        for name in group.weights], axis=0)
+        w_max = np.max([row_peaks(name) for name in group.weights], axis=0)
         w_max = np.maximum(w_max.astype(np.float64), 1e-5)
         s = np.clip(x_max**alpha / w_max ** (1.0 - alpha), 1e-5, 1e5).astype(np.float32)
         for name in group.weights:
@@ -236,7 +240,7 @@ def smooth(model: Any, groups: list[SmoothGroup], ranges: Mapping[str, np.ndarra
     from onnx import numpy_helper
 
     tensors = {t.name: t for t in model.graph.initializer}
-    plan = smoothing_plan(lambda name: numpy_helper.to_array(tensors[name]), groups, ranges, alpha)
+    plan = smoothing_plan(lambda name: numpy_helper.to_array(tensors[name]).astype(np.float32), groups, ranges, alpha)
     for name, steps in plan.items():
         value = apply_steps(numpy_helper.to_array(tensors[name]).astype(np.float32), steps)
         tensors[name].CopyFrom(numpy_helper.from_array(value, name))
@@ -248,20 +252,15 @@ def smoothing_plan_from_file(source: Path, groups: list[SmoothGroup], ranges: Ma
     loading the model; the quantiser folds the steps in as the weights stream through
     (:func:`kvembed.export.quantize.quantize_matmuls`)."""
     import onnx
-    from onnx import numpy_helper
-    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    from .external_data import Scratch, read_values
 
     model = onnx.load(str(source), load_external_data=False)
     tensors = {t.name: t for t in model.graph.initializer}
+    scratch = Scratch()  # one weight at a time, read into one reused buffer
 
     def read(name: str) -> np.ndarray:
-        tensor = onnx.TensorProto()
-        tensor.CopyFrom(tensors[name])
-        if uses_external_data(tensor):
-            load_external_data_for_tensor(tensor, str(source.parent))
-            tensor.data_location = onnx.TensorProto.DEFAULT
-            del tensor.external_data[:]
-        return numpy_helper.to_array(tensor)
+        return read_values(tensors[name], source.parent, scratch)
 
     return smoothing_plan(read, groups, ranges, alpha)
 
