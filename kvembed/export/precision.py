@@ -242,7 +242,7 @@ def to_fp16(source: Path, target: Path, advance: Callable[[int, int], None] | No
 
     def to_half(tensor: Any, values: Any, scratch: Any) -> Any:
         """Clamped to fp16's range and rounded to fp16 by torch, in place and into a reused buffer
-        (numpy's float-to-half cast is scalar code, 3-10x slower; the bits are the same)."""
+        (numpy's float-to-half cast is several times slower; the bits are the same)."""
         if values is None or tensor.data_type != TensorProto.FLOAT or home.get(tensor.name) != TensorProto.FLOAT16:
             return None
         import torch

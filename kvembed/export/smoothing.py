@@ -202,8 +202,9 @@ Step = Tuple[str, np.ndarray]
 def smoothing_plan(read: Callable[[str], np.ndarray], groups: list[SmoothGroup], ranges: Mapping[str, np.ndarray],
                    alpha: float = DEFAULT_ALPHA) -> dict[str, list[Step]]:
     """The SmoothQuant steps for each weight (by name), in order; ``read(name)`` gives a weight as
-    stored, in an array the plan may overwrite (a copy, or a buffer reused per read). Group by group as in the graph: a group's weights are seen with the steps of the groups
-    before it applied (``up_proj`` is both gate/up's weight and down_proj's fold)."""
+    stored, in an array the plan may overwrite (a copy, or a buffer reused per read). Group by
+    group as in the graph: a group's weights are seen with the steps of the groups before it
+    applied (``up_proj`` is both gate/up's weight and down_proj's fold)."""
     if not 0.0 < alpha < 1.0:
         raise InvalidInput(f"SmoothQuant alpha must be in (0, 1), got {alpha!r}")
     plan: dict[str, list[Step]] = {}
