@@ -24,7 +24,7 @@ EXTERNAL_MIN_BYTES = 1024
 
 def weight_bytes(model: Any) -> int:
     """Bytes of ``model``'s initializers (an ``onnx.ModelProto``, external ones counted by their length)."""
-    return sum(_tensor_bytes(t) for t in model.graph.initializer)
+    return sum(tensor_bytes(t) for t in model.graph.initializer)
 
 
 class Scratch:
@@ -175,7 +175,7 @@ def save_model(model: Any, path: Path) -> bool:
     """Save an ``onnx.ModelProto`` as ``path``, weights in ``<name>.data`` when it would pass 2 GB."""
     import onnx
 
-    size = sum(_tensor_bytes(t) for t in model.graph.initializer)
+    size = sum(tensor_bytes(t) for t in model.graph.initializer)
     external = size >= EXTERNAL_DATA_THRESHOLD
     if external:
         onnx.save_model(
@@ -191,8 +191,11 @@ def save_model(model: Any, path: Path) -> bool:
     return external
 
 
-def _tensor_bytes(tensor: Any) -> int:
+def tensor_bytes(tensor: Any) -> int:
+    """Bytes of an initializer's values: inline, in its external file (its ``length``), or, for
+    typed fields and placeholders, its element count times its type's size."""
     import onnx
+    from onnx import helper
 
     if tensor.raw_data:
         return len(tensor.raw_data)
@@ -200,5 +203,5 @@ def _tensor_bytes(tensor: Any) -> int:
         for entry in tensor.external_data:
             if entry.key == "length":
                 return int(entry.value)
-    dims = int(np.prod(tensor.dims)) if tensor.dims else 1
-    return dims * 4
+    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
+    return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize

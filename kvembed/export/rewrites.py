@@ -62,24 +62,21 @@ def optimize_with_onnxruntime(path: Path) -> dict[str, Any]:
     return record
 
 
-#: initializers of at least this many bytes are weights to onnxruntime's offline pass (graph inputs)
-WEIGHT_INPUT_BYTES = 1 << 16
-
-
 def _weights_as_inputs(model: Any) -> list[Any]:
-    """Move ``model``'s external initializers and those of :data:`WEIGHT_INPUT_BYTES` or more to
-    graph inputs of their type and shape (onnxruntime would write an external one back inline);
-    returns them (external ones still pointing at their file) for :func:`_inputs_as_weights`."""
-    import numpy as np
+    """Move ``model``'s weights (external initializers, and inline ones of
+    :data:`~kvembed.export.external_data.EXTERNAL_MIN_BYTES` or more, which an artifact would keep
+    external) to graph inputs of their type and shape (onnxruntime would write an external one back
+    inline); returns them (external ones still pointing at their file) for :func:`_inputs_as_weights`."""
     import onnx
     from onnx import helper
+
+    from .external_data import EXTERNAL_MIN_BYTES, tensor_bytes
 
     graph = model.graph
     declared = {i.name for i in graph.input}
     weights, kept = [], []
     for tensor in graph.initializer:
-        size = int(np.prod(tensor.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-        weight = size >= WEIGHT_INPUT_BYTES or tensor.data_location == onnx.TensorProto.EXTERNAL
+        weight = tensor.data_location == onnx.TensorProto.EXTERNAL or tensor_bytes(tensor) >= EXTERNAL_MIN_BYTES
         (weights if weight and tensor.name not in declared else kept).append(tensor)
     del graph.initializer[:]
     graph.initializer.extend(kept)
