@@ -100,8 +100,8 @@ def gate_cosines(encoder: Any, runs: Mapping[str, Run], texts: Mapping[str, str]
     worst = dict.fromkeys(runs, 1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # truncation warnings
-        for kind, side, names in gate_batches(texts):
-            batch = encoder.pad(encoder.encode([texts[n] for n in names], kind), side)
+        for gate_batch in gate_batches(texts):
+            batch = gate_batch.pad(encoder, texts)
             want = runs[BASE](batch)
             for name, run in runs.items():
                 worst[name] = min(worst[name], float(cosine_rows(run(batch), want).min()))

@@ -312,8 +312,8 @@ def test_build_engines_parity_check_passes_a_faithful_plan(artifact, tmp_path, m
     check_engine_parity(engine, artifact, record)
     written = json.loads((engine / ENGINE_JSON).read_text())["parity"]
     assert written == record["parity"] and written["passed"] and written["precision"] == "fp32"
-    # every batch of the gate: the core texts in each case (query/document x right/left), each variety group once
-    assert written["rows"] == sum(len(names) for _, _, names in gate_batches(GATE_TEXTS)) and written["worst_cosine"] >= 0.99999
+    # every row of the gate: the core texts in each case (query/document x right/left), each variety group once
+    assert written["rows"] == sum(len(batch.rows) for batch in gate_batches(GATE_TEXTS)) and written["worst_cosine"] >= 0.99999
     assert written["reference"]["runtime"] == "onnxruntime CPU"
     # independent of the code under test: one of the checked batches, recomputed with numpy
     from kvembed.runtime import Embedder

@@ -191,7 +191,7 @@ def test_manifest_names_the_checkpoint_dtype(sharded_bf16, tmp_path):
     for stage in ("reference", "parity"):
         steps = display.steps[stage]
         # one per padded batch of the gate (the reference runs the held-out batches too, in the same stage)
-        assert batches[stage] == {"reference": 18, "parity": 16}[stage] and len(steps) == batches[stage] * runs[stage]
+        assert batches[stage] == {"reference": 12, "parity": 10}[stage] and len(steps) == batches[stage] * runs[stage]
         for run in range(runs[stage]):
             part = steps[run * batches[stage]:(run + 1) * batches[stage]]
             assert [d for d, _ in part] == sorted(d for d, _ in part) and part[-1][0] == part[-1][1] > 0

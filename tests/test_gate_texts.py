@@ -15,7 +15,7 @@ import pytest
 from kvembed.artifact import Manifest, load_manifest
 from kvembed.errors import InvalidInput
 from kvembed.export.gate_texts import GATE, HELD_OUT, WINDOW, load_gate_texts
-from kvembed.export.parity import CASES, GATE_TEXTS, HELD_OUT_TEXTS, PARITY_TEXTS, gate_batches
+from kvembed.export.parity import CASES, GATE_TEXTS, HELD_OUT_TEXTS, KINDS, PARITY_TEXTS, gate_batches
 from kvembed.modeling.layers.calibration import builtin_calibration_path
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -47,16 +47,27 @@ def test_the_gate_texts_share_no_text_with_the_calibration_and_cover_real_input(
 
 def test_gate_batches_run_the_core_in_every_case_and_each_variety_group_once():
     batches = gate_batches(GATE_TEXTS)
-    seen = [name for _, _, names in batches for name in names]
+    seen = [name for batch in batches for name in batch.names]
     assert set(seen) == set(GATE_TEXTS) and not set(seen) & set(HELD_OUT_TEXTS)
     for name in PARITY_TEXTS:
-        cases = {(kind, side) for kind, side, names in batches if name in names}
+        cases = {(kind, batch.side) for batch in batches for kind, n in batch.rows if n == name}
         assert cases == set(CASES), name
+    core = [batch for batch in batches if set(batch.names) <= set(PARITY_TEXTS)]
+    # a batch of several core rows holds each of its texts as a query and as a document
+    for batch in (b for b in core if len(b.rows) > 1):
+        by_kind = {kind: [n for k, n in batch.rows if k == kind] for kind in KINDS}
+        assert by_kind["query"] == by_kind["document"] and len(batch.rows) == 2 * len(by_kind["query"])
+    # one row has nothing to pad: the one-row batch runs once per kind, not once per side too
+    singles = sorted(batch.rows for batch in core if len(batch.rows) == 1)
+    assert singles == [(("document", "sentence"),), (("query", "sentence"),)]
     variety = [n for n in GATE_TEXTS if n not in PARITY_TEXTS]
     assert all(seen.count(name) == 1 for name in variety)
-    assert {(kind, side) for kind, side, names in batches if set(names) <= set(variety)} == set(CASES)
+    assert {(kind, batch.side) for batch in batches for kind, n in batch.rows if n in variety} == set(CASES)
+    assert all(len({kind for kind, _ in batch.rows}) == 1 for batch in batches if set(batch.names) <= set(variety))
     held = gate_batches(HELD_OUT_TEXTS)
-    assert sorted(n for _, _, names in held for n in names) == sorted(HELD_OUT_TEXTS)
+    assert sorted(n for batch in held for n in batch.names) == sorted(HELD_OUT_TEXTS)
+    # two padded core batches per side, two single rows, one batch per variety group
+    assert len(batches) == 2 * 2 + 2 + len({t.group for t in load_gate_texts() if t.split == GATE})
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +92,9 @@ def test_a_real_export_records_the_held_out_worst_cosine(int8, oracle):
     worst = 1.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for kind, side, names in gate_batches(HELD_OUT_TEXTS):
-            batch = embedder.encoder.pad(embedder.encoder.encode([HELD_OUT_TEXTS[n] for n in names], kind), side)
-            got = embedder.run(batch)[0].astype(np.float64)
-            for row, name in zip(got, names):
+        for batch in gate_batches(HELD_OUT_TEXTS):
+            got = embedder.run(batch.pad(embedder.encoder, HELD_OUT_TEXTS))[0].astype(np.float64)
+            for row, (kind, name) in zip(got, batch.rows):
                 want = reference.embed("kv-embedding", HELD_OUT_TEXTS[name], kind, layers="1-3").astype(np.float64)
                 worst = min(worst, float(row @ want / np.linalg.norm(row) / np.linalg.norm(want)))
     assert held.worst_cosine == pytest.approx(worst, abs=2e-5)

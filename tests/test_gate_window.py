@@ -61,9 +61,9 @@ def test_a_model_without_a_window_gets_the_same_gate(stories_artifact, oracle):
     manifest = read_manifest(stories_artifact(METHOD))
     assert manifest["source"]["sliding_window"] is None
     parity = manifest["parity"]
-    assert parity["texts"] == len(GATE_TEXTS) and parity["rows"] == sum(len(n) for _, _, n in gate_batches(GATE_TEXTS))
+    assert parity["texts"] == len(GATE_TEXTS) and parity["rows"] == sum(len(batch.rows) for batch in gate_batches(GATE_TEXTS))
     demo = oracle("stories260k")
-    longest = max(oracle_length(demo, GATE_TEXTS[n], kind) for kind, _, names in gate_batches(GATE_TEXTS) for n in names)
+    longest = max(oracle_length(demo, GATE_TEXTS[n], kind) for batch in gate_batches(GATE_TEXTS) for kind, n in batch.rows)
     assert parity["longest_tokens"] == longest
 
 
@@ -75,7 +75,7 @@ def test_the_tiny_gemma3_gate_runs_one_text_past_its_window(tmp_path):
     assert set(texts) - set(GATE_TEXTS) == {NAME} and all(texts[n] == GATE_TEXTS[n] for n in GATE_TEXTS)
     tokens = oracle_length(Oracle(folder), texts[NAME], "document")
     assert WINDOW + WINDOW_MARGIN // 2 < tokens <= WINDOW + WINDOW_MARGIN  # cut after a word
-    assert [(kind, names) for kind, _, names in gate_batches(texts) if NAME in names] == [("document", [NAME])]
+    assert [batch.rows for batch in gate_batches(texts) if NAME in batch.names] == [(("document", NAME),)]
 
 
 # -- a window longer than every other gated text --------------------------------------------------
@@ -130,7 +130,7 @@ def test_the_gate_covers_the_window_and_records_its_longest_input(long_window, l
     assert result.manifest["source"]["sliding_window"] == window
     assert parity["passed"] and parity["longest_tokens"] == tokens
     assert parity["texts"] == len(GATE_TEXTS) + 1
-    assert parity["rows"] == sum(len(n) for _, _, n in gate_batches(GATE_TEXTS)) + 1
+    assert parity["rows"] == sum(len(batch.rows) for batch in gate_batches(GATE_TEXTS)) + 1
 
 
 def test_a_graph_that_ignores_the_window_is_refused(long_window, long_window_export, tmp_path):

@@ -8,7 +8,6 @@ left-padded, as queries and as documents. Tolerances are METHODS.md's ("What the
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, Tuple
@@ -96,6 +95,38 @@ def batch_plan(names: Sequence[str]) -> list[list[str]]:
     return [[n for n in names if n not in padded], list(padded), ["sentence"]]
 
 
+@dataclass(frozen=True)
+class GateBatch:
+    """One padded batch of the gate: its padding side and its rows, each ``(kind, text name)``.
+
+    A batch may hold queries and documents together: their prompts differ, the padded machinery
+    they run through does not, and every batch costs a pass over all the weights besides its
+    tokens' arithmetic (on a big model, seconds per batch on each side of the gate)."""
+
+    side: str
+    rows: Tuple[Tuple[str, str], ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [name for _, name in self.rows]
+
+    def cases(self) -> list[str]:
+        """Each row's case, ``kind/side``, as the report groups them."""
+        return [f"{kind}/{self.side}" for kind, _ in self.rows]
+
+    def encode(self, encoder: Any, texts: Mapping[str, str]) -> list[Any]:
+        """The rows through ``encoder`` (a TextEncoder), each text as its kind, in row order."""
+        return [encoder.encode_one(texts[name], kind) for kind, name in self.rows]
+
+    def pad(self, encoder: Any, texts: Mapping[str, str]) -> dict[str, np.ndarray]:
+        """The padded batch ``encoder`` builds of the rows."""
+        return encoder.pad(self.encode(encoder, texts), self.side)
+
+    def describe(self) -> str:
+        kinds = "/".join(dict.fromkeys(kind for kind, _ in self.rows))
+        return f"{kinds} {self.side}-padded batch {self.names}"
+
+
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     num = (a64 * b64).sum(-1)
@@ -150,15 +181,16 @@ def run_parity(
         if cache is not None and key in cache:
             ran = cache[key]
             if not ran.ran_on(batch):
-                raise ExportError(f"the gate's batch {key[1:4]} differs from the one the reference ran on")
+                raise ExportError(f"the gate's {key[1]}-padded batch {[n for _, n in key[2]]} differs from the one "
+                                  "the reference ran on")
             return ran.embedding, ran.pooled
         ran = run_reference(reference, batch)
         if cache is not None:
             cache[key] = ran
         return ran.embedding, ran.pooled
 
-    def same_tokens(items: list[str], kind: str, ours_encoded: Any) -> bool:
-        theirs_encoded = reference.encoder.encode(items, kind)
+    def same_tokens(batch: GateBatch, texts: Mapping[str, str], ours_encoded: list[Any]) -> bool:
+        theirs_encoded = batch.encode(reference.encoder, texts)
         return ([e.ids for e in ours_encoded] == [e.ids for e in theirs_encoded]
                 and [e.pool for e in ours_encoded] == [e.pool for e in theirs_encoded])
 
@@ -192,15 +224,23 @@ def run_reference(reference: Any, batch: Mapping[str, np.ndarray]) -> ReferenceR
     return ReferenceRun(embedding, pooled, {k: np.array(v) for k, v in batch.items()})
 
 
-def gate_batches(texts: Mapping[str, str]) -> list[tuple[str, str, list[str]]]:
-    """The gate's cases in order: ``(kind, padding side, text names)`` per padded batch. Texts of
-    the data file's groups (:func:`~kvembed.export.gate_texts.text_groups`) run as their group, in
-    its split's cases (:data:`GROUP_CASES`); every other text is a core text (:func:`batch_plan`,
-    every case)."""
+def batch_key(batch: GateBatch, texts: Mapping[str, str]) -> tuple:
+    """What names a batch's reference outputs in the cache: its side, its rows and their texts."""
+    return (batch.side, batch.rows, tuple(texts[name] for name in batch.names))
+
+
+def gate_batches(texts: Mapping[str, str]) -> list[GateBatch]:
+    """The gate's padded batches in order, each padding side's in turn.
+
+    The core texts (every text not in the data file's groups; :func:`batch_plan`) run in every
+    case: each batch of several rows once per padding side, holding each of its texts as a query
+    and as a document; a one-row batch once per kind (one row has nothing to pad: either side is
+    the same batch). Texts of the data file's groups (:func:`~kvembed.export.gate_texts.text_groups`)
+    run as their group, in its split's cases (:data:`GROUP_CASES`)."""
     groups = text_groups()
     grouped = {name for names in groups.values() for name in names}
-    core = [n for n in texts if n not in grouped]
-    plan = [([n for n in batch if n in texts], CASES) for batch in batch_plan(core)]
+    core = [[n for n in names if n in texts] for names in batch_plan([n for n in texts if n not in grouped])]
+    planned: list[tuple[list[str], tuple]] = []
     counts: dict[str, int] = {}
     for key, names in groups.items():
         present = [n for n in names if n in texts]
@@ -208,8 +248,17 @@ def gate_batches(texts: Mapping[str, str]) -> list[tuple[str, str, list[str]]]:
             split = key.split("/", 1)[0]
             rotation = GROUP_CASES[split]
             index = counts[split] = counts.get(split, -1) + 1
-            plan.append((present, rotation[index % len(rotation)]))
-    return [(kind, side, names) for kind, side in CASES for names, cases in plan if names and (kind, side) in cases]
+            planned.append((present, rotation[index % len(rotation)]))
+    batches: list[GateBatch] = []
+    for side in PADDING_SIDES:
+        for names in core:
+            if len(names) > 1:
+                batches.append(GateBatch(side, tuple((kind, n) for kind in KINDS for n in names)))
+            elif names and side == PADDING_SIDES[0]:
+                batches += [GateBatch(side, ((kind, names[0]),)) for kind in KINDS]
+        for kind in KINDS:
+            batches += [GateBatch(side, tuple((kind, n) for n in names)) for names, cases in planned if (kind, side) in cases]
+    return batches
 
 
 def model_gate_texts(embedder: Any) -> dict[str, str]:
@@ -221,10 +270,7 @@ def model_gate_texts(embedder: Any) -> dict[str, str]:
 def gate_tokens(encoder: Any, texts: Mapping[str, str]) -> int:
     """The padded tokens of the gate's batches of ``texts`` through ``encoder``: the work each side
     (the reference and the graph) runs."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return sum(_padded_tokens(encoder.pad(encoder.encode([texts[n] for n in names], kind), side))
-                   for kind, side, names in gate_batches(texts))
+    return sum(_padded_tokens(batch.pad(encoder, texts)) for batch in gate_batches(texts))
 
 
 def reference_runs(
@@ -239,18 +285,14 @@ def reference_runs(
     any onnxruntime session is built. Each batch is built by the reference's own encoder; the gate
     later checks that the artifact's encoder builds the very same batch."""
     texts = dict(GATE_TEXTS if texts is None else texts)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # truncation warnings, as in the gate
-        batches = {(outputs, kind, side, tuple(names), tuple(texts[n] for n in names)):
-                   reference.encoder.pad(reference.encoder.encode([texts[n] for n in names], kind), side)
-                   for kind, side, names in gate_batches(texts)}
-        total, done = sum(_padded_tokens(b) for b in batches.values()), 0
-        for key, batch in batches.items():
-            if key not in cache:
-                cache[key] = run_reference(reference, batch)
-            done += _padded_tokens(batch)
-            if advance is not None:
-                advance(done, total)
+    batches = {(outputs, *batch_key(batch, texts)): batch.pad(reference.encoder, texts) for batch in gate_batches(texts)}
+    total, done = sum(_padded_tokens(b) for b in batches.values()), 0
+    for key, batch in batches.items():
+        if key not in cache:
+            cache[key] = run_reference(reference, batch)
+        done += _padded_tokens(batch)
+        if advance is not None:
+            advance(done, total)
 
 
 def compare_runs(
@@ -259,16 +301,16 @@ def compare_runs(
     encoder: Any,
     precision: str,
     texts: dict[str, str] | None = None,
-    same_tokens: Callable[[list[str], str, Any], bool] | None = None,
+    same_tokens: Callable[[GateBatch, Mapping[str, str], list[Any]], bool] | None = None,
     advance: Advance | None = None,
     stop_at_miss: bool = False,
 ) -> ParityReport:
     """The gate's comparison, for any two ways of running a padded batch: the parity texts through
     ``encoder`` in the gate's batches (:func:`gate_batches`), as queries and documents, right- and
-    left-padded; ``run(batch)`` against ``reference(batch, key)`` (``key`` names the case, for
-    caching) by METHODS.md's tolerance for ``precision``. ``same_tokens(items, kind, encoded)``,
-    when given, must hold for a batch to be compared (the reference tokenises on its own).
-    ``advance(done, total)`` is told the batches' padded tokens run so far.
+    left-padded; ``run(batch)`` against ``reference(batch, key)`` (``key``, :func:`batch_key`, names
+    the batch, for caching) by METHODS.md's tolerance for ``precision``. ``same_tokens(batch, texts,
+    encoded)``, when given, must hold for a batch to be compared (the reference tokenises on its
+    own). ``advance(done, total)`` is told the batches' padded tokens run so far.
 
     ``stop_at_miss``: stop before the next batch once the verdict is a miss (no later batch can
     undo a problem, a cosine below the bar or a difference over its bound), for a gate whose miss
@@ -283,51 +325,48 @@ def compare_runs(
     problems: list[str] = []
     rows = batches = 0
     stopped = False
-    cases = gate_batches(texts)  # by case (kind, then padding side), each case's batches in turn
+    planned = gate_batches(texts)  # each padding side's batches in turn
+    encoded = [batch.encode(encoder, texts) for batch in planned]
+    total = sum(len(items) * max((len(x.ids) for x in items), default=0) for items in encoded)
+    longest = max((len(x.ids) for items in encoded for x in items), default=0)
     done = 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # truncation warnings: the long text may exceed max_length
-        encoded = {(kind, tuple(names)): encoder.encode([texts[n] for n in names], kind) for kind, _, names in cases}
-        total = sum(len(encoded[(kind, tuple(names))]) * max((len(x.ids) for x in encoded[(kind, tuple(names))]), default=0)
-                    for kind, _, names in cases)
-        longest = max((len(x.ids) for items in encoded.values() for x in items), default=0)
-        for kind, side, names in cases:
-            if stop_at_miss and _misses(problems, worst_cos, worst_abs, min_cos, max_abs):
-                stopped = True
-                break
-            case = f"{kind}/{side}"
+    for batch, ours in zip(planned, encoded):
+        if stop_at_miss and _misses(problems, worst_cos, worst_abs, min_cos, max_abs):
+            stopped = True
+            break
+        cases = batch.cases()
+        if same_tokens is not None and not same_tokens(batch, texts, ours):
+            problems.append(f"token ids differ from the reference's for the {batch.describe()}")
+            continue
+        padded = encoder.pad(ours, batch.side)
+        want_e, want_p = reference(padded, batch_key(batch, texts))
+        got_e, got_p = (np.asarray(g, dtype=np.float32) for g in run(padded))
+        done += _padded_tokens(padded)
+        if advance is not None:
+            advance(done, max(total, done))
+        if got_e.shape != want_e.shape:
+            problems.append(f"output shape {got_e.shape} != reference {want_e.shape}")
+            continue
+        cos = cosine_rows(got_e, want_e)
+        if not np.isfinite(got_e).all():
+            problems.append(f"non-finite values in the graph's output for the {batch.describe()}")
+            cos = np.where(np.isfinite(got_e).all(-1), cos, -1.0)
+        diff = np.abs(got_e.astype(np.float64) - want_e)
+        diff = np.where(np.isfinite(diff), diff, np.inf).max(-1)
+        pooled_cos = cosine_rows(got_p, want_p)
+        rows += len(batch.rows)
+        batches += 1
+        worst_pooled = min(worst_pooled, float(np.nan_to_num(pooled_cos, nan=-1.0).min()))
+        row = int(np.argmin(cos))
+        if float(cos[row]) < worst_cos:
+            worst_cos = float(cos[row])
+            kind, name = batch.rows[row]
+            worst_row = {"text": name, "kind": kind, "padding_side": batch.side, "batch_size": len(batch.rows)}
+        worst_abs = max(worst_abs, float(diff.max()))
+        for case, row_cos, row_diff in zip(cases, cos, diff):
             seen = by_case.setdefault(case, {"worst_cosine": 1.0, "max_abs_diff": 0.0})
-            items = [texts[n] for n in names]
-            ours = encoded[(kind, tuple(names))]
-            if same_tokens is not None and not same_tokens(items, kind, ours):
-                problems.append(f"token ids differ from the reference's for {case} batch {names}")
-                continue
-            batch = encoder.pad(ours, side)
-            want_e, want_p = reference(batch, (kind, side, tuple(names), tuple(items)))
-            got_e, got_p = (np.asarray(g, dtype=np.float32) for g in run(batch))
-            done += _padded_tokens(batch)
-            if advance is not None:
-                advance(done, max(total, done))
-            if got_e.shape != want_e.shape:
-                problems.append(f"output shape {got_e.shape} != reference {want_e.shape}")
-                continue
-            cos = cosine_rows(got_e, want_e)
-            if not np.isfinite(got_e).all():
-                problems.append(f"non-finite values in the graph's output for {case} batch {names}")
-                cos = np.where(np.isfinite(got_e).all(-1), cos, -1.0)
-            diff = np.abs(got_e.astype(np.float64) - want_e)
-            diff = np.where(np.isfinite(diff), diff, np.inf)
-            pooled_cos = cosine_rows(got_p, want_p)
-            rows += len(names)
-            batches += 1
-            worst_pooled = min(worst_pooled, float(np.nan_to_num(pooled_cos, nan=-1.0).min()))
-            row = int(np.argmin(cos))
-            if float(cos[row]) < worst_cos:
-                worst_cos = float(cos[row])
-                worst_row = {"text": names[row], "kind": kind, "padding_side": side, "batch_size": len(names)}
-            worst_abs = max(worst_abs, float(diff.max()))
-            seen["worst_cosine"] = min(seen["worst_cosine"], float(cos.min()))
-            seen["max_abs_diff"] = max(seen["max_abs_diff"], float(diff.max()))
+            seen["worst_cosine"] = min(seen["worst_cosine"], float(row_cos))
+            seen["max_abs_diff"] = max(seen["max_abs_diff"], float(row_diff))
     if not stopped:  # every case in its place, one these texts have no batch in too
         by_case = {case: by_case.get(case, {"worst_cosine": 1.0, "max_abs_diff": 0.0}) for case in (f"{k}/{s}" for k, s in CASES)}
     passed = rows > 0 and not _misses(problems, worst_cos, worst_abs, min_cos, max_abs)
