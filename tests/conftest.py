@@ -59,10 +59,20 @@ def bf16_cpu():
         pytest.skip("this CPU has no BF16 (the no-BF16 paths are tested by stating one with KVEMBED_CPU_FEATURES)")
 
 
+#: set by the process that made the test cache, so pytest-xdist's workers (which inherit the
+#: environment) share it instead of each making, and filling, its own
+CACHE_OWNER = "KVEMBED_TEST_CACHE_OWNER"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """kvembed's cache (compiled OpenVINO blobs, dequantized GGUF) goes to a fresh directory, so
-    tests neither read what an earlier run left in ~/.cache nor leave their artifacts' blobs there."""
+    tests neither read what an earlier run left in ~/.cache nor leave their artifacts' blobs there.
+    One directory per run: pytest-xdist's workers use the one their controller made (a GGUF is
+    dequantized once, not once per worker; the cache is made for concurrent fills)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(CACHE_OWNER):
+        return
     os.environ["KVEMBED_CACHE_DIR"] = config._kvembed_cache = tempfile.mkdtemp(prefix="kvembed-test-cache-")
+    os.environ[CACHE_OWNER] = str(os.getpid())
 
 
 #: the Triton python-backend stub's environment: the wheel's stub is built against numpy 1 and the
@@ -73,28 +83,50 @@ TRITON_STUB_PACKAGES = ("numpy<2", "onnxruntime", "tokenizers", "openvino")
 TRITON_TEST_FILES = ("test_triton.py", "test_gemma3_deploy.py", "test_big_artifacts.py")
 
 
+#: test files that must not run beside each other under pytest-xdist (README's test command runs
+#: two workers): each starts a local Ray cluster or a tritonserver, each sized for the whole machine
+SERIAL_FILES = ("test_corpus.py", *TRITON_TEST_FILES)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (``--dist loadgroup``)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Build .venv-triton once (the README's test command is all a new machine runs) when Triton
-    tests (TRITON_TEST_FILES) are collected, tritonserver is installed, and no stub Python is named."""
+    """Group the tests for pytest-xdist: a file's tests on one worker (its module fixtures, an
+    export or a server, are made once), the files of :data:`SERIAL_FILES` all on one. Then build
+    .venv-triton (the README's test command is all a new machine runs) when Triton tests are collected."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("serial" if name in SERIAL_FILES else name))
+    wanted = any(item.path.name in TRITON_TEST_FILES for item in items)
+    if wanted:
+        build_triton_stub_venv()
+
+
+def build_triton_stub_venv() -> None:
+    """.venv-triton, unless tritonserver is absent or a stub Python is named; built beside and renamed
+    when complete (a failed build leaves no half venv), under a lock: every pytest-xdist worker
+    collects the Triton tests, one builds."""
+    import fcntl
     import importlib.util
     import subprocess
 
-    wanted = any(item.path.name in TRITON_TEST_FILES for item in items)
-    if not wanted or os.environ.get("KVEMBED_TRITON_PYTHON") or importlib.util.find_spec("pytriton") is None:
+    if os.environ.get("KVEMBED_TRITON_PYTHON") or importlib.util.find_spec("pytriton") is None:
         return
     python = TRITON_STUB_VENV / "bin" / "python"
-    if not python.is_file():  # built beside, renamed when complete: a failed build leaves no half venv
-        base = os.environ.get("KVEMBED_TRITON_BASE_PYTHON", "/usr/bin/python3.11")
-        partial = TRITON_STUB_VENV.with_name(TRITON_STUB_VENV.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        subprocess.run([base, "-m", "venv", str(partial)], check=True)
-        subprocess.run([str(partial / "bin" / "python"), "-m", "pip", "install", "-q", *TRITON_STUB_PACKAGES], check=True)
-        partial.rename(TRITON_STUB_VENV)
+    with open(TRITON_STUB_VENV.with_name(TRITON_STUB_VENV.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not python.is_file():
+            base = os.environ.get("KVEMBED_TRITON_BASE_PYTHON", "/usr/bin/python3.11")
+            partial = TRITON_STUB_VENV.with_name(TRITON_STUB_VENV.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            subprocess.run([base, "-m", "venv", str(partial)], check=True)
+            subprocess.run([str(partial / "bin" / "python"), "-m", "pip", "install", "-q", *TRITON_STUB_PACKAGES], check=True)
+            partial.rename(TRITON_STUB_VENV)
     os.environ["KVEMBED_TRITON_PYTHON"] = str(python)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    shutil.rmtree(getattr(config, "_kvembed_cache", ""), ignore_errors=True)
+    if getattr(config, "_kvembed_cache", None):  # the process that made it (not an xdist worker)
+        shutil.rmtree(config._kvembed_cache, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
