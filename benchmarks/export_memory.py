@@ -241,7 +241,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="JSON results file.")
     parser.add_argument("--floors", action="store_true",
                         help="Also measure this machine's GEMM and write rates and report each long stage's floor "
-                             "(needs the artifacts: implies --keep-artifacts for the first one).")
+                             "(read from the first artifact before it is removed; --keep-artifacts keeps them all).")
     args = parser.parse_args()
     if args.int8_recipe is not None:  # before the checkpoint is built: a wrong name is one line
         from kvembed.export.precision import int8_plan
