@@ -35,7 +35,7 @@ def write_graph(folder: Path, matmuls: int, dim: int) -> Path:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    path = folder / "fp16-weights.onnx"
+    path = folder / f"fp16-weights-{matmuls}x{dim}.onnx"  # one file per shape: --work may be reused
     if path.exists():
         return path
     folder.mkdir(parents=True, exist_ok=True)
@@ -93,7 +93,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="Each configuration this many times, interleaved.")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    rows = [int(r) for r in args.rows.split(",")]
+    try:
+        rows = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        parser.error(f"--rows: comma-separated row counts, e.g. 1,16,512 (got {args.rows!r})")
+    if min(rows) < 1 or args.matmuls < 1 or args.dim < 1 or args.calls < 1:
+        parser.error("--rows, --matmuls, --dim and --calls must be positive")
     if args.child:
         path, level, disabled, arena = args.child
         print(json.dumps(run_one(path, level, disabled, arena == "1", rows, args.calls)))
