@@ -22,6 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from load_memory import rollup  # noqa: E402
+
 #: configuration -> (graph optimisation level, optimizers disabled, CPU arena and memory pattern on)
 CONFIGS = {
     "default (Cast folded: fp32 weights)": ("all", "", True),
@@ -54,8 +57,9 @@ def write_graph(folder: Path, matmuls: int, dim: int) -> Path:
 
 
 def memory_mb() -> dict[str, int]:
-    fields = dict(line.split(":", 1) for line in Path("/proc/self/smaps_rollup").read_text().splitlines()[1:])
-    return {key: int(fields[key].split()[0]) // 1024 for key in ("Anonymous", "Rss")}
+    """Anonymous and resident MB of this process (:func:`load_memory.rollup`)."""
+    fields = rollup()
+    return {key: fields[key] // 2**20 for key in ("Anonymous", "Rss")}
 
 
 def run_one(path: str, level: str, disabled: str, arena: bool, rows: list[int], calls: int) -> dict:
