@@ -148,7 +148,7 @@ def external_artifacts(tmp_path_factory):
     """kv-embedding of the demo model exported as if it were over 2 GB: the threshold lowered to
     1 KB, so the weights go to model.onnx.data, as for every real 4B-8B model. fp32 and int8
     from one trace."""
-    from kvembed.export import external_data
+    from kvembed.artifact import external_data
     from kvembed.export.core import Exporter, load_embedder
 
     root = tmp_path_factory.mktemp("external")

@@ -18,7 +18,7 @@ from checks import assert_matches_oracle
 from conftest import TEXTS
 from kvembed.artifact import read_manifest
 from kvembed.export.embedding_table import EmbeddingTables, embedding_tables
-from kvembed.export.external_data import stream_initializers
+from kvembed.artifact.external_data import stream_initializers
 from kvembed.export.precision import INT8_RECIPES, to_int8
 from kvembed.methods import demo_model_path
 from kvembed.runtime import Embedder

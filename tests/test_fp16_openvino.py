@@ -1,17 +1,21 @@
-"""An fp16 artifact on OpenVINO under the f16 hint: its weights stay fp16 (onnxruntime's CPU provider
-holds fp32 copies, twice the memory). The export's advisory check certifies it at fp16's bar against
-PyTorch, and ``provider="auto"`` then runs it there on a CPU with FP16 (AVX-512 FP16, AMX-FP16).
+"""An fp16 artifact on OpenVINO at two bytes a weight (onnxruntime's CPU provider holds fp32 copies,
+twice the memory): under the f16 hint as it is, on a CPU with FP16 (AVX-512 FP16, AMX-FP16), and
+retyped to bf16 (``kvembed.backends.openvino.write_bf16_graph``) under the bf16 hint, on a CPU with BF16. The
+export's advisory checks certify them at fp16's bar against PyTorch, f16 first, and
+``provider="auto"`` then runs the artifact there.
 
 The first load compiles and has OpenVINO stream the blob to the cache (``CACHE_DIR``) instead of
 holding it in memory; later loads import the blob. Both are measured here by the kernel's VmHWM in
 a child process, against the bytes of an fp16 weight chain built in the test.
 
-This machine's CPU has FP16; one without it is stated with ``KVEMBED_CPU_FEATURES``, never run.
+Each hint runs only on a CPU that has it; the choice ``auto`` makes on another CPU is stated with
+``KVEMBED_CPU_FEATURES`` and never run.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,22 +24,25 @@ import numpy as np
 import pytest
 from conftest import UNSEEN, unit
 
-pytest.importorskip("openvino", reason="the f16 hint is OpenVINO's (pip install 'kvembed[openvino]')")
+pytest.importorskip("openvino", reason="the f16 and bf16 hints are OpenVINO's (pip install 'kvembed[openvino]')")
 
 from kvembed.artifact import load_manifest  # noqa: E402
+from kvembed.backends.catalogue import choose_backend  # noqa: E402
 from kvembed.backends.cpu import cpu_features  # noqa: E402
+from kvembed.errors import InvalidInput  # noqa: E402
 from kvembed.runtime import Embedder  # noqa: E402
 
 #: what OpenVINO's CPU plugin holds of its own beyond a model's weights, whatever their size
 PLUGIN_OWN = 256 * 1024**2
 #: a CPU with BF16 but no FP16 (Zen 4, Cooper Lake)
 NO_FP16 = "avx2,avx512f,avx512_bf16"
+#: one with both (Sapphire Rapids' AVX-512 FP16)
+FP16_AND_BF16 = "avx2,avx512f,avx512_bf16,avx512_fp16"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fp16_cpu():
-    if not cpu_features().fp16:
-        pytest.skip("this CPU has no FP16 (the no-FP16 paths are tested by stating one with KVEMBED_CPU_FEATURES)")
+def needs(hint: str) -> None:
+    if not cpu_features().runs(hint):
+        pytest.skip(f"this CPU has {cpu_features().describe_hint(hint)}: OpenVINO would run the {hint} hint in f32")
 
 
 @pytest.fixture(scope="module")
@@ -43,32 +50,78 @@ def fp16(stories_artifact):
     return stories_artifact("kv-embedding", "fp16")
 
 
+def assert_close_to_oracle(embedder, oracle) -> None:
+    stories = oracle("stories260k")
+    for kind in ("document", "query"):
+        want = unit(np.stack([stories.embed("kv-embedding", text, kind, layers="1-3") for text in UNSEEN]))
+        got = embedder.encode(UNSEEN, kind=kind, batch_size=8)
+        assert float((got * want).sum(-1).min()) >= 0.999
+        # 2-byte arithmetic normalises to ~1e-4; the runtime gives unit rows all the same
+        np.testing.assert_allclose(np.linalg.norm(got, axis=-1), 1.0, atol=1e-6)
+
+
 def test_the_advisory_check_certifies_openvino_f16_and_auto_takes_it(fp16, oracle):
+    needs("f16")
     manifest = load_manifest(fp16)
     ov = manifest.certificate("openvino", "fp16")
     assert ov is not None and ov.target == "openvino-f16" and ov.raw["graph"] == "model.onnx"
     assert ov.min_cosine == 0.999 and 0.999 <= ov.worst_cosine <= 1.0
-    advisory = manifest.parity["advisory"]["openvino-f16"]
-    assert advisory["worst_cosine"] == ov.worst_cosine and advisory["held_out"]["backend"] == "openvino-f16"
+    advisory = manifest.parity["advisory"]
+    assert advisory["openvino-f16"]["worst_cosine"] == ov.worst_cosine and advisory["openvino-f16"]["held_out"]["backend"] == "openvino-f16"
+    assert advisory["openvino-bf16"] == {"skipped": "not needed: openvino-f16 certified"}  # f16 passed: bf16 is not run
     fast = Embedder.load(fp16, ov_cache_dir=False)
     assert fast.backend == "openvino-f16" and "fp16 artifact certified on OpenVINO" in fast.choice.reason
     assert "FP16 (avx512_fp16" in fast.choice.reason or "amx_fp16" in fast.choice.reason
-    stories = oracle("stories260k")
-    for kind in ("document", "query"):
-        want = unit(np.stack([stories.embed("kv-embedding", text, kind, layers="1-3") for text in UNSEEN]))
-        got = fast.encode(UNSEEN, kind=kind, batch_size=8)
-        assert float((got * want).sum(-1).min()) >= 0.999
-        # fp16 arithmetic normalises to ~1e-4; the runtime gives unit rows all the same
-        np.testing.assert_allclose(np.linalg.norm(got, axis=-1), 1.0, atol=1e-6)
+    assert_close_to_oracle(fast, oracle)
 
 
-def test_without_fp16_auto_stays_on_onnxruntime_and_the_hint_runs_f32(fp16, monkeypatch):
+def test_without_fp16_the_bf16_check_certifies_the_artifact_retyped_and_auto_runs_it(fp16, oracle, tmp_path, monkeypatch):
+    """Stated without FP16, ``kvembed verify --record`` runs the bf16 alternative (the f16 one cannot
+    run), on this CPU's BF16, and records it; ``auto`` then runs the artifact on OpenVINO bf16."""
+    needs("bf16")
+    copy = shutil.copytree(fp16, tmp_path / "fp16")
     monkeypatch.setenv("KVEMBED_CPU_FEATURES", NO_FP16)
+    from kvembed.cli.main import app
+    from typer.testing import CliRunner
+
+    done = CliRunner().invoke(app, ["verify", str(copy), "--backends", "openvino-bf16", "--record"])
+    assert done.exit_code == 0, done.output
+    ov = load_manifest(copy).certificate("openvino", "bf16", bar="fp16")
+    assert ov is not None and ov.target == "openvino-bf16" and ov.hint == "bf16" and ov.raw["graph"] == "model.onnx"
+    assert 0.999 <= ov.worst_cosine <= 1.0
+    fast = Embedder.load(copy, ov_cache_dir=tmp_path / "cache")
+    assert fast.backend == "openvino-bf16" and "fp16 artifact certified on OpenVINO (openvino-bf16" in fast.choice.reason
+    assert_close_to_oracle(fast, oracle)
+    assert len(list((tmp_path / "cache").glob("*.blob"))) == 1 and not list((tmp_path / "cache").glob(".compiling-*"))
+    if not cpu_features().fp16:  # stated or not, this CPU: the export itself certified bf16
+        assert load_manifest(fp16).certificate("openvino", "bf16", bar="fp16") is not None
+
+
+def test_auto_prefers_f16_then_bf16_by_the_cpu_and_says_why_it_takes_neither(fp16, tmp_path, monkeypatch):
+    """The decision alone (nothing runs): an fp16 artifact certified both ways."""
+    manifest = json.loads((fp16 / "kvembed.json").read_text())
+    base = {"backend": "openvino", "against": "pytorch", "min_cosine": 0.999, "cpu": {}}
+    manifest["certified"] = [c for c in manifest.get("certified", []) if c["backend"] != "openvino"] + [
+        {**base, "target": "openvino-f16", "precision": "fp16", "hint": "fp16", "worst_cosine": 0.9995},
+        {**base, "target": "openvino-bf16", "precision": "bf16", "hint": "bf16", "worst_cosine": 0.9993},
+    ]
+    for stated, backend, hint in ((FP16_AND_BF16, "openvino", "f16"), (NO_FP16, "openvino", "bf16"), ("avx2", "onnxruntime", None)):
+        monkeypatch.setenv("KVEMBED_CPU_FEATURES", stated)
+        choice = choose_backend(fp16, manifest=manifest)
+        assert (choice.backend, choice.ov_precision) == (backend, hint), (stated, choice)
+    assert "this CPU has no FP16" in choice.reason and "twice the memory" in choice.reason
+    manifest["certified"] = [c for c in manifest["certified"] if c["backend"] != "openvino"]
+    choice = choose_backend(fp16, manifest=manifest)
+    assert choice.backend == "onnxruntime" and "no certificate of OpenVINO running fp16 or bf16" in choice.reason
+
+
+def test_without_fp16_or_bf16_auto_stays_on_onnxruntime_and_the_hints_run_f32(fp16, monkeypatch):
+    monkeypatch.setenv("KVEMBED_CPU_FEATURES", "avx2,avx512f")
     stated = Embedder.load(fp16)
-    assert stated.backend == "onnxruntime-cpu" and "no FP16" in stated.choice.reason
-    assert "twice the memory" in stated.choice.reason
-    asked = Embedder.load(fp16, provider="openvino", ov_precision="f16", ov_cache_dir=False)
-    assert asked.backend == "openvino-f32"  # as OpenVINO itself runs the f16 hint on such a CPU
+    assert stated.backend == "onnxruntime-cpu" and "twice the memory" in stated.choice.reason
+    for hint in ("f16", "bf16"):
+        asked = Embedder.load(fp16, provider="openvino", ov_precision=hint, ov_cache_dir=False)
+        assert asked.backend == "openvino-f32"  # as OpenVINO itself runs these hints on such a CPU
 
 
 CHILD = textwrap.dedent("""
@@ -83,7 +136,7 @@ CHILD = textwrap.dedent("""
     import openvino  # noqa: F401  (its libraries are not the model's memory)
     x = np.load(sys.argv[3])
     before = status()["VmRSS"]
-    session = OpenVINOSession(sys.argv[1], precision="f16", cache_dir=sys.argv[2])
+    session = OpenVINOSession(sys.argv[1], precision=sys.argv[5], cache_dir=sys.argv[2])
     y = session.run({"x": x}, ["y"])[0]
     y = session.run({"x": x}, ["y"])[0]
     np.save(sys.argv[4], y)
@@ -113,10 +166,14 @@ def fp16_chain(path, layers: int = 16, width: int = 3072) -> list[np.ndarray]:
     return weights
 
 
-def test_an_fp16_graph_holds_its_weights_once_on_the_first_load_and_from_the_blob(tmp_path):
-    """Under the f16 hint the plugin packs the fp16 weights as they are. The first load compiles and
-    OpenVINO writes the blob to the cache as it exports (``export_model()`` would hold all of it in
-    memory beside the weights read: twice); a later load imports it, its pages released as read."""
+@pytest.mark.parametrize("hint", ["f16", "bf16"])
+def test_an_fp16_graph_holds_its_weights_once_on_the_first_load_and_from_the_blob(tmp_path, hint):
+    """Under the f16 hint the plugin packs the fp16 weights as they are, under bf16 those of the
+    graph retyped to bf16 (written into the cache's staging folder, gone with it). The first load
+    compiles and OpenVINO writes the blob to the cache as it exports (``export_model()`` would hold
+    all of it in memory beside the weights read: twice); a later load imports it, its pages
+    released as read."""
+    needs(hint)
     path = tmp_path / "model.onnx"
     weights = fp16_chain(path)
     size = sum(w.nbytes for w in weights)
@@ -129,19 +186,62 @@ def test_an_fp16_graph_holds_its_weights_once_on_the_first_load_and_from_the_blo
     runs = []
     for load in ("first", "cached"):
         out = tmp_path / f"y-{load}.npy"
-        done = subprocess.run([sys.executable, "-c", CHILD, str(path), str(cache), str(tmp_path / "x.npy"), str(out)],
+        done = subprocess.run([sys.executable, "-c", CHILD, str(path), str(cache), str(tmp_path / "x.npy"), str(out), hint],
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
         got = np.load(out)
         assert float(((got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)).min()) >= 0.999
     first, cached = runs
-    assert first["ran"] == cached["ran"] == "f16" and not first["from_cache"] and cached["from_cache"]
+    assert first["ran"] == cached["ran"] == hint and not first["from_cache"] and cached["from_cache"]
     # one copy of the weights plus the plugin's own (~150-200 MB at any size: threads, kernels,
-    # scratch), never two: a blob exported into memory, or the blob's pages kept beside the
-    # plugin's packed weights, would add the weights' bytes once more
+    # scratch), never two: a blob exported into memory, the fp16 weights widened through f32, or
+    # the blob's pages kept beside the plugin's packed weights would add the weights' bytes once more
     for run in runs:
         assert run["grew"] < size + PLUGIN_OWN, (run, size)
     blobs = sorted(cache.glob("*.blob"))
     assert len(blobs) == 1 and blobs[0].read_bytes()[:5] == b"<?xml"  # OpenVINO's CACHE_DIR wrote it
-    assert not list(cache.glob(".compiling-*"))  # its staging folder is gone
+    assert blobs[0].stat().st_size < 1.1 * size  # two bytes a weight, as the plugin packed them
+    assert not list(cache.glob(".compiling-*"))  # its staging folder (and a bf16 graph in it) is gone
+
+
+def test_the_bf16_graph_is_the_fp16_graph_with_every_fp16_type_bf16(tmp_path):
+    """The retyping alone: each weight rounded to bf16 as torch rounds it (an independent
+    conversion), no fp16 type left anywhere, the same number of weight bytes."""
+    import onnx
+    import torch
+    from onnx import TensorProto, numpy_helper
+
+    from kvembed.backends.openvino import fp16_graph, write_bf16_graph
+
+    source = tmp_path / "fp16" / "model.onnx"
+    source.parent.mkdir()
+    weights = fp16_chain(source, layers=3, width=64)
+    (tmp_path / "bf16").mkdir()
+    target = write_bf16_graph(fp16_graph(source), source, tmp_path / "bf16")
+    assert target == tmp_path / "bf16" / "model.onnx"
+    assert (tmp_path / "bf16" / "model.onnx.data").stat().st_size == (tmp_path / "fp16" / "model.onnx.data").stat().st_size
+    model = onnx.load(str(target))
+    values = [*model.graph.input, *model.graph.output, *model.graph.value_info]
+    assert TensorProto.FLOAT16 not in {v.type.tensor_type.elem_type for v in values}
+    casts = [n for n in model.graph.node if n.op_type == "Cast"]
+    assert [a.i for n in casts for a in n.attribute] == [TensorProto.BFLOAT16, TensorProto.FLOAT]
+    for index, tensor in enumerate(model.graph.initializer):
+        assert tensor.data_type == TensorProto.BFLOAT16
+        bits = numpy_helper.to_array(tensor).view(np.uint16)
+        expected = torch.from_numpy(weights[index]).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        np.testing.assert_array_equal(bits, expected)
+    assert fp16_graph(target) is None  # nothing fp16 left: a bf16 or fp32 graph is compiled as it is
+
+
+def test_a_bf16_graph_that_cannot_be_written_is_a_clear_error(tmp_path, monkeypatch):
+    """No room for the bf16 copy (asked for more than any disk has): one line saying what to do,
+    not a compile that widens the weights through f32 and may exhaust memory."""
+    needs("bf16")
+    from kvembed.backends import openvino
+
+    fp16_chain(tmp_path / "model.onnx", layers=2, width=64)
+    monkeypatch.setattr(openvino, "DISK_MARGIN", 2**62)
+    with pytest.raises(InvalidInput, match="bf16 copy, which was not written .*free disk space or pass ov_cache_dir"):
+        openvino.OpenVINOSession(tmp_path / "model.onnx", precision="bf16", cache_dir=tmp_path / "cache")
+    assert not list((tmp_path / "cache").glob(".compiling-*/*.data"))

@@ -172,7 +172,7 @@ def test_also_outputs(stories_artifact):
 def test_external_weights(traces, tmp_path):
     """A model past the 2 GB protobuf limit keeps its weights in model.onnx.data; OpenVINO reads them
     beside the graph, the mend applies all the same, and the artifact is left untouched."""
-    from kvembed.export import external_data
+    from kvembed.artifact import external_data
     from kvembed.export.core import Exporter
 
     with pytest.MonkeyPatch.context() as patch, Exporter(traces.get("stories260k", "kv-embedding").embedder) as exporter:

@@ -148,9 +148,10 @@ _ONNXRUNTIME_INSTEAD = {
     "int8": "runs its integer graph on onnxruntime instead",
     "fp16": "runs on onnxruntime instead (on a CPU: fp32 copies of its weights, twice the memory)",
 }
-#: artifact precision -> the OpenVINO hint ``auto`` runs it with where certified: bf16 arithmetic
-#: for the fp32 graph (bf16) and int8's dequantised weights; fp16 weights kept as they are (f16)
-_OPENVINO_HINT = {"bf16": "bf16", "int8": "bf16", "fp16": "f16"}
+#: artifact precision -> the OpenVINO hints ``auto`` runs it with where certified, preferred first:
+#: bf16 arithmetic for the fp32 graph (bf16) and int8's dequantised weights; an fp16 artifact's
+#: weights kept fp16 (f16, a CPU with FP16) or retyped to bf16 (a CPU with BF16: :func:`.openvino.write_bf16_graph`)
+_OPENVINO_HINTS = {"bf16": ("bf16",), "int8": ("bf16",), "fp16": ("f16", "bf16")}
 
 
 def choose_backend(
@@ -168,7 +169,9 @@ def choose_backend(
       (:func:`~kvembed.backends.cpu.cpu_features`) where openvino is installed: OpenVINO, bf16 hint;
     - an fp16 artifact with a certificate of OpenVINO running it in fp16 within fp16's bar, on a CPU
       with FP16, where openvino is installed: OpenVINO, f16 hint (its weights stay fp16, where
-      onnxruntime's CPU provider holds fp32 copies);
+      onnxruntime's CPU provider holds fp32 copies); else, with one of OpenVINO running it in bf16
+      within fp16's bar, on a CPU with BF16: OpenVINO, bf16 hint (its weights retyped to bf16, two
+      bytes each);
     - otherwise onnxruntime, exactly as before certificates existed (CUDA when onnxruntime-gpu sees
       a GPU, else the CPU): a bf16 artifact's graph is the fp32 one, which its gate also certified
       on onnxruntime, and the reason says why bf16 was not taken.
@@ -187,17 +190,18 @@ def choose_backend(
     if kind not in _ONNXRUNTIME_INSTEAD or (kind == "int8" and "openvino" not in typed.graphs):
         return Choice("onnxruntime", "auto", reason=f"{kind} artifact: onnxruntime", auto=True)
     instead = _ONNXRUNTIME_INSTEAD[kind]
-    hint = _OPENVINO_HINT[kind]
-    ran = precision_name(hint)
-    certificate = typed.certificate("openvino", ran, bar=kind)
+    hints = _OPENVINO_HINTS[kind]
     features = cpu_features()
-    if certificate is None:
+    certified = [(hint, found) for hint in hints if (found := typed.certificate("openvino", precision_name(hint), bar=kind))]
+    if not certified:
+        ran = " or ".join(precision_name(hint) for hint in hints)
         why = (f"no certificate of OpenVINO running {ran} (kvembed verify DIR --record on a CPU with "
-               f"{ran.upper()} adds one)"
+               f"{' or '.join(precision_name(hint).upper() for hint in hints)} adds one)"
                if not any(c.backend == "openvino" for c in typed.certified) else
                f"certified on OpenVINO only where {ran} did not run (" +
                "; ".join(c.describe() for c in typed.certified if c.backend == "openvino") + ")")
         return Choice("onnxruntime", "auto", reason=f"{kind} artifact, {why}: {instead}", auto=True)
+    hint, certificate = next(((h, c) for h, c in certified if features.runs(h)), certified[0])
     described = features.describe_hint(hint)
     if not features.runs(hint):
         return Choice("onnxruntime", "auto", reason=f"{kind} artifact, this CPU has {described}: {instead}",

@@ -11,11 +11,21 @@ compile. :func:`repeat_kv_heads` mends the model OpenVINO read, before compiling
 node gets K and V with their heads repeated to the query's count, which is what grouped-query
 attention means, so the function is unchanged and OpenVINO compiles it. (Rewriting the ONNX graph
 instead would not do: OpenVINO refuses external data outside the directory of the graph it reads.)
+
+An fp16 graph under the bf16 hint (a CPU with BF16 but no FP16: Zen 4 and 5, Cooper Lake) is compiled
+from a copy retyped to bf16 (:func:`write_bf16_graph`). The plugin cannot keep fp16 weights as they
+are there: it converts an fp16 graph's constants through f32 while compiling (twice the weights,
+then its bf16 copy), and its weight-decompression kernels take integer weights only; a graph whose
+weights and activations are bf16 already compiles with its weights as they are
+(benchmarks/RESULTS.md). fp16 to bf16 keeps the range and loses mantissa bits (10 to 7): weights
+that came from a bf16 checkpoint, as 4B-8B models ship, come back exactly; how close the outputs
+come is what the export's advisory check on ``openvino-bf16`` measures.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import mmap
@@ -26,12 +36,15 @@ import sys
 import tempfile
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..artifact.external_data import Scratch, stream_initializers, tensor_bytes
+from ..artifact.layout import MODEL
 from ..artifact.staging import write_bytes_atomic, write_text_atomic
 from ..cache import cache_root
 from ..errors import InvalidInput, MissingDependency
@@ -41,15 +54,16 @@ NAME = "openvino"
 OPENVINO = "OpenVINO"
 PRECISIONS = ("f32", "bf16", "f16")
 INSTALL = "pip install 'kvembed[openvino]'"
-MEND_VERSION = 1  # bump when repeat_kv_heads changes what it builds: kept blobs are then rebuilt
+MEND_VERSION = 2  # bump when what is compiled changes (repeat_kv_heads, the bf16 graph): kept blobs are then rebuilt
 #: resident bytes per byte of graph files at the first load, which compiles from the ONNX and holds
 #: the weights read and their converted copy at once (later loads import the blob and hold about
 #: one copy: benchmarks/RESULTS.md). An int8 artifact's weights stay int8 (and the blob streams to
-#: disk, not through memory); an fp16 file's are converted to wider copies while
-#: compiling, except under the f16 hint (:data:`NATIVE_FP16_FACTOR`); a bf16 artifact holds the
-#: fp32 graph. Unknown precisions get the largest.
+#: disk, not through memory); an fp16 file's are converted to wider copies while compiling under
+#: the f32 hint (the f16 and bf16 hints keep them at two bytes: :data:`NATIVE_FP16_FACTOR`); a bf16
+#: artifact holds the fp32 graph. Unknown precisions get the largest.
 OPENVINO_WEIGHT_FACTOR = {"fp32": 2.5, "bf16": 2.5, "int8": 1.3, "fp16": 5.0}
-#: an fp16 graph under the f16 hint on a CPU with FP16: the plugin packs the fp16 weights as they are
+#: an fp16 graph under the f16 hint on a CPU with FP16 (the plugin packs the fp16 weights as they
+#: are) or under the bf16 hint on one with BF16 (it packs the bf16 graph's: :func:`write_bf16_graph`)
 NATIVE_FP16_FACTOR = 1.3
 
 
@@ -78,7 +92,7 @@ def probe() -> str | None:
 def weight_factor(precision: str, hint: str | None = None) -> float:
     """Resident bytes per byte of graph file while OpenVINO compiles it under ``hint`` (see
     :data:`OPENVINO_WEIGHT_FACTOR`)."""
-    if precision == "fp16" and hint_for(hint) == "f16":
+    if precision == "fp16" and hint_for(hint) in ("f16", "bf16"):
         return NATIVE_FP16_FACTOR
     return OPENVINO_WEIGHT_FACTOR.get(precision, max(OPENVINO_WEIGHT_FACTOR.values()))
 
@@ -372,7 +386,7 @@ class OpenVINOSession:
             uncached(err)
             return self._compile()
         try:
-            compiled = self._compile({"CACHE_DIR": str(staging)})
+            compiled = self._compile({"CACHE_DIR": str(staging)}, staging)
             written = sorted(staging.glob("*.blob"))
             if len(written) == 1:
                 cache.adopt(fingerprint, written[0])
@@ -386,10 +400,11 @@ class OpenVINOSession:
         del compiled
         return self._import(cache.load(fingerprint)) or self._compile()
 
-    def _compile(self, extra: Mapping[str, Any] | None = None) -> Any:
-        """Read the ONNX, mend its attention, compile (with :attr:`config` and ``extra``); OpenVINO's errors as one line."""
+    def _compile(self, extra: Mapping[str, Any] | None = None, workdir: Path | None = None) -> Any:
+        """Read the ONNX (:meth:`_graph_to_compile`), mend its attention, compile (with :attr:`config`
+        and ``extra``); OpenVINO's errors as one line."""
         try:
-            model = self.core.read_model(str(self.model_path))
+            model = self.core.read_model(str(self._graph_to_compile(workdir)))
             repeat_kv_heads(model)
             return self.core.compile_model(model, "CPU", {**self.config, **(extra or {})})
         except RuntimeError as err:
@@ -398,6 +413,31 @@ class OpenVINOSession:
             raise InvalidInput(
                 f"OpenVINO cannot compile {self.model_path} ({detail}); if the file is damaged re-export it, "
                 "else run it with provider='cpu' (onnxruntime)"
+            ) from err
+
+    def _graph_to_compile(self, workdir: Path | None) -> Path:
+        """The graph file to compile: :attr:`model_path`, or under the bf16 hint, when its weights are
+        fp16, that graph retyped to bf16 (:func:`write_bf16_graph`; OpenVINO would widen fp16 weights
+        through f32, twice their memory) written into ``workdir`` (the cache's staging folder; None:
+        one of the default cache's, removed with this session). Where it cannot be written, an
+        error saying what to do: compiling the fp16 graph instead can exhaust memory with a big model."""
+        if self.precision != "bf16":
+            return self.model_path
+        try:
+            model = fp16_graph(self.model_path)
+        except Exception:  # not a graph onnx can read: OpenVINO's own read says what is wrong with it
+            return self.model_path
+        if model is None:
+            return self.model_path
+        try:
+            if workdir is None:
+                workdir = CompiledCache(default_cache_dir()).staging()
+                weakref.finalize(self, shutil.rmtree, workdir, True)  # the compiled model reads it while it lives
+            return write_bf16_graph(model, self.model_path, workdir)
+        except (OSError, ValueError) as err:
+            raise InvalidInput(
+                f"OpenVINO bf16 runs {self.model_path.name}'s fp16 weights from a bf16 copy, which was not written ({err}); "
+                "free disk space or pass ov_cache_dir on a disk with room, or run ov_precision='f32' or provider='cpu'"
             ) from err
 
     def _import(self, blob: Path | None) -> Any:
@@ -456,3 +496,67 @@ def open_graph(model_path: str | os.PathLike[str], provider: str = NAME, options
     """``model_path`` compiled for OpenVINO's CPU plugin with ``options`` (``provider`` is always ``"openvino"``)."""
     o = options or OpenVINOOptions()
     return OpenVINOSession(model_path, o.threads, o.precision, o.cache_dir)
+
+
+# -- an fp16 graph retyped to bf16 (see the module docstring) -------------------------------------
+
+#: free disk the bf16 graph's data file may not leave less than, beyond its own bytes
+DISK_MARGIN = 256 * 1024**2
+
+
+def fp16_initializers(model: Any) -> int:
+    """How many initializers of ``model`` (an ``onnx.ModelProto``) are fp16."""
+    from onnx import TensorProto
+
+    return sum(1 for tensor in model.graph.initializer if tensor.data_type == TensorProto.FLOAT16)
+
+
+def fp16_graph(source: Path) -> Any:
+    """The graph at ``source`` (an ``onnx.ModelProto`` without its external data) when it has fp16
+    weights, else None."""
+    import onnx
+
+    model = onnx.load(str(source), load_external_data=False)
+    return model if fp16_initializers(model) else None
+
+
+def write_bf16_graph(model: Any, source: Path, folder: Path) -> Path:
+    """Write ``model`` (:func:`fp16_graph` of ``source``) with every fp16 type bf16 as
+    ``folder``/model.onnx, its weights in ``model.onnx.data`` there, and return that path: the
+    initializers converted one tensor at a time on their way to the data file (as the exporter
+    streams them), the ``Cast`` targets, the constants in node attributes and the value types; the
+    fp16 graph's fp32 islands stay fp32. An OSError when ``folder``'s disk lacks the room (the
+    weights' bytes plus :data:`DISK_MARGIN`) or the write fails; a ValueError for a graph with
+    subgraphs (kvembed's exporter writes none)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = model.graph
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node for a in n.attribute):
+        raise ValueError(f"{source.name} has subgraphs, which the bf16 retyping does not cover")
+    needed = sum(tensor_bytes(t) for t in graph.initializer) + DISK_MARGIN
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise OSError(errno.ENOSPC, f"a bf16 copy of {source.name}'s weights needs {needed / 1e9:.1f} GB free in {folder}, "
+                                    f"there are {free / 1e9:.1f} GB")
+    bf16 = helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.INT and attribute.name in ("to", "dtype") and attribute.i == TensorProto.FLOAT16:
+                attribute.i = TensorProto.BFLOAT16
+            elif attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == TensorProto.FLOAT16:
+                attribute.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attribute.t).astype(bf16), attribute.t.name))
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.type.tensor_type.elem_type == TensorProto.FLOAT16:
+            value.type.tensor_type.elem_type = TensorProto.BFLOAT16
+
+    def to_bf16(tensor: Any, values: np.ndarray | None, scratch: Scratch) -> np.ndarray | None:
+        if values is None or tensor.data_type != TensorProto.FLOAT16:
+            return None
+        out = scratch.array("bf16", values.shape, bf16)
+        out[...] = values  # fp16 -> bf16, rounded to nearest even
+        return out
+
+    target = folder / MODEL
+    stream_initializers(model, source.parent, target, to_bf16)
+    return target

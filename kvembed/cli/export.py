@@ -112,10 +112,10 @@ def lengths_line(manifest: Mapping[str, Any]) -> str:
 
 
 def advisory_line(target: str, advised: Any, graph: str | None) -> str:
-    """One advisory check (an int8 artifact's OpenVINO graph, an fp16 artifact under the f16 hint):
+    """One advisory check (an int8 artifact's OpenVINO graph, an fp16 artifact under the f16 or bf16 hint):
     its figure and whether it certified a faster path, or why it did not run; it never decides pass or fail."""
     if isinstance(advised, str):
-        return f"advisory {target}: not run ({escape(advised)}); the artifact runs on onnxruntime"
+        return f"advisory {target}: not run ({escape(advised)})"
     needs = HINT_NEEDS.get(VERIFY_TARGETS[target].setting, "bf16").upper()
     verdict = f"certified: auto runs it on a CPU with {needs}" if advised.passed else "[bold yellow]below the bar[/]: not certified"
     return (f"advisory {target} on {graph}: worst cosine {advised.worst_cosine:.7f} vs PyTorch "

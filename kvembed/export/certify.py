@@ -18,8 +18,11 @@ certificate, never the export.
 
 An fp16 artifact's graph runs on OpenVINO as it is under the f16 hint, on a CPU with FP16 (AVX-512
 FP16, AMX-FP16): the weights stay fp16 there, where onnxruntime's CPU provider holds fp32 copies of
-them. Its advisory check runs that at fp16's bar; a model whose activations leave fp16's range (fp16
-arithmetic, where onnxruntime's CPU provider computes fp32) misses, and keeps onnxruntime.
+them. A model whose activations leave fp16's range (fp16 arithmetic, where onnxruntime's CPU
+provider computes fp32) misses fp16's bar there. On a CPU with BF16, OpenVINO runs the same graph
+retyped to bf16 under the bf16 hint (:func:`kvembed.backends.openvino.write_bf16_graph`: two bytes a weight, fp32's
+range). Its advisory checks are alternatives in that order, each at fp16's bar: the first that can run
+here and passes certifies, and the rest are not run (each costs a pass over the weights).
 """
 
 from __future__ import annotations
@@ -42,11 +45,12 @@ GATES: dict[str, tuple[tuple[str, str], ...]] = {
     "int8": ((CPU, "int8"),),
     "bf16": ((OV_BF16, "bf16"), (CPU, "fp32")),
 }
-#: artifact precision -> checks run after the gate passed, each certifying a faster path where it
-#: passes and failing nothing where it does not: (verify target, tolerance precision)
+#: artifact precision -> checks run after the gate passed, each certifying a faster or smaller path
+#: where it passes and failing nothing where it does not: (verify target, tolerance precision),
+#: alternatives preferred first (the first pass ends them)
 ADVISORY_GATES: dict[str, tuple[tuple[str, str], ...]] = {
     "int8": ((OV_BF16, "int8"),),
-    "fp16": ((OV_F16, "fp16"),),
+    "fp16": ((OV_F16, "fp16"), (OV_BF16, "fp16")),
 }
 #: artifact precisions whose advisory checks run a graph of their own (the manifest's ``graphs``)
 OWN_GRAPHS = frozenset({"int8"})
@@ -73,10 +77,13 @@ def check_gate_here(precision: str, certify_emulated: bool = False) -> None:
         )
 
 
-def advisory_problem(target: str, manifest: Mapping[str, Any]) -> str | None:
+def advisory_problem(target: str, manifest: Mapping[str, Any], passed: str | None = None) -> str | None:
     """Why the advisory check on ``target`` cannot certify anything for the artifact of ``manifest``
     here (an int8 artifact names no graph for the target's backend, openvino absent, or a CPU without
-    BF16 / FP16 where the bf16 / f16 hint runs f32), or None."""
+    BF16 / FP16 where the bf16 / f16 hint runs f32, or ``passed``: an earlier alternative that
+    certified), or None."""
+    if passed is not None:
+        return f"not needed: {passed} certified"
     spec = VERIFY_TARGETS[target]
     if manifest.get("precision") in OWN_GRAPHS and spec.backend not in (manifest.get("graphs") or {}):
         return f"the artifact names no graph for {spec.backend} (exported before it had one: re-export it)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .external_data import DATA_FILE
+from ..artifact.external_data import DATA_FILE
 from .graph import ExportError
 from .ops import ALLOWED_OPS, non_portable_ops, op_types
 

@@ -8,7 +8,7 @@ Memory: :func:`export_result` holds one copy of the weights at a time. The PyTor
 the gate's texts first and keeps only its outputs; the trace writes the weights to external data
 as it goes (transposed on the way, not in memory); then the PyTorch weights are freed, before
 onnxruntime opens any session (offline optimisation, calibration, the gate). Conversions read
-and write one weight at a time (:func:`~kvembed.export.external_data.stream_initializers`).
+and write one weight at a time (:func:`~kvembed.artifact.external_data.stream_initializers`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..methods.sharing import output_names
 from ..runtime.artifact import encoder_from_manifest
 from .certify import ADVISORY_GATES, GATES, advisory_problem, certificate, check_gate_here, gate_graph, gate_session, ran_precision
 from .checks import check_graph
-from .external_data import keep_external, settle_layout
+from ..artifact.external_data import keep_external, settle_layout
 from .graph import ExportError, resolve_attention
 from .graph import trace as trace_graph
 from .manifest import build_manifest, source_record
@@ -333,14 +333,19 @@ class Exporter:
     def _advise(self, directory: Path, manifest: dict[str, Any], precision: str, reference: Any) -> None:
         """The advisory checks (:data:`ADVISORY_GATES`) of the artifact that passed its gate: each
         pass adds a certificate, each miss or skip a line of ``parity.advisory``; none fails."""
-        advisory = {}
+        advisory, passed = {}, None
         for target, bar in ADVISORY_GATES.get(precision, ()):
-            problem = advisory_problem(target, manifest)
+            problem = advisory_problem(target, manifest, passed)
             if problem is not None:
                 advisory[target] = {"skipped": problem}
                 self.progress("parity", f"no {target} certificate: {problem}")
                 continue
-            [(_, ran, gated)], held_out = self._gates(directory, manifest, precision, reference, targets=((target, bar),))
+            try:
+                [(_, ran, gated)], held_out = self._gates(directory, manifest, precision, reference, targets=((target, bar),))
+            except InvalidInput as err:  # the backend could not open the graph here (e.g. no disk for a bf16 copy)
+                advisory[target] = {"skipped": str(err)}
+                self.progress("parity", f"no {target} certificate: {err}")
+                continue
             graph = gate_graph(directory, manifest, target).name
             advisory[target] = {**gated[None].to_dict(), "graph": graph}
             extra: dict[str, Any] = {"graph": graph}
@@ -349,6 +354,7 @@ class Exporter:
                 extra["held_out_worst_cosine"] = held_out.worst_cosine
             if all(r.passed for r in gated.values()):
                 manifest["certified"].append(certificate(target, ran, gated[None], extra=extra))
+                passed = target
             self.progress("parity", f"{target} ran {ran} on {graph}: worst cosine {gated[None].worst_cosine:.5f} "
                                     f"({'certified' if gated[None].passed else 'below the bar: not certified'})")
         if advisory:

@@ -21,7 +21,7 @@ also reads is left alone, and so is anything a graph output or a subgraph names)
 
 :class:`EmbeddingTables` rewrites the graph without its weights and quantises each table as it
 passes on its way to the data file (the ``transform`` of
-:func:`~kvembed.export.external_data.stream_initializers`): the scales' initializer is placed
+:func:`~kvembed.artifact.external_data.stream_initializers`): the scales' initializer is placed
 right after its table and filled as the table goes by, so no extra pass over the weights.
 """
 

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckFailed, InvalidInput
-from .external_data import EXTERNAL_MIN_BYTES
+from ..artifact.external_data import EXTERNAL_MIN_BYTES
 from .ops import STANDARD_DOMAINS, TENSORRT_OPS_SINCE, version_key
 
 MIN_OPSET = 18

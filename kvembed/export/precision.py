@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .external_data import settle_layout, stream_initializers
+from ..artifact.external_data import settle_layout, stream_initializers
 from .rewrites import node_edges
 from .smoothing import DEFAULT_ALPHA
 from ..errors import InvalidInput
@@ -160,7 +160,7 @@ def to_fp16(source: Path, target: Path, advance: Callable[[int, int], None] | No
     """Convert the fp32 graph at ``source`` to fp16 at ``target`` (see the module docstring).
 
     The graph is rewritten without its weights; they are then converted one tensor at a time on
-    their way to the target's data file (:func:`~kvembed.export.external_data.stream_initializers`), so
+    their way to the target's data file (:func:`~kvembed.artifact.external_data.stream_initializers`), so
     the conversion holds one weight at a time, not the model.
     """
     import numpy as np

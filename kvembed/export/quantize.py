@@ -9,7 +9,7 @@ float initializer (``MatMulConstBOnly``) is simple: a ``DynamicQuantizeLinear`` 
 ``Cast`` to float and two ``Mul``s by the activation scale times the weight's per-channel scales.
 This module writes that same graph (the same node and tensor names) and quantises each weight
 with the same arithmetic, vectorised over the channels, as the weight streams from the source
-file to the target's (:func:`~kvembed.export.external_data.stream_initializers`): memory is one
+file to the target's (:func:`~kvembed.artifact.external_data.stream_initializers`): memory is one
 weight, and the time is the weights' own read and write. tests/test_int8.py holds it bitwise equal
 to ``quantize_dynamic`` on a whole model.
 
@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import InvalidInput
-from .external_data import Transform
+from ..artifact.external_data import Transform
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def quantize_per_channel(weight: np.ndarray, fmt: WeightFormat, scratch: Any = N
     with onnxruntime's arithmetic (``compute_scale_zp`` then ``quantize_nparray``) over every
     channel at once: the range always includes 0; int8 is symmetric; the scale is computed in
     float64 and stored in float32; a range below float32's smallest normal gets scale 1.
-    ``scratch`` (:class:`~kvembed.export.external_data.Scratch`): the weight-sized temporaries
+    ``scratch`` (:class:`~kvembed.artifact.external_data.Scratch`): the weight-sized temporaries
     and the values go into its reused buffers (valid until the next weight)."""
     weight = np.asarray(weight, dtype=np.float32)
     qmin, qmax = fmt.limits
@@ -158,7 +158,7 @@ def quantize_matmuls(
     import onnx
     from onnx import TensorProto
 
-    from .external_data import stream_initializers
+    from ..artifact.external_data import stream_initializers
     from .precision import node_inputs, toposort
 
     steps = steps or {}

@@ -64,13 +64,13 @@ def optimize_with_onnxruntime(path: Path) -> dict[str, Any]:
 
 def _weights_as_inputs(model: Any) -> list[Any]:
     """Move ``model``'s weights (external initializers, and inline ones of
-    :data:`~kvembed.export.external_data.EXTERNAL_MIN_BYTES` or more, which an artifact would keep
+    :data:`~kvembed.artifact.external_data.EXTERNAL_MIN_BYTES` or more, which an artifact would keep
     external) to graph inputs of their type and shape (onnxruntime would write an external one back
     inline); returns them (external ones still pointing at their file) for :func:`_inputs_as_weights`."""
     import onnx
     from onnx import helper
 
-    from .external_data import EXTERNAL_MIN_BYTES, tensor_bytes
+    from ..artifact.external_data import EXTERNAL_MIN_BYTES, tensor_bytes
 
     graph = model.graph
     declared = {i.name for i in graph.input}

@@ -254,7 +254,7 @@ def smoothing_plan_from_file(source: Path, groups: list[SmoothGroup], ranges: Ma
     (:func:`kvembed.export.quantize.quantize_matmuls`)."""
     import onnx
 
-    from .external_data import Scratch, read_values
+    from ..artifact.external_data import Scratch, read_values
 
     model = onnx.load(str(source), load_external_data=False)
     tensors = {t.name: t for t in model.graph.initializer}

@@ -105,9 +105,9 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     advisory: dict[str, ParityReport | str] = {}
     checks = [(target, bar, False) for target, bar in GATES[typed.precision]]
     checks += [(target, bar, True) for target, bar in ADVISORY_GATES.get(typed.precision, ())]
-    certificates = []
+    certificates, passed = [], None
     for target, bar, advised in checks:
-        problem = advisory_problem(target, manifest) if advised else None
+        problem = advisory_problem(target, manifest, passed) if advised else None
         if problem is not None:
             advisory[target] = problem
             continue
@@ -122,6 +122,8 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
         else:
             gates.append((target, ran, gated))
         # only a check of the exported files against the exported model's reference certifies anything
+        if advised and all(r.passed for r in gated.values()):
+            passed = target  # the later alternatives are not needed
         if not source_problems and all(r.passed for r in gated.values()):
             certificates.append(certificate(target, ran, gated[None], extra={"graph": graph.name} if advised else None))
     first, _, reports = gates[0]

@@ -153,10 +153,10 @@ class Embedder:
         if Manifest.of(manifest).precision == "fp16" and session.providers[0] == CPU:
             warnings.warn(
                 f"{str(path)!r} is an fp16 artifact on onnxruntime's CPU provider, which has no fp16 MatMul: it "
-                "holds fp32 copies of the weights (twice the artifact's size) and runs at fp32 speed; on a CPU "
-                "with FP16 (AVX-512 FP16, AMX-FP16) provider='openvino', ov_precision='f16' keeps them fp16 "
-                "(provider='auto' takes it once certified: kvembed verify DIR --record); elsewhere use the int8 "
-                "or fp32 artifact", stacklevel=2)
+                "holds fp32 copies of the weights (twice the artifact's size) and runs at fp32 speed; "
+                "provider='openvino' keeps them at two bytes where the CPU has FP16 (ov_precision='f16') or BF16 "
+                "(ov_precision='bf16', a bf16 copy of the weights) (provider='auto' takes it once certified: "
+                "kvembed verify DIR --record); elsewhere use the int8 or fp32 artifact", stacklevel=2)
         embedder = cls(path, manifest, encoder, session, max_call_tokens, call_cost, choice)
         log.info("kvembed: %s runs on %s (provider %s: %s)", path, embedder.backend, provider, choice.reason)
         return embedder
@@ -433,10 +433,11 @@ class Embedder:
 
 #: the graph outputs the graph L2-normalises (``embedding``, ``embedding.<label>``)
 NORMALISED = output_names(None)[0]
-#: backends that compute the graph's final normalisation in 16-bit floats (OpenVINO's f16 hint
-#: turns every op fp16; its bf16 hint keeps such ops in f32): their unit vectors come back with
-#: norms ~1e-4 off 1, so the runtime normalises those rows again in float32 (directions unchanged)
-HALF_NORM_BACKENDS = frozenset({"openvino-f16"})
+#: backends that may compute the graph's final normalisation in 16-bit floats (OpenVINO's f16 hint
+#: turns every op fp16; its bf16 hint keeps an fp32 graph's such ops in f32, but an fp16 graph runs
+#: retyped to bf16): their unit vectors come back with norms up to ~1e-4 (fp16) or ~1e-3 (bf16) off
+#: 1, so the runtime normalises those rows again in float32 (directions unchanged)
+HALF_NORM_BACKENDS = frozenset({"openvino-f16", "openvino-bf16"})
 
 
 def backend_name(session: Any) -> str:

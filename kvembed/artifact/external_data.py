@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..artifact import MODEL_DATA
+from .layout import MODEL_DATA
 
 DATA_FILE = MODEL_DATA
 #: from this many weight bytes on, an artifact's weights go to DATA_FILE (the exporter's own
