@@ -6,11 +6,15 @@ fp32 initializers at load. The alternative asked about: a graph of fp32 MatMuls 
 weights through an explicit ``Cast`` per weight, with onnxruntime's folding of that Cast turned off,
 so the weights stay fp16 and are widened during each call.
 
-This script writes such a graph (``--matmuls`` fp16 weights of ``--dim`` x ``--dim``, external data)
-and opens it in one fresh process per configuration, printing anonymous / resident memory after
+``--openvino`` adds OpenVINO under the bf16 hint on a CPU with BF16: the fp16 graph as written (fp16
+MatMuls, what an fp16 artifact holds) compiled as OpenVINO compiles it, and as kvembed's
+``OpenVINOSession`` compiles it (retyped to bf16, :func:`kvembed.backends.openvino.write_bf16_graph`).
+
+This script writes such graphs (``--matmuls`` fp16 weights of ``--dim`` x ``--dim``, external data)
+and opens them in one fresh process per configuration, printing anonymous / resident memory after
 load and after the calls, and the mean time of a call of ``--rows`` rows:
 
-    python benchmarks/fp16_weights_cpu.py --work /tmp/fp16w --rows 16,512
+    python benchmarks/fp16_weights_cpu.py --work /tmp/fp16w --rows 16,512 [--openvino]
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_memory import rollup  # noqa: E402
@@ -33,22 +38,38 @@ CONFIGS = {
 }
 
 
-def write_graph(folder: Path, matmuls: int, dim: int) -> Path:
+#: OpenVINO configurations (``--openvino``): label -> (graph, compiled through kvembed's session)
+OV_CONFIGS = {
+    "OpenVINO bf16 hint, fp16 graph as OpenVINO compiles it": ("fp16", False),
+    "OpenVINO bf16 hint, fp16 graph retyped to bf16 (kvembed)": ("fp16", True),
+}
+
+
+def write_graph(folder: Path, matmuls: int, dim: int, form: str = "cast") -> Path:
+    """``cast``: fp32 MatMuls reading fp16 weights through a Cast each; ``fp16``: fp16 MatMuls
+    (the input cast to fp16 and the output back), as an fp16 artifact's graph."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    path = folder / f"fp16-weights-{matmuls}x{dim}.onnx"  # one file per shape: --work may be reused
+    path = folder / form / f"fp16-weights-{matmuls}x{dim}.onnx"  # one file per shape: --work may be reused
     if path.exists():
         return path
-    folder.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     nodes, weights, x = [], [], "x"
+    if form == "fp16":
+        nodes.append(helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16))
+        x = "x16"
     for i in range(matmuls):
         weights.append(numpy_helper.from_array((rng.standard_normal((dim, dim)) * 0.01).astype(np.float16), f"w{i}"))
-        nodes += [helper.make_node("Cast", [f"w{i}"], [f"w{i}_fp32"], to=TensorProto.FLOAT),
-                  helper.make_node("MatMul", [x, f"w{i}_fp32"], [f"h{i}"])]
+        if form == "cast":
+            nodes.append(helper.make_node("Cast", [f"w{i}"], [f"w{i}_fp32"], to=TensorProto.FLOAT))
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}_fp32" if form == "cast" else f"w{i}"], [f"h{i}"]))
         x = f"h{i}"
+    if form == "fp16":
+        nodes.append(helper.make_node("Cast", [x], ["y"], to=TensorProto.FLOAT))
+        x = "y"
     graph = helper.make_graph(nodes, "fp16_weights", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", dim])],
                               [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["rows", dim])], weights)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path),
@@ -62,8 +83,22 @@ def memory_mb() -> dict[str, int]:
     return {key: fields[key] // 2**20 for key in ("Anonymous", "Rss")}
 
 
-def run_one(path: str, level: str, disabled: str, arena: bool, rows: list[int], calls: int) -> dict:
+def timed_calls(run: Any, dim: int, rows: list[int], calls: int) -> dict[int, float]:
+    """Mean ms of ``run(x)`` per row count, after one untimed call each."""
     import numpy as np
+
+    means = {}
+    for count in rows:
+        x = np.random.default_rng(1).standard_normal((count, dim)).astype(np.float32)
+        run(x)
+        start = time.perf_counter()
+        for _ in range(calls):
+            run(x)
+        means[count] = round((time.perf_counter() - start) / calls * 1000, 1)
+    return means
+
+
+def run_one(path: str, level: str, disabled: str, arena: bool, rows: list[int], calls: int) -> dict:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -74,15 +109,31 @@ def run_one(path: str, level: str, disabled: str, arena: bool, rows: list[int], 
     options.enable_cpu_mem_arena = options.enable_mem_pattern = arena
     start = time.perf_counter()
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    result = {"load_s": round(time.perf_counter() - start, 2), "after_load_mb": memory_mb(), "ms_per_call": {}}
+    result = {"load_s": round(time.perf_counter() - start, 2), "after_load_mb": memory_mb()}
     dim = session.get_inputs()[0].shape[1]
-    for count in rows:
-        x = np.random.default_rng(1).standard_normal((count, dim)).astype(np.float32)
-        session.run(None, {"x": x})
-        start = time.perf_counter()
-        for _ in range(calls):
-            session.run(None, {"x": x})
-        result["ms_per_call"][count] = round((time.perf_counter() - start) / calls * 1000, 1)
+    result["ms_per_call"] = timed_calls(lambda x: session.run(None, {"x": x}), dim, rows, calls)
+    result["after_calls_mb"] = memory_mb()
+    return result
+
+
+def run_openvino(path: str, through_kvembed: bool, rows: list[int], calls: int) -> dict:
+    """The graph at ``path`` under the bf16 hint, uncached: compiled by OpenVINO as it is, or by
+    kvembed's session (which compiles an fp16 graph retyped to bf16)."""
+    import openvino as ov
+
+    start = time.perf_counter()
+    if through_kvembed:
+        from kvembed.backends.openvino import OpenVINOSession
+
+        session = OpenVINOSession(path, precision="bf16", cache_dir=False)
+        run, ran = (lambda x: session.run({"x": x}, [session.compiled.outputs[0].get_any_name()])), session.precision
+    else:
+        compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "bf16"})
+        request = compiled.create_infer_request()
+        run, ran = (lambda x: request.infer({0: x})), compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    result = {"load_s": round(time.perf_counter() - start, 2), "ran": ran, "after_load_mb": memory_mb()}
+    dim = int(ov.Core().read_model(path).inputs[0].get_partial_shape()[1].get_length())
+    result["ms_per_call"] = timed_calls(run, dim, rows, calls)
     result["after_calls_mb"] = memory_mb()
     return result
 
@@ -95,7 +146,8 @@ def main() -> None:
     parser.add_argument("--rows", default="16,512")
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2, help="Each configuration this many times, interleaved.")
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--openvino", action="store_true", help="Also OpenVINO under the bf16 hint (a CPU with BF16).")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     try:
         rows = [int(r) for r in args.rows.split(",")]
@@ -104,17 +156,25 @@ def main() -> None:
     if min(rows) < 1 or args.matmuls < 1 or args.dim < 1 or args.calls < 1:
         parser.error("--rows, --matmuls, --dim and --calls must be positive")
     if args.child:
-        path, level, disabled, arena = args.child
-        print(json.dumps(run_one(path, level, disabled, arena == "1", rows, args.calls)))
+        job = json.loads(args.child)
+        if job["backend"] == "openvino":
+            print(json.dumps(run_openvino(job["path"], job["kvembed"], rows, args.calls)))
+        else:
+            print(json.dumps(run_one(job["path"], job["level"], job["disabled"], job["arena"], rows, args.calls)))
         return
     path = write_graph(args.work, args.matmuls, args.dim)
     print(f"{args.matmuls} fp16 weights of {args.dim} x {args.dim} ({path.with_name(path.name + '.data').stat().st_size / 1e6:.0f} MB)")
+    jobs = {label: {"backend": "onnxruntime", "path": str(path), "level": level, "disabled": disabled, "arena": arena}
+            for label, (level, disabled, arena) in CONFIGS.items()}
+    if args.openvino:
+        jobs.update({label: {"backend": "openvino", "path": str(write_graph(args.work, args.matmuls, args.dim, form)), "kvembed": kvembed}
+                     for label, (form, kvembed) in OV_CONFIGS.items()})
     for round_ in range(args.rounds):
-        for label, (level, disabled, arena) in CONFIGS.items():
+        for label, job in jobs.items():
             out = subprocess.run([sys.executable, __file__, "--work", str(args.work), "--rows", args.rows,
-                                  "--calls", str(args.calls), "--child", str(path), level, disabled, "1" if arena else "0"],
+                                  "--calls", str(args.calls), "--child", json.dumps(job)],
                                  check=True, capture_output=True, text=True).stdout
-            print(f"round {round_ + 1} | {label} | {out.strip().splitlines()[-1]}")
+            print(f"round {round_ + 1} | {label} | {out.strip().splitlines()[-1]}", flush=True)
 
 
 if __name__ == "__main__":
