@@ -425,6 +425,10 @@ class OpenVINOSession:
             return self.model_path
         try:
             model = fp16_graph(self.model_path)
+        except ImportError:
+            warnings.warn(f"onnx is not installed ({INSTALL}), so {self.model_path.name} is compiled as it is: were its "
+                          "weights fp16, OpenVINO's bf16 hint would widen them through f32 (twice their memory)", stacklevel=6)
+            return self.model_path
         except Exception:  # not a graph onnx can read: OpenVINO's own read says what is wrong with it
             return self.model_path
         if model is None:

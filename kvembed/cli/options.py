@@ -68,7 +68,7 @@ Record = Annotated[bool, typer.Option(
 
 OvPrecision = Annotated[Optional[str], typer.Option(
     "--ov-precision", help="--provider openvino: precision hint f32, bf16 or f16 (default: bf16 where the CPU has "
-    "BF16; f16 suits fp16 artifacts on a CPU with FP16: their weights stay fp16).",
+    "BF16; an fp16 artifact keeps its weights at two bytes under f16 on a CPU with FP16, under bf16 on one with BF16).",
 )]
 
 
