@@ -116,7 +116,7 @@ def run_one(path: str, level: str, disabled: str, arena: bool, rows: list[int], 
     return result
 
 
-def run_openvino(path: str, through_kvembed: bool, rows: list[int], calls: int) -> dict:
+def run_openvino(path: str, through_kvembed: bool, dim: int, rows: list[int], calls: int) -> dict:
     """The graph at ``path`` under the bf16 hint, uncached: compiled by OpenVINO as it is, or by
     kvembed's session (which compiles an fp16 graph retyped to bf16)."""
     import openvino as ov
@@ -132,7 +132,6 @@ def run_openvino(path: str, through_kvembed: bool, rows: list[int], calls: int) 
         request = compiled.create_infer_request()
         run, ran = (lambda x: request.infer({0: x})), compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
     result = {"load_s": round(time.perf_counter() - start, 2), "ran": ran, "after_load_mb": memory_mb()}
-    dim = int(ov.Core().read_model(path).inputs[0].get_partial_shape()[1].get_length())
     result["ms_per_call"] = timed_calls(run, dim, rows, calls)
     result["after_calls_mb"] = memory_mb()
     return result
@@ -158,7 +157,7 @@ def main() -> None:
     if args.child:
         job = json.loads(args.child)
         if job["backend"] == "openvino":
-            print(json.dumps(run_openvino(job["path"], job["kvembed"], rows, args.calls)))
+            print(json.dumps(run_openvino(job["path"], job["kvembed"], args.dim, rows, args.calls)))
         else:
             print(json.dumps(run_one(job["path"], job["level"], job["disabled"], job["arena"], rows, args.calls)))
         return
@@ -171,7 +170,7 @@ def main() -> None:
                      for label, (form, kvembed) in OV_CONFIGS.items()})
     for round_ in range(args.rounds):
         for label, job in jobs.items():
-            out = subprocess.run([sys.executable, __file__, "--work", str(args.work), "--rows", args.rows,
+            out = subprocess.run([sys.executable, __file__, "--work", str(args.work), "--rows", args.rows, "--dim", str(args.dim),
                                   "--calls", str(args.calls), "--child", json.dumps(job)],
                                  check=True, capture_output=True, text=True).stdout
             print(f"round {round_ + 1} | {label} | {out.strip().splitlines()[-1]}", flush=True)

@@ -508,20 +508,13 @@ def open_graph(model_path: str | os.PathLike[str], provider: str = NAME, options
 DISK_MARGIN = 256 * 1024**2
 
 
-def fp16_initializers(model: Any) -> int:
-    """How many initializers of ``model`` (an ``onnx.ModelProto``) are fp16."""
-    from onnx import TensorProto
-
-    return sum(1 for tensor in model.graph.initializer if tensor.data_type == TensorProto.FLOAT16)
-
-
 def fp16_graph(source: Path) -> Any:
     """The graph at ``source`` (an ``onnx.ModelProto`` without its external data) when it has fp16
     weights, else None."""
     import onnx
 
     model = onnx.load(str(source), load_external_data=False)
-    return model if fp16_initializers(model) else None
+    return model if any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer) else None
 
 
 def write_bf16_graph(model: Any, source: Path, folder: Path) -> Path:

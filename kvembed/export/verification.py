@@ -121,9 +121,9 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
             advisory[target] = gated[None]
         else:
             gates.append((target, ran, gated))
-        # only a check of the exported files against the exported model's reference certifies anything
         if advised and all(r.passed for r in gated.values()):
             passed = target  # the later alternatives are not needed
+        # only a check of the exported files against the exported model's reference certifies anything
         if not source_problems and all(r.passed for r in gated.values()):
             certificates.append(certificate(target, ran, gated[None], extra={"graph": graph.name} if advised else None))
     first, _, reports = gates[0]

@@ -155,8 +155,8 @@ class Embedder:
                 f"{str(path)!r} is an fp16 artifact on onnxruntime's CPU provider, which has no fp16 MatMul: it "
                 "holds fp32 copies of the weights (twice the artifact's size) and runs at fp32 speed; "
                 "provider='openvino' keeps them at two bytes where the CPU has FP16 (ov_precision='f16') or BF16 "
-                "(ov_precision='bf16', a bf16 copy of the weights) (provider='auto' takes it once certified: "
-                "kvembed verify DIR --record); elsewhere use the int8 or fp32 artifact", stacklevel=2)
+                "(ov_precision='bf16', from a bf16 copy of the weights), and provider='auto' takes it once certified "
+                "(kvembed verify DIR --record); elsewhere use the int8 or fp32 artifact", stacklevel=2)
         embedder = cls(path, manifest, encoder, session, max_call_tokens, call_cost, choice)
         log.info("kvembed: %s runs on %s (provider %s: %s)", path, embedder.backend, provider, choice.reason)
         return embedder
