@@ -30,7 +30,7 @@ FILES = 5
 
 def corpus_texts(count: int, sentences: tuple[int, int], seed: int = 0, words: tuple[int, int] | None = None) -> list[str]:
     """``count`` texts of ``sentences[0]..[1]`` calibration sentences each, cut to ``words[0]..[1]`` words if given."""
-    pool = (Path(__file__).resolve().parents[1] / "kvembed" / "data" / "calibration.txt").read_text().split("\n")
+    pool = (Path(__file__).resolve().parents[1] / "src" / "kvembed" / "data" / "calibration.txt").read_text().split("\n")
     pool = [line for line in pool if line.strip()]
     rng = random.Random(seed)
     texts = [" ".join(rng.choice(pool) for _ in range(rng.randint(*sentences))) for _ in range(count)]

@@ -214,7 +214,7 @@ def _load_triton_model(monkeypatch, artifact: Path, tmp_path: Path, parameters: 
     fake.Logger = types.SimpleNamespace(log_info=lambda message: None)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the model puts its own folder first
-    spec = importlib.util.spec_from_file_location("kvembed_test_onnx_model", ROOT / "kvembed/triton/backend/onnx_model.py")
+    spec = importlib.util.spec_from_file_location("kvembed_test_onnx_model", ROOT / "src/kvembed/triton/backend/onnx_model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     (tmp_path / "artifact").symlink_to(artifact)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from .. import __version__
+from ..version import __version__
 from ..errors import InvalidInput, KvembedError
 from ..artifact import sha256_file
 from .target import Target
@@ -105,7 +105,7 @@ def _first_error(output: str) -> str:
 
 def source_tree() -> Path | None:
     """The kvembed checkout this package is imported from (None when installed from a wheel)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]  # <root>/src/kvembed/bundle/wheelhouse.py
     project = root / "pyproject.toml"
     if project.is_file() and re.search(r'(?m)^name\s*=\s*"kvembed"\s*$', project.read_text(encoding="utf-8")):
         return root
@@ -129,7 +129,7 @@ def build_own_wheel(dest: Path, given: Path | None = None) -> Path | None:
         for item in root.iterdir():
             if item.is_file():
                 shutil.copy2(item, copy / item.name)
-        shutil.copytree(root / "kvembed", copy / "kvembed", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+        shutil.copytree(root / "src" / "kvembed", copy / "src" / "kvembed", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
         done = run_pip(["wheel", "--no-deps", "--wheel-dir", str(dest), str(copy)])
         if done.returncode != 0:  # build isolation fetches setuptools from the index
             raise BundleError(unreachable(done.stdout) if UNREACHABLE.search(done.stdout)

@@ -18,7 +18,7 @@ sys.path.insert(0, str(HERE))  # the copied kvembed runtime wins over any instal
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-import kvembed  # noqa: E402
+import kvembed.version  # noqa: E402
 from kvembed.artifact import read_manifest  # noqa: E402
 from kvembed.runtime.artifact import encoder_from_manifest  # noqa: E402
 from kvembed.triton.rows import decode_strings, encode_rows, is_client_error, parse_kinds  # noqa: E402
@@ -42,7 +42,7 @@ class TritonPythonModel:
         # equal shapes (onnxruntime, TensorRT)
         self.per_request = parameters.get("padding", "execution") == "request"
         self.outputs = [output["name"] for output in config["output"]]
-        pb_utils.Logger.log_info(f"{args['model_name']}: kvembed runtime from {Path(kvembed.__file__).parent}")
+        pb_utils.Logger.log_info(f"{args['model_name']}: kvembed runtime from {Path(kvembed.version.__file__).parent}")
 
     def execute(self, requests):
         encoded = [self._encode(request) for request in requests]

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import __version__
+from ..version import __version__
 from .inputs import SKIP_EXAMPLES
 from .options import CorpusOptions
 from .plan import MANIFEST, PARTIAL_MARK, SUCCESS, Plan

@@ -3,7 +3,7 @@
 The sample tasks demonstrate ``kvembed eval``; they are no benchmark. Every text here was written
 for kvembed (no third-party data), so the files are under the project's licence. The STS pairs
 (``sample-sts.tsv``) are hand-written; the two tasks below are generated deterministically from
-the templates in this file, so ``python kvembed/data/tasks/build_samples.py`` reproduces them
+the templates in this file, so ``python src/kvembed/data/tasks/build_samples.py`` reproduces them
 byte for byte.
 
 - ``sample-retrieval/``: 60 fictional towns x 5 facets (climate, trade, food, history, festival)

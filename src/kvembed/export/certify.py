@@ -31,7 +31,7 @@ import datetime as _dt
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import __version__
+from ..version import __version__
 from ..artifact import MODEL
 from ..artifact.certificates import PYTORCH, precision_name
 from ..backends.catalogue import BACKENDS, CPU, OV_BF16, OV_F16, VERIFY_TARGETS

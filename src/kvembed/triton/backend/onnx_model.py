@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE))  # the copied kvembed runtime wins over any instal
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-import kvembed  # noqa: E402
+import kvembed.version  # noqa: E402
 from kvembed.runtime import Embedder  # noqa: E402
 from kvembed.runtime.batching import BatchPolicy  # noqa: E402
 from kvembed.triton.rows import split_rows, unpad_rows  # noqa: E402
@@ -65,7 +65,7 @@ class TritonPythonModel:
         self.policy = batch_policy(parameters, config, self.embedder)
         self.inputs = [tensor["name"] for tensor in config["input"]]
         self.outputs = [tensor["name"] for tensor in config["output"]]
-        pb_utils.Logger.log_info(f"{args['model_name']}: kvembed runtime from {Path(kvembed.__file__).parent}")
+        pb_utils.Logger.log_info(f"{args['model_name']}: kvembed runtime from {Path(kvembed.version.__file__).parent}")
         choice = self.embedder.choice
         pb_utils.Logger.log_info(f"{args['model_name']}: runs on {self.embedder.backend} ({choice.reason if choice else ''}), "
                                  f"providers {self.embedder.providers}, {self.policy}")

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ... import __version__
+from ...version import __version__
 from ...methods import format_layers, resolve
 from ...methods.registry import METHODS
 from ...runtime.batching import BatchPolicy, run_batches

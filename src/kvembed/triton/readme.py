@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .. import __version__
+from ..version import __version__
 from ..backends.tensorrt import describe_profiles
 from .configs import ArtifactFacts, ServingOptions, plan_build_command
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import __version__
+from ..version import __version__
 from ..methods.architectures import sliding_window
 from ..methods.sharing import output_names
 from ..artifact import ENCODER_TOKENIZER, SCHEMA_VERSION

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import __version__
+from ..version import __version__
 from ..artifact import sha256_file
 from .artifacts import add_artifact, parse_artifact_argument
 from .render import template_values, write_templates
