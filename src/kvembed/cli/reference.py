@@ -1,23 +1,51 @@
-"""The click command of ``kvembed``'s typer app, for the docs site's CLI reference.
+"""The ``kvembed`` command tree as a click command, for the docs site's CLI reference.
 
-mkdocs-click documents a click command; typer builds one from the app on demand. Generating the
-reference from the command tree itself means the docs cannot drift from ``kvembed --help``.
-``kvembed-export`` and ``kvembed-layers`` are aliases of ``kvembed export`` and ``kvembed layers``,
-so this one tree documents them too.
+mkdocs-click documents a click command; typer builds one from the app. Generating the reference
+from the command tree itself means the docs cannot drift from ``kvembed --help``.
+``kvembed-export`` and ``kvembed-layers`` are the very apps ``kvembed export`` and ``kvembed
+layers`` run, so this one tree documents them too.
 """
 
 from __future__ import annotations
 
-import click
+import copy
+from typing import Any
+
 import typer
 
 from .main import app
 
 
-def kvembed_command() -> click.Command:
-    """The ``kvembed`` command tree as click sees it (what ``kvembed --help`` prints)."""
-    return typer.main.get_command(app)
+def default_command(group: Any) -> Any | None:
+    """The command a group runs when its first argument names none of its commands: by kvembed's
+    convention (:func:`kvembed.cli.support.default_command_group`) the hidden command that bears the
+    group's own name, as ``kvembed export --model ...`` runs the hidden ``export`` of the group."""
+    own = getattr(group, "commands", {}).get(group.name)
+    return own if own is not None and own.hidden else None
 
 
-#: the tree mkdocs-click reads (``:command: command`` in docs/reference/cli.md)
-command: click.Command = kvembed_command()
+def documented(command: Any) -> Any:
+    """``command`` as a user meets it: a group with a default command is documented as that command
+    (its options are what ``kvembed export --help`` lists); its other subcommands keep their own
+    pages where the tree has them at the top too (``kvembed export verify`` is ``kvembed verify``).
+    Copies only: the app's own tree is left as it is."""
+    default = default_command(command)
+    if default is not None:
+        view = copy.copy(default)
+        view.name, view.hidden = command.name, False
+        return view
+    children = getattr(command, "commands", None)
+    if not children:
+        return command
+    view = copy.copy(command)
+    view.commands = {name: documented(child) for name, child in children.items()}
+    return view
+
+
+def kvembed_command() -> Any:
+    """The ``kvembed`` tree (what ``kvembed --help`` prints), as mkdocs-click reads it."""
+    return documented(typer.main.get_command(app))
+
+
+#: read by mkdocs-click (``:command: command`` in docs/reference/cli.md)
+command = kvembed_command()
