@@ -210,7 +210,7 @@ def stage_floors(model: Path, work: dict[str, int], rates: dict[str, float], lay
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """The RESULTS.md table: peak RSS (GiB and x W), wall, then per stage 'wall s / peak GiB'."""
+    """The table of benchmarks/log/export-memory-4b.md: peak RSS (GiB and x W), wall, then per stage 'wall s / peak GiB'."""
     weight = results["fp32_weight_bytes"]
     stages = [s for r in results["runs"] for s in (x["stage"] for x in r["stages"])]
     order = list(dict.fromkeys(stages))

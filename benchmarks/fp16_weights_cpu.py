@@ -1,7 +1,7 @@
 """fp16 weights on a CPU without FP16 arithmetic: what onnxruntime holds and how fast it runs.
 
 An fp16 artifact loads on onnxruntime's CPU provider at twice its bytes on x86 without FP16 (issue
-30, item 4; benchmarks/RESULTS.md): its fp16 MatMuls have no CPU kernel, so their weights become
+30, item 4; benchmarks/log/fp16-on-cpu.md): its fp16 MatMuls have no CPU kernel, so their weights become
 fp32 initializers at load. The alternative asked about: a graph of fp32 MatMuls reading fp16
 weights through an explicit ``Cast`` per weight, with onnxruntime's folding of that Cast turned off,
 so the weights stay fp16 and are widened during each call.

@@ -120,7 +120,7 @@ def test_no_measured_figures_or_issue_numbers_in_prose() -> None:
             for match in [*FIGURE.finditer(text), *ISSUE.finditer(text)]:
                 if match.group(0) not in ALLOWED:
                     found.append(f"{path.relative_to(ROOT)}:{line}: {match.group(0)!r}")
-    assert not found, "figures belong in benchmarks/RESULTS.md, issue numbers nowhere in code:\n" + "\n".join(found)
+    assert not found, "figures belong in benchmarks/log/ and benchmarks/results/, issue numbers nowhere in code:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("module", ["kvembed.runtime", "kvembed.serve", "kvembed.triton", "kvembed.corpus", "kvembed.backends"])

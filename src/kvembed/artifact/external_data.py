@@ -16,7 +16,7 @@ DATA_FILE = MODEL_DATA
 #: intermediate graphs always keep them there). protobuf cannot hold 2 GiB at all, and well below
 #: that an inline graph is copied several times wherever it is read whole (onnx.load, onnx's
 #: checker, onnxruntime's parse), while external weights are read one tensor at a time or
-#: memory-mapped (benchmarks/RESULTS.md, "Export memory"). Small graphs stay one file.
+#: memory-mapped (benchmarks/log/export-memory-4b.md, "Export memory"). Small graphs stay one file.
 EXTERNAL_DATA_THRESHOLD = 256 * 1024**2
 #: tensors smaller than this stay inside the graph file when the weights are external
 EXTERNAL_MIN_BYTES = 1024

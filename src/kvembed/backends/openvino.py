@@ -17,7 +17,7 @@ from a copy retyped to bf16 (:func:`write_bf16_graph`). The plugin cannot keep f
 are there: it converts an fp16 graph's constants through f32 while compiling (twice the weights,
 then its bf16 copy), and its weight-decompression kernels take integer weights only; a graph whose
 weights and activations are bf16 already compiles with its weights as they are
-(benchmarks/RESULTS.md). fp16 to bf16 keeps the range and loses mantissa bits (10 to 7): weights
+(benchmarks/log/fp16-on-cpu.md). fp16 to bf16 keeps the range and loses mantissa bits (10 to 7): weights
 that came from a bf16 checkpoint, as 4B-8B models ship, come back exactly; how close the outputs
 come is what the export's advisory check on ``openvino-bf16`` measures.
 """
@@ -57,7 +57,7 @@ INSTALL = "pip install 'kvembed[openvino]'"
 MEND_VERSION = 2  # bump when what is compiled changes (repeat_kv_heads, the bf16 graph): kept blobs are then rebuilt
 #: resident bytes per byte of graph files at the first load, which compiles from the ONNX and holds
 #: the weights read and their converted copy at once (later loads import the blob and hold about
-#: one copy: benchmarks/RESULTS.md). An int8 artifact's weights stay int8 (and the blob streams to
+#: one copy: benchmarks/log/export-memory-4b.md). An int8 artifact's weights stay int8 (and the blob streams to
 #: disk, not through memory); an fp16 file's are converted to wider copies while compiling under
 #: the f32 hint (the f16 and bf16 hints keep them at two bytes: :data:`NATIVE_FP16_FACTOR`); a bf16
 #: artifact holds the fp32 graph. Unknown precisions get the largest.
@@ -177,7 +177,7 @@ class CompiledCache:
     then moved into its slot (:meth:`adopt`): OpenVINO streams it to the file as it exports, where
     ``export_model()`` would hold all of it in memory, once more the weights. ``CACHE_DIR`` is not
     used to look blobs up: it keys them by a hash of the model, which costs a read of every weight
-    (no faster than compiling, benchmarks/RESULTS.md), where the fingerprint costs a ``stat``."""
+    (no faster than compiling, benchmarks/log/openvino.md), where the fingerprint costs a ``stat``."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory).expanduser()

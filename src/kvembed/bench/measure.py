@@ -81,7 +81,7 @@ def time_calls(
 
 #: idle seconds before each interleaved call: onnxruntime's intra-op workers keep spinning for a
 #: while after a call returns and would slow the next call timed (a shorter gap measurably did:
-#: benchmarks/RESULTS.md, "The measurement fix").
+#: benchmarks/log/goals-and-profile.md, "The measurement fix").
 SETTLE_SECONDS = 0.05
 
 

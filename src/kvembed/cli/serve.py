@@ -84,7 +84,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
     Accepted connections inherit ``proto`` from the listener, and asyncio turns on TCP_NODELAY
     only for sockets whose ``proto`` is IPPROTO_TCP; with the default 0, Nagle's algorithm holds
     each response's body behind its headers until the client's delayed ACK on every kept-alive
-    request after the first (uvicorn#3149; benchmarks/RESULTS.md, "TCP_NODELAY" under "`kvembed
+    request after the first (uvicorn#3149; benchmarks/log/serve.md, "TCP_NODELAY" under "`kvembed
     serve` vs in-process `Embedder.encode`")."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -13,7 +13,7 @@ Trained tables carry a few outlier channels, large in most rows: a row's scale t
 outlier and the other channels keep a handful of levels. So the columns are equalised first (each
 divided by its max over the rows, relative to the median column's: the ``columns`` factors,
 multiplied back after the rows are dequantised), and only then is each row quantised
-(benchmarks/RESULTS.md measures what this buys).
+(benchmarks/log/int8.md measures what this buys).
 
 Standard ONNX ops on every backend (onnxruntime, OpenVINO). A table is a 2-D float initializer
 that only ``Gather`` nodes read, as their data input along axis 0 (a tied table that a MatMul

@@ -18,7 +18,7 @@ onnxscript's optimizer without its opset-23 fusions, so that ``Attention`` is th
 graph adds. RMSNormalization is not needed (onnxruntime fuses the decomposed RMSNorm at load).
 RotaryEmbedding was tried (onnxscript's rule fuses every query and key rotation) and left out: it
 gained no speed, OpenVINO runs such a graph wrongly even after kvembed's mend of its grouped-query
-fault, and TensorRT parses it only from 10.15.1 (benchmarks/RESULTS.md, "RotaryEmbedding").
+fault, and TensorRT parses it only from 10.15.1 (benchmarks/log/goals-and-profile.md, "RotaryEmbedding").
 The manifest's minimum TensorRT version is the newest any op in the graph needs
 (``TENSORRT_OPS_SINCE``).
 """

@@ -44,7 +44,7 @@ class MemoryEstimateWarning(UserWarning):
 @dataclass(frozen=True)
 class PeakCoefficients:
     """What each stage of the export holds, per parameter or per process; the lead tunes these
-    from measurements (benchmarks/RESULTS.md keeps the figures, not this docstring).
+    from measurements (benchmarks/log/export-memory-4b.md keeps the figures, not this docstring).
 
     - ``reference_bytes_per_param``: the PyTorch reference is always fp32, because the parity gate
       compares every precision against fp32.

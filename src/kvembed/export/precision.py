@@ -37,14 +37,14 @@ MatMul (:mod:`kvembed.export.quantize`; opset 21), activations never quantised, 
 outlier to spoil; onnxruntime runs it at the accuracy level kvembed pins in every session it opens,
 the gate's included (:data:`kvembed.backends.onnxruntime.WEIGHT_ONLY_ACCURACY`). The per-tensor recipes ("smooth", which keeps
 fp32 the MatMuls whose inputs hold massive activations, "smooth-keep-wide-down", "plain") stay
-available by name. ``benchmarks/int8_options.py`` measures the alternatives (benchmarks/RESULTS.md).
+available by name. ``benchmarks/int8_options.py`` measures the alternatives (benchmarks/log/int8.md).
 
 Weights are int8 (U8S8, onnxruntime's fast kernel) quantised to 7 bits (``reduce_range``): on
 x86 CPUs without VNNI (AVX2 / AVX-512F only) onnxruntime's U8S8 kernel adds pairs of u8 x s8
 products in saturating int16 (``vpmaddubsw``), and full-range int8 weights overflow it (the
 gate's cosine collapses there); with 7-bit weights a pair stays within 2 x 255 x 64 = 32,640,
 below int16's limit, the remedy onnxruntime's quantization guide names. uint8 weights (U8U8) avoid
-saturation too but run a slower kernel, and are less accurate with VNNI (benchmarks/RESULTS.md). The file must hold on every CPU it is copied to, so the export does not pick by the
+saturation too but run a slower kernel, and are less accurate with VNNI (benchmarks/log/int8.md). The file must hold on every CPU it is copied to, so the export does not pick by the
 exporting machine. It yields ``DynamicQuantizeLinear``/``MatMulInteger``: standard ONNX ops
 that onnxruntime runs fast on CPU, but TensorRT does not support (build TensorRT engines from the
 fp32 or fp16 artifact and let TensorRT pick precisions).
@@ -66,7 +66,7 @@ from ..errors import InvalidInput
 MASSIVE_SPREAD = 50.0
 #: "smooth-keep-wide-down" also keeps fp32 the down_projs whose input spreads over this
 WIDE_DOWN_SPREAD = 10.0
-#: "weights": input rows per int8 weight scale (benchmarks/RESULTS.md, "Weight-only int8")
+#: "weights": input rows per int8 weight scale (benchmarks/log/int8.md, "Weight-only int8")
 WEIGHT_BLOCK = 64
 
 #: what ``--precision`` takes (bf16: the fp32 graph, certified on OpenVINO's bf16 hint)

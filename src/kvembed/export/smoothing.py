@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import InvalidInput
 
 #: SmoothQuant's migration strength: of those measured on a trained model, the one the gate liked
-#: best (benchmarks/RESULTS.md, int8 options)
+#: best (benchmarks/log/int8.md, int8 options)
 DEFAULT_ALPHA = 0.65
 #: calibration texts: the first of the built-in calibration set, as queries and as documents
 CALIBRATION_TEXTS = 64

@@ -6,7 +6,7 @@ at most ``quantum`` inputs per request per turn so a huge request cannot starve 
 behind it. The model's :class:`~kvembed.runtime.batching.BatchPolicy` length-sorts the window and
 cuts it into batches of at most ``batch_size`` rows and ``max_batch_tokens`` padded tokens, where
 padding would cost more than a batch (``call_cost``); a window of several batches gives it more
-lengths to sort, which is what keeps padding low (benchmarks/RESULTS.md, "`kvembed serve` vs
+lengths to sort, which is what keeps padding low (benchmarks/log/serve.md, "`kvembed serve` vs
 in-process `Embedder.encode`" and its "Call cost and workers"). Each batch goes to a free worker,
 which embeds it with :meth:`Embedder.embed_encoded` (the runtime's batching loop, which keeps a
 planned batch whole and runs it in graph calls of at most the runtime's per-call budget); each

@@ -13,7 +13,7 @@ from ..errors import InvalidInput
 
 
 #: ``--max-input-tokens``'s default. One input is one row of one graph call, which nothing can
-#: interrupt, and its cost grows faster than its length (attention is quadratic; benchmarks/RESULTS.md
+#: interrupt, and its cost grows faster than its length (attention is quadratic; benchmarks/log/serve.md
 #: has the times per length): an artifact's own max_length (SmolLM2: 8192) lets one request hold a
 #: worker and gigabytes for minutes. 512 is also the limit of most embedding models (BERT-family),
 #: so clients already chunk to it; ``--max-input-tokens`` raises it up to the artifact's max_length.
@@ -25,7 +25,7 @@ DEFAULT_LONG_INPUT_TOKENS = 128
 #: cores for the whole short call, at lower priority it yields them while the short call runs (and
 #: alone it still has them all). The same threads also compete with other processes on the machine,
 #: which then slow long inputs down the more the higher it is: 5 keeps most of the short requests'
-#: gain at a small cost there (benchmarks/RESULTS.md compares 0, 5, 10 and 19, quiet and loaded).
+#: gain at a small cost there (benchmarks/log/serve.md compares 0, 5, 10 and 19, quiet and loaded).
 DEFAULT_LONG_LANE_NICE = 5
 
 

@@ -7,7 +7,7 @@ call (and, with the long input's request ahead of it in turn, for its window). I
 between requests, worker threads), so a long input's call runs beside the short requests' calls
 instead of ahead of them. The long lane's threads run at a lower scheduling priority (the caller
 passes ``nice``), so while a short call runs the long one yields the cores to it; either lane
-alone has the whole machine (benchmarks/RESULTS.md measures a short request's latency with one
+alone has the whole machine (benchmarks/log/serve.md measures a short request's latency with one
 lane, two, and two at several priorities).
 
 A request's inputs are split by length, embedded in their lanes at once, and put back in order.

@@ -2,7 +2,7 @@
 against their sha256, its tokenizer, the per-input cap against its prompt, and the provider.
 
 These are the cheap failures: hashing is a fraction of opening the onnxruntime session
-(benchmarks/RESULTS.md), which stays in the app's loading thread after the bind so that
+(benchmarks/log/serve.md), which stays in the app's loading thread after the bind so that
 ``/health`` answers 503 while it runs. A damaged artifact is then one error line and exit 2, and
 no server ever starts; the loading thread opens the checked files without hashing them again.
 """

@@ -44,7 +44,7 @@ class ServingOptions:
     fp16: bool = False
     #: onnxruntime intra-op threads per model instance (0: onnxruntime's default, one per core).
     #: 1 by default: instances scale throughput, and several multi-threaded pools (plus the
-    #: tokenizer stubs) on the same cores stall on their slowest thread (benchmarks/RESULTS.md).
+    #: tokenizer stubs) on the same cores stall on their slowest thread (benchmarks/log/triton.md).
     threads: int = 1
     #: python backend: the runtime provider its model instances load the artifact with
     provider: str = "auto"

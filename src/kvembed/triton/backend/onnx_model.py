@@ -13,7 +13,7 @@ Config parameters: ``provider`` (auto | cpu | cuda | tensorrt | openvino), ``thr
 ``max_batch_tokens`` (padded tokens per batch; empty = the runtime's per-call budget; ``max_tokens``
 is its old name), ``max_padding`` (the largest fraction of a row that may be padding, default
 :data:`DEFAULT_MAX_PADDING`: one merge holds few rows of spread-out lengths, and padding them
-costs CPU for nothing; benchmarks/RESULTS.md).
+costs CPU for nothing; benchmarks/log/triton.md).
 """
 
 import json
