@@ -1,0 +1,218 @@
+"""Render the headline results table from ``benchmarks/results/headline/*.json`` into README.md
+(between ``<!-- results:start -->`` and ``<!-- results:end -->``) and into ``docs/benchmarks.md``.
+
+Why one renderer: the figures a reader relies on must come from one place, each with the CPU and
+the date it was measured on, and never drift from the records (``--check``, run by
+tests/test_results.py, fails when either page differs from what the records render to).
+
+    python benchmarks/render_results.py           # rewrite both pages
+    python benchmarks/render_results.py --check   # exit 1 if either page is stale
+
+A headline record is a :mod:`record` record plus ``source`` (the raw file or log page its figures
+come from), ``log`` (``page`` and ``section`` of the lab notes in ``benchmarks/log/``) and
+``rows``: each a ``figure`` label and a ``value`` template naming figures, ``"{ratio} ({a} vs {b})"``.
+Records render in file-name order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import problems  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADLINE = ROOT / "benchmarks" / "results" / "headline"
+LOG = ROOT / "benchmarks" / "log"
+README = ROOT / "README.md"
+DOCS = ROOT / "docs" / "benchmarks.md"
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+#: headline fields beyond a run record's
+HEADLINE_FIELDS = ("source", "log", "rows")
+#: units written straight after the number (4.67x); scores are written bare (0.9999)
+SUFFIX_UNITS = {"x", "%"}
+BARE_UNITS = {"cosine", "spearman"}
+PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def load(directory: Path = HEADLINE) -> list[tuple[Path, dict[str, Any]]]:
+    """Every headline record, in file-name order."""
+    return [(path, json.loads(path.read_text(encoding="utf-8"))) for path in sorted(directory.glob("*.json"))]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading (the log pages are read on GitHub, not on the docs site)."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchor(page: Path, section: str) -> str:
+    """The anchor of ``section`` on ``page``, with GitHub's ``-1``, ``-2`` for repeated headings."""
+    seen: dict[str, int] = {}
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            text = line.lstrip("#").strip()
+            base = slug(text)
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            if text == section:
+                return base if count == 0 else f"{base}-{count}"
+    raise LookupError(f"no heading {section!r} in {page}")
+
+
+def headline_problems(data: Mapping[str, Any]) -> list[str]:
+    """What a headline record lacks, beyond :func:`record.problems`: its source, its log section,
+    rows whose templates name figures it has, versions or a note saying why there are none."""
+    found = problems(data) + [f"no {key}" for key in HEADLINE_FIELDS if not data.get(key)]
+    if not data.get("versions") and not data.get("versions_note"):
+        found.append("no versions and no versions_note")
+    log = data.get("log") or {}
+    page = ROOT / str(log.get("page", ""))
+    if not page.is_file() or LOG not in page.parents:
+        found.append(f"log page {log.get('page')!r} is not in benchmarks/log/")
+    else:
+        try:
+            anchor(page, str(log.get("section")))
+        except LookupError as error:
+            found.append(str(error))
+    for row in data.get("rows") or []:
+        if not row.get("figure") or not row.get("value"):
+            found.append(f"row {row!r} needs a figure label and a value")
+        missing = set(PLACEHOLDER.findall(row.get("value", ""))) - set(data.get("figures") or {})
+        found += [f"row names unknown figure {name!r}" for name in sorted(missing)]
+    return found
+
+
+def number(value: float | int) -> str:
+    """A figure's number as the logs write it: thousands separated, the given decimals kept."""
+    if isinstance(value, int) or float(value).is_integer() and abs(value) >= 100:
+        return f"{int(value):,}"
+    return str(value)
+
+
+def show(fig: Mapping[str, Any]) -> str:
+    """One figure with its unit: ``4.67x``, ``16.05 GiB``, ``0.999944``."""
+    unit = fig["unit"]
+    if unit in SUFFIX_UNITS:
+        return number(fig["value"]) + unit
+    if unit in BARE_UNITS:
+        return number(fig["value"])
+    return f"{number(fig['value'])} {unit}"
+
+
+def cpu_name(data: Mapping[str, Any]) -> str:
+    cpu = data["cpu"]
+    return cpu.get("label") or f"{cpu['model']}, {data.get('cores')} cores"
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table(records: list[tuple[Path, dict[str, Any]]], link: Callable[[str], str]) -> str:
+    """The headline table; ``link`` turns a repository path into the URL the page can use."""
+    lines = ["| figure | value | CPU | date | log |", "|---|---|---|---|---|"]
+    for _, data in records:
+        page = ROOT / data["log"]["page"]
+        target = f"{link(data['log']['page'])}#{anchor(page, data['log']['section'])}"
+        figures = data["figures"]
+        for row in data["rows"]:
+            value = PLACEHOLDER.sub(lambda m: show(figures[m.group(1)]), row["value"])
+            lines.append(f"| {cell(row['figure'])} | {cell(value)} | {cell(cpu_name(data))} | "
+                         f"{data['date'][:10]} | [{page.stem}]({target}) |")
+    return "\n".join(lines) + "\n"
+
+
+def readme(current: str, records: list[tuple[Path, dict[str, Any]]]) -> str:
+    """README.md with the table between the markers (the rest untouched)."""
+    if current.count(START) != 1 or current.count(END) != 1 or current.index(START) > current.index(END):
+        raise SystemExit(f"README.md needs one {START} ... {END} pair")
+    head, rest = current.split(START)
+    _, tail = rest.split(END)
+    body = ("Current headline figures, each with the CPU and the date it was measured on (how they are "
+            "measured, and the dated lab notes: [docs/benchmarks.md](docs/benchmarks.md)).\n\n"
+            + table(records, lambda path: path))
+    return f"{head}{START}\n{body}{END}{tail}"
+
+
+def log_pages() -> list[tuple[str, str]]:
+    """(file, title) of every log page, in the order of its index."""
+    index = (LOG / "README.md").read_text(encoding="utf-8")
+    return re.findall(r"^## \[(.+)\]\((.+\.md)\)$", index, flags=re.MULTILINE)
+
+
+def docs_page(records: list[tuple[Path, dict[str, Any]]]) -> str:
+    """docs/benchmarks.md. The log pages live outside docs/, so links to them are
+    repository-root paths (``/benchmarks/log/...``): GitHub resolves them, and ``mkdocs build
+    --strict`` reports absolute links without failing."""
+    link = lambda path: "/" + path  # noqa: E731
+    pages = "\n".join(f"- [{title}]({link('benchmarks/log/' + name)})" for title, name in log_pages())
+    return f"""# Benchmarks
+
+<!-- Rendered by `python benchmarks/render_results.py` from benchmarks/results/headline/*.json: edit those. -->
+
+The figures that are current, each with the CPU and the date it was measured on. Each row comes
+from one JSON record in `benchmarks/results/headline/` that also holds the command, the versions
+and the raw file or log page it was transcribed from.
+
+{table(records, link)}
+## How the figures are measured
+
+The machines are 2-core VMs whose speed drifts by 10-30% from one minute to the next, so a speed
+figure is a **ratio measured interleaved**: the calls compared run in the same process, in turns,
+round after round, and the figure is the median of the per-round ratios (the absolute times
+beside it are of that run). Peak memory is a fresh process's maximum resident set (`/usr/bin/time
+-v`, `VmHWM`), one process per configuration. Fidelity is the worst row's cosine against the
+PyTorch fp32 reference. **Every number names its CPU** because the CPU decides the result: bf16
+runs fast only where the CPU has BF16 (AVX-512 BF16 or AMX), int8 gains most with VNNI or AMX,
+and an fp16 artifact needs FP16 or BF16 to load at its own size. The quality row is a 115-pair
+set written for this project: a check of the harness, not a benchmark.
+
+To measure again, run the harness the row's log section names (`benchmarks/README.md` lists them);
+each writes a record of its run to `benchmarks/results/records/`. A figure that supersedes a
+headline one goes into its file in `benchmarks/results/headline/`, with its CPU, date, versions
+and source, and `python benchmarks/render_results.py` renders this page and the README's table.
+
+## The log
+
+The dated lab notes behind these figures, with every run's machine, command and what was changed
+because of it ([index]({link('benchmarks/log/README.md')})):
+
+{pages}
+"""
+
+
+def render() -> dict[Path, str]:
+    """What README.md and docs/benchmarks.md should hold."""
+    records = load()
+    bad = {path.name: found for path, data in records if (found := headline_problems(data))}
+    if bad:
+        raise SystemExit("headline records with problems:\n" + "\n".join(f"  {name}: {'; '.join(p)}" for name, p in bad.items()))
+    return {README: readme(README.read_text(encoding="utf-8"), records), DOCS: docs_page(records)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if README.md or docs/benchmarks.md differ from the rendering")
+    args = parser.parse_args(argv)
+    stale = []
+    for path, text in render().items():
+        if path.exists() and path.read_text(encoding="utf-8") == text:
+            continue
+        if args.check:
+            stale.append(str(path.relative_to(ROOT)))
+        else:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path.relative_to(ROOT)}")
+    if stale:
+        print("stale (run python benchmarks/render_results.py): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
