@@ -130,15 +130,16 @@ def test_install_offline_then_serve_with_run_sh_and_stop_by_sigterm(built, tmp_p
         verified = subprocess.run([analyze, "verify", str(bundle / "kvembed.service")], capture_output=True, text=True)
         assert verified.returncode == 0 and not verified.stderr.strip(), verified.stderr
 
-    # run.sh reads the key from kvembed.env; the port comes last on its command line
+    # run.sh reads the key from kvembed.env; the port set in the environment wins over the file's
     env_file = bundle / "kvembed.env"
     env_file.write_text(env_file.read_text().replace("KVEMBED_API_KEY=\n", "KVEMBED_API_KEY=bundle-key\n"))
+    assert "KVEMBED_PORT=8080\n" in env_file.read_text()
     port = free_port()
     log = tmp_path / "run.log"
     started = time.monotonic()
     with open(log, "wb") as sink:
-        server = subprocess.Popen([str(bundle / "run.sh"), "--port", str(port)], stdout=sink, stderr=subprocess.STDOUT,
-                                  env=offline_env(), cwd=tmp_path)
+        server = subprocess.Popen([str(bundle / "run.sh")], stdout=sink, stderr=subprocess.STDOUT,
+                                  env={**offline_env(), "KVEMBED_PORT": str(port)}, cwd=tmp_path)
     try:
         url = f"http://127.0.0.1:{port}"
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="bundle-key", max_retries=0, timeout=30)
