@@ -79,16 +79,20 @@ def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def interrupted_run(args: list[str], out: Path, shards_before_stop: int, sig: signal.Signals) -> subprocess.Popen:
-    """``kvembed embed-corpus *args`` sent ``sig`` once ``out`` holds ``shards_before_stop`` shards."""
+    """``kvembed embed-corpus *args`` sent ``sig`` once ``out`` holds ``shards_before_stop`` shards
+    (0: once the run has started, its ``_run.json`` written)."""
     # SIGINT at its default in the child: a shell starts background jobs (a CI script run with
     # `&`) with SIGINT ignored, Python then keeps ignoring it, and Ctrl-C would not be tested
     process = subprocess.Popen([sys.executable, "-m", "kvembed.cli", "embed-corpus", *args],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
-    while len(list(out.glob("part-*.parquet"))) < shards_before_stop:
+    def started() -> bool:
+        return len(list(out.glob("part-*.parquet"))) >= shards_before_stop and (out / "_run.json").is_file()
+
+    while not started():
         assert process.poll() is None, f"the run ended before it could be interrupted: {process.communicate()}"
-        assert time.monotonic() < deadline, "no shard appeared in 120 s"
+        assert time.monotonic() < deadline, "the run did not get that far in 120 s"
         time.sleep(0.05)
     assert process.poll() is None, "the run finished before the interruption"
     process.send_signal(sig)
@@ -206,13 +210,76 @@ def test_cli_sigterm_stops_like_ctrl_c_and_dies_by_sigterm(tmp_path, artifact, r
     stopped = interrupted_run(args, out, 2, signal.SIGTERM)
     stderr = stopped.stderr.read()
     assert stopped.returncode == -signal.SIGTERM, stderr
-    assert "error: interrupted (SIGTERM): finished shards are kept; run again with --resume" in stderr
+    kept = len(list(out.glob("part-*.parquet")))
+    assert f"error: interrupted (SIGTERM): {kept} finished shards are kept in {out}; run `kvembed embed-corpus --resume -o {out}`" in stderr
     assert "Traceback" not in stderr and "SIGTERM received" not in stderr  # nor Ray's C++ stack dump
     assert not list(out.glob("*.partial-*")) and not (out / "_SUCCESS").exists()
-    kept = len(list(out.glob("part-*.parquet")))
     manifest = embed_corpus(CorpusOptions(artifact, [str(tmp_path / "docs.txt")], out, rows_per_file=400, threads=2,
                                           resume=True, progress=False))
     assert manifest["rows"] == len(texts) and manifest["shards_resumed"] == kept >= 2
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_cli_stopped_inside_its_first_shard_says_nothing_was_kept(tmp_path, artifact, sig):
+    """Interrupted before any shard finished: the output folder the run made is removed, and the
+    message says so (not "finished shards are kept"), and a plain rerun starts over."""
+    (tmp_path / "docs.txt").write_text("\n".join(corpus_texts(60000, seed=12)) + "\n", encoding="utf-8")
+    out = tmp_path / "vectors"
+    args = [str(artifact), "-i", str(tmp_path / "docs.txt"), "-o", str(out), "--threads-per-worker", "1", "--no-progress"]
+    stopped = interrupted_run(args, out, 0, sig)  # one shard of 60,000 rows: the signal lands inside it
+    stderr = stopped.stderr.read()
+    assert stopped.returncode == (130 if sig == signal.SIGINT else -sig), stderr
+    stopped_by = "interrupted" if sig == signal.SIGINT else "interrupted (SIGTERM)"
+    assert f"error: {stopped_by}: no shard was finished, so nothing was kept (no {out} is left); run the same command again" in stderr
+    assert "kept;" not in stderr and "--resume" not in stderr and "Traceback" not in stderr
+    assert not out.exists()
+
+
+def test_cli_resume_reads_the_recorded_options(tmp_path, artifact, embedder):
+    """``--resume -o OUT`` alone finishes a run started with other than the default options (read from
+    its ``_run.json``); an option given again that would change the shards is refused naming both
+    values, an equal one is fine, and so is one that only changes how the work runs."""
+    texts = corpus_texts(8000, seed=13)
+    (tmp_path / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = tmp_path / "vectors"
+    args = [str(artifact), "-i", str(tmp_path / "docs.txt"), "-o", str(out), "--rows-per-file", "400", "--kind", "query",
+            "--output-dtype", "float16", "--max-batch-tokens", "2048", "--format", "txt", "--threads-per-worker", "1", "--no-progress"]
+    stopped = interrupted_run(args, out, 2, signal.SIGINT)
+    stderr = stopped.stderr.read()
+    kept = len(list(out.glob("part-*.parquet")))
+    assert stopped.returncode == 130, stderr
+    assert f"error: interrupted: {kept} finished shards are kept in {out}; run `kvembed embed-corpus --resume -o {out}` to finish" in stderr
+
+    for given, refused in [(["--rows-per-file", "500"], "was started with --rows-per-file 400, not --rows-per-file 500"),
+                           (["--kind", "document"], "was started with --kind query, not --kind document"),
+                           (["-i", str(tmp_path / "other.txt")], f"was started with --input {tmp_path / 'docs.txt'}, not --input {tmp_path / 'other.txt'}"),
+                           ([str(tmp_path)], f"was started with {artifact.resolve()}, not {tmp_path.resolve()}")]:
+        result = run_cli("--resume", "-o", str(out), *given, timeout=120)
+        assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
+        assert f"error: --resume: '{out}' {refused}; leave" in result.stderr, result.stderr
+    assert len(list(out.glob("part-*.parquet"))) == kept and not (out / "_SUCCESS").exists()
+
+    # from another directory, the equal --kind repeated and the batch size changed
+    resumed = subprocess.run([sys.executable, "-m", "kvembed.cli", "embed-corpus", "--resume", "-o", str(out), "--kind", "query",
+                              "--max-batch-tokens", "4096"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "embedded 8,000 rows" in resumed.stdout and f"{kept} shards from an earlier run" in resumed.stdout
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["embedding"] == {"dim": 32, "dtype": "float16", "kind": "query", "normalized": True}
+    options = manifest["options"]
+    assert (options["rows_per_file"], options["format"], options["max_batch_tokens"], options["threads"]) == (400, "txt", 4096, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        expected = embedder.encode(texts, kind="query", batch_size=256, max_tokens=16384)
+    assert_matches(read_output(out), {f"docs.txt:{i + 1}": row for i, row in enumerate(expected)}, min_cosine=0.999)
+
+    # a finished run: --resume with nothing to do; without a recorded run, ARTIFACT and --input are asked for
+    again = run_cli("--resume", "-o", str(out), "--no-progress", timeout=120)
+    assert again.returncode == 0 and "embedded 8,000 rows" in again.stdout, again.stderr
+    empty = run_cli("--resume", "-o", str(tmp_path / "nothing"), timeout=60)
+    assert empty.returncode == 2 and "holds no _run.json; give ARTIFACT and --input as well" in empty.stderr, empty.stderr
+    plain = run_cli("-o", str(tmp_path / "nothing"), timeout=60)
+    assert plain.returncode == 2 and "give ARTIFACT and --input (or --resume" in plain.stderr, plain.stderr
 
 
 def test_ray_runner_resumes_only_missing_shards(tmp_path, corpus, ray_output, artifact, ray_session):

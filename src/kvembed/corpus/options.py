@@ -17,6 +17,14 @@ KINDS = ("document", "query")
 OUTPUT_DTYPES = ("float32", "float16")
 ON_ERROR = ("fail", "skip")
 DEFAULT_ID_COLUMN = "id"
+#: the options ``_run.json`` records and ``--resume`` reads back (all but output, resume, overwrite, progress)
+RESUMABLE = (
+    "artifact", "inputs", "format", "text_column", "id_column", "kind", "rows_per_file", "output_dtype", "on_error",
+    "runner", "ray_address", "workers", "threads", "provider", "max_batch_tokens",
+)
+#: of those, the ones that decide what the shards hold: a resume given another value is refused;
+#: the rest say where and how fast the work runs, so a resume may change them (another runner, more workers)
+RESUME_FIXED = RESUMABLE[:9]
 
 
 class CorpusError(KvembedError, ValueError):
@@ -116,6 +124,13 @@ class CorpusOptions:
         if self.threads is not None:
             return self.threads
         return max(1, (os.cpu_count() or 1) // self.workers)
+
+    def resumable(self) -> dict[str, Any]:
+        """The options ``_run.json`` records (:data:`RESUMABLE`), paths absolute, so that ``--resume``
+        needs none of them again, from any working directory."""
+        data = {name: getattr(self, name) for name in RESUMABLE}
+        data.update(artifact=str(self.artifact.resolve()), inputs=[os.path.abspath(item) for item in self.inputs])
+        return data
 
     def record(self) -> dict[str, Any]:
         """The options as the manifest records them (paths as strings)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,9 +120,10 @@ def _inputs_problem(before: list[dict[str, Any]], now: list[dict[str, Any]], fin
     return None
 
 
-def start_output(output: Path, identity: dict[str, Any], state: OutputState, overwrite: bool) -> int:
-    """Start the run in ``output``: record it, clear what no longer holds, and with ``overwrite``
-    delete the earlier run's shards. Returns how many shards were deleted."""
+def start_output(output: Path, record: dict[str, Any], state: OutputState, overwrite: bool) -> int:
+    """Start the run in ``output``: record it (its identity and the options a resume reads back),
+    clear what no longer holds, and with ``overwrite`` delete the earlier run's shards. Returns how
+    many shards were deleted."""
     output.mkdir(parents=True, exist_ok=True)
     remove_partials(output)
     (output / SUCCESS).unlink(missing_ok=True)
@@ -131,8 +133,8 @@ def start_output(output: Path, identity: dict[str, Any], state: OutputState, ove
         for name in state.shards:
             (output / name).unlink(missing_ok=True)
             deleted += 1
-    if overwrite or state.record != identity:
-        _write_record(output, identity)
+    if overwrite or state.record != record:
+        _write_record(output, record)
     return deleted
 
 
@@ -141,12 +143,30 @@ def abandon_output(output: Path, created: bool) -> int:
     the run record (and ``output`` itself if this run created it), so nothing blocks a new run.
     Returns the number of finished shards kept."""
     remove_partials(output)
-    kept = sum(1 for path in output.glob(SHARD_GLOB) if read_stats(path) is not None)
+    kept = finished_count(output)
     if kept == 0:
         (output / RUN_FILE).unlink(missing_ok=True)
         if created and not any(output.iterdir()):
             output.rmdir()
     return kept
+
+
+def finished_count(output: Path) -> int:
+    """How many finished shards of this tool ``output`` holds."""
+    return sum(1 for path in output.glob(SHARD_GLOB) if read_stats(path) is not None)
+
+
+def interrupted_advice(output: Path) -> str:
+    """What an interrupted run left in ``output`` (after :func:`abandon_output`) and how to go on:
+    read from the folder itself, so it holds however far the run had got."""
+    where = str(output)
+    if not output.is_dir():
+        return f"no shard was finished, so nothing was kept (no {where} is left); run the same command again to start over"
+    kept = finished_count(output)
+    if kept == 0:
+        return f"no shard was finished, so nothing was kept in {where}; run the same command again to start over"
+    count = f"{kept} finished shard{'s are' if kept != 1 else ' is'}"
+    return f"{count} kept in {where}; run `kvembed embed-corpus --resume -o {shlex.quote(where)}` to finish"
 
 
 def remove_partials(output: Path) -> None:
@@ -164,9 +184,9 @@ def _read_record(path: Path) -> dict[str, Any] | None:
         raise CorpusError(f"{path} is not readable JSON; pass --overwrite to start the run again") from None
 
 
-def _write_record(output: Path, identity: dict[str, Any]) -> None:
+def _write_record(output: Path, record: dict[str, Any]) -> None:
     partial = output / (RUN_FILE + PARTIAL_MARK + str(os.getpid()))
-    partial.write_text(json.dumps(identity, indent=2) + "\n", encoding="utf-8")
+    partial.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     os.replace(partial, output / RUN_FILE)
 
 

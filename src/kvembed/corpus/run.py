@@ -37,7 +37,7 @@ def embed_corpus(options: CorpusOptions) -> dict[str, Any]:
     identity = plan.identity(options, sha256)
     state = check_output(options, identity)
     created = not options.output.exists()
-    replaced = start_output(options.output, identity, state, options.overwrite)
+    replaced = start_output(options.output, {**identity, "options": options.resumable()}, state, options.overwrite)
     try:
         stats, resumed = _embed(options, plan)
     except BaseException as err:
