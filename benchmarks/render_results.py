@@ -186,28 +186,30 @@ because of it ([index]({link('benchmarks/log/README.md')})):
 """
 
 
-def render() -> dict[Path, str]:
-    """What README.md and docs/benchmarks.md should hold."""
+def render(readme_path: Path = README, docs_path: Path = DOCS) -> dict[Path, str]:
+    """What the README and the Benchmarks page should hold (the README's text outside the markers kept)."""
     records = load()
     bad = {path.name: found for path, data in records if (found := headline_problems(data))}
     if bad:
         raise SystemExit("headline records with problems:\n" + "\n".join(f"  {name}: {'; '.join(p)}" for name, p in bad.items()))
-    return {README: readme(README.read_text(encoding="utf-8"), records), DOCS: docs_page(records)}
+    return {readme_path: readme(readme_path.read_text(encoding="utf-8"), records), docs_path: docs_page(records)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if README.md or docs/benchmarks.md differ from the rendering")
+    parser.add_argument("--readme", type=Path, default=README, help="the README to render into (default: the repository's)")
+    parser.add_argument("--docs", type=Path, default=DOCS, help="the Benchmarks page to write (default: docs/benchmarks.md)")
     args = parser.parse_args(argv)
     stale = []
-    for path, text in render().items():
+    for path, text in render(args.readme, args.docs).items():
         if path.exists() and path.read_text(encoding="utf-8") == text:
             continue
         if args.check:
-            stale.append(str(path.relative_to(ROOT)))
+            stale.append(str(path))
         else:
             path.write_text(text, encoding="utf-8")
-            print(f"wrote {path.relative_to(ROOT)}")
+            print(f"wrote {path}")
     if stale:
         print("stale (run python benchmarks/render_results.py): " + ", ".join(stale), file=sys.stderr)
         return 1
