@@ -26,6 +26,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from record import figure, write_record  # benchmarks/record.py, beside this script
+
 from kvembed.bench.measure import TorchBackend, cosine_rows, interleaved
 from kvembed.bench.report import machine_info
 from kvembed.bench.workload import exact_rows, make_batch
@@ -123,6 +125,12 @@ def measure(args: argparse.Namespace, shapes: list[tuple[int, int]], runs: dict[
                   f"x{cell['speed_vs_ort_fp32']:.2f} vs ort fp32  cos ort {cell['cos_vs_ort_fp32_min']:.6f} torch {torch_cos}",
                   flush=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    figures = {}
+    for cell in results["cells"]:
+        figures[f"{cell['shape']} {cell['backend']} / onnxruntime fp32"] = figure(cell["speed_vs_ort_fp32"], "x")
+        if cell["cos_vs_torch_min"] is not None:
+            figures[f"{cell['shape']} {cell['backend']} worst cosine vs PyTorch"] = figure(cell["cos_vs_torch_min"], "cosine")
+    write_record("cpu_backends", figures, fp32=results["fp32"], int8=results["int8"], output=str(args.out))
 
 
 if __name__ == "__main__":

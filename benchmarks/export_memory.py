@@ -28,6 +28,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_qwen3_06b_shaped import build_sharded  # noqa: E402
+from record import figure, write_record  # noqa: E402
 
 GIB = 1024**3
 #: ``  done trace: tracing ... (12.3s)`` (StageDisplay's line when a stage ends)
@@ -295,6 +296,11 @@ def main() -> None:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    figures = {}
+    for run in results["runs"]:
+        figures[f"{run['precision']} export wall"] = figure(run["wall_s"], "s")
+        figures[f"{run['precision']} export peak RSS"] = figure(round(run["peak_rss_bytes"] / 2**30, 2), "GiB")
+    write_record("export_memory", figures, layers=results["layers"], fp32_weight_bytes=results["fp32_weight_bytes"])
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 from args import positive  # benchmarks/args.py, beside this script
+from record import figure, write_record  # benchmarks/record.py
 
 from kvembed.bench.measure import TorchBackend, cosine_rows, interleaved, peak_rss_mb, ratio
 from kvembed.bench.worker import CellInput, WorkerSpec, run_isolated
@@ -231,6 +232,8 @@ def main() -> None:
         lines.append(f"| {key} | {goal['measured']:.3f} | {goal['what']} | " + " | ".join(cells) + " |")
     (args.out / "goals.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    write_record("goals", {f"{key} {goal['what']}": figure(goal["measured"], "x") for key, goal in goals.items()},
+                 layers=layers, output=str(args.out))
     sys.exit(0)
 
 

@@ -302,6 +302,21 @@ def main() -> None:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"runs": runs, "first_loads": first_loads, "sharing": sharing}, indent=2) + "\n", encoding="utf-8")
+    record_peaks(runs + first_loads)
+
+
+def record_peaks(results: list[dict[str, Any]]) -> None:
+    """One record of every configuration's highest peak RSS (GB), first loads apart."""
+    from record import figure, write_record  # benchmarks/record.py, beside this script
+
+    peaks: dict[str, float] = {}
+    for r in results:
+        peak = r.get("time_max_rss") or r.get("hwm")
+        if peak:
+            name = f"{Path(r['artifact']).name} {r['config']}{' first load' if r.get('first_load') else ''} peak RSS"
+            peaks[name] = max(peaks.get(name, 0.0), peak / 1e9)
+    if peaks:
+        write_record("load_memory", {name: figure(round(gb, 2), "GB") for name, gb in peaks.items()})
 
 
 if __name__ == "__main__":

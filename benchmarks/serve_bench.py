@@ -33,6 +33,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from serve_util import ServerProcess, metric, metrics  # noqa: E402  (the tests' server helper)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import figure, write_record  # noqa: E402
 
 from kvembed.runtime import Embedder  # noqa: E402
 from kvembed.runtime.batching import plan_batches  # noqa: E402
@@ -367,6 +369,13 @@ def main() -> None:
     table = markdown(results)
     (args.out / "results.md").write_text(table + "\n")
     print(table)
+    figures = {}
+    for result in results:
+        for row in result["rows"]:
+            figures[f"{result['name']} {row['cell']} throughput vs in-process"] = figure(row["throughput_vs_in_process"], "x")
+            for client, p in row.get("paired_overhead_ms", {}).items():
+                figures[f"{result['name']} {row['cell']} paired overhead p50 ({client})"] = figure(p["p50"], "ms")
+    write_record("serve_bench", figures, output=str(args.out))
 
 
 if __name__ == "__main__":
