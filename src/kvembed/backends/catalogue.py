@@ -22,6 +22,7 @@ from ..artifact.certificates import precision_name
 from .cpu import cpu_features
 from .protocol import BackendUnavailableError, Session
 from ..errors import InvalidInput
+from ..extras import install_hint
 
 __all__ = [
     "BACKENDS", "PROVIDERS", "PROVIDER_HELP", "VERIFY_BACKENDS", "VERIFY_ALIASES", "VERIFY_HELP", "REFERENCE_AUTO_LIMIT",
@@ -319,7 +320,7 @@ def reference_problem() -> str | None:
     try:
         importlib.import_module("onnx.reference")
     except ImportError:
-        return "onnx is not installed (pip install 'kvembed[export]')"
+        return f"onnx is not installed ({install_hint('export')})"
     return None
 
 

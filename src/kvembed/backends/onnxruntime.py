@@ -18,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import InvalidInput, MissingDependency
+from ..extras import install_hint
 
 NAME = "onnxruntime"
 #: the runtime provider names this backend serves (``"auto"``: CUDA when present, else the CPU)
@@ -28,7 +29,7 @@ GIB = 1024**3
 #: of the mapped file (benchmarks/load_memory.py); a bf16 artifact holds the fp32 graph
 CPU_WEIGHT_FACTOR = {"fp32": 1.0, "bf16": 1.0, "int8": 1.0, "fp16": 2.0}
 CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
-GPU_HINT = "pip install 'kvembed[gpu]'"
+GPU_HINT = install_hint("gpu")
 
 
 @dataclass(frozen=True)

@@ -48,12 +48,14 @@ from ..artifact.layout import MODEL
 from ..artifact.staging import write_bytes_atomic, write_text_atomic
 from ..cache import cache_root
 from ..errors import InvalidInput, MissingDependency
+from ..extras import install_hint
 from .cpu import cpu_features
+from .status import waiting
 
 NAME = "openvino"
 OPENVINO = "OpenVINO"
 PRECISIONS = ("f32", "bf16", "f16")
-INSTALL = "pip install 'kvembed[openvino]'"
+INSTALL = install_hint("openvino")
 MEND_VERSION = 2  # bump when what is compiled changes (repeat_kv_heads, the bf16 graph): kept blobs are then rebuilt
 #: resident bytes per byte of graph files at the first load, which compiles from the ONNX and holds
 #: the weights read and their converted copy at once (later loads import the blob and hold about
@@ -363,10 +365,17 @@ class OpenVINOSession:
         cache = None if cache_dir is False else CompiledCache(default_cache_dir() if cache_dir in (None, True) else cache_dir)
         fingerprint = cache.fingerprint(self.model_path, self.precision, ov.get_version()) if cache else None
         blob = cache.load(fingerprint) if cache else None
-        self.compiled = self._import(blob) if blob is not None else None
+        name = self.model_path.name
+        if blob is not None:
+            with waiting(f"reading the compiled {name} from the OpenVINO cache ({self.precision} hint)"):
+                self.compiled = self._import(blob)
+        else:
+            self.compiled = None
         self.from_cache = self.compiled is not None
         if self.compiled is None:
-            self.compiled = self._compile() if cache is None else self._compile_into(cache, fingerprint)
+            kept = "uncached" if cache is None else f"first load: kept in {cache.directory} for the next"
+            with waiting(f"compiling {name} for OpenVINO ({self.precision} hint; {kept})"):
+                self.compiled = self._compile() if cache is None else self._compile_into(cache, fingerprint)
         self._inputs = [port.get_any_name() for port in self.compiled.inputs]
         self.precision = ran_precision(self.compiled, self.precision)
 

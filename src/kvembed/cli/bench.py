@@ -11,9 +11,12 @@ from typing import Any, Optional, Sequence
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import InvalidInput
 from . import options as opt
+from .status import Waits
+from .tables import fitted_tables
 
 console = Console()
 errors = Console(stderr=True)
@@ -46,6 +49,21 @@ def parse_names(option: str, text: str | None, choices: Sequence[str]) -> tuple[
     return tuple(dict.fromkeys(items))
 
 
+def print_cells(cells: Sequence[Any]) -> None:
+    """The measured cells: results.md's table, one row per line when piped (or when it fits);
+    on a narrower terminal, stacked tables that fit it, every number whole."""
+    from ..bench.report import COLUMNS, markdown_table, table_rows
+
+    text = markdown_table(cells)
+    if not console.is_terminal or max(len(line) for line in text.splitlines()) <= console.width:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+        return
+    keys = 4  # backend, precision, batch, seq: what identifies a cell
+    rows = [[escape(cell) for cell in row] for row in table_rows(cells)]
+    for table in fitted_tables("kvembed bench", COLUMNS[:keys], COLUMNS[keys:], rows, console.width):
+        console.print(table)
+
+
 def _progress_class() -> type:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -64,7 +82,7 @@ def _progress_class() -> type:
             self.bar.start()
 
         def stage(self, message: str) -> None:
-            self.bar.console.print(f"[dim]{time.monotonic() - self.start:6.1f}s[/] {message}", highlight=False)
+            self.bar.console.print(f"[dim]{time.monotonic() - self.start:6.1f}s[/] {escape(message)}", highlight=False, soft_wrap=True)
 
         def start_cells(self, total: int) -> None:
             self.task = self.bar.add_task("measuring", total=total)
@@ -140,17 +158,17 @@ def bench_command(
 
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         progress = _progress_class()()
-        try:
-            with warnings.catch_warnings():
+        try:  # steps announced below print as stage lines above the progress bar (one live display)
+            with warnings.catch_warnings(), Waits(spinner=False, show=progress.stage):
                 warnings.simplefilter("ignore")
                 return run_bench(config, progress)
         finally:
             progress.bar.stop()
 
     results = job()
-    from ..bench.report import COST_PLOT, LATENCY_PLOT, RESULTS_JSON, RESULTS_MD, markdown_table
+    from ..bench.report import COST_PLOT, LATENCY_PLOT, RESULTS_JSON, RESULTS_MD
 
-    console.print(markdown_table(results["cells"]), markup=False, highlight=False, soft_wrap=True)
+    print_cells(results["cells"])
     for note in results["notes"]:
         console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     written = [RESULTS_JSON, RESULTS_MD] + ([LATENCY_PLOT, COST_PLOT] if results["plots"]["files"] else [])

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from ..backends.catalogue import PROVIDER_HELP
 from ..corpus.signals import Terminated, die_by_signal, sigterm_as_interrupt
+from .status import print_corpus_runtime
 from .support import EXIT_INTERRUPTED, fail, run_guarded
 
 console = Console()
@@ -88,6 +89,7 @@ def embed_corpus_command(
             raise stop from None
 
     manifest = run_guarded(run)
+    print_corpus_runtime(manifest)  # what the workers ran the artifact on, and why
     seconds = manifest["wall_time_s"]
     resumed = f", {manifest['shards_resumed']} shards from an earlier run" if manifest["shards_resumed"] else ""
     resumed += f", {manifest['shards_replaced']} shards of an earlier run deleted" if manifest["shards_replaced"] else ""

@@ -9,11 +9,13 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from ..backends.catalogue import PROVIDER_HELP
 from ..errors import InvalidInput
+from ..backends.status import waiting
 from . import options as opt
+from .status import runtime_of
+from .tables import fitted_tables
 
 console = Console()
 errors = Console(stderr=True)
@@ -62,7 +64,8 @@ def eval_command(
     logging.getLogger("mteb").setLevel(logging.ERROR)  # mteb logs every phase at INFO/WARNING
     from ..eval import report, runner
 
-    tasks = runner.mteb_tasks(local, list(mteb_task or []))
+    with waiting("loading mteb and the tasks"):
+        tasks = runner.mteb_tasks(local, list(mteb_task or []))
     described = [_describe(t, local) for t in tasks]
     errors.print(f"evaluating {len(configurations)} configuration(s) on {len(tasks)} task(s): "
                  + ", ".join(f"{d['name']} ({d['size']})" for d in described), highlight=False, soft_wrap=True)
@@ -81,17 +84,17 @@ def eval_command(
         errors.print(escape(f"  {result.config.label}{cost}: {scores} ({result.seconds:.1f} s)"), highlight=False, soft_wrap=True)
         paths.update(report.write(done, described, runner.environment(), runner.result_files(out), out, title))
 
+    def loaded(config: Any, embedder: Any) -> None:
+        subject = f"trained baseline {config.source}" if config.baseline else f"reference of {config.source}"
+        errors.print(escape(f"  {config.label}: {runtime_of(embedder, subject)}"), highlight=False, soft_wrap=True)
+
     results = runner.evaluate(configurations, tasks, out, batch_size=batch_size, provider=provider, threads=threads,
-                              max_length=max_length, on_result=progress)
-    table = Table(title=title)
-    table.add_column("configuration")
-    for column in report.PRECISION_COLUMNS:
-        table.add_column(column.replace(" worst", "\nworst"), justify="right")
-    for d in described:
-        table.add_column(f"{d['name']}\n{d['main_score']}", justify="right")
-    for r in results:
-        table.add_row(r.config.label, *report.precision_cells(r), *(f"{r.scores[d['name']]['main_score']:.4f}" if d["name"] in r.scores else "—" for d in described))
-    console.print(table)
+                              max_length=max_length, on_result=progress, on_load=loaded)
+    rows = [[escape(r.config.label), *report.precision_cells(r),
+             *(f"{r.scores[d['name']]['main_score']:.4f}" if d["name"] in r.scores else "—" for d in described)] for r in results]
+    headers = [*report.PRECISION_COLUMNS, *(f"{d['name']} {d['main_score']}" for d in described)]
+    for table in fitted_tables(title, ["configuration"], headers, rows, console.width):
+        console.print(table)
     demo = [c.label for c in configurations if _is_demo_model(c)]
     if demo:
         console.print(f"note: {', '.join(demo)} ran on stories260k, the built-in 260K-parameter demo model trained on "

@@ -6,18 +6,23 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from ..extras import install_hint
+
 try:
     import typer
     from rich.console import Console
+    from rich.console import Group
     from rich.markup import escape
     from rich.table import Table
 except ImportError as err:  # pragma: no cover - only without the cli extra
-    raise SystemExit(f"kvembed-export needs typer and rich: pip install 'kvembed[export]' ({err})")
+    raise SystemExit(f"kvembed-export needs typer and rich: {install_hint('export')} ({err})")
 
 from ..artifact import MANIFEST
 from ..backends.catalogue import VERIFY_TARGETS
 from ..backends.cpu import HINT_NEEDS
+from ..backends.status import waiting
 from . import options as opt
+from .status import Waits
 from .support import DEBUG_HELP, EXIT_FAILED, default_command_group, guard_app, run_app
 
 console = Console()
@@ -25,49 +30,47 @@ errors = Console(stderr=True)
 VERIFY_HINT = "kvembed export verify DIR (or kvembed-export verify DIR) re-checks an artifact."
 
 class StageDisplay:
-    """Prints each pipeline stage with its elapsed time, and a spinner while it runs."""
+    """The pipeline's stages (``progress(stage, detail)``) as steps of the command's status display
+    (:class:`~kvembed.cli.status.Waits`): a spinner on a terminal with the time left of a long
+    stage, whole lines when piped, and after each stage a line with its time. Stage details are
+    text, never rich markup (an install hint's ``[openvino]`` stays)."""
 
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.start = time.monotonic()
-        self.stage_start = self.start
-        self.status: Any = None
+    def __init__(self) -> None:
+        self.own: Waits | None = None
+        self.waits: Waits | None = None
         self.current: str | None = None
-        self.heading = ""
+        self.stage_start = time.monotonic()
 
     def __enter__(self) -> "StageDisplay":
-        self.status = self.console.status("starting", spinner="dots")
-        self.status.__enter__()
+        self.waits = Waits.active()
+        if self.waits is None:  # called outside a kvembed command (a test, a script)
+            self.own = self.waits = Waits().__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._finish_stage(ok=exc[0] is None)
-        if self.status is not None:
-            self.status.__exit__(*exc)
+        if self.own is not None:
+            self.own.__exit__(*exc)
 
     def __call__(self, stage: str, detail: str) -> None:
         self._finish_stage(ok=True)
         self.current = f"{stage}: {detail}"
         self.stage_start = time.monotonic()
-        self.heading = f"[bold]{stage}[/] {detail}"
-        if self.status is not None:
-            self.status.update(self.heading)
+        if self.waits is not None:
+            self.waits.begin(self.current, record=True)
 
     def advance(self, done: int, total: int) -> None:
-        """A long stage's share done: the spinner line gets the percentage and the time left,
+        """A long stage's share done: the spinner gets the percentage and the time left,
         estimated from the stage's pace so far."""
-        if self.status is None or self.current is None or total <= 0 or done <= 0:
+        if self.waits is None or self.current is None or total <= 0 or done <= 0:
             return
         took = time.monotonic() - self.stage_start
         left = took / done * max(total - done, 0)
-        self.status.update(f"{self.heading} [dim]{100 * done / total:.0f}%, about {_duration(left)} left[/]")
+        self.waits.update(self.current, f"{100 * done / total:.0f}%, about {_duration(left)} left")
 
     def _finish_stage(self, ok: bool) -> None:
-        if self.current is None:
-            return
-        took = time.monotonic() - self.stage_start
-        mark = "[green]done[/]" if ok else "[red]stopped[/]"
-        self.console.print(f"  {mark} {self.current} [dim]({took:.1f}s)[/]", highlight=False)
+        if self.current is not None and self.waits is not None:
+            self.waits.end(self.current, ok)
         self.current = None
 
 
@@ -82,19 +85,15 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def parity_table(report: Any, title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("case")
-    table.add_column("worst cosine", justify="right")
-    table.add_column("max abs diff", justify="right")
-    for case, values in report.by_case.items():
-        table.add_row(case, f"{values['worst_cosine']:.7f}", f"{values['max_abs_diff']:.3g}")
+def parity_table(report: Any, title: str) -> Group:
+    """A parity report's worst cosine and largest difference per case, then over all rows with the
+    bars they had to meet; every number whole at any width (:func:`~kvembed.cli.tables.fitted_tables`)."""
+    rows = [[case, f"{values['worst_cosine']:.7f}", f"{values['max_abs_diff']:.3g}"] for case, values in report.by_case.items()]
     need = f">= {report.min_cosine_required}"
     limit = "" if report.max_abs_allowed is None else f"<= {report.max_abs_allowed:g}"
     state = "[green]passed[/]" if report.passed else "[red]FAILED[/]"
-    table.add_row(f"all ({report.rows} rows) {state}", f"{report.worst_cosine:.7f} ({need})",
-                  f"{report.max_abs_diff:.3g} {limit}".strip(), end_section=True)
-    return table
+    summary = [f"all ({report.rows} rows) {state}", f"{report.worst_cosine:.7f} ({need})", f"{report.max_abs_diff:.3g} {limit}".strip()]
+    return Group(*fitted_tables(title, ["case"], ["worst cosine", "max abs diff"], rows, console.width, summary=summary))
 
 
 def held_out_line(held_out: Mapping[str, Any], gate_cosine: float) -> str:
@@ -213,7 +212,7 @@ def export_command(
         from ..export.memory import MemoryEstimateWarning
 
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-        with warnings.catch_warnings(), StageDisplay(console) as display:
+        with warnings.catch_warnings(), StageDisplay() as display:
             warnings.simplefilter("ignore")
             warnings.simplefilter("default", MemoryEstimateWarning)  # "exporting unchecked" is news
             return export_result(
@@ -283,24 +282,15 @@ class VerifyOutcome:
         return getattr(self.result, name)
 
 
-def comparison_table(comparison: Any) -> Table:
+def comparison_table(comparison: Any) -> Group:
+    """Each pair of backends: worst cosine, largest difference, polygraphy's verdict and the overall one."""
     tol = comparison.tolerance
-    table = Table(
-        title=f"backends vs {comparison.backends[0]} ({comparison.precision}, polygraphy: atol {tol['atol']:g}, "
-        f"rtol {tol['rtol']:g}; cosine >= {tol['min_cosine']})"
-    )
-    table.add_column("pair", no_wrap=True)
-    table.add_column("worst cosine", justify="right")
-    table.add_column("max abs diff", justify="right")
-    table.add_column("polygraphy")
-    table.add_column("verdict")
-    for pair in comparison.pairs:
-        table.add_row(
-            pair.name, f"{pair.worst_cosine:.7f}", f"{pair.max_abs_diff:.3g}",
-            "[green]passed[/]" if pair.polygraphy_passed else "[red]FAILED[/]",
-            "[green]passed[/]" if pair.passed else "[red]FAILED[/]",
-        )
-    return table
+    title = (f"backends vs {comparison.backends[0]} ({comparison.precision}, polygraphy: atol {tol['atol']:g}, "
+             f"rtol {tol['rtol']:g}; cosine >= {tol['min_cosine']})")
+    rows = [[escape(pair.name), f"{pair.worst_cosine:.7f}", f"{pair.max_abs_diff:.3g}",
+             "[green]passed[/]" if pair.polygraphy_passed else "[red]FAILED[/]",
+             "[green]passed[/]" if pair.passed else "[red]FAILED[/]"] for pair in comparison.pairs]
+    return Group(*fitted_tables(title, ["pair"], ["worst cosine", "max abs diff", "polygraphy", "verdict"], rows, console.width))
 
 
 def _selected_backends(directory: Path, backends: str) -> list[str]:
@@ -320,7 +310,7 @@ def run_compare(directory: Path, backends: str = "auto") -> Any:
         where = "is present" if "auto" in [b.strip() for b in backends.lower().split(",")] else "was selected"
         console.print(f"only {which} {where}: nothing to compare", highlight=False)
         return None
-    with console.status(f"[bold]compare[/] running the graph on {', '.join(names)}", spinner="dots"):
+    with waiting(f"compare: running the graph on {', '.join(names)}"):
         comparison = compare_backends(directory, backends)
     if comparison.pairs:
         console.print(comparison_table(comparison))
@@ -353,7 +343,7 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True, re
         from ..export.verification import verify
 
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-        with warnings.catch_warnings(), StageDisplay(console) as display:
+        with warnings.catch_warnings(), StageDisplay() as display:
             warnings.simplefilter("ignore")
             return verify(directory, progress=display)
 

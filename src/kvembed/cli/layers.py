@@ -11,13 +11,15 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from ..extras import install_hint
+
 try:
     import typer
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 except ImportError as err:  # pragma: no cover - only without the cli extra
-    raise SystemExit(f"kvembed-layers needs typer and rich: pip install 'kvembed[cli]' ({err})")
+    raise SystemExit(f"kvembed-layers needs typer and rich: {install_hint('cli')} ({err})")
 
 from ..errors import InvalidInput
 from .support import DEBUG_HELP, guard_app, run_app

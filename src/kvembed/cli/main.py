@@ -1,31 +1,40 @@
-"""``kvembed`` command line: try methods by hand (``kvembed embed``)."""
+"""The kvembed command line: export training-free LLM embedding methods as ONNX artifacts, then
+embed, verify, evaluate, benchmark and serve them (kvembed embed tries a method by hand)."""
 
 from __future__ import annotations
 
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Optional
+
+from ..extras import install_hint
 
 try:
     import typer
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 except ImportError as err:  # pragma: no cover - only without the cli extra
-    raise SystemExit(f"the kvembed command line needs typer and rich: pip install 'kvembed[cli]' ({err})")
+    raise SystemExit(f"the kvembed command line needs typer and rich: {install_hint('cli')} ({err})")
 
 from ..artifact.layout import ARTIFACT_FILES, is_artifact
 from ..backends.catalogue import PROVIDER_HELP
+from ..backends.status import waiting
 from ..errors import InvalidInput
 from . import options as opt
-from .support import DEBUG_HELP, guard_app, run_app
+from .status import runtime_of
+from .support import DEBUG_HELP, guard_app, run_app, version_option
+from .support import errors
+from .tables import fitted_tables
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, epilog=DEBUG_HELP)
 console = Console()
-errors = Console(stderr=True)
+
 
 @app.callback()
-def _group() -> None:
+def _group(version: bool = version_option()) -> None:
     """kvembed: training-free LLM text embeddings."""
 
 
@@ -99,15 +108,18 @@ def embed(
 
         embedder: Any = Embedder.load(source, provider=provider, threads=threads, ov_precision=ov_precision)
         embedder.dim_of(use)  # an unknown label fails here, naming the artifact's outputs
+        errors.print(escape(embedder.runtime_line()), highlight=False, soft_wrap=True)
     else:
         if use is not None:
             raise InvalidInput("--use picks an output of an artifact exported with --also; give the artifact directory")
         from ..modeling.sources import preflight
 
         preflight(source, method or "kv-embedding", options)  # a bad option fails now, not after loading
-        from ..modeling.reference import TorchEmbedder
+        with waiting(f"loading {source} with PyTorch"):
+            from ..modeling.reference import TorchEmbedder
 
-        embedder = TorchEmbedder.from_pretrained(source, method or "kv-embedding", max_length=max_length, **options)
+            embedder = TorchEmbedder.from_pretrained(source, method or "kv-embedding", max_length=max_length, **options)
+        errors.print(escape(runtime_of(embedder, f"reference of {source}")), highlight=False, soft_wrap=True)
     title = f"{use or embedder.method.name} on {source}"
     extra = {} if use is None else {"output": use}
     if input is not None:
@@ -116,15 +128,18 @@ def embed(
             errors.print(f"no --output given: writing {target}", highlight=False, soft_wrap=True)
         total = count_lines(input)
         records = TextRecords(input, track_ids=target.suffix == ".jsonl")
+        bar = sys.stderr.isatty()  # a progress bar on a terminal; piped, a status line
         if hasattr(embedder, "encode_stream"):
-            chunks = embedder.encode_stream(records, kind=kind, batch_size=batch_size, show_progress_bar=sys.stderr.isatty(), **extra)
+            chunks = embedder.encode_stream(records, kind=kind, batch_size=batch_size, show_progress_bar=bar, **extra)
         else:
             chunks = (embedder.encode(chunk, kind=kind, batch_size=batch_size) for chunk in _chunked(records, 4096))
-        rows, dim = write_embeddings(target, chunks, embedder.dim_of(use), ids=records)
+        with nullcontext() if bar else waiting(f"embedding the texts of {input}"):
+            rows, dim = write_embeddings(target, chunks, embedder.dim_of(use), ids=records)
         read = "standard input" if total is None else f"{total} input lines"
         console.print(f"{title}: wrote {rows} x {dim} float32 embeddings of {read} to {target}", highlight=False)
         return
-    vectors = embedder.encode(items, kind=kind, batch_size=batch_size, **extra)
+    with waiting(f"embedding {len(items)} text(s)"):
+        vectors = embedder.encode(items, kind=kind, batch_size=batch_size, **extra)
     if output is not None:
         rows, dim = write_embeddings(output, [vectors], vectors.shape[1])
         console.print(f"wrote {rows} x {dim} float32 to {output}")
@@ -139,13 +154,9 @@ def embed(
     console.print(table)
     if similarity:
         sim = vectors @ vectors.T
-        matrix = Table(title="cosine similarity")
-        matrix.add_column("")
-        for i in range(len(items)):
-            matrix.add_column(str(i), justify="right")
-        for i, row in enumerate(sim):
-            matrix.add_row(str(i), *(f"{x:.4f}" for x in row))
-        console.print(matrix)
+        rows = [[str(i), *(f"{x:.4f}" for x in row)] for i, row in enumerate(sim)]
+        for matrix in fitted_tables("cosine similarity", [""], [str(i) for i in range(len(items))], rows, console.width):
+            console.print(matrix)
 
 
 def _chunked(items: Any, size: int) -> Any:

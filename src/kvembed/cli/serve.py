@@ -9,7 +9,9 @@ import typer
 
 from ..backends.catalogue import PROVIDER_HELP
 from ..errors import InvalidInput
+from ..backends.status import waiting
 from . import options as opt
+from .status import Waits
 from .support import fail
 
 if TYPE_CHECKING:
@@ -47,15 +49,17 @@ def serve_command(
 ) -> None:
     """Serve artifacts over OpenAI's embeddings API (POST /v1/embeddings), with /health, /v1/models, /metrics."""
     try:
-        from uvicorn.config import LOG_LEVELS
+        with waiting("loading the server (FastAPI, uvicorn)"):
+            from uvicorn.config import LOG_LEVELS
 
-        from ..backends.catalogue import PROVIDERS
-        from ..serve.config import ServeConfig, parse_artifact, parse_call_cost, parse_long_input_tokens, parse_size
-        from ..serve.server import DrainingServer  # noqa: F401  (fail here, not later, without the serve extra)
+            from ..backends.catalogue import PROVIDERS
+            from ..serve.config import ServeConfig, parse_artifact, parse_call_cost, parse_long_input_tokens, parse_size
+            from ..serve.server import DrainingServer  # noqa: F401  (fail here, not later, without the serve extra)
     except ImportError as err:
         from ..errors import MissingDependency
+        from ..extras import install_hint
 
-        raise MissingDependency(f"kvembed serve needs the serve extra: pip install 'kvembed[serve]' ({err})") from None
+        raise MissingDependency(f"kvembed serve needs the serve extra: {install_hint('serve')} ({err})") from None
 
     if provider not in PROVIDERS:  # checked before binding (the artifacts load after)
         raise InvalidInput(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
@@ -75,7 +79,8 @@ def serve_command(
         long_input_tokens=parse_long_input_tokens(long_input_tokens), long_lane_nice=long_lane_nice, threads=threads, workers=workers, call_cost=parse_call_cost(call_cost), provider=provider, ov_precision=ov_precision,
         cors_origins=tuple(cors_origin or ()),
     )
-    run(config, host, port, graceful_timeout, access_log, log_level, keep_alive)
+    with Waits(spinner=False):  # whole lines among uvicorn's log lines, also on a terminal
+        run(config, host, port, graceful_timeout, access_log, log_level, keep_alive)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -101,7 +106,8 @@ def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float | N
     from ..serve.preflight import check_artifacts
     from ..serve.server import DrainingServer
 
-    check_artifacts(config)  # before the bind: a broken artifact never starts a server
+    with waiting(f"checking the sha256 of the files of {len(config.artifacts)} artifact(s)"):
+        check_artifacts(config)  # before the bind: a broken artifact never starts a server
     try:  # bind here, so a taken port is one line and exit 2 (uvicorn would log and exit 1)
         sock = listening_socket(host, port)
     except OSError as err:
@@ -116,6 +122,8 @@ def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float | N
 
     def on_ready(state: "ServerState") -> None:
         names = [f"{name} on {served.embedder.backend}" for name, served in state.models.items()]
+        for name, served in state.models.items():
+            log.info("kvembed serve: %s: %s", name, served.embedder.runtime_line())
         log.info("kvembed serve: serving %d model(s) (%s) on %s", len(names), ", ".join(names), url)
 
     def load_checked(checked_config: "ServeConfig") -> "dict[str, Embedder]":  # the files were hashed by check_artifacts

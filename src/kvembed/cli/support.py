@@ -5,25 +5,28 @@ stderr and exit 2; a check that ran and failed exits 1; Ctrl-C exits 130. Anythi
 one line naming it and how to see the traceback (``--debug`` anywhere on the command line, or
 ``KVEMBED_DEBUG=1``), exit 1. With debugging on, every error shows its traceback.
 
-Imports only typer, click and rich: it is loaded by every command.
+Imports only typer, click and rich: it is loaded by every command. Every command shows its waits
+(:mod:`kvembed.cli.status`).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import warnings
 from typing import Any, Callable, Sequence, TypeVar
 
 import click
 import typer
-from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
 from ..errors import CheckFailed, KvembedError
 from ..extras import missing_extra_message
+from ..version import __version__
+from .status import Waits, stderr_console
 
 EXIT_FAILED, EXIT_USER, EXIT_INTERRUPTED = 1, 2, 130
 DEBUG_FLAG, DEBUG_ENV = "--debug", "KVEMBED_DEBUG"
@@ -38,8 +41,28 @@ USER_ERRORS: tuple[type[BaseException], ...] = (KvembedError, OSError)
 _PASS_THROUGH: tuple[type[BaseException], ...] = (
     typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.Abort, click.ClickException,
 )
-errors = Console(stderr=True)
+errors = stderr_console
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+VERSION_FLAG = "--version"
+
+
+def version_line() -> str:
+    """What ``--version`` prints: ``kvembed 0.1.0`` (:data:`kvembed.version.__version__`)."""
+    return f"kvembed {__version__}"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(version_line())
+        raise typer.Exit(0)
+
+
+def version_option() -> Any:
+    """The ``--version`` option of a program's top-level callback (eager: before any other option)."""
+    return typer.Option(False, VERSION_FLAG, is_eager=True, expose_value=False, callback=_show_version,
+                        help="Print kvembed's version and exit.")
 
 
 def debug_enabled() -> bool:
@@ -102,27 +125,45 @@ def _command_path() -> str | None:
 
 
 def guarded(command: F) -> F:
-    """Decorate a typer command with :func:`run_guarded` (typer still sees its signature)."""
+    """Decorate a typer command with :func:`run_guarded` and the status display of its waits
+    (:class:`~kvembed.cli.status.Waits`); typer still sees its signature."""
     if getattr(command, "__kvembed_guarded__", False):
         return command
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return run_guarded(lambda: command(*args, **kwargs))
+        with Waits():
+            return run_guarded(lambda: command(*args, **kwargs))
 
     wrapper.__kvembed_guarded__ = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]
 
 
+def plain_help(text: Any) -> Any:
+    """Help text without the reST markup of docstrings: ``x`` and :func:`x` show as x (anything but
+    a str, such as typer's default placeholders, as it is)."""
+    if not isinstance(text, str):
+        return text
+    return _ROLE.sub(r"\1", _LITERAL.sub(r"\1", text))
+
+
+_LITERAL = re.compile(r"``([^`]+)``")
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+
+
 def guard_app(app: typer.Typer) -> typer.Typer:
     """Apply :func:`guarded` to every command registered on ``app`` (and its sub-groups), and
     print help as plain text: Rich's help panels cut long option names (``--max-concurrent-re…``)
-    and help cells on an 80-column terminal, where click's plain layout wraps them."""
+    and help cells on an 80-column terminal, where click's plain layout wraps them. Help taken
+    from docstrings loses their reST markup (:func:`plain_help`)."""
     app.rich_markup_mode = None
+    app.info.help = plain_help(app.info.help)
     for info in app.registered_commands:
         if info.callback is not None:
+            info.help = plain_help(info.help or info.callback.__doc__)
             info.callback = guarded(info.callback)
     for group in app.registered_groups:
+        group.help = plain_help(group.help)
         if group.typer_instance is not None:
             guard_app(group.typer_instance)
     return app
@@ -153,6 +194,9 @@ def run_app(app: typer.Typer, argv: Sequence[str] | None = None, prog_name: str 
     and exit with its code. Usage errors (unknown option, missing or malformed value) are one line
     too, instead of click's boxed usage message; a bare command still prints its help."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == [VERSION_FLAG]:  # every program, also the aliases whose first argument is a command's
+        print(version_line())
+        sys.exit(0)
     if DEBUG_FLAG in args:
         args = [a for a in args if a != DEBUG_FLAG]
         os.environ[DEBUG_ENV] = "1"

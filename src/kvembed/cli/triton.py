@@ -15,6 +15,7 @@ from rich.console import Console
 
 from ..backends.catalogue import PROVIDER_HELP
 from ..errors import InvalidInput, MissingDependency
+from ..extras import install_hint
 from .support import run_guarded
 
 app = typer.Typer(
@@ -28,7 +29,7 @@ def _needs_tritonclient() -> None:
     try:
         import tritonclient.grpc.model_config_pb2  # noqa: F401
     except ImportError:
-        raise MissingDependency("kvembed triton needs tritonclient: pip install 'kvembed[triton]'") from None
+        raise MissingDependency(f"kvembed triton needs tritonclient: {install_hint('triton')}") from None
 
 
 def _sizes(text: Optional[str]) -> tuple[int, ...]:

@@ -27,10 +27,11 @@ import numpy as np
 from ..artifact.staging import staged
 from ..cache import cache_root
 from ..errors import InvalidInput, MissingDependency
+from ..extras import install_hint
 
 #: the file sentence-transformers writes into every model folder it saves (its module list)
 MODULES_FILE = "modules.json"
-INSTALL_ST = "pip install 'kvembed[eval]' (or pip install sentence-transformers)"
+INSTALL_ST = f"{install_hint('eval')} (or pip install sentence-transformers)"
 
 
 @dataclass(frozen=True)

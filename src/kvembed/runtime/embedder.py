@@ -15,6 +15,7 @@ import numpy as np
 from ..backends.catalogue import Choice, choose_backend, open_session, options_for
 from ..backends.onnxruntime import CPU, CUDA, TENSORRT
 from ..backends.openvino import OPENVINO  # the openvino package itself is imported only when a session is made
+from ..backends.status import waiting
 from ..backends.tensorrt import check_engine_files
 from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
@@ -24,6 +25,7 @@ from .batching import CPU_CALL_COST, CPU_CALL_TOKENS, BatchPolicy, run_batches, 
 from .encoding import EncodedText, TextEncoder, check_padding_side, check_texts
 from .vectors import unit_rows
 from ..errors import InvalidInput
+from ..extras import install_hint
 
 __all__ = ["CPU_CALL_COST", "CPU_CALL_TOKENS", "Embedder"]
 
@@ -145,11 +147,13 @@ class Embedder:
         if backend == "tensorrt":
             return cls._load_engine(path, manifest, provider, verify, max_call_tokens, call_cost, choice)
         if verify:
-            problems = check_files(path, manifest)
+            with waiting(f"checking the sha256 of the files of {path}"):
+                problems = check_files(path, manifest)
             if problems:
                 raise InvalidInput(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
         encoder = encoder_from_manifest(path, manifest)
-        session = open_session(path, provider, backend_options, choice)
+        with waiting(f"opening the graph of {path} on {backend}"):
+            session = open_session(path, provider, backend_options, choice)
         if Manifest.of(manifest).precision == "fp16" and session.providers[0] == CPU:
             warnings.warn(
                 f"{str(path)!r} is an fp16 artifact on onnxruntime's CPU provider, which has no fp16 MatMul: it "
@@ -166,7 +170,8 @@ class Embedder:
         cls, path: Path, manifest: Mapping[str, Any], provider: str, verify: bool, max_call_tokens: int | None | str,
         call_cost: int | None | str = "auto", choice: Choice | None = None,
     ) -> "Embedder":
-        session: Any = open_session(path, provider, choice=choice)  # an engine directory's plan (provider auto or tensorrt)
+        with waiting(f"opening the TensorRT engine of {path}"):
+            session: Any = open_session(path, provider, choice=choice)  # an engine directory's plan (provider auto or tensorrt)
         if verify:
             problems = check_engine_files(path, manifest, session.record)
             if problems:
@@ -221,6 +226,10 @@ class Embedder:
         ``onnxruntime-cuda``, ``onnxruntime-tensorrt``, ``openvino-bf16`` / ``openvino-f32`` (the
         precision OpenVINO reports it runs) or ``tensorrt``; :attr:`choice` says why."""
         return backend_name(self.session)
+
+    def runtime_line(self) -> str:
+        """:func:`runtime_line` of this artifact as loaded: what runs it and why."""
+        return runtime_line(self.backend, self.artifact.precision, self.choice)
 
     @property
     def padding_side(self) -> str:
@@ -450,6 +459,20 @@ def backend_name(session: Any) -> str:
     return str(session.backend)
 
 
+def runtime_line(backend: str, precision: str, choice: Choice | None = None, subject: str = "artifact") -> str:
+    """One line naming what computes the vectors and why, e.g. ``runtime: openvino-bf16 running the
+    bf16 artifact (provider auto: certified on OpenVINO (...), this CPU has ...)``: the commands
+    print it (embed, serve, eval, embed-corpus) so a user knows which backend and precision
+    answered, and why ``auto`` took it (:func:`~kvembed.backends.catalogue.choose_backend`)."""
+    head = f"runtime: {backend} running the {precision} {subject}"
+    if choice is None:
+        return head
+    if not choice.auto:
+        return f"{head} (provider {choice.provider}, as asked)"
+    reason = choice.reason.removeprefix(f"{precision} artifact").lstrip(":, ").strip()
+    return f"{head} (provider auto)" if reason in ("", choice.backend) else f"{head} (provider auto: {reason})"
+
+
 def _auto(value: Any) -> bool:
     return isinstance(value, str) and value == "auto"
 
@@ -474,7 +497,7 @@ class _progress:
             try:
                 from rich.progress import Progress
             except ImportError:
-                warnings.warn("progress bars need rich: pip install 'kvembed[cli]'", stacklevel=3)
+                warnings.warn(f"progress bars need rich: {install_hint('cli')}", stacklevel=3)
                 return lambda n: None
             from rich.console import Console
 

@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import InvalidInput
+from ...extras import install_hint
 
 #: fewest distinct points :func:`twonn` accepts (the paper used 1,000 texts)
 MIN_POINTS = 20
@@ -34,7 +35,7 @@ def _cKDTree():
     try:
         from scipy.spatial import cKDTree
     except ImportError as err:  # pragma: no cover - scipy comes with the export extra
-        raise ImportError(f"intrinsic-dimension estimation needs scipy: pip install 'kvembed[export]' ({err})") from err
+        raise ImportError(f"intrinsic-dimension estimation needs scipy: {install_hint('export')} ({err})") from err
     return cKDTree
 
 

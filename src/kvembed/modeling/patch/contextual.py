@@ -16,6 +16,7 @@ from torch import nn
 from ..causal2vec import Causal2VecCheckpoint
 from .model import masked_mean
 from ...errors import InvalidInput
+from ...extras import install_hint
 
 
 class ContextEncoder(nn.Module):
@@ -72,7 +73,7 @@ def load_llm(checkpoint: Causal2VecCheckpoint, dtype: torch.dtype = torch.float3
             from ...errors import MissingDependency
 
             raise MissingDependency(
-                f"{checkpoint.root}/adapter is a LoRA adapter, and merging it needs peft: pip install 'kvembed[causal2vec]'"
+                f"{checkpoint.root}/adapter is a LoRA adapter, and merging it needs peft: {install_hint('causal2vec')}"
             ) from err
         base = AutoModelForCausalLM.from_pretrained(str(checkpoint.llm), dtype=dtype)
         try:
