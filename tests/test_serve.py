@@ -328,11 +328,13 @@ def test_api_key_from_the_environment(strict, oracles):
     assert_rows_equal(good.embeddings.create(model="va", input="a cat").data[0].embedding, oracles["va"].encode(["a cat"]))
 
 
-def test_size_limits_give_413(strict):
+def test_size_limits_give_413_and_too_many_inputs_400(strict):
+    """More inputs than --max-client-batch-size break the document's maxItems: 400, as OpenAI answers
+    more than its 2048; a body over --payload-limit is 413."""
     auth = {"Authorization": "Bearer s3cret"}
     url = f"{strict.url}/v1/embeddings"
-    error = assert_error(httpx.post(url, json={"model": "va", "input": ["a"] * 9}, headers=auth), 413, "input")
-    assert "limit of 8" in error["message"]
+    error = assert_error(httpx.post(url, json={"model": "va", "input": ["a"] * 9}, headers=auth), 400, "input")
+    assert "limit of 8" in error["message"] and error["code"] == "too_many_inputs"
     assert "payload limit" in assert_error(httpx.post(url, json={"model": "va", "input": ["x" * 5000]}, headers=auth), 413)["message"]
 
     def chunked():  # no Content-Length: the limit holds on the streamed body too

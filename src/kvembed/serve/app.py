@@ -27,7 +27,9 @@ from .config import ServeConfig
 from .errors import ApiError, error_responses
 from .metrics import NO_MODEL, Metrics
 from .model import ServedModel, serve_model
-from .schema import EmbeddingRequest, Inputs, embedding_response, parse_input, parse_request, truncate_dimensions
+from .schema import (
+    EmbeddingRequest, Inputs, embedding_response, model_facts, parse_input, parse_request, request_json_schema, truncate_dimensions,
+)
 
 log = logging.getLogger("uvicorn.error")  # shown with uvicorn's own messages
 
@@ -87,7 +89,7 @@ def create_app(
             allow_headers=["Authorization", "Content-Type"],
         )
     _install_error_handlers(app)
-    request_schema = {"requestBody": {"required": True, "content": {"application/json": {"schema": request_json_schema(config)}}}}
+    request_schema = {"requestBody": {"required": True, "content": {"application/json": {"schema": _request_schema(state)}}}}
     embedding_responses = {
         200: {"description": "The embeddings", "content": {"application/json": {"schema": EMBEDDING_RESPONSE_SCHEMA}}},
         **error_responses(400, 401, 404, 413, 422, 429, 500, 503),
@@ -96,7 +98,7 @@ def create_app(
     async def embeddings(request: Request) -> Response:
         return await _serve_embeddings(state, request)
 
-    for path in ("/v1/embeddings", "/embeddings"):
+    for path in EMBEDDING_PATHS:
         app.add_api_route(path, embeddings, methods=["POST"], openapi_extra=request_schema, summary="Create embeddings",
                           response_class=Response, responses=embedding_responses)
 
@@ -131,7 +133,31 @@ def create_app(
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document, with each loaded model's request spelled out: built again until
+        every model is loaded (their outputs, widths and token ids are known only then), then kept."""
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = FastAPI.openapi(app)
+        if not state.ready:
+            app.openapi_schema = None
+            return document
+        for path in EMBEDDING_PATHS:
+            document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"] = _request_schema(state)
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+EMBEDDING_PATHS = ("/v1/embeddings", "/embeddings")
+
+
+def _request_schema(state: ServerState) -> dict[str, Any]:
+    """The request body's schema: the served names before the models load, each model's own request once loaded."""
+    config = state.config
+    facts = [model_facts(name, served.embedder, served.max_input_tokens) for name, served in state.models.items()] if state.ready else None
+    return request_json_schema([name for name, _ in config.artifacts], config.max_client_batch_size, config.auto_truncate, facts)
 
 
 #: ``POST /v1/embeddings`` 200, as :func:`.schema.embedding_response` writes it
@@ -168,26 +194,6 @@ HEALTH_SCHEMA: dict[str, Any] = {
     "type": "object", "required": ["status", "models"],
     "properties": {"status": {"const": "ok"}, "models": {"type": "array", "items": {"type": "string"}}},
 }
-
-
-def request_json_schema(config: ServeConfig) -> dict[str, Any]:
-    """:class:`EmbeddingRequest`'s schema, with what this server knows at start-up: the served
-    model names, and ``input`` spelled out (at most --max-client-batch-size items)."""
-    schema = EmbeddingRequest.model_json_schema()
-    props = schema["properties"]
-    props["model"] = {**props["model"], "enum": [name for name, _ in config.artifacts]}
-    items = config.max_client_batch_size
-    token = {"type": "integer", "minimum": 0}
-    props["input"] = {
-        "description": props["input"].get("description", ""),
-        "anyOf": [
-            {"type": "string"},
-            {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": items},
-            {"type": "array", "items": token, "minItems": 1},
-            {"type": "array", "items": {"type": "array", "items": token, "minItems": 1}, "minItems": 1, "maxItems": items},
-        ],
-    }
-    return schema
 
 
 async def _load(
@@ -232,7 +238,9 @@ async def _serve_embeddings(state: ServerState, request: Request) -> Response:
         model = spec.model
         inputs = parse_input(spec.input)
         if len(inputs) > state.config.max_client_batch_size:
-            raise ApiError(413, f"{len(inputs)} inputs in one request, over the limit of {state.config.max_client_batch_size}; split the request", param="input")
+            # 400 as OpenAI answers it: the document's maxItems says so, unlike a body over --payload-limit (413)
+            raise ApiError(400, f"{len(inputs)} inputs in one request, over the limit of {state.config.max_client_batch_size}; split the request",
+                           param="input", code="too_many_inputs")
         _check_output(served.embedder, spec)
         truncate = state.config.auto_truncate if spec.truncate is None else spec.truncate
         with served.lanes.arriving():

@@ -39,12 +39,12 @@ class ErrorBody(BaseModel):
 
 #: what each status means on this server, for the OpenAPI document
 _DESCRIPTIONS: dict[int, str] = {
-    400: "Invalid request (unparseable JSON, unknown field, bad input item, unsupported output or dimensions)",
+    400: "Invalid request (unparseable JSON, unknown field, bad input item, more inputs than --max-client-batch-size, "
+         "unsupported output or dimensions)",
     401: "Missing or incorrect API key (Authorization: Bearer KEY)",
     404: "Model not served here",
     405: "Method not allowed (the Allow header lists the methods of the path)",
-    413: "Request too large: body over --payload-limit, more inputs than --max-client-batch-size, or an input over "
-         "the per-input token cap without truncate",
+    413: "Request too large: body over --payload-limit, or an input over the per-input token cap without truncate",
     422: "A field of the request has a wrong value",
     429: "At the limit of concurrent requests (--max-concurrent-requests)",
     500: "Internal error",

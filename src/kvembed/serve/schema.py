@@ -48,6 +48,103 @@ class EmbeddingRequest(BaseModel):
 
 
 @dataclass(frozen=True)
+class ModelFacts:
+    """What the request schema says of one loaded model: what the server would otherwise refuse
+    with 400 or 413 in a request the schema allowed (a client, or schemathesis, can trust it)."""
+
+    name: str
+    #: output label (None: the main method's) -> its width, the most ``dimensions`` can ask for
+    outputs: dict[str | None, int]
+    #: the ``input_type`` values with which token ids are accepted (none for prompt methods)
+    id_kinds: tuple[str, ...]
+    #: token ids are below this
+    vocab: int
+    #: tokens one input may have unless truncated (the served per-input cap)
+    max_input_tokens: int
+
+
+KINDS: tuple[str, ...] = ("query", "document")
+
+
+def model_facts(name: str, embedder: Any, max_input_tokens: int) -> ModelFacts:
+    """Ask a loaded :class:`~kvembed.runtime.Embedder` what its requests may hold; which kinds take
+    token ids is found by the very call the requests go through (``token_inputs``), not restated."""
+    id_kinds = []
+    for kind in KINDS:
+        try:
+            embedder.token_inputs([[0]], kind)
+        except ValueError:
+            continue
+        id_kinds.append(kind)
+    outputs = {None: embedder.dim_of(None), **{label: embedder.dim_of(label) for label in embedder.outputs}}
+    vocab = embedder.encoder.tokenizer.get_vocab_size(with_added_tokens=True)
+    return ModelFacts(name, outputs, tuple(id_kinds), vocab, max_input_tokens)
+
+
+def request_json_schema(names: list[str], max_items: int, auto_truncate: bool, facts: list[ModelFacts] | None = None) -> dict[str, Any]:
+    """:class:`EmbeddingRequest`'s schema with what this server knows: the served model names and
+    ``input`` spelled out (at most ``max_items`` inputs). With the loaded models' ``facts``: one
+    complete request schema per model (and per set of outputs of one width, per kinds that take
+    token ids, per truncation), naming its outputs, its widest ``dimensions``, its token ids."""
+    schema = EmbeddingRequest.model_json_schema()
+    props = schema["properties"]
+    props["model"] = {**props["model"], "enum": list(names)}
+    props["input"] = {"description": props["input"].get("description", ""), "anyOf": _input_forms(max_items, None, None)}
+    if facts is None:
+        return schema
+    variants = [variant for model in facts for variant in _model_variants(schema, model, max_items, auto_truncate)]
+    return {"title": schema["title"], "description": schema.get("description", ""), "anyOf": variants}
+
+
+def _input_forms(max_items: int, vocab: int | None, max_tokens: int | None) -> list[dict[str, Any]]:
+    """``input``'s forms: texts, and (``vocab`` not None) token ids below ``vocab``, rows of at
+    most ``max_tokens`` ids when given (an input that must not be truncated)."""
+    texts: list[dict[str, Any]] = [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": max_items}]
+    if vocab == 0:
+        return texts
+    token: dict[str, Any] = {"type": "integer", "minimum": 0, **({"maximum": vocab - 1} if vocab else {})}
+    row: dict[str, Any] = {"type": "array", "items": token, "minItems": 1, **({"maxItems": max_tokens} if max_tokens else {})}
+    return [*texts, row, {"type": "array", "items": row, "minItems": 1, "maxItems": max_items}]
+
+
+def _model_variants(base: dict[str, Any], model: ModelFacts, max_items: int, auto_truncate: bool) -> list[dict[str, Any]]:
+    widths: dict[int, list[str | None]] = {}
+    for label, width in model.outputs.items():
+        widths.setdefault(width, []).append(label)
+    kind_groups = [kinds for kinds in (model.id_kinds, tuple(k for k in KINDS if k not in model.id_kinds)) if kinds]
+    variants = []
+    for width, labels in widths.items():
+        for kinds in kind_groups:
+            ids = kinds == model.id_kinds
+            # with token ids, a row over the cap is refused (413) unless truncated: two variants
+            for truncate in ((True, False) if ids else (None,)):
+                props = dict(base["properties"])
+                props.update(
+                    model={"const": model.name},
+                    output={"enum": labels, "description": props["output"].get("description", "")},
+                    dimensions={"anyOf": [{"type": "integer", "minimum": 1, "maximum": width}, {"type": "null"}],
+                                "description": props["dimensions"].get("description", "")},
+                    input_type={"enum": list(kinds), "description": props["input_type"].get("description", ""),
+                                **({"default": "document"} if "document" in kinds else {})},
+                    input={"description": props["input"]["description"],
+                           "anyOf": _input_forms(max_items, model.vocab if ids else 0, model.max_input_tokens if truncate is False else None)},
+                )
+                required = ["input", "model"]
+                if None not in labels:  # unset means the main output, in another variant
+                    required.append("output")
+                if "document" not in kinds:  # the default kind is in the other variant
+                    required.append("input_type")
+                if truncate is not None:
+                    props["truncate"] = {"enum": [truncate, None] if truncate == auto_truncate else [truncate],
+                                         "description": props["truncate"].get("description", "")}
+                    if truncate != auto_truncate:  # unset means the server's --auto-truncate
+                        required.append("truncate")
+                variants.append({**{k: v for k, v in base.items() if k not in ("title", "description")},
+                                 "title": f"{model.name}", "properties": props, "required": required})
+    return variants
+
+
+@dataclass(frozen=True)
 class Inputs:
     """A request's inputs: texts or token-id rows (never both)."""
 
@@ -96,10 +193,10 @@ def parse_input(value: Any) -> Inputs:
         return Inputs(texts=list(value))
     if _is_int(first):
         _check_items(value, _is_int, "a token id like input[0]")
-        return Inputs(ids=[list(value)])
+        return Inputs(ids=[_ids(value)])
     if isinstance(first, list):
         _check_items(value, lambda v: isinstance(v, list) and bool(v) and all(_is_int(i) for i in v), "a non-empty list of token ids")
-        return Inputs(ids=[list(row) for row in value])
+        return Inputs(ids=[_ids(row) for row in value])
     raise ApiError(400, f"{_INPUT_HELP}; input[0] is {_describe(first)}", param="input")
 
 
@@ -110,7 +207,12 @@ def _check_items(items: list[Any], ok: Any, expected: str) -> None:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """JSON Schema's integer: 7 or 7.0 (a client's JSON encoder may write either), not true or 7.5."""
+    return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+
+
+def _ids(row: list[Any]) -> list[int]:
+    return [int(value) for value in row]
 
 
 def _describe(value: Any) -> str:
