@@ -23,6 +23,7 @@ from ..backends.cpu import HINT_NEEDS
 from ..backends.status import waiting
 from . import options as opt
 from .status import Waits
+from .tables import fitted_tables
 from .support import DEBUG_HELP, EXIT_FAILED, default_command_group, guard_app, run_app
 
 console = Console()

@@ -1,8 +1,8 @@
 """Tables that fit the console's width without cutting a number.
 
 Rich shrinks a table wider than the console by wrapping or cutting cells (``configu…``,
-``1.00000…``). :func:`fitted_tables` keeps every value column at least as wide as its widest
-cell (headers wrap at spaces, numbers never), lets the key columns (names, labels) wrap, and
+``1.00000…``). :func:`fitted_tables` gives every value column the width of its widest cell
+(headers wrap at spaces, numbers never), lets the key columns (names, labels) wrap, and
 when all the columns cannot fit side by side stacks them: one table per group of value columns
 that fits, each repeating the key columns.
 """
@@ -51,8 +51,11 @@ def fitted_tables(
         table = Table(title=heading)
         for i, key in enumerate(keys):
             table.add_column(key, overflow="fold", min_width=key_need[i])
-        for j in group:
-            table.add_column(values[j], justify="right", overflow="fold", min_width=value_need[j])
+        spare = width - base - sum(value_need[j] + _PER_COLUMN for j in group)
+        for j in group:  # room left: a header on one line
+            grow = max(0, min(_cell_width(values[j]) - value_need[j], spare))
+            spare -= grow
+            table.add_column(values[j], justify="right", overflow="fold", width=value_need[j] + grow)
         for index, row in enumerate(rows):
             table.add_row(*row[: len(keys)], *(row[len(keys) + j] for j in group),
                           end_section=summary is not None and index == len(rows) - 2)
