@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -297,6 +298,23 @@ def test_ray_runner_resumes_only_missing_shards(tmp_path, corpus, ray_output, ar
     assert not list(out.glob("*.partial-*"))
     assert_matches(read_output(out), expected)
     assert manifest["rows"] == FILES * ROWS_PER_FILE
+
+
+def test_cli_ray_run_of_a_healthy_corpus_prints_no_ray_warnings_or_errors(tmp_path, artifact, embedder):
+    """The CLI's own local Ray: no token-auth WARNING, no E-level line from Ray's core (actor restarts
+    with constructor arguments in the object store), no Ray Data warning (progress bars off, an
+    actor pool larger than the shards: one shard here, --workers 2)."""
+    texts = corpus_texts(300, seed=14)
+    (tmp_path / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    result = run_cli(str(artifact), "-i", str(tmp_path / "docs.txt"), "-o", str(tmp_path / "out"), "--runner", "ray",
+                     "--workers", "2", "--threads-per-worker", "1", "--rows-per-file", "1000", "--no-progress", timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "embedded 300 rows" in result.stdout
+    noise = [line for line in result.stderr.splitlines()
+             if re.match(r"\[\S+ \S+ [EWF] \d+ \d+\]", line) or re.search(r"\b(WARNING|ERROR)\b|^warning:|Traceback", line)]
+    assert not noise, result.stderr
+    expected = dict(zip((f"docs.txt:{i + 1}" for i in range(len(texts))), encode(embedder, texts)))
+    assert_matches(read_output(tmp_path / "out"), expected)
 
 
 def test_cli_joins_a_running_ray_cluster_by_address(tmp_path, artifact, embedder, ray_session):

@@ -6,7 +6,8 @@ runs :class:`ShardActor`, a callable class that loads the :class:`Embedder` once
 with pyarrow (column projection, only the row groups or byte range it needs), embeds them with
 the runtime's length-sorted token-budget batching and writes the shard itself, so shards are
 the same files, named the same way, as ``--runner local`` writes, and ``--resume`` works across
-runners. Ray Data brings the scheduling, actor restarts and task retries on a cluster.
+runners. Ray Data brings the scheduling on a cluster; an actor that dies fails the run (no
+restarts, see :func:`run_ray`), and ``--resume`` finishes it.
 
 On a cluster the artifact directory, the inputs and ``--output`` must be reachable at the same
 paths from every node (shared storage such as NFS), and kvembed must be installed on every node.
@@ -24,6 +25,7 @@ import signal
 import socket
 import threading
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any, Iterator, Sequence
@@ -140,7 +142,9 @@ def ray_session(address: str | None) -> Iterator[None]:
         return
     with _keep_sigterm_handler():
         try:
-            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
+            # Ray's warnings on a healthy run (token auth on by default, Ray Data's progress bars
+            # off) are not the user's business; its errors, and the workers' output, still show
+            ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, configure_logging=True)
         except ConnectionError as err:
             raise CorpusError(
                 f"cannot connect to a Ray cluster at --ray-address {address} ({err}); start one with `ray start --head` "
@@ -181,7 +185,7 @@ def run_ray(job: Job, shards: Sequence[Shard], workers: int, progress: CorpusPro
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the corpus bar shows rows, tokens/s and ETA instead
     context.print_on_execution_start = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
     memory = actor_memory(job)
     if actors_that_fit(memory, job.threads) < workers:
         have = ray.cluster_resources().get("memory", 0)
@@ -191,17 +195,14 @@ def run_ray(job: Job, shards: Sequence[Shard], workers: int, progress: CorpusPro
             "resource in all): lower --workers, add nodes, or give Ray more memory (ray start --memory BYTES)"
         )
     counter = ProgressCounter.remote()
-    dataset = ray.data.from_items(
-        [{"shard": json.dumps(asdict(shard))} for shard in shards], override_num_blocks=len(shards)
-    ).map_batches(
-        ShardActor,
-        batch_size=1,
-        # one shard in flight per actor: shards are long, so queueing more only unbalances the tail
-        compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
-        num_cpus=job.threads,
-        memory=memory,
-        fn_constructor_kwargs={"job": job, "counter": counter},
-    )
+    # no more actors than shards: an actor without a shard only loads the artifact, and Ray Data
+    # warns that the pool cannot be used (a resume with fewer shards left than --workers)
+    actors = min(workers, len(shards))
+    with warnings.catch_warnings():
+        # Ray Data's own way to turn restarts off (its actor pool's comment says so); Ray 2.60
+        # calls every such keyword deprecated without naming a replacement for this one
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        dataset = _shard_dataset(job, shards, actors, memory, counter)
     stop = threading.Event()
     poller = threading.Thread(target=_poll, args=(counter, progress, stop), daemon=True)
     poller.start()
@@ -216,6 +217,25 @@ def run_ray(job: Job, shards: Sequence[Shard], workers: int, progress: CorpusPro
         poller.join()
         progress.advance(*ray.get(counter.take.remote()))
         ray.kill(counter)
+
+
+def _shard_dataset(job: Job, shards: Sequence[Shard], actors: int, memory: int, counter: Any) -> Any:
+    """One row per shard, each run by a pool of ``actors`` :class:`ShardActor` s."""
+    return ray.data.from_items(
+        [{"shard": json.dumps(asdict(shard))} for shard in shards], override_num_blocks=len(shards)
+    ).map_batches(
+        ShardActor,
+        batch_size=1,
+        # one shard in flight per actor: shards are long, so queueing more only unbalances the tail
+        compute=ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=1),
+        num_cpus=job.threads,
+        memory=memory,
+        fn_constructor_kwargs={"job": job, "counter": counter},
+        # no actor restarts: Ray Data passes an actor its constructor's arguments through the object
+        # store, where a restart may not find them (ray-project/ray#53727; Ray logs an error for
+        # every such pool); a failed actor fails the run, whose finished shards --resume keeps
+        max_restarts=0,
+    )
 
 
 def _poll(counter: Any, progress: CorpusProgress, stop: threading.Event) -> None:
