@@ -14,12 +14,14 @@ one line. Requires ``pip install 'kvembed[gguf]'`` (gguf, accelerate).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..artifact.staging import staged, write_text_atomic
 from ..backends.status import waiting
@@ -156,6 +158,22 @@ def materialize(path: Path, info: GGUFInfo | None = None) -> Path:
         return _dequantize(path, info, target)
 
 
+@contextlib.contextmanager
+def _no_tensor_bar() -> Iterator[None]:
+    """Without transformers' per-tensor tqdm bar (it ignores transformers' own progress-bar switch):
+    the command line's status line says what runs, and a second live line would garble it."""
+    from transformers import modeling_gguf_pytorch_utils as converter
+
+    bar = getattr(converter, "tqdm", None)
+    if bar is not None:
+        converter.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            converter.tqdm = bar
+
+
 def _dequantize(path: Path, info: GGUFInfo, target: Path) -> Path:
     """:func:`materialize`'s work: transformers reads the GGUF, the weights are saved into ``target``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -164,7 +182,7 @@ def _dequantize(path: Path, info: GGUFInfo, target: Path) -> Path:
 
     folder, name = str(path.parent), path.name
     try:
-        with quiet_transformers():
+        with quiet_transformers(), _no_tensor_bar():
             config = AutoConfig.from_pretrained(folder, gguf_file=name)
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
             loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
