@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import io
 import re
+import shutil
 import tokenize
 from pathlib import Path
 
@@ -35,17 +36,19 @@ def room_of(module: str) -> str:
     return name
 
 
-def modules() -> list[tuple[str, Path]]:
+def modules(package: Path = PACKAGE) -> list[tuple[str, Path]]:
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         found.append((".".join(parts), path))
     return found
 
 
-def imported(module: str, path: Path) -> set[str]:
+def imported(module: str, path: Path, root: Path = PACKAGE.parent) -> set[str]:
+    """The kvembed modules ``module`` (at ``path``, under the import root ``root``) imports, lazy
+    imports included."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     targets: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -57,7 +60,7 @@ def imported(module: str, path: Path) -> set[str]:
                 target = node.module or ""
             if node.module is None:  # ``from .. import x``: x is a submodule, or a name of the package
                 for alias in node.names:
-                    sub = PACKAGE.parent.joinpath(*target.split("."), alias.name)
+                    sub = root.joinpath(*target.split("."), alias.name)
                     targets.add(f"{target}.{alias.name}" if sub.is_dir() or sub.with_suffix(".py").is_file() else target)
             else:
                 targets.add(target)
@@ -161,19 +164,35 @@ def test_import_cycle_finds_a_circle() -> None:
     assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
 
 
-def test_modeling_modules_import_one_another_without_a_cycle() -> None:
-    """gguf, sources, hf_loading, patch and reference once needed each other through lazy imports;
-    a circle makes every one of them load every other and hides which depends on which. Importing
-    ``a.b.c`` runs the packages ``a`` and ``a.b`` first, so they count as imported too (except the
-    importer's own packages, which are already loading)."""
-    inside = {module: path for module, path in modules() if room_of(module) == "modeling"}
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the package's modules it imports. Importing ``a.b.c`` runs the packages ``a`` and
+    ``a.b`` first, so they count as imported too (except the importer's own packages, which are
+    already loading)."""
+    inside = dict(modules(package))
     graph: dict[str, set[str]] = {}
     for module, path in inside.items():
         own = {module.rsplit(".", n)[0] for n in range(1, module.count(".") + 1)}
         targets = set()
-        for target in imported(module, path):
+        for target in imported(module, path, package.parent):
             parts = target.split(".")
             targets.update(".".join(parts[:n]) for n in range(1, len(parts) + 1))
         graph[module] = {t for t in targets - own - {module} if t in inside}
-    cycle = import_cycle(graph)
-    assert not cycle, "modeling/ imports in a circle: " + " -> ".join(cycle)
+    return graph
+
+
+def test_no_module_imports_itself_through_a_circle() -> None:
+    """A circle, even through lazy imports inside functions, makes every module on it load every
+    other and hides which depends on which; shared helpers belong in a leaf both import."""
+    cycle = import_cycle(import_graph())
+    assert not cycle, "imports in a circle: " + " -> ".join(cycle)
+
+
+def test_a_planted_circle_is_found_in_any_room(tmp_path: Path) -> None:
+    package = tmp_path / "kvembed"
+    shutil.copytree(PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__", "data"))
+    assert not import_cycle(import_graph(package))
+    (package / "backends" / "planted.py").write_text("def f():\n    from .catalogue import BACKENDS\n    return BACKENDS\n")
+    catalogue = package / "backends" / "catalogue.py"
+    catalogue.write_text(catalogue.read_text(encoding="utf-8") + "\n\ndef planted():\n    from . import planted\n")
+    cycle = import_cycle(import_graph(package))
+    assert set(cycle) == {"kvembed.backends.catalogue", "kvembed.backends.planted"}

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..artifact.external_data import settle_layout, stream_initializers
-from .rewrites import node_edges
+from .onnx_nodes import node_edges, node_inputs, toposort
 from .smoothing import DEFAULT_ALPHA
 from ..errors import InvalidInput
 
@@ -502,50 +502,6 @@ def weight_only_facts(block: int, counts: Mapping[str, Any], fp32_matmuls: int, 
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def toposort(graph: Any) -> None:
-    """Reorder ``graph.node`` topologically, keeping the existing order wherever it is valid."""
-    import heapq
-
-    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
-    nodes = list(graph.node)
-    producer_of: dict[str, int] = {}
-    for index, node in enumerate(nodes):
-        for out in node.output:
-            producer_of[out] = index
-    waiting_on: list[set[int]] = []
-    dependants: dict[int, list[int]] = {}
-    for index, node in enumerate(nodes):
-        needs = {producer_of[i] for i in node_inputs(node) if i not in available and i in producer_of}
-        needs.discard(index)
-        waiting_on.append(needs)
-        for dep in needs:
-            dependants.setdefault(dep, []).append(index)
-    ready = [i for i, needs in enumerate(waiting_on) if not needs]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        index = heapq.heappop(ready)
-        order.append(index)
-        for child in dependants.get(index, ()):
-            waiting_on[child].discard(index)
-            if not waiting_on[child]:
-                heapq.heappush(ready, child)
-    if len(order) != len(nodes):
-        raise RuntimeError("the converted graph has a cycle")
-    del graph.node[:]
-    graph.node.extend(nodes[i] for i in order)
-
-
-def node_inputs(node: Any) -> list[str]:
-    """A node's inputs, including the outer-scope names its subgraphs read."""
-    names = list(node.input)
-    for attribute in node.attribute:
-        for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-            inner = {o for n in sub.node for o in n.output} | {t.name for t in sub.initializer} | {i.name for i in sub.input}
-            names.extend(i for n in sub.node for i in node_inputs(n) if i not in inner)
-    return names
 
 
 def _name_nodes(model: Any) -> None:

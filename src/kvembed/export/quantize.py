@@ -159,7 +159,7 @@ def quantize_matmuls(
     from onnx import TensorProto
 
     from ..artifact.external_data import stream_initializers
-    from .precision import node_inputs, toposort
+    from .onnx_nodes import node_inputs, toposort
 
     steps = steps or {}
     model = onnx.load(str(source), load_external_data=False)

@@ -11,6 +11,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from .onnx_nodes import node_edges
 from .ops import ALLOWED_OPS, STANDARD_DOMAINS, non_portable_ops
 
 
@@ -130,16 +131,6 @@ def rms_norm_as_div(path: Path) -> dict[str, Any]:
         graph.node.extend(kept)
         onnx.save(model, str(path))
     return record
-
-
-def node_edges(graph: Any) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-    """(value -> the node producing it, value -> the nodes reading it) of an ``onnx.GraphProto``."""
-    producers = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    return producers, consumers
 
 
 def _drop_unused_opsets(model: Any) -> None:

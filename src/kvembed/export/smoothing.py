@@ -58,7 +58,7 @@ class SmoothGroup:
 
 def smoothable_groups(model: Any) -> list[SmoothGroup]:
     """The groups of an fp32 ``onnx.ModelProto`` whose activation scale can be folded (module docstring)."""
-    from .rewrites import node_edges
+    from .onnx_nodes import node_edges
 
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
