@@ -1,7 +1,7 @@
 """The command line as installed, run as a new user would: ``python tests/cli_smoke.py ARTIFACT``.
 
 Runs in whatever environment starts it (a venv holding only some of kvembed's extras): every
-program's and every subcommand's ``--help`` exits 0, ``kvembed embed ARTIFACT`` embeds, and each
+program's and every subcommand's ``--help`` exits 0, ``--version`` prints the version, ``kvembed embed ARTIFACT`` embeds, and each
 command whose extra is missing here exits 2 with one line naming that extra (no traceback).
 .ci/run calls it after README's first Quickstart command; tests/test_install.py calls it in a venv
 with the ``cli`` extra only. Exits 1, listing every failure, if anything is off.
@@ -58,6 +58,10 @@ def check(artifact: Path, scratch: Path) -> list[str]:
         done = run([*path, "--help"])
         if done.returncode != 0 or "Traceback" in done.stderr or "Usage:" not in done.stdout:
             problems.append(f"{' '.join(path)} --help: exit {done.returncode}: {done.stderr.strip()[-300:]}")
+    for program in ("kvembed", "kvembed-export", "kvembed-layers"):
+        done = run([program, "--version"])
+        if done.returncode != 0 or not done.stdout.startswith("kvembed "):
+            problems.append(f"{program} --version: exit {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}")
     done = run(["kvembed", "embed", str(artifact), "--similarity", "A cat sat on the mat.", "A kitten sat on a rug."])
     if done.returncode != 0 or "cosine similarity" not in done.stdout:
         problems.append(f"kvembed embed {artifact}: exit {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}")

@@ -32,9 +32,10 @@ VERIFY_HINT = "kvembed export verify DIR (or kvembed-export verify DIR) re-check
 
 class StageDisplay:
     """The pipeline's stages (``progress(stage, detail)``) as steps of the command's status display
-    (:class:`~kvembed.cli.status.Waits`): a spinner on a terminal with the time left of a long
-    stage, whole lines when piped, and after each stage a line with its time. Stage details are
-    text, never rich markup (an install hint's ``[openvino]`` stays)."""
+    (:class:`~kvembed.cli.status.Waits`: a spinner on a terminal with the time left of a long
+    stage, a whole line on stderr when piped), and after each stage a line with its time in the
+    command's report on stdout. Stage details are text, never rich markup (an install hint's
+    ``[openvino]`` stays)."""
 
     def __init__(self) -> None:
         self.own: Waits | None = None
@@ -58,7 +59,7 @@ class StageDisplay:
         self.current = f"{stage}: {detail}"
         self.stage_start = time.monotonic()
         if self.waits is not None:
-            self.waits.begin(self.current, record=True)
+            self.waits.begin(self.current)
 
     def advance(self, done: int, total: int) -> None:
         """A long stage's share done: the spinner gets the percentage and the time left,
@@ -70,8 +71,13 @@ class StageDisplay:
         self.waits.update(self.current, f"{100 * done / total:.0f}%, about {_duration(left)} left")
 
     def _finish_stage(self, ok: bool) -> None:
-        if self.current is not None and self.waits is not None:
-            self.waits.end(self.current, ok)
+        if self.current is None:
+            return
+        if self.waits is not None:
+            self.waits.end(self.current, ok, quiet=True)
+        mark = "[green]done[/]" if ok else "[red]stopped[/]"
+        console.print(f"  {mark} {escape(self.current)} [dim]({time.monotonic() - self.stage_start:.1f}s)[/]",
+                      highlight=False, soft_wrap=True)
         self.current = None
 
 

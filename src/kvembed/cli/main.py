@@ -24,12 +24,12 @@ from ..backends.catalogue import PROVIDER_HELP
 from ..backends.status import waiting
 from ..errors import InvalidInput
 from . import options as opt
-from .status import runtime_of
+from .status import STATUS_HELP, runtime_of
 from .support import DEBUG_HELP, guard_app, run_app, version_option
 from .support import errors
 from .tables import fitted_tables
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, epilog=DEBUG_HELP)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, epilog=f"{DEBUG_HELP}\n\n{STATUS_HELP}")
 console = Console()
 
 

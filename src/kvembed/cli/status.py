@@ -31,6 +31,9 @@ stderr_console = Console(stderr=True)
 AFTER_ENV = "KVEMBED_STATUS_AFTER"
 #: seconds a step runs, piped, before its line is printed (0: every step, as it starts)
 DEFAULT_AFTER = 1.0
+#: the help epilog of ``kvembed``: how to see every step
+STATUS_HELP = (f"Waits show as a spinner on stderr, or piped as whole lines for steps that run past "
+               f"{AFTER_ENV} seconds (default {DEFAULT_AFTER:g}; 0: every step as it starts).")
 
 
 def announce_after() -> float:
@@ -41,10 +44,9 @@ def announce_after() -> float:
         return DEFAULT_AFTER
 
 
-@dataclass
+@dataclass(eq=False)  # a step is itself: two of the same name are two steps
 class _Step:
     what: str
-    record: bool = False
     start: float = field(default_factory=time.monotonic)
     announced: bool = False
     timer: threading.Timer | None = None
@@ -111,10 +113,9 @@ class Waits(logging.Handler):
 
     # -- steps ------------------------------------------------------------------------------------
 
-    def begin(self, what: str, record: bool = False) -> None:
-        """Step ``what`` starts (``record``: end it with a line of its time however short it was,
-        as the export lists its stages)."""
-        step = _Step(what, record)
+    def begin(self, what: str) -> None:
+        """Step ``what`` starts."""
+        step = _Step(what)
         with self._lock:
             self._steps.append(step)
             if self.spinner or self.after <= 0:
@@ -125,8 +126,9 @@ class Waits(logging.Handler):
                 step.timer.start()
             self._refresh()
 
-    def end(self, what: str, ok: bool = True) -> float:
-        """End the latest step named ``what`` (``ok``: it did not fail); returns its seconds (0 when there is none)."""
+    def end(self, what: str, ok: bool = True, quiet: bool = False) -> float:
+        """End the latest step named ``what`` (``ok``: it did not fail; ``quiet``: its caller reports
+        its time); returns its seconds (0 when there is none)."""
         with self._lock:
             found = next((s for s in reversed(self._steps) if s.what == what), None)
             if found is None:
@@ -135,7 +137,7 @@ class Waits(logging.Handler):
             if found.timer is not None:
                 found.timer.cancel()
             seconds = time.monotonic() - found.start
-            if found.record or (found.announced and seconds >= self.threshold):
+            if not quiet and found.announced and seconds >= self.threshold:
                 self.line(f"  {'done' if ok else 'stopped'} {what} ({seconds:.1f}s)")
             self._refresh()
             return seconds
