@@ -50,7 +50,7 @@ from ..cache import cache_root
 from ..errors import InvalidInput, MissingDependency
 from ..extras import install_hint
 from .cpu import cpu_features
-from .status import waiting
+from ..status import waiting
 
 NAME = "openvino"
 OPENVINO = "OpenVINO"

@@ -58,8 +58,9 @@ def embed_corpus_command(
             from ..corpus.resume import REQUIRED, flag, resume_options
         except ImportError as err:
             from ..errors import MissingDependency
+            from ..extras import install_hint
 
-            raise MissingDependency(f"kvembed embed-corpus needs pyarrow: pip install 'kvembed[corpus]' ({err})") from None
+            raise MissingDependency(f"kvembed embed-corpus needs pyarrow: {install_hint('corpus')} ({err})") from None
 
         # only the options given on this command line: the rest are the defaults, or with --resume the recorded ones
         given = {name: value for name, value in dict(

@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from ..backends.catalogue import PROVIDER_HELP
 from ..errors import InvalidInput
-from ..backends.status import waiting
+from ..status import waiting
 from . import options as opt
 from .status import runtime_of
 from .tables import fitted_tables

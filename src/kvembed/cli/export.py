@@ -20,7 +20,7 @@ except ImportError as err:  # pragma: no cover - only without the cli extra
 from ..artifact import MANIFEST
 from ..backends.catalogue import VERIFY_TARGETS
 from ..backends.cpu import HINT_NEEDS
-from ..backends.status import waiting
+from ..status import waiting
 from . import options as opt
 from .status import Waits
 from .tables import fitted_tables

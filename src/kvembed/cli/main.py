@@ -21,7 +21,7 @@ except ImportError as err:  # pragma: no cover - only without the cli extra
 
 from ..artifact.layout import ARTIFACT_FILES, is_artifact
 from ..backends.catalogue import PROVIDER_HELP
-from ..backends.status import waiting
+from ..status import waiting
 from ..errors import InvalidInput
 from . import options as opt
 from .status import STATUS_HELP, runtime_of

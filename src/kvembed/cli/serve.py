@@ -9,7 +9,7 @@ import typer
 
 from ..backends.catalogue import PROVIDER_HELP
 from ..errors import InvalidInput
-from ..backends.status import waiting
+from ..status import waiting
 from . import options as opt
 from .status import Waits
 from .support import fail
@@ -31,7 +31,7 @@ def serve_command(
     max_wait_ms: float = typer.Option(5.0, help="Longest wait for requests being tokenised to join a batch."),
     call_cost: str = typer.Option("auto", help="Padded tokens one more batch is worth: batches are cut where padding costs more (auto: 32 on the CPU, none on GPUs; none: cut only at --batch-size)."),
     max_concurrent_requests: int = typer.Option(512, help="Requests served at once; more get 429."),
-    max_client_batch_size: int = typer.Option(2048, help="Inputs per request; more get 413."),
+    max_client_batch_size: int = typer.Option(2048, help="Inputs per request; more get 400 (as OpenAI answers)."),
     payload_limit: str = typer.Option("2MB", help="Largest request body (e.g. 2MB, 512KiB); larger get 413."),
     max_input_tokens: int = typer.Option(512, help="Tokens one input may have, prompt included (at most each artifact's max_length; GET /v1/models shows each model's): longer inputs get 413, or are cut with truncate=true in the request (or --auto-truncate)."),
     auto_truncate: bool = typer.Option(False, "--auto-truncate/--no-auto-truncate", help="Cut over-long inputs of requests that do not say 'truncate' (default: 413, as TEI does)."),

@@ -1,5 +1,5 @@
 """What a command shows while it waits: the steps announced on the ``kvembed.status`` logger
-(:func:`kvembed.backends.status.waiting`) and the command's own (:meth:`Waits.step`).
+(:func:`kvembed.status.waiting`) and the command's own (:meth:`Waits.step`).
 
 On a terminal the current step is a spinner on stderr, replaced as steps start and end. Piped,
 a step that runs past :func:`announce_after` seconds (``KVEMBED_STATUS_AFTER``, default 1) gets
@@ -23,7 +23,7 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.markup import escape
 
-from ..backends.status import END, START, STATUS_LOGGER
+from ..status import END, START, STATUS_LOGGER
 
 #: the command line's stderr for errors and warnings (whatever ``sys.stderr`` is when one prints)
 stderr_console = Console(stderr=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import MissingDependency
+from ..extras import install_hint
 from ..artifact import read_manifest
 from .inputs import check_first_records
 from .manifest import build_manifest, write_manifest
@@ -99,5 +100,5 @@ def _ray_runner() -> Any:
     try:
         from . import ray_runner
     except ImportError as err:
-        raise MissingDependency(f"--runner ray needs Ray Data: pip install 'kvembed[corpus]' ({err})") from None
+        raise MissingDependency(f"--runner ray needs Ray Data: {install_hint('corpus')} ({err})") from None
     return ray_runner

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..backends.status import waiting
+from ..status import waiting
 from ..runtime.mteb import MTEBEncoder
 from .tasks import LocalTask
 

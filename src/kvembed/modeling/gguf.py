@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..artifact.staging import staged, write_text_atomic
-from ..backends.status import waiting
+from ..status import waiting
 from ..cache import cache_root
 from ..errors import KvembedError, MissingDependency
 from ..extras import install_hint

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-from ..backends.status import waiting
+from ..status import waiting
 from ..methods.architectures import architecture_of
 from .quiet import quiet_transformers
 from .sources import locate_model

@@ -8,7 +8,7 @@ import hashlib
 from pathlib import Path
 
 from ..artifact.staging import staged
-from ..backends.status import waiting
+from ..status import waiting
 from ..errors import ModelNotFound
 from ..methods.models import PACKAGED, packaged_cache_path, packaged_part_files
 

@@ -12,7 +12,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoTokenizer
 
-from ..backends.status import waiting
+from ..status import waiting
 from ..methods import ResolvedMethod, get_method, resolve
 from ..methods.layers import AUTO
 from ..methods.sharing import AlsoRequest, output_label, resolve_also

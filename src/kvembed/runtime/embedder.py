@@ -15,7 +15,7 @@ import numpy as np
 from ..backends.catalogue import Choice, choose_backend, open_session, options_for
 from ..backends.onnxruntime import CPU, CUDA, TENSORRT
 from ..backends.openvino import OPENVINO  # the openvino package itself is imported only when a session is made
-from ..backends.status import waiting
+from ..status import waiting
 from ..backends.tensorrt import check_engine_files
 from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod

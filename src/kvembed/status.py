@@ -4,9 +4,8 @@
 ``kvembed.status`` logger (:data:`STATUS_LOGGER`) as the step starts and one DEBUG record with
 its duration as it ends. Library callers see them only if they configure logging; the command
 line shows them as a spinner on a terminal and as whole lines on stderr when piped
-(:mod:`kvembed.cli.status`). It lives in ``backends/``, the lowest room with a slow step of its
-own (an OpenVINO compile), so that every room above it (runtime, modeling, export, eval) can
-announce its waits without knowing who shows them.
+(:mod:`kvembed.cli.status`). A leaf (the standard library only), so that every room (backends,
+runtime, modeling, export, eval) can announce its waits without knowing who shows them.
 """
 
 from __future__ import annotations
