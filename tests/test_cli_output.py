@@ -340,7 +340,6 @@ def test_a_stage_detail_with_an_install_hint_is_shown_as_written(monkeypatch):
     assert out.getvalue().splitlines()[0] == f"parity: {detail} ...", out.getvalue()
 
 
-
 def test_every_install_hint_comes_from_install_hint():
     package = Path(__file__).resolve().parents[1] / "src" / "kvembed"
     typed = re.compile(r"pip install '?kvembed\[")
