@@ -68,7 +68,12 @@ def pytest_configure(config: pytest.Config) -> None:
     """kvembed's cache (compiled OpenVINO blobs, dequantized GGUF) goes to a fresh directory, so
     tests neither read what an earlier run left in ~/.cache nor leave their artifacts' blobs there.
     One directory per run: pytest-xdist's workers use the one their controller made (a GGUF is
-    dequantized once, not once per worker; the cache is made for concurrent fills)."""
+    dequantized once, not once per worker; the cache is made for concurrent fills).
+
+    Piped status lines (``KVEMBED_STATUS_AFTER``) are off: a step announces itself when it runs
+    past a time, so on a loaded machine a failing command's stderr would hold a status line or not
+    by chance. tests/test_cli_output.py turns them on where the announcements are what it checks."""
+    os.environ["KVEMBED_STATUS_AFTER"] = "inf"
     if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(CACHE_OWNER):
         return
     os.environ["KVEMBED_CACHE_DIR"] = config._kvembed_cache = tempfile.mkdtemp(prefix="kvembed-test-cache-")

@@ -17,6 +17,8 @@ from kvembed.export import compare as bk
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 runner = CliRunner()
+#: a terminal wide enough that no table cell wraps (tests/test_cli_output.py checks 80 columns)
+WIDE = {"COLUMNS": "200"}
 HAS_TENSORRT = catalogue.BACKENDS["tensorrt"].probe() is None
 HAS_CUDA = catalogue.provider_problem("cuda") is None
 HAS_OPENVINO = catalogue.BACKENDS["openvino"].probe() is None
@@ -122,7 +124,7 @@ def test_a_backend_that_cannot_run_is_a_failure_not_a_crash(artifact, tmp_path):
 def test_cli_verify_prints_the_comparison(artifact):
     from kvembed.cli.main import app
 
-    result = runner.invoke(app, ["verify", str(artifact)])
+    result = runner.invoke(app, ["verify", str(artifact)], env=WIDE)  # a pair's label unwrapped
     assert result.exit_code == 0, result.output
     for text in ("parity vs PyTorch", "backends vs onnxruntime-cpu", "onnxruntime-cpu vs onnx-reference",
                  "polygraphy", "verified"):
@@ -207,7 +209,7 @@ def test_verify_backends_openvino(artifact):
     names, skipped = bk.resolve_backends(artifact)
     assert "openvino-f32" in names and ("openvino-bf16" in names or "no BF16" in skipped["openvino-bf16"])
     assert "openvino-f16" in names or "no FP16" in skipped["openvino-f16"]
-    done = runner.invoke(app, ["verify", str(artifact), "--backends", "openvino"])
+    done = runner.invoke(app, ["verify", str(artifact), "--backends", "openvino"], env=WIDE)
     assert done.exit_code == 0, done.output
     for target in ("openvino-f32", "openvino-bf16", "openvino-f16"):
         assert f"onnxruntime-cpu vs {target}" in done.output

@@ -13,6 +13,7 @@ Imports only rich (and the standard library): every command loads it.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import threading
@@ -33,7 +34,7 @@ AFTER_ENV = "KVEMBED_STATUS_AFTER"
 DEFAULT_AFTER = 1.0
 #: the help epilog of ``kvembed``: how to see every step
 STATUS_HELP = (f"Waits show as a spinner on stderr, or piped as whole lines for steps that run past "
-               f"{AFTER_ENV} seconds (default {DEFAULT_AFTER:g}; 0: every step as it starts).")
+               f"{AFTER_ENV} seconds (default {DEFAULT_AFTER:g}; 0: every step as it starts; inf: none).")
 
 
 def announce_after() -> float:
@@ -120,7 +121,7 @@ class Waits(logging.Handler):
             self._steps.append(step)
             if self.spinner or self.after <= 0:
                 self._announce(step)
-            else:
+            elif math.isfinite(self.after):  # inf: never announced (a Timer cannot wait forever)
                 step.timer = threading.Timer(self.after, self._announce, args=(step,))
                 step.timer.daemon = True
                 step.timer.start()
