@@ -8,6 +8,7 @@ Torch-free and fast: nothing here exports or loads a model.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -204,3 +205,9 @@ def test_invalid_input_is_still_a_value_error():
         from kvembed.methods import get_method
 
         get_method("no-such-method")
+
+
+@pytest.mark.parametrize("target, args", [(app, ["export"]), (app, ["embed"])])
+def test_method_help_names_every_method_of_the_table(target, args):
+    text = re.sub(r"-\s+", "-", " ".join(help_of(target, *args).split()))  # rich wraps lines, also after a hyphen
+    assert ", ".join(METHODS) in text, f"--method help of {args} does not list the method table: {text}"

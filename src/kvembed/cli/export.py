@@ -160,7 +160,7 @@ def _size(n: int) -> str:
 @opt.method_flags
 def export_command(
     model: str = typer.Option(..., "--model", "-m", help="Model folder, alias (stories260k, qwen3-4b) or hub id."),
-    method: str = typer.Option(..., "--method", help="Embedding method (kv-embedding, va, aligned-wva, token-prepending, last-token, mean, prompteol, echo)."),
+    method: str = typer.Option(..., "--method", help=f"Embedding method: {opt.METHOD_NAMES}."),
     out: Path = typer.Option(..., "--out", "-o", help="Artifact directory to create (must be empty unless --force)."),
     options: opt.MethodOptions = opt.METHOD_FLAGS,
     also: Optional[list[str]] = typer.Option(

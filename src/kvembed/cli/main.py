@@ -63,7 +63,7 @@ def check_artifact_argument(first: str | None) -> str:
 def embed(
     texts: Optional[list[str]] = typer.Argument(None, help="ARTIFACT TEXT... (torch-free runtime), or TEXT... with --model."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Embed with the PyTorch reference of this model folder, alias (stories260k) or hub id; all arguments are then texts."),
-    method: Optional[str] = typer.Option(None, "--method", help="Embedding method with --model (default kv-embedding); an artifact fixes it."),
+    method: Optional[str] = typer.Option(None, "--method", help=f"Embedding method with --model: {opt.METHOD_NAMES} (default kv-embedding); an artifact fixes it."),
     kind: str = typer.Option("document", "--kind", help="query or document (selects the prompt)."),
     options: opt.MethodOptions = opt.METHOD_FLAGS,
     max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (with --model)."),

@@ -15,7 +15,11 @@ from ..backends.catalogue import VERIFY_HELP
 
 from ..errors import InvalidInput
 from ..methods import flag_options
+from ..methods.registry import METHODS
 from ..methods.spec import OptionSpec
+
+#: every method's name, as the ``--method`` help lists them (from the method table, never by hand)
+METHOD_NAMES = ", ".join(METHODS)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
