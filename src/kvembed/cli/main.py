@@ -25,8 +25,7 @@ from ..status import waiting
 from ..errors import InvalidInput
 from . import options as opt
 from .status import STATUS_HELP, runtime_of
-from .support import DEBUG_HELP, guard_app, run_app, version_option
-from .support import errors
+from .support import DEBUG_HELP, errors, guard_app, run_app, version_option
 from .tables import fitted_tables
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, epilog=f"{DEBUG_HELP}\n\n{STATUS_HELP}")

@@ -17,14 +17,12 @@ KINDS = ("document", "query")
 OUTPUT_DTYPES = ("float32", "float16")
 ON_ERROR = ("fail", "skip")
 DEFAULT_ID_COLUMN = "id"
+#: the options that decide what the shards hold: a ``--resume`` given another value is refused
+RESUME_FIXED = ("artifact", "inputs", "format", "text_column", "id_column", "kind", "rows_per_file", "output_dtype", "on_error")
+#: the options that say where and how fast the work runs: a resume may change them (another runner, more workers)
+RESUME_FREE = ("runner", "ray_address", "workers", "threads", "provider", "max_batch_tokens")
 #: the options ``_run.json`` records and ``--resume`` reads back (all but output, resume, overwrite, progress)
-RESUMABLE = (
-    "artifact", "inputs", "format", "text_column", "id_column", "kind", "rows_per_file", "output_dtype", "on_error",
-    "runner", "ray_address", "workers", "threads", "provider", "max_batch_tokens",
-)
-#: of those, the ones that decide what the shards hold: a resume given another value is refused;
-#: the rest say where and how fast the work runs, so a resume may change them (another runner, more workers)
-RESUME_FIXED = RESUMABLE[:9]
+RESUMABLE = RESUME_FIXED + RESUME_FREE
 
 
 class CorpusError(KvembedError, ValueError):
