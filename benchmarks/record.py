@@ -40,27 +40,20 @@ def figure(value: float | int, unit: str) -> dict[str, Any]:
     return {"value": value, "unit": unit}
 
 
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields in ``/proc/cpuinfo`` (empty where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return {}
-    fields: dict[str, str] = {}
-    for line in text.split("\n\n", 1)[0].splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    return fields
-
-
 def cpu() -> dict[str, Any]:
-    """This CPU's model name, vendor and the :data:`FLAGS` (``amx``: any AMX tile instructions)."""
-    info = _cpuinfo()
-    flags = set(info.get("flags", "").split())
+    """This CPU's model name, architecture and the :data:`FLAGS` (``amx``: any AMX tile instructions), as
+    kvembed itself reads them (:func:`kvembed.bench.report.cpu_model`,
+    :func:`kvembed.backends.cpu.cpu_features`: its ``source`` says when KVEMBED_CPU_FEATURES stood in)."""
+    from kvembed.backends.cpu import cpu_features
+    from kvembed.bench.report import cpu_model
+
+    features = cpu_features()
+    flags = set(features.flags)
     return {
-        "model": info.get("model name") or platform.processor() or platform.machine(),
-        "vendor": info.get("vendor_id") or None,
+        "model": cpu_model(),
+        "machine": platform.machine(),
         "flags": {**{name: name in flags for name in FLAGS}, "amx": any(f.startswith("amx_") for f in flags)},
+        "flags_source": features.source,
     }
 
 
