@@ -86,10 +86,33 @@ class Certificate:
         return (self.backend == backend and self.precision == precision and self.against == PYTORCH
                 and bar is not None and self.worst_cosine >= bar)
 
+    @property
+    def decided_by(self) -> dict[str, dict[str, Any]]:
+        """Which text sets decided this pass (``gate``, and ``held_out`` where they decide too), each
+        with its ``texts``, ``rows`` and ``worst_cosine``; empty in certificates from before it was
+        recorded and in backend comparisons."""
+        sets = self.raw.get("decided_by")
+        return {str(name): dict(item) for name, item in sets.items()} if isinstance(sets, Mapping) else {}
+
     def describe(self) -> str:
-        """One phrase: ``openvino-bf16 ran bf16, worst cosine 0.99990 vs pytorch``."""
+        """One phrase: ``openvino-bf16 ran bf16, worst cosine 0.99990 vs pytorch``, then the text
+        sets that decided it: ``(decided by 60 gate texts 0.99990, 10 held-out texts 0.99950)``."""
         ran = f"ran {self.precision}" + (f" (hint {self.hint})" if self.emulated else "")
-        return f"{self.target} {ran}, worst cosine {self.worst_cosine:.5f} vs {self.against}"
+        text = f"{self.target} {ran}, worst cosine {self.worst_cosine:.5f} vs {self.against}"
+        if self.decided_by:
+            text += f" (decided by {decided_phrase(self.decided_by)})"
+        return text
+
+
+#: the text sets a parity check decides on, as sentences name them
+TEXT_SETS = {"gate": "gate texts", "held_out": "held-out texts"}
+
+
+def decided_phrase(sets: Mapping[str, Mapping[str, Any]]) -> str:
+    """``60 gate texts 0.99990, 10 held-out texts 0.99950``: each text set that decided a check,
+    with its worst cosine (a certificate's or a verify run's ``decided_by``)."""
+    return ", ".join(f"{int(item.get('texts', 0))} {TEXT_SETS.get(name, name)} {float(item['worst_cosine']):.5f}"
+                     for name, item in sets.items())
 
 
 def certificates_of(data: Any, where: str = "certified") -> tuple[Certificate, ...]:

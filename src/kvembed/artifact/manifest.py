@@ -175,15 +175,16 @@ class GraphFacts:
 @dataclass(frozen=True)
 class HeldOut:
     """The parity record's ``held_out``: the graph against PyTorch on texts that neither the int8
-    calibration nor the gate's pass/fail decision used, run on ``backend``. A figure reported
-    beside the gate's worst cosine (``meets_bar``: whether it would have met the gate's bar), not
-    a verdict; None in manifests from before it was measured."""
+    calibration nor the gate's own texts hold, run on ``backend``. Beside the gate's worst cosine
+    (``meets_bar``: whether it met the gate's bar); ``decides``: whether it was part of the verdict
+    (int8) or a figure only; None in manifests from before it was measured."""
 
     worst_cosine: float
     rows: int
     texts: int
     meets_bar: bool
     backend: str | None = None
+    decides: bool = False
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "HeldOut":
@@ -191,7 +192,7 @@ class HeldOut:
             raise InvalidInput(f"{where} must be an object, got {data!r}")
         return cls(float(_field(data, "worst_cosine", (float, int), where)), _field(data, "rows", int, where),
                    _field(data, "texts", int, where), _field(data, "meets_bar", bool, where),
-                   _field(data, "backend", str, where, optional=True))
+                   _field(data, "backend", str, where, optional=True), bool(_field(data, "decides", bool, where, optional=True)))
 
 
 def _method(data: Any, where: str) -> ResolvedMethod:

@@ -104,10 +104,21 @@ def parity_table(report: Any, title: str) -> Group:
 
 
 def held_out_line(held_out: Mapping[str, Any], gate_cosine: float) -> str:
-    """The held-out figure beside the gate's: texts the calibration and the gate's decision never saw."""
+    """The held-out figure beside the gate's: texts the calibration never saw, which decide with the
+    gate's where the precision says so (int8) and are reported only elsewhere."""
     bar = "meets" if held_out["meets_bar"] else "[bold yellow]misses[/]"
+    if held_out.get("decides"):
+        return (f"held out: worst cosine {held_out['worst_cosine']:.7f} over {held_out['rows']} rows of {held_out['texts']} "
+                f"texts the calibration never saw (gate: {gate_cosine:.7f}; {bar} the gate's bar, deciding with the gate)")
     return (f"held out: worst cosine {held_out['worst_cosine']:.7f} over {held_out['rows']} rows of {held_out['texts']} texts "
             f"the gate never decided on (gate: {gate_cosine:.7f}; {bar} the gate's bar, reported only)")
+
+
+def decided_line(target: str, sets: Mapping[str, Mapping[str, Any]]) -> str:
+    """Which texts decided ``target``'s verdict, each set with its worst cosine."""
+    from ..artifact.certificates import decided_phrase
+
+    return f"{target} decided by {decided_phrase(sets)}"
 
 
 def lengths_line(manifest: Mapping[str, Any]) -> str:
@@ -367,6 +378,9 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True, re
         console.print(parity_table(result.report, f"parity vs PyTorch ({manifest['precision']} on {result.backend})"))
         for target, gated in result.gates.items():
             console.print(parity_table(gated, f"parity vs PyTorch ({gated.precision} on {target})"))
+        for target in [result.backend, *result.gates, *result.advisory]:
+            if result.decided_by(target):
+                console.print(decided_line(target, result.decided_by(target)), highlight=False)
         if result.advisory:
             from ..artifact import Manifest
             from ..backends.catalogue import VERIFY_TARGETS

@@ -54,6 +54,10 @@ ADVISORY_GATES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 #: artifact precisions whose advisory checks run a graph of their own (the manifest's ``graphs``)
 OWN_GRAPHS = frozenset({"int8"})
+#: artifact precisions whose held-out texts decide beside the gate's (docs/methods.md): an int8 recipe
+#: is chosen because it passes, so the texts that choose it must reach past the calibration's and
+#: the gate's own, or a recipe fitted to them would be chosen and miss on plain text it never saw
+HELD_OUT_DECIDES = frozenset({"int8"})
 #: what ``--certify-emulated`` is called in messages
 EMULATED_FLAG = "--certify-emulated"
 
@@ -123,11 +127,23 @@ def ran_precision(session: Any, graph_precision: str) -> str:
     return graph_precision
 
 
+def decided_by(gate: Any, held_out: Any | None = None) -> dict[str, dict[str, Any]]:
+    """Which texts decided a pass, each set with its size and worst cosine: the gate's (a
+    :class:`~kvembed.export.parity.ParityReport`) and, where they decide (:data:`HELD_OUT_DECIDES`),
+    the held-out texts' report."""
+    sets = {"gate": gate} if held_out is None else {"gate": gate, "held_out": held_out}
+    return {name: {"texts": int(report.texts), "rows": int(report.rows), "worst_cosine": float(report.worst_cosine)}
+            for name, report in sets.items()}
+
+
 def certificate(
     target: str, ran: str, report: Any, *, against: str = PYTORCH, extra: dict[str, Any] | None = None,
+    held_out: Any | None = None,
 ) -> dict[str, Any]:
     """A passed check (a :class:`~kvembed.export.parity.ParityReport` or a backend pair's numbers)
-    as the manifest's ``certified`` entry: which target, what ran, how close, on which CPU."""
+    as the manifest's ``certified`` entry: which target, what ran, how close, on which CPU, and for
+    a check against PyTorch which texts decided it (:func:`decided_by`; ``held_out``: the held-out
+    texts' report where they decided too)."""
     spec = VERIFY_TARGETS[target]
     versions = {}
     if spec.backend == "openvino":
@@ -154,5 +170,7 @@ def certificate(
         "kvembed_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+    if against == PYTORCH:
+        record["decided_by"] = decided_by(report, held_out)
     record.update(extra or {})
     return record

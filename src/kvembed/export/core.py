@@ -26,7 +26,7 @@ from ..artifact import ENCODER_TOKENIZER, MODEL, OPENVINO_MODEL, TOKENIZER, file
 from ..artifact.staging import OutputExistsError, check_output, staged  # noqa: F401  (the exporter's, re-exported)
 from ..methods.sharing import output_names
 from ..runtime.artifact import encoder_from_manifest
-from .certify import ADVISORY_GATES, GATES, advisory_problem, certificate, check_gate_here, gate_graph, gate_session, ran_precision
+from .certify import ADVISORY_GATES, GATES, HELD_OUT_DECIDES, advisory_problem, certificate, check_gate_here, gate_graph, gate_session, ran_precision
 from .checks import check_graph
 from ..artifact.external_data import keep_external, settle_layout
 from .graph import ExportError, resolve_attention
@@ -42,14 +42,19 @@ from ..errors import InvalidInput
 
 
 class ParityError(ExportError):
-    """The exported graph does not match the PyTorch reference within METHODS.md's tolerances."""
+    """The exported graph does not match the PyTorch reference within METHODS.md's tolerances, on the
+    gate's texts or (``held_out``, where they decide: :data:`~kvembed.export.certify.HELD_OUT_DECIDES`)
+    on the held-out texts."""
 
-    def __init__(self, report: ParityReport, output: str | None = None, backend: str | None = None) -> None:
+    def __init__(self, report: ParityReport, output: str | None = None, backend: str | None = None,
+                 held_out: bool = False) -> None:
         prefix = ("" if backend is None else f"on {backend}: ") + ("" if output is None else f"extra output {output!r}: ")
+        prefix += "on the held-out texts (they decide for this precision): " if held_out else ""
         super().__init__(prefix + report.summary())
         self.report = report
         self.output = output
         self.backend = backend
+        self.held_out = held_out
 
 
 # -- loading ------------------------------------------------------------------------------------
@@ -182,7 +187,7 @@ class Exporter:
         if self._references is None:
             self._references = self.embedder.references()
         for label, reference in self._references.items():
-            # the main output also on the held-out texts (reported beside the gate, never deciding):
+            # the main output also on the held-out texts (beside the gate; deciding for int8):
             # their batches are their own, so each is cached as the held-out run will ask for it
             texts = {**self.gate_texts, **HELD_OUT_TEXTS} if label is None else self.gate_texts
             reference_runs(reference, self._reference_outputs, texts=texts, outputs=output_names(label),
@@ -226,7 +231,8 @@ class Exporter:
         embedder that was traced. They exist to prove the gate catches a wrong graph.
         ``keep_trace=False`` moves the traced fp32 graph instead of copying it (last write).
         ``int8_recipe``: a name of :data:`~kvembed.export.precision.INT8_RECIPES`, or ``"auto"``
-        (the first of :data:`~kvembed.export.precision.INT8_AUTO` that passes the gate).
+        (the first of :data:`~kvembed.export.precision.INT8_AUTO` that passes the gate); a recipe
+        passes only where the held-out texts hold int8's bar too (:data:`HELD_OUT_DECIDES`).
         """
         precision = check_precision(precision)
         check_gate_here(precision, certify_emulated)
@@ -276,18 +282,22 @@ class Exporter:
                     for label, checked in gated.items():
                         if failure is None and not checked.passed:
                             failure = ParityError(checked, label, None if target == gates[0][0] else target)
+                if failure is None and held_out is not None and precision in HELD_OUT_DECIDES and not held_out.passed:
+                    failure = ParityError(held_out, held_out=True)
                 # the miss left something uncompared: batches of the output that missed, or the outputs after it
                 stopped = failure is not None and (failure.report.stopped_early or len(gates[0][2]) < len(self._references or {}))
                 if recipe is not None:
                     tried.append({"recipe": recipe, "worst_cosine": report.worst_cosine, "passed": failure is None,
-                                  "stopped_early": stopped})
+                                  "stopped_early": stopped,
+                                  "held_out_worst_cosine": None if held_out is None else held_out.worst_cosine})
                     manifest["graph"]["precision_conversion"]["recipes_tried"] = tried
                 if failure is None:
                     break
                 if attempt == len(recipes):
                     raise failure
                 how = ", stopped at the first miss" if stopped else ""
-                self.progress("fallback", f"int8 recipe {recipe} missed the gate ({report.worst_cosine:.5f}{how}); "
+                missed = "the held-out texts" if failure.held_out else "the gate"
+                self.progress("fallback", f"int8 recipe {recipe} missed {missed} ({failure.report.worst_cosine:.5f}{how}); "
                                           f"trying {recipes[attempt]}")
                 for stale in (model_path, model_path.with_name(model_path.name + ".data"), staging / OPENVINO_MODEL):
                     stale.unlink(missing_ok=True)
@@ -303,8 +313,10 @@ class Exporter:
             if len(gates) > 1:  # the other backends the gate ran (bf16: onnxruntime at fp32)
                 manifest["parity"]["gates"] = {target: gated[None].to_dict() for target, _, gated in gates[1:]}
             if held_out is not None:
-                manifest["parity"]["held_out"] = held_out_record(held_out, gates[0][0])
-            manifest["certified"] = [certificate(target, ran, gated[None]) for target, ran, gated in gates]
+                manifest["parity"]["held_out"] = held_out_record(held_out, gates[0][0], precision in HELD_OUT_DECIDES)
+            deciding = held_out if precision in HELD_OUT_DECIDES else None  # run on the first target only
+            manifest["certified"] = [certificate(target, ran, gated[None], held_out=deciding if index == 0 else None)
+                                     for index, (target, ran, gated) in enumerate(gates)]
             self._advise(staging, manifest, precision, reference)
             self.progress("write", f"writing {out}")
             manifest["files"] = file_records(staging)
@@ -349,14 +361,18 @@ class Exporter:
             graph = gate_graph(directory, manifest, target).name
             advisory[target] = {**gated[None].to_dict(), "graph": graph}
             extra: dict[str, Any] = {"graph": graph}
-            if held_out is not None:  # what ran, on the texts no gate decided on
-                advisory[target]["held_out"] = held_out_record(held_out, target)
+            decides = precision in HELD_OUT_DECIDES
+            if held_out is not None:  # what ran on the held-out texts (deciding for int8)
+                advisory[target]["held_out"] = held_out_record(held_out, target, decides)
                 extra["held_out_worst_cosine"] = held_out.worst_cosine
-            if all(r.passed for r in gated.values()):
-                manifest["certified"].append(certificate(target, ran, gated[None], extra=extra))
+            held = held_out is None or not decides or held_out.passed
+            if all(r.passed for r in gated.values()) and held:
+                manifest["certified"].append(certificate(target, ran, gated[None], extra=extra,
+                                                         held_out=held_out if decides else None))
                 passed = target
-            self.progress("parity", f"{target} ran {ran} on {graph}: worst cosine {gated[None].worst_cosine:.5f} "
-                                    f"({'certified' if gated[None].passed else 'below the bar: not certified'})")
+            verdict = ("certified" if passed == target else "below the bar: not certified" if not gated[None].passed
+                       else "below the bar on the held-out texts: not certified")
+            self.progress("parity", f"{target} ran {ran} on {graph}: worst cosine {gated[None].worst_cosine:.5f} ({verdict})")
         if advisory:
             manifest["parity"]["advisory"] = advisory
 
@@ -368,7 +384,8 @@ class Exporter:
         default :data:`GATES`), each on the graph file its backend runs: reports for the main output
         (key None) and each extra one, each against a reference that computes only that method in
         a forward pass of its own; and the main output on the held-out texts on the first backend,
-        when its gate passed (None otherwise).
+        when its gate passed (None otherwise): they decide too where the precision is in
+        :data:`HELD_OUT_DECIDES`, and ``stop_at_miss`` then stops them at their first miss as well.
 
         ``stop_at_miss`` (a recipe with another to fall back to): the gate stops at its first miss
         (:func:`~kvembed.export.parity.parity_reports`): no later batch, output or backend runs,
@@ -390,7 +407,8 @@ class Exporter:
                 gates.append((target, ran_precision(session, graph_precision), reports))
                 missed = stop_at_miss and not all(r.passed for r in reports.values())
                 if held_out_report is None and reports[None].passed and len(gates) == 1 and not missed:  # part of the parity stage
-                    held_out_report = run_parity(session, encoder, references[None], bar, texts=HELD_OUT_TEXTS, cache=cache)
+                    held_out_report = run_parity(session, encoder, references[None], bar, texts=HELD_OUT_TEXTS, cache=cache,
+                                                 stop_at_miss=stop_at_miss and precision in HELD_OUT_DECIDES)
             finally:
                 del session
             if missed:

@@ -397,12 +397,13 @@ def _misses(problems: Sequence[str], worst_cos: float, worst_abs: float, min_cos
     return bool(problems) or not worst_cos >= min_cos or (max_abs is not None and not worst_abs <= max_abs)
 
 
-def held_out_record(report: ParityReport, backend: str) -> dict[str, Any]:
-    """The manifest's ``parity.held_out``: ``report`` (the graph on the held-out texts) as a figure
-    beside the gate's, not a verdict (docs/methods.md, "What the same means")."""
+def held_out_record(report: ParityReport, backend: str, decides: bool = False) -> dict[str, Any]:
+    """The manifest's ``parity.held_out``: ``report`` (the graph on the held-out texts) beside the
+    gate's: a verdict too where ``decides`` (int8: :data:`~kvembed.export.certify.HELD_OUT_DECIDES`),
+    else a figure only (docs/methods.md, "What the same means")."""
     keys = ("worst_cosine", "max_abs_diff", "pooled_worst_cosine", "rows", "batches", "texts", "worst_row", "by_case",
-            "min_cosine_required", "problems")
-    return {**{key: getattr(report, key) for key in keys}, "meets_bar": report.passed, "decides": False, "backend": backend}
+            "min_cosine_required", "problems", "stopped_early")
+    return {**{key: getattr(report, key) for key in keys}, "meets_bar": report.passed, "decides": decides, "backend": backend}
 
 
 def _finite(x: float) -> float:

@@ -1,5 +1,7 @@
 """``kvembed verify``: re-run an artifact's parity gate against a freshly built PyTorch reference,
 after checking its file hashes and whether the source model's config changed since the export.
+Where the held-out texts decide at export (int8: :data:`~kvembed.export.certify.HELD_OUT_DECIDES`),
+they decide here too, on every target checked.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from ..artifact import Manifest, check_files, read_manifest
 from ..runtime.artifact import encoder_from_manifest
 from .core import load_embedder
 from .manifest import source_record
-from .certify import ADVISORY_GATES, GATES, advisory_problem, certificate, gate_graph, gate_session, ran_precision
-from .parity import ParityReport, model_gate_texts, parity_reports, reference_runs
+from .certify import ADVISORY_GATES, GATES, HELD_OUT_DECIDES, advisory_problem, certificate, decided_by, gate_graph, gate_session, ran_precision
+from .parity import HELD_OUT_TEXTS, ParityReport, model_gate_texts, parity_reports, reference_runs, run_parity
 from .progress import Progress, advance_of, silent
 from ..errors import InvalidInput
 
@@ -40,12 +42,23 @@ class VerifyResult:
     certificates: list[dict[str, Any]] = field(default_factory=list)
     """A certificate (:mod:`kvembed.artifact.certificates`) for each target whose gate passed,
     when the files and the source model are those of the export (``kvembed verify --record``)."""
+    held_out: dict[str, ParityReport] = field(default_factory=dict)
+    """The main output on the held-out texts, by target, where they decide (int8); a gate target's
+    miss fails the verification, an advisory target's costs its certificate."""
+
+    def decided_by(self, target: str | None = None) -> dict[str, dict[str, Any]]:
+        """Which texts decided ``target``'s verdict (default: :attr:`backend`'s), each set with its
+        worst cosine (:func:`~kvembed.export.certify.decided_by`); empty when nothing ran there."""
+        target = target or self.backend
+        gate = self.report if target == self.backend else self.gates.get(target, self.advisory.get(target))
+        return {} if not isinstance(gate, ParityReport) else decided_by(gate, self.held_out.get(target))
 
     @property
     def passed(self) -> bool:
         return (
             self.report is not None and self.report.passed and all(r.passed for r in self.also.values())
             and all(r.passed for r in self.gates.values()) and not self.file_problems and not self.source_problems
+            and all(self.held_out[target].passed for target in [self.backend, *self.gates] if target in self.held_out)
         )
 
 
@@ -96,8 +109,10 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     # onnxruntime opens the artifact, so the model is never in memory twice
     progress("reference", "running the PyTorch reference on the parity texts")
     references, cache, texts = reference.references(), {}, model_gate_texts(reference)
+    decides = typed.precision in HELD_OUT_DECIDES
     for label, single in references.items():
-        reference_runs(single, cache, texts=texts, outputs=output_names(label), advance=advance_of(progress))
+        run_on = {**texts, **HELD_OUT_TEXTS} if decides and label is None else texts
+        reference_runs(single, cache, texts=run_on, outputs=output_names(label), advance=advance_of(progress))
     reference.model.to("meta")
     gc.collect()
     encoder = encoder_from_manifest(directory, manifest)
@@ -105,7 +120,7 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     advisory: dict[str, ParityReport | str] = {}
     checks = [(target, bar, False) for target, bar in GATES[typed.precision]]
     checks += [(target, bar, True) for target, bar in ADVISORY_GATES.get(typed.precision, ())]
-    certificates, passed = [], None
+    certificates, passed, held_out = [], None, {}
     for target, bar, advised in checks:
         problem = advisory_problem(target, manifest, passed) if advised else None
         if problem is not None:
@@ -116,18 +131,22 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
         session = gate_session(target, graph)
         ran = ran_precision(session, typed.graph_precision)
         gated = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(progress), texts=texts)
+        if decides and gated[None].passed:
+            held_out[target] = run_parity(session, encoder, references[None], bar, texts=HELD_OUT_TEXTS, cache=cache)
         del session
+        held = held_out[target].passed if target in held_out else not decides
         if advised:
             advisory[target] = gated[None]
         else:
             gates.append((target, ran, gated))
-        if advised and all(r.passed for r in gated.values()):
+        if advised and held and all(r.passed for r in gated.values()):
             passed = target  # the later alternatives are not needed
         # only a check of the exported files against the exported model's reference certifies anything
-        if not source_problems and all(r.passed for r in gated.values()):
-            certificates.append(certificate(target, ran, gated[None], extra={"graph": graph.name} if advised else None))
+        if not source_problems and held and all(r.passed for r in gated.values()):
+            certificates.append(certificate(target, ran, gated[None], extra={"graph": graph.name} if advised else None,
+                                            held_out=held_out.get(target)))
     first, _, reports = gates[0]
     reports = dict(reports)
     report = reports.pop(None)
     return VerifyResult(directory, manifest, report, file_problems, source_problems, reports, first,
-                        {target: gated[None] for target, _, gated in gates[1:]}, advisory, certificates)
+                        {target: gated[None] for target, _, gated in gates[1:]}, advisory, certificates, held_out)
