@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..errors import InvalidInput
+from .jsonform import field_keys, over_raw
 
 #: docs/methods.md ("What the same means"): worst row cosine and, for fp32, max abs difference on
 #: normalised vectors, against the fp32 PyTorch reference
@@ -73,6 +74,10 @@ class Certificate:
             raise InvalidInput(f"{where} lacks {err.args[0]}") from None
         except (TypeError, ValueError) as err:
             raise InvalidInput(f"{where} is malformed: {err}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``certified`` entry's JSON (as read, with the fields changed since)."""
+        return over_raw(self, field_keys(Certificate), Certificate.from_dict, skip_none=("max_abs_diff", "hint"))
 
     @property
     def emulated(self) -> bool:

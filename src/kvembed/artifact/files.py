@@ -1,5 +1,6 @@
 """The artifact's file records: the sha256 and size of every file, written by the exporter and
-checked by every loader, so files of two exports never mix and a damaged file is named."""
+checked by every loader through :func:`check_intact`, so files of two exports never mix and a
+damaged file is named."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from .layout import MANIFEST
-from .manifest import FileRecord, Manifest, load_manifest
+from ..errors import InvalidInput
+from .layout import ENGINE_JSON, MANIFEST, MODEL, PLAN
+from .manifest import FileRecord, Manifest, load_manifest, manifest_of
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
@@ -59,3 +61,46 @@ def check_files(directory: str | os.PathLike[str], manifest: Manifest | Mapping[
     given); empty when all is well."""
     manifest = load_manifest(directory) if manifest is None else Manifest.of(manifest)
     return check_records(directory, manifest.files)
+
+
+class DamagedArtifact(InvalidInput):
+    """An artifact's (or engine directory's) files do not match its manifest: the message names
+    each problem and the fix."""
+
+
+def engine_problems(directory: str | os.PathLike[str], manifest: Manifest, record: Mapping[str, Any]) -> list[str]:
+    """Problems with an engine directory's files; empty when all is well: the artifact files it
+    carries (tokenizer, ...) against the manifest, the plan against ``engine.json``'s
+    ``plan_sha256`` (``record``), and the two naming the same source graph."""
+    directory = Path(directory)
+    files = manifest.files
+    problems = check_records(directory, {name: entry for name, entry in files.items() if not name.startswith(MODEL)})
+    graph = files[MODEL].sha256 if MODEL in files else None
+    built_from = (record.get("source") or {}).get("model_sha256")
+    if graph and built_from and graph != built_from:
+        problems.append(f"{ENGINE_JSON}'s plan was built from a {MODEL} with sha256 {built_from[:12]}..., {MANIFEST} "
+                        f"describes one with {graph[:12]}... (files of two exports mixed)")
+    plan = directory / PLAN
+    if not plan.is_file():
+        problems.append(f"{PLAN} is missing")
+    elif record.get("plan_sha256") and sha256_file(plan) != record["plan_sha256"]:
+        problems.append(f"{PLAN} does not match its sha256 in {ENGINE_JSON}")
+    return problems
+
+
+def check_intact(source: Manifest | str | os.PathLike[str], engine: Mapping[str, Any] | None = None) -> Manifest:
+    """The artifact's manifest once every file it lists is present with its size and sha256 (the
+    one integrity check of every loader); :class:`DamagedArtifact` names each problem and the fix.
+
+    ``source``: the artifact directory, or its manifest as :func:`~.manifest.load_manifest` read it
+    (not read again). ``engine``: an engine directory's ``engine.json`` record (read and checked by
+    the TensorRT backend), whose plan is checked instead of the graph it was built from."""
+    manifest = manifest_of(source)
+    directory = manifest.artifact_directory()
+    if engine is None:
+        problems, what, fix = check_records(directory, manifest.files), "artifact", "re-export it"
+    else:
+        problems, what, fix = engine_problems(directory, manifest, engine), "engine directory", "rebuild it with kvembed build-engine"
+    if problems:
+        raise DamagedArtifact(f"{what} {str(directory)!r} is damaged: {'; '.join(problems)}; {fix}")
+    return manifest

@@ -22,6 +22,9 @@ OPENVINO_MODEL = "model.openvino.onnx"
 TOKENIZER = "tokenizer.json"
 #: Causal2Vec artifacts: the context encoder's tokenizer
 ENCODER_TOKENIZER = "encoder_tokenizer.json"
+#: an engine directory (``kvembed build-engine``: the artifact's manifest and tokenizer beside a
+#: TensorRT plan): the plan, and the record of its build that names the plan's sha256
+PLAN, ENGINE_JSON = "engine.plan", "engine.json"
 #: for messages: what an artifact directory holds and what writes it
 ARTIFACT_FILES = f"{MANIFEST}, {MODEL} and {TOKENIZER}, written by kvembed-export"
 

@@ -1,12 +1,14 @@
 """The manifest (``kvembed.json``) as a typed record: what every reader of an artifact relies on.
 
 The exporter writes the JSON; loaders (runtime, server, Triton, bundles, corpus jobs, benchmarks)
-read it back through :func:`load_manifest`, which names a missing or malformed field instead of
-failing later on a ``KeyError``. Fields added after the first schema get today's default when an
+read it back through :func:`load_manifest`, once per load, and pass the typed :class:`Manifest`
+on: it names a missing or malformed field instead of failing later on a ``KeyError``, and knows
+the directory it was read from (:attr:`Manifest.directory`), so no reader opens the file again. Fields added after the first schema get today's default when an
 older manifest lacks them (such artifacts computed exactly that default), and fields this kvembed
 does not know are kept (:attr:`Manifest.extra`), so a newer exporter's additions pass through.
-:attr:`Manifest.raw` is the JSON as read: what a writer copies, and what readers not yet on the
-typed fields use.
+:attr:`Manifest.raw` is the JSON as read; :meth:`Manifest.to_dict` and :meth:`Manifest.write` give
+it back unchanged, with the fields changed since (``dataclasses.replace``) or all fields of a
+manifest built in code (:mod:`.jsonform`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Mapping
 
 from ..methods.spec import ResolvedMethod
 from .certificates import Certificate, certificates_of
+from .jsonform import field_keys, json_value, over_raw
 from .layout import ARTIFACT_FILES, MANIFEST, MODEL
 from .staging import write_text_atomic
 from ..errors import InvalidInput
@@ -100,6 +103,9 @@ class TensorSpec:
             _field(data, "normalized", bool, where, optional=True), _field(data, "method", str, where, optional=True),
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        return over_raw(self, field_keys(TensorSpec), lambda d: TensorSpec.from_dict(d, "a tensor"), skip_none=("normalized", "method"))
+
     @property
     def width(self) -> int:
         """The last axis (an output's embedding width)."""
@@ -119,6 +125,9 @@ class ContextEncoder:
         if not isinstance(data, Mapping):
             raise InvalidInput(f"{where} must be an object, got {data!r}")
         return cls(_field(data, "tokenizer", str, where), _field(data, "max_length", int, where), _field(data, "pad_id", int, where))
+
+    def to_dict(self) -> dict[str, Any]:
+        return over_raw(self, field_keys(ContextEncoder), lambda d: ContextEncoder.from_dict(d, "context_encoder"))
 
 
 @dataclass(frozen=True)
@@ -147,6 +156,9 @@ class Source:
         known = {f.name for f in fields(cls)} - {"raw"}
         return cls(**{key: data[key] for key in known if data.get(key) is not None}, raw=dict(data))
 
+    def to_dict(self) -> dict[str, Any]:
+        return over_raw(self, field_keys(Source), lambda d: Source.from_dict(d, "source"))
+
 
 @dataclass(frozen=True)
 class GraphFacts:
@@ -171,6 +183,10 @@ class GraphFacts:
             None if layers is None else int(layers), bool(data.get("external_data", False)), dict(data),
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        keys = field_keys(GraphFacts, renamed={"attention_form": ("attention", "form"), "min_versions": ("attention", "min_versions")})
+        return over_raw(self, keys, lambda d: GraphFacts.from_dict(d, "graph"), skip_none=("attention_form", "decoder_layers"))
+
 
 @dataclass(frozen=True)
 class HeldOut:
@@ -193,6 +209,9 @@ class HeldOut:
         return cls(float(_field(data, "worst_cosine", (float, int), where)), _field(data, "rows", int, where),
                    _field(data, "texts", int, where), _field(data, "meets_bar", bool, where),
                    _field(data, "backend", str, where, optional=True), bool(_field(data, "decides", bool, where, optional=True)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return over_raw(self, field_keys(HeldOut), lambda d: HeldOut.from_dict(d, "held_out"), skip_none=("backend",))
 
 
 def _method(data: Any, where: str) -> ResolvedMethod:
@@ -244,9 +263,11 @@ class Manifest:
     #: backend -> the graph file it runs where that is not ``model.onnx`` (:data:`~.layout.OPENVINO_MODEL`)
     graphs: Mapping[str, str] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: the artifact directory it was read from (:func:`load_manifest`); None for one built in code
+    directory: Path | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = MANIFEST) -> "Manifest":
+    def from_dict(cls, data: Any, where: str = MANIFEST, directory: str | os.PathLike[str] | None = None) -> "Manifest":
         """Check and type a manifest's JSON; ValueError names what is missing or malformed."""
         if not isinstance(data, Mapping):
             raise InvalidInput(f"{where} does not hold a JSON object")
@@ -304,6 +325,7 @@ class Manifest:
             held_out=None if held_out is None else HeldOut.from_dict(held_out, f"{where}: parity.held_out"),
             graphs=dict(graphs),
             raw=data,
+            directory=None if directory is None else Path(directory),
         )
 
     @classmethod
@@ -312,12 +334,28 @@ class Manifest:
         return manifest if isinstance(manifest, Manifest) else cls.from_dict(manifest)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form, as read (a copy: the writer's to change)."""
-        return json.loads(json.dumps(self.raw))
+        """The JSON form (a copy: the writer's to change): as read, with the fields changed since;
+        a manifest built in code, from its fields."""
+        out = over_raw(self, field_keys(Manifest, without=("raw", "extra", "directory", "held_out")), Manifest.from_dict)
+        for key in [key for key in out if key not in KNOWN_KEYS and key not in self.extra]:
+            del out[key]
+        out.update(json_value(self.extra))
+        written = out["parity"].get("held_out")  # the parity record's own, richer than HeldOut, unless it was changed
+        if self.held_out != (None if written is None else HeldOut.from_dict(written, "parity.held_out")):
+            if self.held_out is None:
+                del out["parity"]["held_out"]
+            else:
+                out["parity"]["held_out"] = self.held_out.to_dict()
+        return out
 
     def updated(self, **changes: Any) -> "Manifest":
         """A manifest with some top-level fields replaced (given in their JSON form), checked again."""
-        return Manifest.from_dict({**self.raw, **changes})
+        return Manifest.from_dict({**self.to_dict(), **changes}, directory=self.directory)
+
+    def write(self, directory: str | os.PathLike[str] | None = None) -> Path:
+        """Write ``kvembed.json`` into ``directory`` (default: :attr:`directory`) atomically: a reader
+        never sees half of it. The exporter's one write of an artifact's manifest."""
+        return write_text_atomic(Path(directory if directory is not None else self.artifact_directory()) / MANIFEST, _text(self.to_dict()))
 
     @property
     def input_names(self) -> list[str]:
@@ -338,8 +376,21 @@ class Manifest:
         return "fp32" if self.precision == "bf16" else self.precision
 
     def graph_file(self, backend: str) -> str:
-        """The graph file ``backend`` runs: its own where the exporter wrote one, else ``model.onnx``."""
+        """The graph file ``backend`` runs: its own where the exporter wrote one (the manifest's
+        ``graphs``: an int8 artifact's OpenVINO graph), else ``model.onnx``. The one lookup: the
+        runtime's sessions and the exporter's gates both ask here."""
         return self.graphs.get(backend, MODEL)
+
+    def graph_path(self, backend: str) -> Path:
+        """:meth:`graph_file` in the directory the manifest was read from."""
+        return self.artifact_directory() / self.graph_file(backend)
+
+    def artifact_directory(self) -> Path:
+        """The artifact directory (:attr:`directory`); an error for a manifest built in code."""
+        if self.directory is None:
+            raise InvalidInput("this manifest was not read from an artifact directory: load it with load_manifest, "
+                               "or name the directory")
+        return self.directory
 
     def certificate(self, backend: str, precision: str, bar: str | None = None) -> Certificate | None:
         """The best certificate saying ``backend`` computing at ``precision`` met the bar of ``bar``
@@ -371,9 +422,15 @@ def _read_json(directory: str | os.PathLike[str]) -> tuple[Path, Any]:
 
 
 def load_manifest(directory: str | os.PathLike[str]) -> Manifest:
-    """The typed manifest of an artifact directory; FileNotFoundError / ValueError say what is wrong."""
+    """The typed manifest of an artifact directory, which remembers the directory; FileNotFoundError
+    / ValueError say what is wrong. Read it once per load and hand the :class:`Manifest` on."""
     path, data = _read_json(directory)
-    return Manifest.from_dict(data, str(path))
+    return Manifest.from_dict(data, str(path), directory=directory)
+
+
+def manifest_of(source: Manifest | str | os.PathLike[str]) -> Manifest:
+    """``source`` as it is when it is a :class:`Manifest`, else the manifest of that directory."""
+    return source if isinstance(source, Manifest) else load_manifest(source)
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -384,22 +441,24 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def write_manifest(directory: Path, manifest: Manifest | Mapping[str, Any]) -> Path:
-    """Write ``kvembed.json`` into ``directory`` (atomically: a reader never sees half of it)."""
-    data = manifest.raw if isinstance(manifest, Manifest) else manifest
-    text = json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
-    return write_text_atomic(directory / MANIFEST, text)
+def _text(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
 
 
-def record_certificates(directory: str | os.PathLike[str], certificates: list[Mapping[str, Any]]) -> dict[str, Any]:
+def write_manifest(directory: str | os.PathLike[str], manifest: Manifest | Mapping[str, Any]) -> Path:
+    """Write ``kvembed.json`` into ``directory`` atomically; a JSON form is checked first
+    (:meth:`Manifest.write` is the typed way)."""
+    typed = manifest if isinstance(manifest, Manifest) else Manifest.from_dict(manifest)
+    return typed.write(directory)
+
+
+def record_certificates(directory: str | os.PathLike[str] | Manifest, certificates: list[Mapping[str, Any]]) -> dict[str, Any]:
     """Add ``certificates`` to the artifact's ``certified`` list (:func:`~.certificates.merged`) and
     write ``kvembed.json`` back atomically; returns the manifest written. The manifest is not among
     the hashed files (:mod:`.files`), so the artifact still verifies."""
     from .certificates import merged
 
-    path, data = _read_json(directory)
-    Manifest.from_dict(data, str(path))
-    data["certified"] = merged(data.get("certified") or [], certificates)
-    Manifest.from_dict(data, str(path))  # what is written reads back
-    write_manifest(Path(directory), data)
-    return data
+    manifest = manifest_of(directory)
+    changed = manifest.updated(certified=merged([c.to_dict() for c in manifest.certified], certificates))
+    changed.write()
+    return changed.to_dict()

@@ -8,15 +8,16 @@ from typing import Any, Mapping
 
 from ..errors import InvalidInput
 from ..methods import get_method
-from .manifest import load_manifest
+from .manifest import Manifest, manifest_of
 
 
 def check_artifact_options(
-    directory: str | os.PathLike[str], method: str | None, options: Mapping[str, Any], max_length: int | None
+    artifact: Manifest | str | os.PathLike[str], method: str | None, options: Mapping[str, Any], max_length: int | None
 ) -> None:
-    """Refuse method options that would contradict what the artifact computes (it fixes them all)."""
-    directory = str(directory)
-    manifest = load_manifest(directory)
+    """Refuse method options that would contradict what the artifact computes (it fixes them all).
+    ``artifact``: its manifest as loaded, or its directory."""
+    manifest = manifest_of(artifact)
+    directory = str(manifest.artifact_directory())
     held = manifest.method
     holds = f"{held.name} ({', '.join(f'{k}={v}' for k, v in held.options.items()) or 'no options'})"
     if method is not None and get_method(method).name != held.name:

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
-from ..artifact import MODEL, Certificate, Manifest, load_manifest, read_manifest
+from ..artifact import MODEL, Certificate, Manifest, load_manifest, manifest_of, read_manifest
 from ..artifact.certificates import precision_name
 from .cpu import cpu_features
 from .protocol import BackendUnavailableError, Session
@@ -156,7 +156,7 @@ _OPENVINO_HINTS = {"bf16": ("bf16",), "int8": ("bf16",), "fp16": ("f16", "bf16")
 
 
 def choose_backend(
-    directory: str | os.PathLike[str], provider: str = "auto", manifest: Manifest | Mapping[str, Any] | None = None,
+    directory: str | os.PathLike[str], provider: str = "auto", manifest: Manifest | None = None,
     options: Any = None,
 ) -> Choice:
     """The one decision of what ``provider`` runs the artifact (or engine directory) ``directory``
@@ -179,6 +179,7 @@ def choose_backend(
 
     ``options`` (a backend's options dataclass given with ``auto``) keeps ``auto`` on onnxruntime
     unless it is OpenVINO's and OpenVINO is the pick: options are never silently dropped.
+    ``manifest``: the artifact's, as the caller loaded it (read here only when not given).
     """
     check_provider(provider)
     path = Path(directory)
@@ -186,7 +187,7 @@ def choose_backend(
         backend = backend_for(path, provider)
         why = "a TensorRT engine directory" if backend == "tensorrt" and provider == "auto" else f"provider {provider!r} asked for"
         return Choice(backend, provider, reason=why, auto=provider == "auto")
-    typed = load_manifest(path) if manifest is None else Manifest.of(manifest)
+    typed = load_manifest(path) if manifest is None else manifest
     kind = typed.precision
     if kind not in _ONNXRUNTIME_INSTEAD or (kind == "int8" and "openvino" not in typed.graphs):
         return Choice("onnxruntime", "auto", reason=f"{kind} artifact: onnxruntime", auto=True)
@@ -218,23 +219,20 @@ def choose_backend(
 
 
 def open_session(directory: str | os.PathLike[str], provider: str = "auto", options: Any = None,
-                 choice: Choice | None = None) -> Session:
+                 choice: Choice | None = None, manifest: Manifest | None = None) -> Session:
     """The graph of the artifact (or engine directory) ``directory`` opened where ``choice``
-    (default: :func:`choose_backend` for ``provider`` and ``options``) runs it."""
+    (default: :func:`choose_backend` for ``provider`` and ``options``) runs it: the graph file the
+    manifest names for that backend (:meth:`~kvembed.artifact.Manifest.graph_file`). ``manifest``:
+    the artifact's, as the caller loaded it (read here only when not given)."""
     path = Path(directory)
-    choice = choice or choose_backend(path, provider, options=options)
+    choice = choice or choose_backend(path, provider, manifest, options=options)
     forced = {"ov_precision": choice.ov_precision} if choice.ov_precision and options is None else {}
     options = options_for(choice.backend, options, **forced)
-    target = path if choice.backend == "tensorrt" else graph_path(path, choice.backend)
+    if choice.backend == "tensorrt":
+        target = path
+    else:
+        target = path / (manifest if manifest is not None else load_manifest(path)).graph_file(choice.backend)
     return BACKENDS[choice.backend].load().open_graph(target, choice.provider, options)
-
-
-def graph_path(directory: str | os.PathLike[str], backend: str, manifest: Manifest | Mapping[str, Any] | None = None) -> Path:
-    """The graph file ``backend`` runs in the artifact ``directory``: the manifest's ``graphs`` entry
-    (an int8 artifact's OpenVINO graph), else ``model.onnx``."""
-    path = Path(directory)
-    typed = load_manifest(path) if manifest is None else Manifest.of(manifest)
-    return path / typed.graph_file(backend)
 
 
 def provider_problem(provider: str) -> str | None:
@@ -249,16 +247,16 @@ def provider_problem(provider: str) -> str | None:
     return None
 
 
-def session_memory(directory: str | os.PathLike[str], provider: str = "cpu") -> int:
-    """Bytes of memory one loaded session of the artifact in ``directory`` holds at its peak, for
+def session_memory(artifact: Manifest | str | os.PathLike[str], provider: str = "cpu") -> int:
+    """Bytes of memory one loaded session of ``artifact`` (its manifest or directory) holds at its peak, for
     schedulers that must not put more sessions on a machine than fit (Ray's ``memory``): its graph
     files' bytes times what the backend makes of them (its ``weight_factor``), plus
     :data:`SESSION_OVERHEAD`. GPU providers are counted as the CPU (what the host holds while the
     weights are loaded)."""
-    path = Path(directory)
-    precision = str(read_manifest(path).get("precision", "fp32"))
+    manifest = manifest_of(artifact)
+    path, precision = manifest.artifact_directory(), manifest.precision
     graph = sum(p.stat().st_size for p in path.iterdir() if p.is_file() and p.name.startswith(MODEL))
-    choice = choose_backend(path, provider)
+    choice = choose_backend(path, provider, manifest)
     if choice.backend == "openvino":
         factor = BACKENDS["openvino"].load().weight_factor(precision, choice.ov_precision)
     else:

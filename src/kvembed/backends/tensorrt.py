@@ -20,9 +20,8 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ..errors import InvalidInput, MissingDependency
-from ..artifact import MODEL, Manifest, check_records, sha256_file
+from ..artifact.layout import ENGINE_JSON, PLAN
 
-PLAN, ENGINE_JSON = "engine.plan", "engine.json"
 ENGINE_SCHEMA_VERSION = 1
 #: keys every engine.json has (loaders and the Triton generator rely on them)
 ENGINE_KEYS = ("schema_version", "tensorrt_version", "gpu", "profiles", "precision", "strongly_typed",
@@ -85,26 +84,6 @@ def read_engine_json(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if record["schema_version"] != ENGINE_SCHEMA_VERSION:
         raise InvalidInput(f"{path} has schema_version {record['schema_version']!r}; this kvembed reads {ENGINE_SCHEMA_VERSION}")
     return record
-
-
-def check_engine_files(directory: str | os.PathLike[str], manifest: Mapping[str, Any], record: Mapping[str, Any]) -> list[str]:
-    """Problems with an engine directory's files; empty when all is well: the artifact files it
-    carries (tokenizer, ...) against the manifest, the plan against engine.json's ``plan_sha256``,
-    and engine.json and the manifest naming the same source graph."""
-    directory = Path(directory)
-    files = Manifest.of(manifest).files
-    problems = check_records(directory, {name: entry for name, entry in files.items() if not name.startswith(MODEL)})
-    graph = files[MODEL].sha256 if MODEL in files else None
-    built_from = (record.get("source") or {}).get("model_sha256")
-    if graph and built_from and graph != built_from:
-        problems.append(f"engine.json's plan was built from a {MODEL} with sha256 {built_from[:12]}..., kvembed.json "
-                        f"describes one with {graph[:12]}... (files of two exports mixed)")
-    plan = directory / PLAN
-    if not plan.is_file():
-        problems.append(f"{PLAN} is missing")
-    elif record.get("plan_sha256") and sha256_file(plan) != record["plan_sha256"]:
-        problems.append(f"{PLAN} does not match its sha256 in {ENGINE_JSON}")
-    return problems
 
 
 def check_engine_matches(record: Mapping[str, Any], tensorrt_version: str, gpu_name: str, compute_capability: str) -> None:

@@ -274,7 +274,7 @@ class RuntimeBackend(Backend):
 
         # hashes were checked by the orchestrator (or the exporter just wrote the files)
         self.embedder = Embedder.load(artifact, provider=self.provider, threads=threads, verify=False)
-        self.precision = str(self.embedder.manifest["precision"])
+        self.precision = self.embedder.artifact.precision
 
     def run(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         return self.embedder.run(batch)[0]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..artifact import MODEL, check_files, load_manifest
+from ..artifact import MODEL, Manifest, check_intact, load_manifest
 from ..runtime.artifact import encoder_from_manifest
 from .measure import BACKENDS, Timing, cosine_rows, default_backends
 from .peak import gemm_peak, model_shape
@@ -84,8 +84,9 @@ class BenchConfig:
         values.update({name: value for name, value in given.items() if value is not None})
         return cls(out=Path(out), quick=quick, **values)
 
-    def check(self) -> None:
-        """Cheap validation (no model loading): ValueError naming the bad option."""
+    def check(self) -> Manifest | None:
+        """Cheap validation (no model loading): ValueError naming the bad option. The artifact's
+        manifest (read here, once: hand it to :func:`run_bench`), or None when there is no artifact."""
 
         for name, values in (("--batch-sizes", self.batch_sizes), ("--seq-lens", self.seq_lens)):
             if not values:
@@ -120,11 +121,12 @@ class BenchConfig:
                 raise InvalidInput("an artifact fixes its model, method and options; drop --model/--method/method options")
             if Path(self.out).expanduser().resolve() == Path(self.artifact).expanduser().resolve():
                 raise InvalidInput("--out must not be the --artifact directory")
-            load_manifest(self.artifact)  # not an artifact: one line before any progress bar
-        else:  # model, method and options checked against config.json before any weights load
-            from ..modeling.sources import preflight
+            return load_manifest(Path(self.artifact).expanduser())  # not an artifact: one line before any progress bar
+        # model, method and options checked against config.json before any weights load
+        from ..modeling.sources import preflight
 
-            preflight(self.model or DEFAULT_MODEL, self.method or DEFAULT_METHOD, self.options or {})
+        preflight(self.model or DEFAULT_MODEL, self.method or DEFAULT_METHOD, self.options or {})
+        return None
 
 
 class BenchProgress:
@@ -210,14 +212,15 @@ def _smallest(artifacts: Mapping[str, Path]) -> Path:
 # -- the benchmark ------------------------------------------------------------------------------
 
 
-def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dict[str, Any]:
+def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checked: Manifest | None = None) -> dict[str, Any]:
     """Run the benchmark ``config`` describes, write its reports into ``config.out``, return the
-    results (the content of ``results.json``)."""
+    results (the content of ``results.json``). ``checked``: what ``config.check()`` returned where
+    the caller ran it (the artifact's manifest, not read again); else it runs here."""
     from ..artifact.staging import check_output
 
     progress = progress or BenchProgress()
     started = time.perf_counter()
-    config.check()
+    given_manifest = checked if checked is not None else config.check()
     out = check_output(config.out, config.force)
     threads = int(config.threads or usable_cores())
     notes: list[str] = []
@@ -225,23 +228,23 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> dic
     # 1. the artifacts
     torch_facts: dict[str, Any] | None = None
     if config.artifact is not None:
-        artifact = Path(config.artifact).expanduser()
-        manifest = load_manifest(artifact)
+        assert given_manifest is not None
+        manifest = given_manifest
+        artifact = manifest.artifact_directory()
         given = manifest.precision
         if config.precisions is not None and tuple(config.precisions) != (given,):
             raise InvalidInput(f"the artifact is {given}; drop --precision (an artifact has one precision)")
         check_lengths(config.seq_lens, manifest.max_length, "the artifact")
         progress.stage(f"checking {artifact}")
-        problems = check_files(artifact, manifest)
-        if problems:
-            raise InvalidInput(f"artifact {str(artifact)!r} is damaged: {'; '.join(problems)}")
+        check_intact(manifest)
         out.mkdir(parents=True, exist_ok=True)
         artifacts = {given: artifact}
+        manifests = {given: manifest}
     else:
         precisions = tuple(dict.fromkeys(config.precisions or DEFAULT_PRECISIONS))
         # no mkdir first: a bad model or option leaves no empty --out behind
         artifacts, torch_facts = export_artifacts(config, out / "artifacts", precisions, progress)
-    manifests = {precision: load_manifest(path) for precision, path in artifacts.items()}
+        manifests = {precision: load_manifest(path) for precision, path in artifacts.items()}
     main_precision = next(iter(artifacts))
     manifest = manifests[main_precision]
 

@@ -141,13 +141,13 @@ def bench_command(
             min_repeats=min_repeats, min_seconds=min_seconds, max_repeats=max_repeats, kind=kind, force=force,
             profile=profile or None,
         )
-        config.check()
+        checked = config.check()
         from ..export.core import check_output
 
         check_output(config.out, config.force)
-        return config
+        return config, checked
 
-    config = configure()
+    config, checked = configure()
     started = time.monotonic()
 
     def job() -> Any:
@@ -161,7 +161,7 @@ def bench_command(
         try:  # steps announced below print as stage lines above the progress bar (one live display)
             with warnings.catch_warnings(), Waits(spinner=False, show=progress.stage):
                 warnings.simplefilter("ignore")
-                return run_bench(config, progress)
+                return run_bench(config, progress, checked)
         finally:
             progress.bar.stop()
 

@@ -100,12 +100,13 @@ def embed(
     if output is not None:
         check_output_path(output)
     if artifact:
-        from ..artifact import check_artifact_options
+        from ..artifact import check_artifact_options, load_manifest
 
-        check_artifact_options(source, method, options, max_length)
+        manifest = load_manifest(source)  # read once: every step below is handed it
+        check_artifact_options(manifest, method, options, max_length)
         from ..runtime import Embedder
 
-        embedder: Any = Embedder.load(source, provider=provider, threads=threads, ov_precision=ov_precision)
+        embedder: Any = Embedder.load(manifest, provider=provider, threads=threads, ov_precision=ov_precision)
         embedder.dim_of(use)  # an unknown label fails here, naming the artifact's outputs
         errors.print(escape(embedder.runtime_line()), highlight=False, soft_wrap=True)
     else:

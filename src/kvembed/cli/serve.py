@@ -107,7 +107,7 @@ def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float | N
     from ..serve.server import DrainingServer
 
     with waiting(f"checking the sha256 of the files of {len(config.artifacts)} artifact(s)"):
-        check_artifacts(config)  # before the bind: a broken artifact never starts a server
+        manifests = check_artifacts(config)  # before the bind: a broken artifact never starts a server
     try:  # bind here, so a taken port is one line and exit 2 (uvicorn would log and exit 1)
         sock = listening_socket(host, port)
     except OSError as err:
@@ -127,7 +127,7 @@ def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float | N
         log.info("kvembed serve: serving %d model(s) (%s) on %s", len(names), ", ".join(names), url)
 
     def load_checked(checked_config: "ServeConfig") -> "dict[str, Embedder]":  # the files were hashed by check_artifacts
-        return load_embedders(checked_config, verify=False)
+        return load_embedders(checked_config, verify=False, manifests=manifests)
 
     app = create_app(config, loader=load_checked, on_load_error=on_load_error, on_ready=on_ready)
     state = app.state.kvembed

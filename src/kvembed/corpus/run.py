@@ -1,4 +1,4 @@
-"""``embed_corpus``: plan, check the inputs and the output, embed the pending shards with the runner, write the manifest."""
+"""``embed_corpus``: plan, check the inputs and the output, embed the pending shards with the runner, write the run's summary."""
 
 from __future__ import annotations
 
@@ -9,21 +9,21 @@ from typing import Any, Iterator
 
 from ..errors import MissingDependency
 from ..extras import install_hint
-from ..artifact import read_manifest
+from ..artifact import load_manifest
 from .inputs import check_first_records
-from .manifest import build_manifest, write_manifest
 from .options import CorpusError, CorpusOptions
 from .output import abandon_output, check_output, start_output
 from .plan import Plan, Shard, artifact_sha256, make_plan
 from .progress import CorpusProgress
 from .shards import read_stats
+from .summary import build_summary, write_summary
 from .worker import Job
 
 
 def embed_corpus(options: CorpusOptions) -> dict[str, Any]:
     """Embed every record of ``options.inputs`` into Parquet shards under ``options.output``.
 
-    Returns the manifest (also written to ``_manifest.json``, followed by ``_SUCCESS``). Bad
+    Returns the run's summary (also written to ``_manifest.json``, followed by ``_SUCCESS``). Bad
     input raises :class:`kvembed.corpus.CorpusError` naming the file and row. Everything that can
     be checked up front (inputs, columns, the first records, ``--output``) is checked before the
     run writes its record, so such a failure leaves ``--output`` as it was.
@@ -32,7 +32,7 @@ def embed_corpus(options: CorpusOptions) -> dict[str, Any]:
     if options.runner == "ray":  # a missing Ray or an unreachable --ray-address fails before the output is touched
         _ray_runner().check_address(options.ray_address)
     sha256 = artifact_sha256(options.artifact)
-    artifact = read_manifest(options.artifact)
+    artifact = load_manifest(options.artifact)
     plan = make_plan(options)
     check_first_records(plan.files, plan.columns, options.on_error)
     identity = plan.identity(options, sha256)
@@ -46,9 +46,9 @@ def embed_corpus(options: CorpusOptions) -> dict[str, Any]:
         if isinstance(err, CorpusError) and kept:
             raise CorpusError(f"{err} (then rerun with --resume to keep the {_count(kept)}, or --overwrite to start again)") from err
         raise
-    manifest = build_manifest(options, plan, artifact, sha256, stats, resumed, replaced, time.monotonic() - started)
-    write_manifest(options.output, manifest)
-    return manifest
+    summary = build_summary(options, plan, artifact, sha256, stats, resumed, replaced, time.monotonic() - started)
+    write_summary(options.output, summary)
+    return summary
 
 
 def _count(shards: int) -> str:

@@ -116,9 +116,7 @@ def precision_record(embedder: Any, config: Configuration) -> dict[str, Any]:
         return {"precision": None, "backend": "sentence-transformers", "gate_worst_cosine": None, "held_out_worst_cosine": None}
     if not config.artifact:
         return {"precision": "fp32", "backend": "pytorch", "gate_worst_cosine": None, "held_out_worst_cosine": None}
-    from ..artifact import Manifest
-
-    manifest = Manifest.of(embedder.manifest)
+    manifest = embedder.artifact
     choice = getattr(embedder, "choice", None)
     certificate = getattr(choice, "certificate", None)
     certified = certificate is not None and certificate.against == "pytorch"

@@ -13,7 +13,9 @@ from ..errors import InvalidInput
 
 
 def encoder_from_manifest(directory: str | os.PathLike[str], manifest: Manifest | Mapping[str, Any]) -> TextEncoder:
-    """Rebuild the artifact's TextEncoder from ``tokenizer.json`` and the manifest (torch-free)."""
+    """Rebuild the artifact's TextEncoder from ``tokenizer.json`` in ``directory`` and the manifest
+    (torch-free). The manifest is the one the caller loaded; its JSON form is taken for the exporter,
+    which tokenises a staged artifact before its manifest is written."""
     from tokenizers import Tokenizer
 
     manifest = Manifest.of(manifest)

@@ -16,10 +16,9 @@ from ..backends.catalogue import Choice, choose_backend, open_session, options_f
 from ..backends.onnxruntime import CPU, CUDA, TENSORRT
 from ..backends.openvino import OPENVINO  # the openvino package itself is imported only when a session is made
 from ..status import waiting
-from ..backends.tensorrt import check_engine_files
 from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
-from ..artifact import Manifest, check_files, read_manifest
+from ..artifact import Manifest, check_intact, manifest_of
 from .artifact import encoder_from_manifest
 from .batching import CPU_CALL_COST, CPU_CALL_TOKENS, BatchPolicy, run_batches, run_in_slices
 from .encoding import EncodedText, TextEncoder, check_padding_side, check_texts
@@ -46,7 +45,7 @@ class Embedder:
     """
 
     def __init__(
-        self, directory: Path, manifest: Mapping[str, Any], encoder: TextEncoder, session: Any,
+        self, directory: Path, manifest: Manifest | Mapping[str, Any], encoder: TextEncoder, session: Any,
         max_call_tokens: int | None | str = "auto",
         call_cost: int | None | str = "auto",
         choice: Choice | None = None,
@@ -54,8 +53,7 @@ class Embedder:
         self.directory = directory
         #: what the provider chose and why (:func:`~kvembed.backends.catalogue.choose_backend`)
         self.choice = choice
-        self.manifest = dict(manifest)
-        #: the manifest, typed (:class:`~kvembed.artifact.Manifest`); :attr:`manifest` is its JSON
+        #: the manifest, typed (:class:`~kvembed.artifact.Manifest`), as the load read it; :attr:`manifest` is its JSON
         self.artifact: Manifest = Manifest.of(manifest)
         self.encoder = encoder
         self.session = session
@@ -73,7 +71,7 @@ class Embedder:
     @classmethod
     def load(
         cls,
-        directory: str | os.PathLike[str],
+        directory: str | os.PathLike[str] | Manifest,
         provider: str = "auto",
         threads: int | None = None,
         *,
@@ -89,7 +87,8 @@ class Embedder:
         call_cost: int | None | str = "auto",
         options: Any = None,
     ) -> "Embedder":
-        """Open an artifact directory.
+        """Open an artifact directory (or its manifest, as :func:`~kvembed.artifact.load_manifest`
+        read it: the load reads no file twice).
 
         ``provider``: ``"auto"`` (CUDA when onnxruntime-gpu sees a GPU, else CPU; OpenVINO for a
         bf16 artifact certified there, see below), ``"cpu"``,
@@ -131,8 +130,8 @@ class Embedder:
         ``"tensorrt"``): batches are padded and cut to its profiles' sequence range and split to its
         largest batch. TensorRT and the GPU check are needed only when the first batch runs.
         """
-        path = Path(directory)
-        manifest = read_manifest(path)
+        manifest = manifest_of(directory)
+        path = manifest.artifact_directory()
         choice = choose_backend(path, provider, manifest, options)
         backend = choice.backend
         if choice.ov_precision is not None:  # auto's certified hint: the user's own options keep theirs
@@ -148,13 +147,11 @@ class Embedder:
             return cls._load_engine(path, manifest, provider, verify, max_call_tokens, call_cost, choice)
         if verify:
             with waiting(f"checking the sha256 of the files of {path}"):
-                problems = check_files(path, manifest)
-            if problems:
-                raise InvalidInput(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
+                check_intact(manifest)
         encoder = encoder_from_manifest(path, manifest)
         with waiting(f"opening the graph of {path} on {backend}"):
-            session = open_session(path, provider, backend_options, choice)
-        if Manifest.of(manifest).precision == "fp16" and session.providers[0] == CPU:
+            session = open_session(path, provider, backend_options, choice, manifest)
+        if manifest.precision == "fp16" and session.providers[0] == CPU:
             warnings.warn(
                 f"{str(path)!r} is an fp16 artifact on onnxruntime's CPU provider, which has no fp16 MatMul: it "
                 "holds fp32 copies of the weights (twice the artifact's size) and runs at fp32 speed; "
@@ -167,15 +164,13 @@ class Embedder:
 
     @classmethod
     def _load_engine(
-        cls, path: Path, manifest: Mapping[str, Any], provider: str, verify: bool, max_call_tokens: int | None | str,
+        cls, path: Path, manifest: Manifest, provider: str, verify: bool, max_call_tokens: int | None | str,
         call_cost: int | None | str = "auto", choice: Choice | None = None,
     ) -> "Embedder":
         with waiting(f"opening the TensorRT engine of {path}"):
             session: Any = open_session(path, provider, choice=choice)  # an engine directory's plan (provider auto or tensorrt)
         if verify:
-            problems = check_engine_files(path, manifest, session.record)
-            if problems:
-                raise InvalidInput(f"engine directory {str(path)!r} is damaged: {'; '.join(problems)}; rebuild it with kvembed build-engine")
+            check_intact(manifest, engine=session.record)
         encoder = encoder_from_manifest(path, manifest)
         encoder.cap_input_tokens(session.limits.max_sequence)
         encoder.pad_at_least(session.limits.min_sequence)
@@ -184,6 +179,11 @@ class Embedder:
         return embedder
 
     # -- facts ---------------------------------------------------------------------------------
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The manifest's JSON form (a copy), for callers that read it as a dict; :attr:`artifact` is the typed one."""
+        return self.artifact.to_dict()
 
     @property
     def dim(self) -> int:

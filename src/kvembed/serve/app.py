@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
+from ..artifact import Manifest
 from ..runtime import Embedder
 from ..runtime.encoding import EncodedText
 from .config import ServeConfig
@@ -40,11 +41,13 @@ T = TypeVar("T")
 INLINE_LIMIT = 16384
 
 
-def load_embedders(config: ServeConfig, verify: bool = True) -> dict[str, Embedder]:
+def load_embedders(config: ServeConfig, verify: bool = True, manifests: Mapping[str, Manifest] | None = None) -> dict[str, Embedder]:
     """Open every artifact with the configured provider and threads (``verify``: sha256-check its
-    files first; the CLI has done that before binding, see :mod:`.preflight`)."""
-    return {name: Embedder.load(path, provider=config.provider, threads=config.threads_per_call, ov_precision=config.ov_precision,
-                                verify=verify)
+    files first; the CLI has done that before binding, see :mod:`.preflight`, and hands on the
+    ``manifests`` it read there, so none is read again)."""
+    manifests = manifests or {}
+    return {name: Embedder.load(manifests.get(name, path), provider=config.provider, threads=config.threads_per_call,
+                                ov_precision=config.ov_precision, verify=verify)
             for name, path in config.artifacts}
 
 

@@ -11,35 +11,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..artifact import check_files, read_manifest
-from ..backends.tensorrt import check_engine_files, is_engine_dir, read_engine_json
+from ..artifact import DamagedArtifact, Manifest, check_intact, load_manifest
+from ..backends.tensorrt import is_engine_dir, read_engine_json
 from ..runtime.artifact import encoder_from_manifest
 from .config import ServeConfig
 from .model import input_cap
 from ..errors import InvalidInput
 
 
-def check_artifacts(config: ServeConfig) -> None:
-    """Raise ValueError (FileNotFoundError, MissingDependency) naming the first model that cannot be served."""
+def check_artifacts(config: ServeConfig) -> dict[str, Manifest]:
+    """Raise ValueError (FileNotFoundError, MissingDependency) naming the first model that cannot be
+    served; model name -> its manifest, as read once and checked."""
     if config.provider != "openvino" and not all(is_engine_dir(directory) for _, directory in config.artifacts):
         from ..backends.onnxruntime import provider_chain
 
         provider_chain(config.provider)  # a GPU provider this onnxruntime lacks: named here, not after the bind
-    for name, directory in config.artifacts:
-        check_artifact(name, directory, config)
+    return {name: check_artifact(name, directory, config) for name, directory in config.artifacts}
 
 
-def check_artifact(name: str, directory: Path, config: ServeConfig) -> None:
-    """One artifact (or TensorRT engine directory): intact, tokenizer readable, room for text under the cap."""
-    manifest = read_manifest(directory)
+def check_artifact(name: str, directory: Path, config: ServeConfig) -> Manifest:
+    """One artifact (or TensorRT engine directory): intact, tokenizer readable, room for text under
+    the cap; its manifest, as read once and checked."""
+    manifest = load_manifest(directory)
+    engine = None
     if is_engine_dir(directory):
         if config.provider not in ("auto", "tensorrt"):
             raise InvalidInput(f"model {name!r}: {str(directory)!r} is a TensorRT engine directory: serve it with --provider tensorrt (or auto)")
-        problems, fix = check_engine_files(directory, manifest, read_engine_json(directory)), "rebuild it with kvembed build-engine"
-    else:
-        problems, fix = check_files(directory, manifest), "re-export it"
-    if problems:
-        raise InvalidInput(f"model {name!r}: artifact {str(directory)!r} is damaged: {'; '.join(problems)}; {fix}")
+        engine = read_engine_json(directory)
+    try:
+        check_intact(manifest, engine)
+    except DamagedArtifact as err:
+        raise DamagedArtifact(f"model {name!r}: {err}") from None
     try:
         encoder = encoder_from_manifest(directory, manifest)
     except Exception as err:  # tokenizers raises its own Exception type for an unreadable file
@@ -51,3 +53,4 @@ def check_artifact(name: str, directory: Path, config: ServeConfig) -> None:
             f"--max-input-tokens {config.max_input_tokens} leaves no room for text in model {name!r}: its "
             f"{encoder.method.name} prompt alone takes {prompt} tokens; give more"
         )
+    return manifest

@@ -22,9 +22,9 @@ from typing import Callable, Sequence
 import numpy as np
 from tritonclient.utils import serialize_byte_tensor
 
-from ..artifact import MANIFEST, MODEL, TOKENIZER, check_files, load_manifest
+from ..artifact import MANIFEST, MODEL, TOKENIZER, Manifest, check_intact, load_manifest
 from ..artifact.staging import check_output, staged
-from ..backends.tensorrt import PLAN, check_engine_files, is_engine_dir, read_engine_json
+from ..backends.tensorrt import PLAN, is_engine_dir, read_engine_json
 from ..runtime.artifact import encoder_from_manifest
 from .configs import ArtifactFacts, ServingOptions, ensemble_config, model_config, plan_build_command, tokenize_config, write_config
 from .readme import repository_readme
@@ -43,10 +43,11 @@ Say = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Entry:
-    """One artifact placed in the repository."""
+    """One artifact placed in the repository, with its manifest as read once (and checked)."""
 
     artifact: Path
     facts: ArtifactFacts
+    manifest: Manifest
 
 
 def default_name(artifact: Path) -> str:
@@ -72,22 +73,14 @@ def plan_entries(artifacts: Sequence[str | os.PathLike[str]], names: Sequence[st
         raise InvalidInput(f"model names collide ({', '.join(duplicates)}); pass distinct --name values")
     entries = []
     for path, name in zip(paths, chosen):
-        manifest = load_manifest(path)
         engine = read_engine_json(path) if is_engine_dir(path) else None
-        if engine is not None:
-            problems = check_engine_files(path, manifest.raw, engine)
-            if problems:
-                raise InvalidInput(f"engine directory {str(path)!r} is damaged: {'; '.join(problems)}; rebuild it with kvembed build-engine")
-        else:
-            problems = check_files(path, manifest)
-            if problems:
-                raise InvalidInput(f"artifact {str(path)!r} is damaged: {'; '.join(problems)}; re-export it")
+        manifest = check_intact(load_manifest(path), engine)
         if manifest.context_encoder is not None:
             raise InvalidInput(
                 f"artifact {str(path)!r} is a Causal2Vec artifact (two token sequences per text); kvembed triton does "
                 "not write repositories for it yet: serve it with `kvembed serve` or embed with the runtime"
             )
-        entries.append(Entry(path, ArtifactFacts.from_manifest(name, manifest, engine)))
+        entries.append(Entry(path, ArtifactFacts.from_manifest(name, manifest, engine), manifest))
     return entries
 
 
@@ -149,7 +142,7 @@ def write_repository(
 def _write_entry(root: Path, entry: Entry, options: ServingOptions, copied: list[Path]) -> None:
     facts = entry.facts
     options = facts.serving_options(options)
-    manifest = load_manifest(entry.artifact)
+    manifest = entry.manifest
     encoder = encoder_from_manifest(entry.artifact, manifest)
     encoder.cap_input_tokens(facts.max_length)
     encoder.pad_at_least(facts.min_sequence)

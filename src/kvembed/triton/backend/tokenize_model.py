@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 import kvembed.version  # noqa: E402
-from kvembed.artifact import read_manifest  # noqa: E402
+from kvembed.artifact import load_manifest  # noqa: E402
 from kvembed.runtime.artifact import encoder_from_manifest  # noqa: E402
 from kvembed.triton.rows import decode_strings, encode_rows, is_client_error, parse_kinds  # noqa: E402
 
@@ -29,7 +29,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         parameters = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         artifact = HERE / "artifact"
-        manifest = read_manifest(artifact)
+        manifest = load_manifest(artifact)
         self.encoder = encoder_from_manifest(artifact, manifest)
         # a TensorRT plan takes sequences only within its profiles: cut to, and pad to, their range
         self.encoder.cap_input_tokens(int(parameters.get("max_length") or self.encoder.max_length))

@@ -1,4 +1,6 @@
-"""``_manifest.json`` and ``_SUCCESS``: what was embedded, with what, and how much, written last."""
+"""The run's summary, ``_manifest.json``, and ``_SUCCESS``: what was embedded, with what, and how
+much, written last. (Not an artifact's manifest, ``kvembed.json``: the summary names the artifact
+it ran, by path, files and method, read from that manifest.)"""
 
 from __future__ import annotations
 
@@ -9,16 +11,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..artifact import Manifest
 from ..version import __version__
 from .inputs import SKIP_EXAMPLES
 from .options import CorpusOptions
 from .plan import MANIFEST, PARTIAL_MARK, SUCCESS, Plan
 
 
-def build_manifest(
+def build_summary(
     options: CorpusOptions,
     plan: Plan,
-    artifact: Mapping[str, Any],
+    artifact: Manifest,
     artifact_sha256: str,
     stats: Mapping[str, Mapping[str, Any]],
     resumed: int,
@@ -40,14 +43,14 @@ def build_manifest(
         "artifact": {
             "path": str(Path(options.artifact).resolve()),
             "manifest_sha256": artifact_sha256,
-            "files": {name: record["sha256"] for name, record in artifact["files"].items()},
-            "method": artifact["method"],
-            "precision": artifact["precision"],
-            "max_length": artifact["max_length"],
+            "files": {name: record.sha256 for name, record in artifact.files.items()},
+            "method": artifact.method.to_dict(),
+            "precision": artifact.precision,
+            "max_length": artifact.max_length,
             # what provider auto (or the one given) ran it on, in every worker (shards older than this say nothing)
             "backends": sorted({item["backend"] for item in shards if item.get("backend")}),
         },
-        "embedding": {"dim": artifact["dim"], "dtype": options.output_dtype, "kind": options.kind, "normalized": True},
+        "embedding": {"dim": artifact.dim, "dtype": options.output_dtype, "kind": options.kind, "normalized": True},
         "options": options.record(),
         "columns": asdict(plan.columns),
         "inputs": [
@@ -69,9 +72,9 @@ def build_manifest(
     }
 
 
-def write_manifest(output: Path, manifest: Mapping[str, Any]) -> None:
+def write_summary(output: Path, summary: Mapping[str, Any]) -> None:
     """Write ``_manifest.json`` atomically, then the empty ``_SUCCESS`` marker."""
     partial = output / f"{MANIFEST}{PARTIAL_MARK}{os.getpid()}"
-    partial.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    partial.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(partial, output / MANIFEST)
     (output / SUCCESS).write_text("", encoding="utf-8")
