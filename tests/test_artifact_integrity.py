@@ -131,7 +131,7 @@ def test_the_json_form_is_what_was_read_with_what_was_changed(stories_artifact, 
     out.mkdir()
     changed.write(out)
     written = json.loads((out / MANIFEST).read_text())
-    assert written["dim"] == 7 and written["parity"]["held_out"] == {"worst_cosine": 0.5, "rows": 3, "texts": 2, "meets_bar": False}
+    assert written["dim"] == 7 and written["parity"]["held_out"] == {"worst_cosine": 0.5, "rows": 3, "texts": 2, "meets_bar": False, "decides": False}
     unchanged = {key: value for key, value in on_disk.items() if key not in ("dim", "parity")}
     assert {key: value for key, value in written.items() if key not in ("dim", "parity")} == unchanged
     reread = load_manifest(out)
