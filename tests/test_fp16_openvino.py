@@ -26,7 +26,7 @@ from conftest import UNSEEN, unit
 
 pytest.importorskip("openvino", reason="the f16 and bf16 hints are OpenVINO's (pip install 'kvembed[openvino]')")
 
-from kvembed.artifact import load_manifest  # noqa: E402
+from kvembed.artifact import Manifest, load_manifest  # noqa: E402
 from kvembed.backends.catalogue import choose_backend  # noqa: E402
 from kvembed.backends.cpu import cpu_features  # noqa: E402
 from kvembed.errors import InvalidInput  # noqa: E402
@@ -112,11 +112,11 @@ def test_auto_prefers_f16_then_bf16_by_the_cpu_and_says_why_it_takes_neither(fp1
     ]
     for stated, backend, hint in ((FP16_AND_BF16, "openvino", "f16"), (NO_FP16, "openvino", "bf16"), ("avx2", "onnxruntime", None)):
         monkeypatch.setenv("KVEMBED_CPU_FEATURES", stated)
-        choice = choose_backend(fp16, manifest=manifest)
+        choice = choose_backend(fp16, manifest=Manifest.from_dict(manifest))
         assert (choice.backend, choice.ov_precision) == (backend, hint), (stated, choice)
     assert "this CPU has no FP16" in choice.reason and "twice the memory" in choice.reason
     manifest["certified"] = [c for c in manifest["certified"] if c["backend"] != "openvino"]
-    choice = choose_backend(fp16, manifest=manifest)
+    choice = choose_backend(fp16, manifest=Manifest.from_dict(manifest))
     assert choice.backend == "onnxruntime" and "no certificate of OpenVINO running fp16 or bf16" in choice.reason
 
 
