@@ -106,12 +106,12 @@ async def drive(url: str, model: str, requests: list[list[str]], clients: int, f
 def in_process(embedder: Embedder, requests: list[list[str]], latency_requests: int) -> dict[str, Any]:
     texts = [text for request in requests for text in request]
     start, cpu = time.perf_counter(), time.process_time()
-    embedder.encode(texts, batch_size=64, max_tokens=16384)
+    embedder.encode(texts, batch_size=64, max_batch_tokens=16384)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     latencies = []
     for request in requests[:latency_requests]:
         start = time.perf_counter()
-        embedder.encode(request, batch_size=64, max_tokens=16384)
+        embedder.encode(request, batch_size=64, max_batch_tokens=16384)
         latencies.append(time.perf_counter() - start)
     return {"wall": wall, "latencies": latencies, "cpu": cpu}
 
@@ -143,7 +143,7 @@ def paired_overhead(url: str, model: str, embedder: Embedder, requests: list[lis
         for texts in requests:
             body = json.dumps({"model": model, "input": texts})
             start = time.perf_counter()
-            embedder.encode(texts, batch_size=64, max_tokens=16384)
+            embedder.encode(texts, batch_size=64, max_batch_tokens=16384)
             local = time.perf_counter() - start
             start = time.perf_counter()
             connection.request("POST", "/v1/embeddings", body=body, headers={"Content-Type": "application/json"})

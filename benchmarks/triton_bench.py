@@ -237,7 +237,7 @@ def main() -> None:
     parser.add_argument("--max-queue-delay-us", type=int, default=2000)
     parser.add_argument("--instances", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads, in-process and per Triton model instance")
-    parser.add_argument("--max-tokens", type=int, help="python-backend model: padded tokens per graph call (default: rows only)")
+    parser.add_argument("--max-batch-tokens", type=int, help="python-backend model: padded tokens per batch (default: the runtime's per-call budget)")
     parser.add_argument("--provider", default="auto", help="python-backend model's runtime provider (auto, cpu, openvino)")
     parser.add_argument("--load-clients", type=int, default=32)
     parser.add_argument("--load-requests", type=int, default=200)
@@ -264,14 +264,14 @@ def main() -> None:
         embedder.encode(texts[:64])
         results: dict = {"artifact": str(artifact), "method": embedder.method.name, "protocol": args.protocol,
                          "threads": args.threads, "instances": args.instances, "max_queue_delay_us": args.max_queue_delay_us,
-                         "max_tokens": args.max_tokens, "provider": args.provider,
+                         "max_batch_tokens": args.max_batch_tokens, "provider": args.provider,
                          "cpus": os.cpu_count(), "in_process": [], "triton": []}
         began = time.perf_counter()
         embedder.encode(texts, batch_size=64)
         results["in_process_batched_texts_per_s"] = len(texts) / (time.perf_counter() - began)
         repository = write_repository(artifact, Path(tmp) / "repo", "bench", max_queue_delay_us=args.max_queue_delay_us,
                                       instances=args.instances, threads=args.threads, warmup=True,
-                                      max_tokens=args.max_tokens, provider=args.provider)
+                                      max_batch_tokens=args.max_batch_tokens, provider=args.provider)
         with open(Path(tmp) / "server.log", "w") as log, TritonServer(repository, python=args.python, log=log) as server:
             for count in clients:  # rounds alternate in-process and Triton: load drift hits both alike
                 rounds: dict[str, list[dict]] = {"in_process": [], "triton": []}

@@ -21,7 +21,7 @@ LEVELS = {
     "serve": 5, "triton": 5, "corpus": 5, "bundle": 5, "modeling": 5,
     "export": 6, "eval": 7, "bench": 7, "cli": 8, "api": 9,
 }
-LEAVES = {"errors", "cache", "lazy", "sizes", "extras", "version", "status", "data"}
+LEAVES = {"errors", "cache", "lazy", "sizes", "extras", "version", "status", "flagfields", "data"}
 
 
 def room_of(module: str) -> str:

@@ -18,7 +18,7 @@ import pytest
 
 from kvembed.runtime import Embedder
 from kvembed.runtime import embedder as embedder_module
-from kvembed.runtime.batching import ALIASES, BatchPolicy, plan_batches, run_batches
+from kvembed.runtime.batching import BatchPolicy, plan_batches, run_batches
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -34,20 +34,17 @@ def random_texts(count: int, seed: int) -> list[str]:
 # -- the policy ------------------------------------------------------------------------------------
 
 
-def test_one_name_per_idea_and_old_names_map_to_them():
+def test_one_name_per_idea_and_old_names_are_refused():
     assert [f.name for f in dataclasses.fields(BatchPolicy)] == [
         "batch_size", "max_batch_tokens", "max_call_tokens", "call_cost", "max_padding"]
-    assert ALIASES == {"max_tokens": "max_batch_tokens", "max_batch_size": "batch_size", "batch_tokens": "max_batch_tokens"}
     base = BatchPolicy(max_call_tokens=2048, call_cost=32)
-    old = BatchPolicy.from_options(base, max_batch_size=8, max_tokens=600)
-    assert old == BatchPolicy.from_options(base, batch_size=8, max_batch_tokens=600)
-    assert old.max_call_tokens == 2048 and old.call_cost == 32  # what is not given stays the base's
-    assert BatchPolicy.from_options(base, batch_tokens=100, max_batch_tokens=None).max_batch_tokens == 100
-    assert BatchPolicy.from_options(base, max_tokens=None).max_batch_tokens is None
-    with pytest.raises(TypeError, match="not both"):
-        BatchPolicy.from_options(base, max_batch_tokens=10, max_tokens=20)
-    with pytest.raises(TypeError, match="unknown batching option 'rows'"):
-        BatchPolicy.from_options(base, rows=3)
+    policy = BatchPolicy.from_options(base, batch_size=8, max_batch_tokens=600)
+    assert (policy.batch_size, policy.max_batch_tokens) == (8, 600)
+    assert policy.max_call_tokens == 2048 and policy.call_cost == 32  # what is not given stays the base's
+    assert BatchPolicy.from_options(policy, max_batch_tokens=None).max_batch_tokens is None  # None is a value: no limit
+    for old in ("max_tokens", "max_batch_size", "batch_tokens", "rows"):  # the old names are unknown names now
+        with pytest.raises(TypeError, match=f"unknown batching option '{old}'; the options are batch_size, call_cost"):
+            BatchPolicy.from_options(base, **{old: 3})
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -70,7 +67,7 @@ def test_the_policy_validates_every_field_in_one_place(field, value, message):
 
 def test_plan_batches_is_the_policy_plan_and_rows_per_call_keeps_a_row():
     lengths = [random.Random(3).randint(1, 300) for _ in range(200)]
-    for kwargs in ({}, {"max_tokens": 1000}, {"max_tokens": 1000, "call_cost": 16}, {"max_padding": 0.2}):
+    for kwargs in ({}, {"max_batch_tokens": 1000}, {"max_batch_tokens": 1000, "call_cost": 16}, {"max_padding": 0.2}):
         policy = BatchPolicy.from_options(BatchPolicy(batch_size=16), **kwargs)
         assert plan_batches(lengths, 16, **kwargs) == policy.plan(lengths)
     assert BatchPolicy(max_call_tokens=2048).rows_per_call(512) == 4
@@ -124,17 +121,15 @@ def loop_calls(monkeypatch) -> list[int]:
     return calls
 
 
-def test_encode_and_its_old_keywords_go_through_the_loop(kv, loop_calls):
+def test_encode_goes_through_the_loop_and_refuses_the_old_keyword(kv, loop_calls):
     embedder = Embedder.load(kv, provider="cpu")
     texts = random_texts(30, seed=1)
-    new = embedder.encode(texts, batch_size=8, max_batch_tokens=400)
-    old = embedder.encode(texts, batch_size=8, max_tokens=400)
+    batched = embedder.encode(texts, batch_size=8, max_batch_tokens=400)
     encoded = embedder.encoder.encode(texts, "document")
-    np.testing.assert_allclose(embedder.embed_encoded(encoded), new, atol=1e-6)
-    np.testing.assert_allclose(old, new, atol=1e-6)
-    assert loop_calls == [30, 30, 30]
-    with pytest.raises(TypeError, match="not both"):
-        embedder.encode(texts, max_batch_tokens=400, max_tokens=500)
+    np.testing.assert_allclose(embedder.embed_encoded(encoded), batched, atol=1e-6)
+    assert loop_calls == [30, 30]
+    with pytest.raises(TypeError, match="max_tokens"):
+        embedder.encode(texts, max_tokens=400)
     assert embedder.policy.max_call_tokens == embedder.max_call_tokens == 2048 and embedder.call_cost == 32
     assert embedder.padding_side == embedder.encoder.padding_side == "right"
     left = embedder.encoder.pad(encoded[:3], "left")  # an explicit side for one call (the parity gate's)
@@ -147,8 +142,7 @@ def test_the_serve_batcher_embeds_through_the_loop_with_encodes_vectors(kv, loop
     from kvembed.serve.metrics import Metrics
 
     embedder = Embedder.load(kv, provider="cpu", threads=1)
-    config = ServeConfig(artifacts=(("kv", kv),), max_batch_size=8, max_batch_tokens=1024)  # old name of batch_size
-    assert config.batch_size == 8
+    config = ServeConfig(artifacts=(("kv", kv),), batch_size=8, max_batch_tokens=1024)
     policy = config.policy(embedder.policy)
     assert (policy.batch_size, policy.max_batch_tokens, policy.max_call_tokens, policy.call_cost) == (8, 1024, 2048, 32)
     requests = [random_texts(n, seed=n) for n in (1, 5, 12)]
@@ -173,7 +167,8 @@ def test_a_corpus_worker_embeds_through_the_loop_with_encodes_vectors(kv, loop_c
     from kvembed.corpus import CorpusOptions
     from kvembed.corpus.worker import Job, ShardWorker
 
-    assert CorpusOptions(kv, ["x.txt"], "out", batch_tokens=512).max_batch_tokens == 512  # the old name
+    with pytest.raises(TypeError, match="batch_tokens"):  # the old name of max_batch_tokens
+        CorpusOptions(kv, ["x.txt"], "out", batch_tokens=512)
     job = Job(artifact=str(kv), threads=1, kind="document", max_batch_tokens=512, output_dtype="float32",
               on_error="fail", columns=None, files=(), output="")
     worker = ShardWorker(job)
@@ -231,7 +226,7 @@ def test_tritons_python_model_runs_the_loop_within_the_backends_row_limit(echo, 
     """Requests padded to different widths merge; their rows go through the runtime's loop, each
     graph call within the session's row limit (a TensorRT engine's), with encode's vectors."""
     model = _load_triton_model(monkeypatch, echo, tmp_path, {"provider": "cpu", "threads": "1", "batch_size": "32",
-                                                             "max_tokens": "4096", "max_padding": ""})
+                                                             "max_batch_tokens": "4096", "max_padding": ""})
     assert model.policy.max_batch_tokens == 4096 and model.policy.max_padding == 0.1 and model.policy.call_cost is None
     session = model.embedder.session
     rows_per_call: list[int] = []
@@ -255,19 +250,18 @@ def test_tritons_python_model_runs_the_loop_within_the_backends_row_limit(echo, 
 # -- the command lines ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command, shown, hidden", [
-    ("serve", ["--batch-size", "--max-batch-tokens", "--call-cost"], ["--max-batch-size"]),
-    ("embed-corpus", ["--max-batch-tokens"], ["--batch-tokens"]),
+@pytest.mark.parametrize("command, shown", [
+    (["serve"], ["--batch-size", "--max-batch-tokens", "--call-cost"]),
+    (["embed-corpus"], ["--max-batch-tokens"]),
+    (["triton", "build"], ["--max-batch-tokens"]),
 ])
-def test_every_cli_shows_the_new_names_and_hides_the_old_ones(command, shown, hidden):
+def test_every_cli_shows_the_batching_names(command, shown):
     from typer.testing import CliRunner
 
     from kvembed.cli.main import app
 
-    result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "240", "TERMINAL_WIDTH": "240"})
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "240", "TERMINAL_WIDTH": "240"})
     assert result.exit_code == 0, result.output
     for flag in shown:
         assert flag in result.output
-    for flag in hidden:
-        assert f"{flag} " not in result.output and f"{flag}\n" not in result.output
     assert "per graph call" not in result.output.replace("\n", " ")

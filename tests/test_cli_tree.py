@@ -7,12 +7,14 @@ Torch-free and fast: nothing here exports or loads a model.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import typer
@@ -21,9 +23,14 @@ from typer.testing import CliRunner
 from kvembed.cli import export as export_cli
 from kvembed.cli import layers as layers_cli
 from kvembed.cli.main import app
-from kvembed.cli.options import method_flags
+from kvembed.cli.options import GIVEN, Given, dataclass_flags, method_flags
+from kvembed.corpus.options import CorpusOptions
 from kvembed.errors import InvalidInput, KvembedError
+from kvembed.flagfields import flag, flag_name, flags_of
 from kvembed.methods import METHODS, MethodSpec, OptionSpec, flag_options
+from kvembed.serve.config import ServeConfig
+from kvembed.sizes import parse_size
+from kvembed.triton.options import ServingOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -148,6 +155,78 @@ def test_methods_sharing_an_option_must_agree_on_its_flag():
     assert [o.name for o in flag_options({"a": first})] == ["window"]
     with pytest.raises(RuntimeError, match="window"):
         flag_options({"a": first, "b": second})
+
+
+# -- settings dataclasses are their commands' options -------------------------------------------------
+
+GENERATED = {("serve",): ServeConfig, ("embed-corpus",): CorpusOptions, ("triton", "build"): ServingOptions}
+
+
+@pytest.mark.parametrize("path, settings", list(GENERATED.items()), ids=[" ".join(p) for p in GENERATED])
+def test_each_generated_option_has_its_fields_default_and_help(path, settings):
+    """One source per option: the option's default is the dataclass field's (as the command line
+    spells it, where the field parses text), its help is the field's, and no old name hides."""
+    params = _click_params(app, *path)
+    fields = flags_of(settings)
+    assert len(fields) >= 10
+    for name, (field, flag) in fields.items():
+        param = params[name]
+        default = param.default  # type: ignore[attr-defined]
+        if flag.parse is not None:
+            default = flag.parse(default)
+        if flag.many:
+            default = tuple(default or ())
+        assert default == field.default, (path, name, param.default)  # type: ignore[attr-defined]
+        assert param.help == flag.help and flag_name(settings, name) in param.opts, (path, name)  # type: ignore[attr-defined]
+    assert not [p for p in params.values() if getattr(p, "hidden", False)], path
+
+
+@pytest.mark.parametrize("args, old, new", [
+    (["serve", "a", "--max-batch-size", "8"], "--max-batch-size", "--batch-size"),
+    (["embed-corpus", "a", "-i", "x", "-o", "y", "--batch-tokens", "8"], "--batch-tokens", "--max-batch-tokens"),
+    (["embed-corpus", "a", "-i", "x", "-o", "y", "--engine", "ray"], "--engine", "--runner"),
+    (["triton", "build", "a", "-o", "y", "--max-tokens", "8"], "--max-tokens", "--max-batch-tokens"),
+])
+def test_an_old_option_name_is_refused_naming_the_new_one(args, old, new):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and f"No such option: {old}" in result.output, result.output
+    assert new in result.output.split(f"No such option: {old}")[1]
+
+
+def test_a_settings_dataclass_becomes_options(monkeypatch):
+    """Each flag field is an option with its type, default and help; the command receives only what
+    was given (text parsed, repeats as a tuple), so the dataclass's defaults apply to the rest."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Settings:
+        name: str
+        rows: int = flag(64, "Rows per batch.")
+        size: int = flag("2KB", "Largest body.", parse=parse_size)
+        origins: tuple[str, ...] = flag((), "An origin (repeatable).", flags=("--origin",), many=True)
+        strict: bool = flag(False, "Refuse long inputs.")
+        cut: bool = flag(False, "Cut long inputs.", flags=("--cut/--no-cut",))
+        key: Optional[str] = flag(None, "A key.", envvar="KVEMBED_TEST_KEY")
+
+    seen: list[dict] = []
+
+    @dataclass_flags(Settings, "settings")
+    def command(first: str = typer.Option("x", "--first"), settings: Given = GIVEN) -> None:
+        seen.append(dict(settings))
+
+    demo = typer.Typer(rich_markup_mode=None)
+    demo.command()(command)
+    text = help_of(demo)
+    assert "--rows <int>" in text and "Rows per batch.  [default: 64]" in text and "[default: 2KB]" in text
+    assert "--strict " in text and "--no-strict" not in text and "--cut / --no-cut" in text and "--name" not in text
+    monkeypatch.delenv("KVEMBED_TEST_KEY", raising=False)
+    assert runner.invoke(demo, []).exit_code == 0 and seen[-1] == {}
+    assert Settings(name="n", **seen[-1]) == Settings("n", 64, 2000, (), False, False, None)
+    result = runner.invoke(demo, ["--rows", "8", "--size", "1MB", "--origin", "a", "--origin", "b", "--strict", "--no-cut"],
+                           env={"KVEMBED_TEST_KEY": "k"})
+    assert result.exit_code == 0, result.output
+    assert seen[-1] == {"rows": 8, "size": 1_000_000, "origins": ("a", "b"), "strict": True, "cut": False, "key": "k"}
+    result = runner.invoke(demo, ["--rows", "many"])
+    assert result.exit_code == 2 and "'--rows'" in result.output
 
 
 # -- user errors vs bugs ---------------------------------------------------------------------------

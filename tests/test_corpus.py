@@ -49,7 +49,7 @@ def encode(embedder: Embedder, texts: list[str]) -> np.ndarray:
     """The oracle: ``Embedder.encode`` (its truncation warning is expected for long texts)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return embedder.encode(texts, batch_size=256, max_tokens=16384)
+        return embedder.encode(texts, batch_size=256, max_batch_tokens=16384)
 
 
 def read_output(directory: Path) -> dict:
@@ -271,7 +271,7 @@ def test_cli_resume_reads_the_recorded_options(tmp_path, artifact, embedder):
     assert (options["rows_per_file"], options["format"], options["max_batch_tokens"], options["threads"]) == (400, "txt", 4096, 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        expected = embedder.encode(texts, kind="query", batch_size=256, max_tokens=16384)
+        expected = embedder.encode(texts, kind="query", batch_size=256, max_batch_tokens=16384)
     assert_matches(read_output(out), {f"docs.txt:{i + 1}": row for i, row in enumerate(expected)}, min_cosine=0.999)
 
     # a finished run: --resume with nothing to do; without a recorded run, ARTIFACT and --input are asked for
@@ -599,20 +599,17 @@ def test_cli_unreachable_ray_address_fails_at_once_without_touching_the_output(t
     assert not (tmp_path / "out").exists()
 
 
-def test_engine_is_the_hidden_old_name_of_runner(tmp_path, artifact):
-    """``--engine`` / ``engine=`` still pick the runner; ``--help`` shows only ``--runner``; the
-    manifest records ``runner``, and an output whose manifest recorded ``engine`` still resumes."""
-    help_text = subprocess.run([sys.executable, "-m", "kvembed.cli", "embed-corpus", "--help"], capture_output=True,
-                               text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"}, timeout=60).stdout
-    assert "--runner" in help_text and "--engine" not in help_text
+def test_the_old_names_of_runner_and_max_batch_tokens_are_refused(tmp_path, artifact):
+    """``engine=`` and ``batch_tokens=`` are gone (``--engine`` and ``--batch-tokens`` too:
+    tests/test_cli_tree.py). The manifest records ``runner``, and an output whose manifest recorded
+    ``engine`` (an older kvembed wrote it) still resumes."""
     (tmp_path / "docs.txt").write_text("one\ntwo\nthree\n")
     base = [str(artifact), "-i", str(tmp_path / "docs.txt")]
-    ray = run_cli(*base, "-o", str(tmp_path / "ray"), "--engine", "ray", "--ray-address", "127.0.0.1:9", timeout=60)
-    assert ray.returncode == 2 and "cannot connect to a Ray cluster at --ray-address 127.0.0.1:9" in ray.stderr
-    both = run_cli(*base, "-o", str(tmp_path / "both"), "--runner", "local", "--engine", "ray", timeout=60)
-    assert both.returncode == 2 and "--runner local and --engine ray (its old name) differ" in both.stderr
+    for old in ("engine", "batch_tokens"):
+        with pytest.raises(TypeError, match=old):
+            CorpusOptions(artifact, ["x.txt"], "out", **{old: "local"})
     out = tmp_path / "local"
-    local = run_cli(*base, "-o", str(out), "--engine", "local", "--rows-per-file", "2", "--no-progress", timeout=120)
+    local = run_cli(*base, "-o", str(out), "--runner", "local", "--rows-per-file", "2", "--no-progress", timeout=120)
     assert local.returncode == 0 and "embedded 3 rows" in local.stdout, local.stderr
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["options"]["runner"] == "local" and "engine" not in manifest["options"]
@@ -620,14 +617,8 @@ def test_engine_is_the_hidden_old_name_of_runner(tmp_path, artifact):
     (out / "_manifest.json").write_text(json.dumps(manifest))
     (out / "_SUCCESS").unlink()
     next(out.glob("part-*.parquet")).unlink()
-    resumed = embed_corpus(CorpusOptions(artifact, [str(tmp_path / "docs.txt")], out, engine="local", rows_per_file=2,
-                                         resume=True, progress=False))
+    resumed = embed_corpus(CorpusOptions(artifact, [str(tmp_path / "docs.txt")], out, rows_per_file=2, resume=True, progress=False))
     assert resumed["shards_resumed"] == 1 and resumed["rows"] == 3 and resumed["options"]["runner"] == "local"
-    assert CorpusOptions(artifact, ["x.txt"], "out", engine="ray").runner == "ray"
-    with pytest.raises(CorpusError, match=r"--runner local runs one worker"):
-        CorpusOptions(artifact, ["x.txt"], "out", engine="local", workers=2)
-    with pytest.raises(CorpusError, match=r"runner='ray' and engine='local' \(its old name\) differ"):
-        CorpusOptions(artifact, ["x.txt"], "out", runner="ray", engine="local")
 
 
 def test_corpus_imports_without_torch():

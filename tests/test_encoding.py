@@ -109,7 +109,7 @@ def test_plan_batches_respects_rows_and_token_budget():
     from kvembed.runtime.batching import plan_batches
 
     lengths = [5, 100, 7, 30, 30, 2, 64]
-    plan = plan_batches(lengths, batch_size=3, max_tokens=128)
+    plan = plan_batches(lengths, batch_size=3, max_batch_tokens=128)
     assert sorted(i for batch in plan for i in batch) == list(range(len(lengths)))
     for batch in plan:
         assert len(batch) <= 3
@@ -120,7 +120,7 @@ def test_plan_batches_respects_rows_and_token_budget():
     assert plan_batches([3, 1, 2], batch_size=8) == [[0, 2, 1]]
     assert plan_batches([], batch_size=4) == []
     with pytest.raises(ValueError, match="max_batch_tokens must be an integer >= 1"):
-        plan_batches([1], 4, max_tokens=0)
+        plan_batches([1], 4, max_batch_tokens=0)
 
 
 def test_plan_batches_caps_padding():
@@ -133,7 +133,7 @@ def test_plan_batches_caps_padding():
     rng = random.Random(0)
     lengths = [rng.randint(1, 300) for _ in range(500)]
     for cap in (0.0, 0.1, 0.3):
-        plan = plan_batches(lengths, batch_size=64, max_tokens=8192, max_padding=cap)
+        plan = plan_batches(lengths, batch_size=64, max_batch_tokens=8192, max_padding=cap)
         assert sorted(i for batch in plan for i in batch) == list(range(len(lengths)))
         for batch, following in zip(plan, plan[1:] + [None]):
             width = max(lengths[i] for i in batch)
@@ -185,7 +185,7 @@ def test_plan_batches_with_a_call_cost_is_the_cheapest_plan():
         assert all(map(allowed, plan)), (trial, plan)
         assert cost(plan) == best, (trial, lengths, batch_size, max_tokens, call_cost)
     # a long text over the budget still runs (alone); zero cost never pads; a huge cost makes the fewest calls
-    assert plan_batches([500, 3, 3], 4, max_tokens=100, call_cost=10) == [[0], [1, 2]]
+    assert plan_batches([500, 3, 3], 4, max_batch_tokens=100, call_cost=10) == [[0], [1, 2]]
     assert all(len({[9, 9, 4, 4, 4, 1][i] for i in b}) == 1 for b in plan_batches([9, 9, 4, 4, 4, 1], 8, call_cost=0))
     assert len(plan_batches(list(range(1, 11)), 4, call_cost=10**6)) == 3  # the fewest calls of <= 4 rows
     with pytest.raises(ValueError, match="call_cost must be an integer >= 0"):

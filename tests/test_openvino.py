@@ -151,7 +151,7 @@ def test_eight_threads_equal_serial(artifact):
 def test_300_mixed_texts_batched_equal_one_by_one(artifact):
     ov = Embedder.load(artifact("stories260k", "token-prepending"), provider="openvino", threads=1, ov_precision="f32")
     texts = mixed_texts(300, seed=6)
-    batched = ov.encode(texts, batch_size=32, max_tokens=1500)
+    batched = ov.encode(texts, batch_size=32, max_batch_tokens=1500)
     single = np.stack([ov.encode([text])[0] for text in texts])
     assert batched.shape == (300, ov.dim)
     worst = float(cosines(batched, single).min())

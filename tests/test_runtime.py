@@ -77,7 +77,7 @@ def test_token_ids_equal_the_oracle_s(artifacts, oracle):
 def test_batched_equals_one_by_one_for_300_texts(artifacts):
     runtime = Embedder.load(artifacts["kv-embedding"], provider="cpu")
     texts = random_texts(300, seed=1)
-    batched = runtime.encode(texts, batch_size=16, max_tokens=600)
+    batched = runtime.encode(texts, batch_size=16, max_batch_tokens=600)
     single = np.stack([runtime.encode([t])[0] for t in texts])
     assert batched.shape == (300, runtime.dim)
     assert_same(batched, single)  # order kept, none lost

@@ -118,7 +118,7 @@ def capped(artifacts, tmp_path_factory):
     LONG tokens in the long lane; one graph call may take every row of a request (so a long request
     is one long call); on a port the kernel picks, found from the server's announcement."""
     args = [f"va={artifacts['va']}", f"kv={artifacts['kv']}", "--max-input-tokens", str(CAP), "--auto-truncate",
-            "--long-input-tokens", str(LONG), "--max-batch-size", "2048", "--max-batch-tokens", "1000000"]
+            "--long-input-tokens", str(LONG), "--batch-size", "2048", "--max-batch-tokens", "1000000"]
     process = ServerProcess(args, tmp_path_factory.mktemp("serve") / "capped.log", port=0)
     yield process.wait_healthy()
     process.stop()

@@ -76,7 +76,7 @@ def repositories(artifacts, tmp_path_factory):
         "query": write_repository(artifacts["kv"], root / "query", "kvq", kind="query", instances=2, max_batch_size=8),
         "ort": write_repository(artifacts["kv"], root / "ort", "kvort", backend="onnxruntime", tensorrt_accelerator=True, fp16=True),
         "trt": write_repository(artifacts["kv"], root / "trt", "kvtrt", backend="tensorrt", preferred_batch_sizes=[16]),
-        "ov": write_repository(artifacts["kv"], root / "ov", "kvov", provider="openvino", max_tokens=256),
+        "ov": write_repository(artifacts["kv"], root / "ov", "kvov", provider="openvino", max_batch_tokens=256),
         "engine": write_repository(make_engine_dir(artifacts["kv"], root / "engine-dir", ENGINE_SHAPES), root / "engine",
                                    "kveng", backend="tensorrt", kind="query"),
     }
@@ -215,7 +215,9 @@ def test_write_repository_refuses_bad_input(artifacts, tmp_path):
     with pytest.raises(ValueError, match="python-backend option"):
         write_repository(artifacts["kv"], tmp_path / "a", backend="onnxruntime", provider="openvino")
     with pytest.raises(ValueError, match="max_batch_tokens must be a positive integer"):
-        write_repository(artifacts["kv"], tmp_path / "a", max_tokens=0)
+        write_repository(artifacts["kv"], tmp_path / "a", max_batch_tokens=0)
+    with pytest.raises(TypeError, match="no option max_tokens; the options are backend, "):  # the old name of max_batch_tokens
+        write_repository(artifacts["kv"], tmp_path / "a", max_tokens=256)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "file").write_text("x")
     with pytest.raises(FileExistsError, match="--force"):

@@ -11,36 +11,21 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from ..backends.catalogue import PROVIDER_HELP
+from ..corpus.options import CorpusOptions
 from ..corpus.signals import Terminated, die_by_signal, sigterm_as_interrupt
+from . import options as opt
 from .status import print_corpus_runtime
 from .support import EXIT_INTERRUPTED, fail, run_guarded
 
 console = Console()
 
 
+@opt.dataclass_flags(CorpusOptions, "settings")
 def embed_corpus_command(
     artifact: Optional[Path] = typer.Argument(None, show_default=False, help="Artifact directory written by kvembed-export (with --resume: the recorded one)."),
     input: Optional[list[str]] = typer.Option(None, "--input", "-i", show_default=False, help="Input file, directory or glob (repeatable); .parquet, .jsonl or .txt (with --resume: the recorded ones)."),
     output: Path = typer.Option(..., "--output", "-o", help="Directory for the Parquet shards, _manifest.json and _SUCCESS."),
-    text_column: Optional[str] = typer.Option(None, "--text-column", show_default="text", help="Column (Parquet) or key (JSONL) holding the text."),
-    id_column: Optional[str] = typer.Option(None, "--id-column", help="Column/key holding ids (default: 'id' if every input has it, else file:line row ids)."),
-    kind: Optional[str] = typer.Option(None, "--kind", show_default="document", help="document or query: which prompt the artifact's method uses."),
-    format: Optional[str] = typer.Option(None, "--format", help="parquet, jsonl or txt (default: from the file suffix)."),
-    runner: Optional[str] = typer.Option(None, "--runner", help="local (this process, the default) or ray (Ray Data actors)."),
-    engine: Optional[str] = typer.Option(None, "--engine", hidden=True, help="Old name of --runner."),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join: auto or HOST:PORT (default: start a local Ray)."),
-    workers: Optional[int] = typer.Option(None, "--workers", show_default="1", help="Ray actors, each with its own Embedder (--runner ray)."),
-    threads_per_worker: Optional[int] = typer.Option(None, "--threads-per-worker", help="onnxruntime threads (= Ray CPUs) per worker (default: cores / workers)."),
-    provider: Optional[str] = typer.Option(None, "--provider", show_default="auto", help=f"Runtime provider of every worker: {PROVIDER_HELP}."),
-    max_batch_tokens: Optional[int] = typer.Option(None, "--max-batch-tokens", show_default="16384", help="Padded tokens (rows x longest row) per batch of length-sorted texts; the runtime runs a batch in graph calls of at most its per-call budget."),
-    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", hidden=True, help="Old name of --max-batch-tokens."),
-    rows_per_file: Optional[int] = typer.Option(None, "--rows-per-file", show_default="100000", help="Input rows per output shard (shards never span two input files)."),
-    resume: bool = typer.Option(False, "--resume", help="Finish an interrupted run in --output: finished shards are kept, and the options its _run.json records are used (an option given again must not change what the shards hold)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Delete an earlier run in --output (its shards and records) and start again."),
-    output_dtype: Optional[str] = typer.Option(None, "--output-dtype", show_default="float32", help="float32 or float16 vectors."),
-    on_error: Optional[str] = typer.Option(None, "--on-error", show_default="fail", help="fail on the first bad record, or skip and count bad records in the manifest."),
-    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: when stderr is a terminal)."),
+    settings: opt.Given = opt.GIVEN,
 ) -> None:
     """Embed a corpus (Parquet, JSONL or TXT files) into Parquet shards of (id, embedding).
 
@@ -49,12 +34,9 @@ def embed_corpus_command(
     | kvembed embed-corpus --resume -o vectors/
     """
 
-    if runner is not None and engine is not None and runner != engine:
-        raise fail(f"--runner {runner} and --engine {engine} (its old name) differ: give --runner only")
-
     def run() -> dict[str, Any]:
         try:
-            from ..corpus import CorpusOptions, embed_corpus
+            from ..corpus import embed_corpus
             from ..corpus.resume import REQUIRED, flag, resume_options
         except ImportError as err:
             from ..errors import MissingDependency
@@ -63,12 +45,12 @@ def embed_corpus_command(
             raise MissingDependency(f"kvembed embed-corpus needs pyarrow: {install_hint('corpus')} ({err})") from None
 
         # only the options given on this command line: the rest are the defaults, or with --resume the recorded ones
-        given = {name: value for name, value in dict(
-            artifact=artifact, inputs=tuple(input) if input else None, text_column=text_column, id_column=id_column, kind=kind,
-            format=format, runner=runner or engine, ray_address=ray_address, workers=workers, threads=threads_per_worker,
-            provider=provider, max_batch_tokens=max_batch_tokens if max_batch_tokens is not None else batch_tokens,
-            rows_per_file=rows_per_file, output_dtype=output_dtype, on_error=on_error,
-        ).items() if value is not None}
+        given = dict(settings)
+        resume, overwrite, progress = (given.pop(name, getattr(CorpusOptions, name)) for name in ("resume", "overwrite", "progress"))
+        if artifact is not None:
+            given["artifact"] = artifact
+        if input:
+            given["inputs"] = tuple(input)
         if resume:
             if overwrite:
                 raise fail("--resume keeps an earlier run and --overwrite deletes it: pass one of them")

@@ -1,19 +1,23 @@
-"""Options several kvembed commands share. The method flags are generated from the methods'
-option specs (:func:`kvembed.methods.flag_options`): a command decorated with
-:func:`method_flags` shows one flag per method option, with the spec's type and flag help."""
+"""Options several kvembed commands share, and the generated ones. The method flags come from the
+methods' option specs (:func:`kvembed.methods.flag_options`): a command decorated with
+:func:`method_flags` shows one flag per method option, with the spec's type and flag help. The
+options of a settings dataclass come from its fields (:func:`dataclass_flags`,
+:mod:`kvembed.flagfields`): the default, type and help are the field's, written nowhere else."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from types import MappingProxyType
-from typing import Annotated, Any, Callable, Mapping, Optional, TypeVar
+from typing import Annotated, Any, Callable, Mapping, Optional, TypeVar, get_args, get_type_hints
 
 import typer
 
 from ..backends.catalogue import VERIFY_HELP
 
 from ..errors import InvalidInput
+from ..flagfields import Flag, flags_of
 from ..methods import flag_options
 from ..methods.registry import METHODS
 from ..methods.spec import OptionSpec
@@ -28,33 +32,95 @@ F = TypeVar("F", bound=Callable[..., Any])
 OPTIONS_PARAMETER = "options"
 MethodOptions = Mapping[str, Any]
 METHOD_FLAGS: MethodOptions = MappingProxyType({})
-
-
-def _flag_parameter(option: OptionSpec, kind: Any) -> inspect.Parameter:
-    """The typer parameter of one method option: ``--name`` (``--name/--no-name`` for a bool)."""
-    declaration = f"{option.flag_name}/--no-{option.flag_name[2:]}" if option.type is bool else option.flag_name
-    annotation = Annotated[Optional[option.type], typer.Option(declaration, help=option.flag)]  # type: ignore[name-defined]
-    return inspect.Parameter(option.name, kind, default=None, annotation=annotation)
+#: the marker of :func:`dataclass_flags`' parameter: ``settings: opt.Given = opt.GIVEN``
+Given = Mapping[str, Any]
+GIVEN: Given = MappingProxyType({})
 
 
 def method_flags(command: F) -> F:
     """Put one flag per method option where ``command`` declares its ``options`` parameter; the
     command is called with ``options``: the method options the user set (name -> value)."""
+
+    def given(values: dict[str, Any], context: typer.Context) -> dict[str, Any]:
+        return {name: value for name, value in values.items() if value is not None}
+
+    return _splice(command, OPTIONS_PARAMETER, [_flag_parameter(option) for option in flag_options()], given)
+
+
+def dataclass_flags(cls: type, parameter: str, skip: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Put one option per :func:`kvembed.flagfields.flag` field of the dataclass ``cls`` (but
+    ``skip``) where the command declares ``parameter``, with the field's default, type and help;
+    the command is called with ``parameter``: the fields given on the command line (name -> value,
+    text parsed, repeated options as tuples), so everything else keeps the dataclass's default."""
+    fields = {name: spec for name, spec in flags_of(cls).items() if name not in skip}
+    types = get_type_hints(cls)
+    options = [_field_parameter(name, field, flag, types[name]) for name, (field, flag) in fields.items()]
+
+    def given(values: dict[str, Any], context: typer.Context) -> dict[str, Any]:
+        chosen: dict[str, Any] = {}
+        for name, value in values.items():
+            source = context.get_parameter_source(name)  # compared by name: recent typers vendor their own click
+            if source is None or source.name == "DEFAULT":
+                continue
+            flag = fields[name][1]
+            if flag.many:
+                value = tuple(value or ())
+            chosen[name] = flag.parse(value) if flag.parse is not None and value is not None else value
+        return chosen
+
+    return lambda command: _splice(command, parameter, options, given)
+
+
+def _flag_parameter(option: OptionSpec) -> inspect.Parameter:
+    """The typer parameter of one method option: ``--name`` (``--name/--no-name`` for a bool)."""
+    declaration = f"{option.flag_name}/--no-{option.flag_name[2:]}" if option.type is bool else option.flag_name
+    annotation = Annotated[Optional[option.type], typer.Option(declaration, help=option.flag)]  # type: ignore[name-defined]
+    return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+
+
+def _field_parameter(name: str, field: dataclasses.Field, flag: Flag, kind: Any) -> inspect.Parameter:
+    """The typer parameter of one dataclass field: its type (text where the field parses it,
+    a list where it repeats), default and help."""
+    if flag.parse is not None:
+        kind, default = (str if flag.text is not None else Optional[str]), flag.text
+    elif flag.many:
+        kind, default = Optional[list[_item_type(kind)]], None  # type: ignore[misc]
+    else:
+        default = field.default
+    option = typer.Option(*flag.spelled(name), help=flag.help, envvar=flag.envvar)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option])
+
+
+def _item_type(kind: Any) -> Any:
+    """``tuple[T, ...]`` (or ``T``) -> ``T``."""
+    arguments = get_args(kind)
+    return arguments[0] if arguments else kind
+
+
+#: the parameter through which typer hands a generated command its context (which says which
+#: options were given); the command itself never sees it
+CONTEXT_PARAMETER = "kvembed_cli_context"
+
+
+def _splice(command: F, marker_name: str, added: list[inspect.Parameter],
+            collect: Callable[[dict[str, Any], typer.Context], dict[str, Any]]) -> F:
+    """``command`` with the parameters ``added`` in place of its parameter ``marker_name``, which
+    receives ``collect`` of their values and typer's context."""
     signature = inspect.signature(command, eval_str=True)
-    marker = signature.parameters[OPTIONS_PARAMETER]
-    flags = [_flag_parameter(option, marker.kind) for option in flag_options()]
-    clash = {p.name for p in flags} & set(signature.parameters)
+    marker = signature.parameters[marker_name]
+    added = [p.replace(kind=marker.kind) for p in added]
+    clash = {p.name for p in added} & set(signature.parameters)
     if clash:
-        raise RuntimeError(f"{command.__name__} declares {', '.join(sorted(clash))}, which are method flags")
+        raise RuntimeError(f"{command.__name__} declares {', '.join(sorted(clash))}, which are generated options")
+    context = inspect.Parameter(CONTEXT_PARAMETER, marker.kind, default=None, annotation=typer.Context)
     parameters: list[inspect.Parameter] = []
     for parameter in signature.parameters.values():
-        parameters.extend(flags if parameter is marker else [parameter])
-    names = tuple(p.name for p in flags)
+        parameters.extend([*added, context] if parameter is marker else [parameter])
+    names = tuple(p.name for p in added)
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        given = {name: kwargs.pop(name, None) for name in names}
-        kwargs[OPTIONS_PARAMETER] = {name: value for name, value in given.items() if value is not None}
+        kwargs[marker_name] = collect({name: kwargs.pop(name, None) for name in names}, kwargs.pop(CONTEXT_PARAMETER))
         return command(*args, **kwargs)
 
     wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from ..backends.catalogue import PROVIDER_HELP
 from ..errors import InvalidInput
+from ..serve.config import ServeConfig
 from ..status import waiting
 from . import options as opt
 from .status import Waits
@@ -17,31 +17,15 @@ from .support import fail
 if TYPE_CHECKING:
     from ..runtime import Embedder
     from ..serve.app import ServerState
-    from ..serve.config import ServeConfig
 
 
+@opt.dataclass_flags(ServeConfig, "settings", skip=("ov_precision",))
 def serve_command(
     artifacts: list[str] = typer.Argument(..., help="Artifact directories (DIR served as its folder name, or NAME=DIR)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind (default: this machine only)."),
     port: int = typer.Option(8080, help="TCP port."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="KVEMBED_API_KEY", help="Require 'Authorization: Bearer KEY' (env KVEMBED_API_KEY)."),
-    max_batch_tokens: int = typer.Option(16384, help="Padded tokens (rows x longest row) per batch; the runtime runs a batch in graph calls of at most its per-call budget (2048 padded tokens on the CPU and OpenVINO, the whole batch on GPUs)."),
-    batch_size: int = typer.Option(64, "--batch-size", help="Rows per batch."),
-    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", hidden=True, help="Old name of --batch-size."),
-    max_wait_ms: float = typer.Option(5.0, help="Longest wait for requests being tokenised to join a batch."),
-    call_cost: str = typer.Option("auto", help="Padded tokens one more batch is worth: batches are cut where padding costs more (auto: 32 on the CPU, none on GPUs; none: cut only at --batch-size)."),
-    max_concurrent_requests: int = typer.Option(512, help="Requests served at once; more get 429."),
-    max_client_batch_size: int = typer.Option(2048, help="Inputs per request; more get 400 (as OpenAI answers)."),
-    payload_limit: str = typer.Option("2MB", help="Largest request body (e.g. 2MB, 512KiB); larger get 413."),
-    max_input_tokens: int = typer.Option(512, help="Tokens one input may have, prompt included (at most each artifact's max_length; GET /v1/models shows each model's): longer inputs get 413, or are cut with truncate=true in the request (or --auto-truncate)."),
-    auto_truncate: bool = typer.Option(False, "--auto-truncate/--no-auto-truncate", help="Cut over-long inputs of requests that do not say 'truncate' (default: 413, as TEI does)."),
-    long_input_tokens: str = typer.Option("128", help="Inputs of more tokens are embedded in a lane of their own, beside short inputs rather than ahead of them (none: one lane for all)."),
-    long_lane_nice: int = typer.Option(5, help="Niceness (0-19) added to the long lane's threads, so they yield the cores while short inputs run (0: equal priority; other processes on the machine also outrank them)."),
-    threads: Optional[int] = typer.Option(None, help="onnxruntime intra-op threads per artifact, split among its workers (default: one per core)."),
-    workers: int = typer.Option(1, help="Graph calls per artifact running at once, each on threads/workers threads (2 on 2 cores: more throughput under load, slower lone requests)."),
-    provider: str = typer.Option("auto", help=f"Runtime provider: {PROVIDER_HELP}."),
+    settings: opt.Given = opt.GIVEN,
     ov_precision: opt.OvPrecision = None,
-    cors_origin: Optional[list[str]] = typer.Option(None, "--cors-origin", help="Allow browser calls from this origin (repeatable; default: no CORS)."),
     keep_alive: float = typer.Option(60.0, help="Seconds an idle kept-alive connection stays open (uvicorn's default, 5, races busy clients reusing it)."),
     graceful_timeout: Optional[float] = typer.Option(None, help="On SIGTERM, cancel requests still running after this many seconds (default: wait)."),
     access_log: bool = typer.Option(False, "--access-log/--no-access-log", help="Log every request."),
@@ -53,7 +37,7 @@ def serve_command(
             from uvicorn.config import LOG_LEVELS
 
             from ..backends.catalogue import PROVIDERS
-            from ..serve.config import ServeConfig, parse_artifact, parse_call_cost, parse_long_input_tokens, parse_size
+            from ..serve.config import parse_artifact
             from ..serve.server import DrainingServer  # noqa: F401  (fail here, not later, without the serve extra)
     except ImportError as err:
         from ..errors import MissingDependency
@@ -61,6 +45,7 @@ def serve_command(
 
         raise MissingDependency(f"kvembed serve needs the serve extra: {install_hint('serve')} ({err})") from None
 
+    provider = settings.get("provider", ServeConfig.provider)
     if provider not in PROVIDERS:  # checked before binding (the artifacts load after)
         raise InvalidInput(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
     opt.check_ov_precision(provider, ov_precision)
@@ -71,14 +56,7 @@ def serve_command(
     for flag, seconds in (("--keep-alive", keep_alive), ("--graceful-timeout", graceful_timeout)):
         if seconds is not None and seconds < 0:
             raise InvalidInput(f"{flag} must be >= 0 seconds, got {seconds}")
-    config = ServeConfig(
-        artifacts=tuple(parse_artifact(a) for a in artifacts), api_key=api_key or None,
-        max_batch_tokens=max_batch_tokens, batch_size=batch_size, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
-        max_concurrent_requests=max_concurrent_requests, max_client_batch_size=max_client_batch_size,
-        payload_limit=parse_size(payload_limit), max_input_tokens=max_input_tokens, auto_truncate=auto_truncate,
-        long_input_tokens=parse_long_input_tokens(long_input_tokens), long_lane_nice=long_lane_nice, threads=threads, workers=workers, call_cost=parse_call_cost(call_cost), provider=provider, ov_precision=ov_precision,
-        cors_origins=tuple(cors_origin or ()),
-    )
+    config = ServeConfig(artifacts=tuple(parse_artifact(a) for a in artifacts), ov_precision=ov_precision, **settings)
     with Waits(spinner=False):  # whole lines among uvicorn's log lines, also on a terminal
         run(config, host, port, graceful_timeout, access_log, log_level, keep_alive)
 

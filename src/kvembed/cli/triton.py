@@ -13,9 +13,10 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from ..backends.catalogue import PROVIDER_HELP
-from ..errors import InvalidInput, MissingDependency
+from ..errors import MissingDependency
 from ..extras import install_hint
+from ..triton.options import ServingOptions
+from . import options as opt
 from .support import run_guarded
 
 app = typer.Typer(
@@ -32,33 +33,13 @@ def _needs_tritonclient() -> None:
         raise MissingDependency(f"kvembed triton needs tritonclient: {install_hint('triton')}") from None
 
 
-def _sizes(text: Optional[str]) -> tuple[int, ...]:
-    if not text:
-        return ()
-    try:
-        return tuple(int(item) for item in text.split(",") if item.strip())
-    except ValueError:
-        raise InvalidInput(f"--preferred-batch-sizes takes comma-separated integers, got {text!r}") from None
-
-
 @app.command()
+@opt.dataclass_flags(ServingOptions, "settings")
 def build(
     artifacts: list[Path] = typer.Argument(..., help="Artifact directories written by kvembed-export."),
     out: Path = typer.Option(..., "--out", "-o", help="Model repository directory to write."),
     name: Optional[list[str]] = typer.Option(None, "--name", help="Ensemble name per artifact, in order (default: the directory name)."),
-    backend: str = typer.Option("python", "--backend", help="Graph backend: python (onnxruntime in the python backend), onnxruntime, tensorrt."),
-    max_batch_size: int = typer.Option(64, "--max-batch-size", help="Rows per model execution."),
-    instances: int = typer.Option(1, "--instances", help="Instances of each model (KIND_CPU for python, KIND_GPU otherwise)."),
-    max_queue_delay_us: int = typer.Option(2000, "--max-queue-delay-us", help="Dynamic batcher wait for more requests (tokenizer)."),
-    preferred_batch_sizes: Optional[str] = typer.Option(None, "--preferred-batch-sizes", help="Comma-separated preferred batch sizes, e.g. 16,32."),
-    kind: str = typer.Option("both", "--kind", help="query, document, or both (adds an optional KIND input)."),
-    warmup: bool = typer.Option(False, "--warmup", help="Add model_warmup requests (batch 1 and max) to the tokenizer and the graph."),
-    tensorrt_accelerator: bool = typer.Option(False, "--tensorrt-accelerator", help="onnxruntime backend: run through its TensorRT execution accelerator."),
-    fp16: bool = typer.Option(False, "--fp16", help="TensorRT precision FP16 (tensorrt backend, or --tensorrt-accelerator)."),
-    threads: int = typer.Option(1, "--threads", help="onnxruntime intra-op threads per model instance (python/onnxruntime backends; 0 = one per core)."),
-    provider: str = typer.Option("auto", "--provider", help=f"python backend: runtime provider ({PROVIDER_HELP}; openvino needs the package in Triton's python env)."),
-    max_batch_tokens: Optional[int] = typer.Option(None, "--max-batch-tokens", help="python backend: padded tokens (rows x longest row) per batch of merged rows, run in graph calls of at most the runtime's per-call budget (default: that budget, 2048 on CPU, none on GPU)."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", hidden=True, help="Old name of --max-batch-tokens."),
+    settings: opt.Given = opt.GIVEN,
     force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
 ) -> None:
     """Write a Triton model repository serving each artifact as an ensemble TEXT (+ KIND) -> embedding."""
@@ -67,12 +48,7 @@ def build(
         _needs_tritonclient()
         from ..triton.repository import write_repository
 
-        return write_repository(
-            artifacts, out, name or None, backend=backend, max_batch_size=max_batch_size, instances=instances,
-            max_queue_delay_us=max_queue_delay_us, preferred_batch_sizes=_sizes(preferred_batch_sizes), kind=kind,
-            warmup=warmup, tensorrt_accelerator=tensorrt_accelerator, fp16=fp16, threads=threads, provider=provider,
-            max_batch_tokens=max_batch_tokens, max_tokens=max_tokens, force=force, say=console.print,
-        )
+        return write_repository(artifacts, out, name or None, force=force, say=console.print, **settings)
 
     path = run_guarded(job)
     models = sorted(p.name for p in path.iterdir() if p.is_dir())

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
-from dataclasses import InitVar, asdict, dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..backends.catalogue import PROVIDER_HELP, PROVIDERS
 from ..errors import KvembedError
-from ..backends.catalogue import PROVIDERS
+from ..flagfields import flag
+from ..runtime.batching import SERVICE_BATCH_TOKENS
 
 FORMATS = ("parquet", "jsonl", "txt")
 RUNNERS = ("local", "ray")
@@ -43,7 +45,8 @@ def _positive(option: str, value: int) -> int:
 
 @dataclass(frozen=True)
 class CorpusOptions:
-    """One ``kvembed embed-corpus`` request.
+    """One ``kvembed embed-corpus`` request; each field with a flag is the option of its name (the
+    command line's options are generated from these fields: default and help are said here).
 
     ``id_column=None`` means: use a column named ``id`` when every input has one, else stable row
     ids ``<file>:<line>`` (TXT/JSONL, 1-based) or ``<file>:<row>`` (Parquet, 0-based).
@@ -53,39 +56,28 @@ class CorpusOptions:
     artifact: Path
     inputs: tuple[str, ...]
     output: Path
-    text_column: str = "text"
-    id_column: str | None = None
-    kind: str = "document"
-    format: str | None = None
-    #: where the work runs: ``local`` (this process) or ``ray`` (Ray Data actors)
-    runner: str = DEFAULT_RUNNER
-    ray_address: str | None = None
-    workers: int = 1
-    threads: int | None = None
-    #: the runtime provider every worker loads the artifact with (kvembed.backends.catalogue.PROVIDERS)
-    provider: str = "auto"
-    #: padded tokens (rows x longest row) per batch; the runtime runs a batch in graph calls of at
-    #: most its per-call budget (``Embedder.max_call_tokens``)
-    max_batch_tokens: int = 16384
-    rows_per_file: int = 100_000
-    resume: bool = False
-    #: delete an earlier run in ``output`` (this tool's shards and records) once the inputs pass their checks
-    overwrite: bool = False
-    output_dtype: str = "float32"
-    on_error: str = "fail"
-    progress: bool | None = None
-    #: the old name of ``max_batch_tokens`` (accepted when building the options)
-    batch_tokens: InitVar[int | None] = None
-    #: the old name of ``runner`` (accepted when building the options)
-    engine: InitVar[str | None] = None
+    text_column: str = flag("text", "Column (Parquet) or key (JSONL) holding the text.")
+    id_column: str | None = flag(None, "Column/key holding ids (default: 'id' if every input has it, else file:line row ids).")
+    kind: str = flag("document", "document or query: which prompt the artifact's method uses.")
+    format: str | None = flag(None, "parquet, jsonl or txt (default: from the file suffix).")
+    runner: str = flag(DEFAULT_RUNNER, "Where the work runs: local (this process) or ray (Ray Data actors).")
+    ray_address: str | None = flag(None, "Ray cluster to join: auto or HOST:PORT (default: start a local Ray).")
+    workers: int = flag(1, "Ray actors, each with its own Embedder (--runner ray).")
+    threads: int | None = flag(None, "onnxruntime threads (= Ray CPUs) per worker (default: cores / workers).",
+                               flags=("--threads-per-worker",))
+    provider: str = flag("auto", f"Runtime provider of every worker: {PROVIDER_HELP}.")
+    max_batch_tokens: int = flag(SERVICE_BATCH_TOKENS, "Padded tokens (rows x longest row) per batch of length-sorted texts; the runtime "
+                                 "runs a batch in graph calls of at most its per-call budget.")
+    rows_per_file: int = flag(100_000, "Input rows per output shard (shards never span two input files).")
+    resume: bool = flag(False, "Finish an interrupted run in --output: finished shards are kept, and the options its "
+                        "_run.json records are used (an option given again must not change what the shards hold).")
+    overwrite: bool = flag(False, "Delete an earlier run in --output (its shards and records) and start again.")
+    output_dtype: str = flag("float32", "float32 or float16 vectors.")
+    on_error: str = flag("fail", "fail on the first bad record, or skip and count bad records in the manifest.")
+    progress: bool | None = flag(None, "Progress bar (default: when stderr is a terminal).",
+                                 flags=("--progress/--no-progress",))
 
-    def __post_init__(self, batch_tokens: int | None, engine: str | None) -> None:
-        if batch_tokens is not None:
-            object.__setattr__(self, "max_batch_tokens", batch_tokens)
-        if engine is not None:
-            if self.runner not in (DEFAULT_RUNNER, engine):
-                raise CorpusError(f"runner={self.runner!r} and engine={engine!r} (its old name) differ; give runner= only")
-            object.__setattr__(self, "runner", engine)
+    def __post_init__(self) -> None:
         object.__setattr__(self, "artifact", Path(self.artifact))
         object.__setattr__(self, "output", Path(self.output))
         inputs = (self.inputs,) if isinstance(self.inputs, (str, os.PathLike)) else tuple(self.inputs)

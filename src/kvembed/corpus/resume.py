@@ -13,12 +13,13 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..flagfields import flag_name
 from .options import RESUMABLE, RESUME_FIXED, CorpusError, CorpusOptions
 from .output import ON_ERROR_RELAXED, read_output
 from .plan import RUN_FILE
 
-#: how the command line spells an option whose flag is not ``--`` + its name with dashes
-FLAGS = {"artifact": "ARTIFACT", "inputs": "--input", "threads": "--threads-per-worker"}
+#: how the command line spells the options that are not flag fields of :class:`CorpusOptions`
+FLAGS = {"artifact": "ARTIFACT", "inputs": "--input"}
 #: recorded options that mean something only on the recorded runner: a resume on another runner drops them
 RUNNER_BOUND = ("ray_address", "workers")
 #: what a run must be given when there is no recorded run to read them from
@@ -26,7 +27,7 @@ REQUIRED = ("artifact", "inputs")
 
 
 def flag(name: str) -> str:
-    return FLAGS.get(name, "--" + name.replace("_", "-"))
+    return FLAGS.get(name) or flag_name(CorpusOptions, name)
 
 
 def resume_options(output: Path, given: Mapping[str, Any], progress: bool | None = None) -> CorpusOptions:

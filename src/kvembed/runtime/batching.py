@@ -25,8 +25,10 @@ CPU_CALL_COST = 32
 #: faster there (benchmarks/log/goals-and-profile.md, "call slicing").
 CPU_CALL_TOKENS = 2048
 
-#: the old names of :class:`BatchPolicy`'s fields, accepted by :meth:`BatchPolicy.from_options`
-ALIASES = {"max_tokens": "max_batch_tokens", "max_batch_size": "batch_size", "batch_tokens": "max_batch_tokens"}
+#: padded tokens per batch where many requests' or files' rows are batched together (``kvembed
+#: serve``'s and ``kvembed embed-corpus``' ``--max-batch-tokens`` default): the runtime runs such a
+#: batch in graph calls of at most its per-call budget, so this bounds a batch's memory, not a call's.
+SERVICE_BATCH_TOKENS = 16384
 
 Item = TypeVar("Item")
 Batch = TypeVar("Batch")
@@ -65,22 +67,12 @@ class BatchPolicy:
 
     @classmethod
     def from_options(cls, base: "BatchPolicy | None" = None, **options: Any) -> "BatchPolicy":
-        """``base`` (default: the defaults) with ``options`` replaced. The old names (``max_tokens``,
-        ``max_batch_size``, ``batch_tokens``) stand for their new ones; an old name given as None
-        counts as not given, and a new name and its old name may not disagree."""
+        """``base`` (default: the defaults) with ``options`` replaced; an unknown name is refused by name."""
         names = {f.name for f in fields(cls)}
-        changes: dict[str, Any] = {}
-        for key, value in options.items():
-            new = ALIASES.get(key, key)
-            if new not in names:
-                raise TypeError(f"unknown batching option {key!r}; the options are {', '.join(sorted(names))}")
-            if key not in ALIASES:
-                changes.setdefault(new, value)
-            elif value is not None:
-                if options.get(new) is not None and options[new] != value:
-                    raise TypeError(f"give {new}= or its old name {key}=, not both")
-                changes[new] = value
-        return replace(base or cls(), **changes)
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise TypeError(f"unknown batching option {', '.join(map(repr, unknown))}; the options are {', '.join(sorted(names))}")
+        return replace(base or cls(), **options)
 
     def plan(self, lengths: Sequence[int]) -> list[list[int]]:
         """Group the indices of ``lengths`` into batches, longest first (see :func:`plan_batches`)."""
@@ -114,12 +106,12 @@ def _integer(name: str, value: Any, low: int, unit: str = "") -> None:
         raise InvalidInput(f"{name} must be an integer >= {low}{' ' + unit if unit else ''}, got {value!r}")
 
 
-def plan_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None,
+def plan_batches(lengths: Sequence[int], batch_size: int, max_batch_tokens: int | None = None,
                  max_padding: float | None = None, call_cost: int | None = None) -> list[list[int]]:
     """Group the indices of ``lengths`` into batches, longest texts first (``BatchPolicy.plan``).
 
-    Each batch has at most ``batch_size`` rows and, when ``max_tokens`` is set, at most
-    ``max_tokens`` padded tokens (rows x longest row); a text longer than the budget runs alone.
+    Each batch has at most ``batch_size`` rows and, when ``max_batch_tokens`` is set, at most
+    ``max_batch_tokens`` padded tokens (rows x longest row); a text longer than the budget runs alone.
     Sorting by length keeps texts of similar length together, so padding waste stays small when
     there are many texts. A few texts of spread-out lengths (one dynamic-batcher merge) still pad
     a lot: ``max_padding`` starts a new batch where a row would be more than that fraction padding.
@@ -129,13 +121,13 @@ def plan_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None
     padding than one more call costs, so calls stay full when lengths are close (see
     :func:`cheapest_cuts`).
     """
-    return BatchPolicy(batch_size, max_tokens, None, call_cost, max_padding).plan(lengths)
+    return BatchPolicy(batch_size, max_batch_tokens, None, call_cost, max_padding).plan(lengths)
 
 
-def cheapest_cuts(widths: Sequence[int], batch_size: int, max_tokens: int | None, call_cost: int) -> list[int]:
+def cheapest_cuts(widths: Sequence[int], batch_size: int, max_batch_tokens: int | None, call_cost: int) -> list[int]:
     """Cut points ``0 = c0 < c1 < ... = n`` of ``widths`` (sorted longest first) minimising the sum
     over calls of rows x first width + ``call_cost``, each call within ``batch_size`` rows and
-    ``max_tokens`` padded tokens (a lone row may exceed the budget). Dynamic programming over the
+    ``max_batch_tokens`` padded tokens (a lone row may exceed the budget). Dynamic programming over the
     last cut, vectorised over the at most ``batch_size`` candidates: O(n x batch_size)."""
     n = len(widths)
     width = np.asarray(widths, dtype=np.int64)
@@ -144,8 +136,8 @@ def cheapest_cuts(widths: Sequence[int], batch_size: int, max_tokens: int | None
     for end in range(1, n + 1):
         start = np.arange(max(0, end - batch_size), end)
         cost = best[start] + (end - start) * width[start] + call_cost
-        if max_tokens is not None:
-            cost[((end - start) * width[start] > max_tokens) & (start < end - 1)] = np.iinfo(np.int64).max
+        if max_batch_tokens is not None:
+            cost[((end - start) * width[start] > max_batch_tokens) & (start < end - 1)] = np.iinfo(np.int64).max
         pick = int(np.argmin(cost))
         best[end], last[end] = cost[pick], start[pick]
     cuts = [n]

@@ -297,12 +297,11 @@ class Embedder:
         output: str | None = None,
         *,
         first_index: int = 0,
-        max_tokens: int | None = None,
     ) -> np.ndarray:
         """Embed ``texts`` as ``kind`` (``"query"``/``"document"``): float32 ``(n, dim)`` in input order.
 
         Texts are sorted by length and batched by at most ``batch_size`` rows and ``max_batch_tokens``
-        padded tokens (``max_tokens`` is its old name); each batch runs in graph calls of at most
+        padded tokens; each batch runs in graph calls of at most
         :attr:`max_call_tokens` padded tokens. A single str gives a 1-D vector. Over-long texts are
         cut (the prompt template stays whole) and named in one warning. ``output`` picks an extra
         method of an artifact exported with ``--also`` (see :attr:`outputs`). ``first_index`` is the
@@ -312,7 +311,7 @@ class Embedder:
         single = isinstance(texts, str)
         items = check_texts([texts] if single else texts, first_index)
         encoded = self.encoder.encode(items, kind, first_index)
-        policy = BatchPolicy.from_options(self.policy, batch_size=batch_size, max_batch_tokens=max_batch_tokens, max_tokens=max_tokens)
+        policy = BatchPolicy.from_options(self.policy, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
         out = self.embed_encoded(encoded, label, policy=policy, normalize=normalize, show_progress_bar=show_progress_bar)
         return out[0] if single else out
 
@@ -350,11 +349,9 @@ class Embedder:
         max_batch_tokens: int | None = None,
         normalize: bool = True,
         output: str | None = None,
-        *,
-        max_tokens: int | None = None,
     ) -> np.ndarray:
         """Embed pre-tokenised rows (see :meth:`token_inputs`): float32 ``(n, dim)`` in input order."""
-        policy = BatchPolicy.from_options(self.policy, batch_size=batch_size, max_batch_tokens=max_batch_tokens, max_tokens=max_tokens)
+        policy = BatchPolicy.from_options(self.policy, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
         return self.embed_encoded(self.token_inputs(ids, kind), output, policy=policy, normalize=normalize)
 
     def embed_encoded(

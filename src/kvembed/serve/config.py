@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..artifact import MANIFEST
-from ..runtime.batching import BatchPolicy
-from ..sizes import parse_size  # noqa: F401  (re-exported: kvembed.serve.parse_size)
+from ..backends.catalogue import PROVIDER_HELP
 from ..errors import InvalidInput
+from ..flagfields import flag
+from ..runtime.batching import CPU_CALL_COST, CPU_CALL_TOKENS, SERVICE_BATCH_TOKENS, BatchPolicy
+from ..sizes import parse_size  # (re-exported: kvembed.serve.parse_size)
 
 
 #: ``--max-input-tokens``'s default. One input is one row of one graph call, which nothing can
@@ -29,49 +31,72 @@ DEFAULT_LONG_INPUT_TOKENS = 128
 DEFAULT_LONG_LANE_NICE = 5
 
 
+def parse_call_cost(value: str) -> int | None | str:
+    """``--call-cost``: ``auto``, ``none`` or a number of tokens."""
+    text = value.strip().lower()
+    if text in ("auto", "none"):
+        return None if text == "none" else "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidInput(f"--call-cost must be auto, none or an integer >= 0 (tokens), got {value!r}") from None
+
+
+def parse_long_input_tokens(value: str) -> int | None:
+    """``--long-input-tokens``: a number of tokens, or ``none`` (one lane)."""
+    text = value.strip().lower()
+    if text == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidInput(f"--long-input-tokens must be an integer >= 1 (tokens) or none, got {value!r}") from None
+
+
 @dataclass(frozen=True)
 class ServeConfig:
-    """Everything the app needs; the CLI flags map one to one (see ``kvembed serve --help``)."""
+    """Everything the app needs; each field with a flag is the ``kvembed serve`` option of its name
+    (the command line's options are generated from these fields: default and help are said here)."""
 
     artifacts: tuple[tuple[str, Path], ...]
     """(served model name, artifact directory), in the order given."""
-    api_key: str | None = None
-    max_batch_tokens: int = 16384
-    """Padded tokens (rows x longest row) per batch; the runtime runs a batch in graph calls of at
-    most its per-call budget (``Embedder.max_call_tokens``)."""
-    batch_size: int = 64
-    """Rows per batch."""
-    max_wait_ms: float = 5.0
-    max_concurrent_requests: int = 512
-    max_client_batch_size: int = 2048
-    payload_limit: int = 2_000_000
-    max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS
-    """Tokens one input may have, prompt included (each artifact's own max_length if lower): a
-    longer one is cut when its request says ``truncate`` (or ``auto_truncate``), else refused with 413."""
-    auto_truncate: bool = False
-    """What a request that does not say ``truncate`` gets (TEI's ``--auto-truncate``; OpenAI refuses)."""
-    long_input_tokens: int | None = DEFAULT_LONG_INPUT_TOKENS
-    """Inputs of more tokens are embedded in the model's long lane (None: one lane for all; see
-    :mod:`kvembed.serve.lanes`)."""
-    long_lane_nice: int = DEFAULT_LONG_LANE_NICE
-    """Niceness added to the long lane's threads (0: the short lane's priority)."""
-    threads: int | None = None
-    """Intra-op threads per artifact, shared out among its workers (None: one per core)."""
-    workers: int = 1
-    """Graph calls of one artifact running at once, each on ``threads // workers`` threads."""
-    call_cost: int | None | str = "auto"
-    """Padded tokens one more batch is worth when the batcher cuts a window (None: cut every
-    ``batch_size`` rows, whatever the padding; "auto": the runtime's, 32 on the CPU)."""
-    provider: str = "auto"
+    api_key: str | None = flag(None, "Require 'Authorization: Bearer KEY' (env KVEMBED_API_KEY).", envvar="KVEMBED_API_KEY")
+    max_batch_tokens: int = flag(SERVICE_BATCH_TOKENS, "Padded tokens (rows x longest row) per batch; the runtime runs a batch in graph "
+                                 f"calls of at most its per-call budget ({CPU_CALL_TOKENS} padded tokens on the CPU and OpenVINO, the "
+                                 "whole batch on GPUs).")
+    batch_size: int = flag(64, "Rows per batch.")
+    max_wait_ms: float = flag(5.0, "Longest wait for requests being tokenised to join a batch.")
+    call_cost: int | None | str = flag(
+        "auto", "Padded tokens one more batch is worth: batches are cut where padding costs more (auto: "
+        f"{CPU_CALL_COST} on the CPU, none on GPUs; none: cut only at --batch-size).", parse=parse_call_cost)
+    max_concurrent_requests: int = flag(512, "Requests served at once; more get 429.")
+    max_client_batch_size: int = flag(2048, "Inputs per request; more get 400 (as OpenAI answers).")
+    payload_limit: int = flag("2MB", "Largest request body (e.g. 2MB, 512KiB); larger get 413.", parse=parse_size)
+    max_input_tokens: int = flag(
+        DEFAULT_MAX_INPUT_TOKENS, "Tokens one input may have, prompt included (at most each artifact's max_length; GET "
+        "/v1/models shows each model's): longer inputs get 413, or are cut with truncate=true in the request (or "
+        "--auto-truncate).")
+    auto_truncate: bool = flag(False, "Cut over-long inputs of requests that do not say 'truncate' (default: 413, as TEI "
+                               "does).", flags=("--auto-truncate/--no-auto-truncate",))
+    long_input_tokens: int | None = flag(
+        str(DEFAULT_LONG_INPUT_TOKENS), "Inputs of more tokens are embedded in a lane of their own, beside short inputs "
+        "rather than ahead of them (none: one lane for all).", parse=parse_long_input_tokens)
+    long_lane_nice: int = flag(
+        DEFAULT_LONG_LANE_NICE, "Niceness (0-19) added to the long lane's threads, so they yield the cores while short "
+        "inputs run (0: equal priority; other processes on the machine also outrank them).")
+    threads: int | None = flag(None, "onnxruntime intra-op threads per artifact, split among its workers (default: one "
+                               "per core).")
+    workers: int = flag(1, "Graph calls per artifact running at once, each on threads/workers threads (2 on 2 cores: "
+                        "more throughput under load, slower lone requests).")
+    provider: str = flag("auto", f"Runtime provider: {PROVIDER_HELP}.")
     #: OpenVINO's precision hint (provider "openvino" only; None: bf16 where the CPU has it)
     ov_precision: str | None = None
-    cors_origins: tuple[str, ...] = field(default_factory=tuple)
-    max_batch_size: InitVar[int | None] = None
-    """The old name of :attr:`batch_size` (accepted when building a config)."""
+    cors_origins: tuple[str, ...] = flag((), "Allow browser calls from this origin (repeatable; default: no CORS).",
+                                         flags=("--cors-origin",), many=True)
 
-    def __post_init__(self, max_batch_size: int | None) -> None:
-        if max_batch_size is not None:
-            object.__setattr__(self, "batch_size", max_batch_size)
+    def __post_init__(self) -> None:
+        if self.api_key == "":  # an empty key could never be sent: it means none (an empty KVEMBED_API_KEY)
+            object.__setattr__(self, "api_key", None)
         for name in ("max_batch_tokens", "batch_size", "max_concurrent_requests", "max_client_batch_size", "payload_limit",
                      "max_input_tokens"):
             if getattr(self, name) < 1:
@@ -124,25 +149,3 @@ def parse_artifact(value: str) -> tuple[str, Path]:
     if not (directory / MANIFEST).is_file():
         raise FileNotFoundError(f"{str(directory)!r} is not a kvembed artifact (no {MANIFEST}); export one with kvembed-export")
     return name, directory
-
-
-def parse_call_cost(value: str) -> int | None | str:
-    """``--call-cost``: ``auto``, ``none`` or a number of tokens."""
-    text = value.strip().lower()
-    if text in ("auto", "none"):
-        return None if text == "none" else "auto"
-    try:
-        return int(text)
-    except ValueError:
-        raise InvalidInput(f"--call-cost must be auto, none or an integer >= 0 (tokens), got {value!r}") from None
-
-
-def parse_long_input_tokens(value: str) -> int | None:
-    """``--long-input-tokens``: a number of tokens, or ``none`` (one lane)."""
-    text = value.strip().lower()
-    if text == "none":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise InvalidInput(f"--long-input-tokens must be an integer >= 1 (tokens) or none, got {value!r}") from None

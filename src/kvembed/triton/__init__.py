@@ -9,10 +9,14 @@ repositories, so it imports nothing at import time.
 
 
 def __getattr__(name: str):
-    if name in {"write_repository", "ServingOptions"}:
-        from . import repository
+    if name == "write_repository":
+        from .repository import write_repository
 
-        return getattr(repository, name)
+        return write_repository
+    if name == "ServingOptions":
+        from .options import ServingOptions
+
+        return ServingOptions
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

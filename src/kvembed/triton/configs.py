@@ -7,7 +7,7 @@ own schema rather than by hand-formatted strings.
 
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -15,86 +15,16 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..artifact import MODEL, Manifest
-from ..backends.catalogue import PROVIDERS as PYTHON_PROVIDERS
 from ..backends.tensorrt import engine_limits
 from ..errors import InvalidInput
+from .options import ServingOptions
 
-BACKENDS = ("python", "onnxruntime", "tensorrt")
-KIND_CHOICES = ("query", "document", "both")
 CONFIG = "config.pbtxt"
 MAIN_OUTPUT = "embedding"
 #: the graph inputs a tokenizer can produce, in the runtime's order
 TOKEN_INPUTS = ("input_ids", "attention_mask", "pool_mask")
 #: the shortest and a typical sequence length for TensorRT optimisation profiles
 OPT_SEQUENCE = 128
-
-
-@dataclass(frozen=True)
-class ServingOptions:
-    """How the repository serves each artifact (the ``kvembed triton build`` flags)."""
-
-    backend: str = "python"
-    max_batch_size: int = 64
-    instances: int = 1
-    max_queue_delay_us: int = 2000
-    preferred_batch_sizes: tuple[int, ...] = ()
-    kind: str = "both"
-    warmup: bool = False
-    tensorrt_accelerator: bool = False
-    fp16: bool = False
-    #: onnxruntime intra-op threads per model instance (0: onnxruntime's default, one per core).
-    #: 1 by default: instances scale throughput, and several multi-threaded pools (plus the
-    #: tokenizer stubs) on the same cores stall on their slowest thread (benchmarks/log/triton.md).
-    threads: int = 1
-    #: python backend: the runtime provider its model instances load the artifact with
-    provider: str = "auto"
-    #: python backend: padded tokens (rows x longest row) per batch of merged rows (None: the
-    #: runtime's per-call budget, Embedder.max_call_tokens); batches run in graph calls of at most that
-    max_batch_tokens: int | None = None
-    #: the old name of ``max_batch_tokens`` (accepted when building the options)
-    max_tokens: InitVar[int | None] = None
-
-    def __post_init__(self, max_tokens: int | None) -> None:
-        if max_tokens is not None:
-            object.__setattr__(self, "max_batch_tokens", max_tokens)
-        if self.backend not in BACKENDS:
-            raise InvalidInput(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.kind not in KIND_CHOICES:
-            raise InvalidInput(f"kind must be one of {', '.join(KIND_CHOICES)}, got {self.kind!r}")
-        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 0:
-            raise InvalidInput(f"threads must be an integer >= 0 (0 = onnxruntime's default), got {self.threads!r}")
-        for name in ("max_batch_size", "instances"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidInput(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.max_queue_delay_us, int) or self.max_queue_delay_us < 0:
-            raise InvalidInput(f"max_queue_delay_us must be an integer >= 0, got {self.max_queue_delay_us!r}")
-        bad = [size for size in self.preferred_batch_sizes if not 1 <= int(size) <= self.max_batch_size]
-        if bad:
-            raise InvalidInput(
-                f"preferred batch sizes {bad} are outside 1..max_batch_size ({self.max_batch_size}); "
-                "lower them or raise --max-batch-size"
-            )
-        if self.tensorrt_accelerator and self.backend != "onnxruntime":
-            raise InvalidInput("--tensorrt-accelerator is an onnxruntime-backend option; add --backend onnxruntime")
-        if self.provider not in PYTHON_PROVIDERS:
-            raise InvalidInput(f"provider must be one of {', '.join(PYTHON_PROVIDERS)}, got {self.provider!r}")
-        if self.provider != "auto" and self.backend != "python":
-            raise InvalidInput(f"--provider {self.provider} is a python-backend option (the {self.backend} backend picks its own); "
-                             "drop it or add --backend python")
-        if self.max_batch_tokens is not None:
-            if not isinstance(self.max_batch_tokens, int) or isinstance(self.max_batch_tokens, bool) or self.max_batch_tokens < 1:
-                raise InvalidInput(f"max_batch_tokens must be a positive integer, got {self.max_batch_tokens!r}")
-            if self.backend != "python":
-                raise InvalidInput("--max-batch-tokens is a python-backend option (graph backends run what the tokenizer batched); add --backend python")
-        if self.fp16 and self.backend == "python":
-            raise InvalidInput("--fp16 applies to TensorRT (--backend tensorrt, or onnxruntime with --tensorrt-accelerator)")
-
-    @property
-    def gpu(self) -> bool:
-        """onnxruntime / TensorRT model instances run on GPUs; python-backend ones on CPUs unless
-        their provider is cuda or tensorrt."""
-        return self.backend != "python" or self.provider in ("cuda", "tensorrt")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ from typing import Sequence
 
 from ..version import __version__
 from ..backends.tensorrt import describe_profiles
-from .configs import ArtifactFacts, ServingOptions, plan_build_command
+from .configs import ArtifactFacts, plan_build_command
+from .options import ServingOptions
 
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release kvembed tests against
 

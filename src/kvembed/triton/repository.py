@@ -15,9 +15,9 @@ import errno
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from tritonclient.utils import serialize_byte_tensor
@@ -26,7 +26,8 @@ from ..artifact import MANIFEST, MODEL, TOKENIZER, Manifest, check_intact, load_
 from ..artifact.staging import check_output, staged
 from ..backends.tensorrt import PLAN, is_engine_dir, read_engine_json
 from ..runtime.artifact import encoder_from_manifest
-from .configs import ArtifactFacts, ServingOptions, ensemble_config, model_config, plan_build_command, tokenize_config, write_config
+from .configs import ArtifactFacts, ensemble_config, model_config, plan_build_command, tokenize_config, write_config
+from .options import ServingOptions
 from .readme import repository_readme
 from .vendor import copy_runtime
 from ..errors import InvalidInput
@@ -89,38 +90,25 @@ def write_repository(
     out: str | os.PathLike[str],
     names: Sequence[str] | str | None = None,
     *,
-    backend: str = "python",
-    max_batch_size: int = 64,
-    instances: int = 1,
-    max_queue_delay_us: int = 2000,
-    preferred_batch_sizes: Sequence[int] = (),
-    kind: str = "both",
-    warmup: bool = False,
-    tensorrt_accelerator: bool = False,
-    fp16: bool = False,
-    threads: int = 1,
-    provider: str = "auto",
-    max_batch_tokens: int | None = None,
-    max_tokens: int | None = None,
     force: bool = False,
     say: Say | None = None,
+    **settings: Any,
 ) -> Path:
     """Write a Triton model repository serving ``artifacts`` to ``out``; returns its path.
 
-    Options are those of ``kvembed triton build`` (see :class:`ServingOptions`). Raises
+    ``settings`` are :class:`ServingOptions`' fields, those of ``kvembed triton build``. Raises
     ValueError / FileNotFoundError / FileExistsError naming the problem before writing anything.
-    ``max_tokens`` is the old name of ``max_batch_tokens``. ``say`` gets one line when big weights had to be copied instead of hard-linked (:func:`place_file`).
+    ``say`` gets one line when big weights had to be copied instead of hard-linked (:func:`place_file`).
     """
     if isinstance(artifacts, (str, os.PathLike)):
         artifacts = [artifacts]
     if isinstance(names, str):
         names = [names]
-    options = ServingOptions(
-        backend=backend, max_batch_size=max_batch_size, instances=instances, max_queue_delay_us=max_queue_delay_us,
-        preferred_batch_sizes=tuple(int(size) for size in preferred_batch_sizes), kind=kind, warmup=warmup,
-        tensorrt_accelerator=tensorrt_accelerator, fp16=fp16, threads=threads, provider=provider,
-        max_batch_tokens=max_batch_tokens, max_tokens=max_tokens,
-    )
+    known = [f.name for f in fields(ServingOptions)]
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise TypeError(f"write_repository() has no option {', '.join(unknown)}; the options are {', '.join(known)}")
+    options = ServingOptions(**settings)
     entries = plan_entries(list(artifacts), list(names) if names else None)
     engines = [str(entry.artifact) for entry in entries if entry.facts.engine is not None]
     if engines and options.backend != "tensorrt":

@@ -10,8 +10,8 @@ the backend's row limit. Results are split back so every caller gets its own row
 
 Config parameters: ``provider`` (auto | cpu | cuda | tensorrt | openvino), ``threads``
 (onnxruntime intra-op threads; empty = onnxruntime's default), ``batch_size`` (rows per batch),
-``max_batch_tokens`` (padded tokens per batch; empty = the runtime's per-call budget; ``max_tokens``
-is its old name), ``max_padding`` (the largest fraction of a row that may be padding, default
+``max_batch_tokens`` (padded tokens per batch; empty = the runtime's per-call budget),
+``max_padding`` (the largest fraction of a row that may be padding, default
 :data:`DEFAULT_MAX_PADDING`: one merge holds few rows of spread-out lengths, and padding them
 costs CPU for nothing; benchmarks/log/triton.md).
 """
@@ -42,7 +42,7 @@ def _int(text, default):
 def batch_policy(parameters, config, embedder):
     """The model's :class:`BatchPolicy` from its config parameters: greedy cuts capped by
     ``max_padding`` (no call cost), the embedder's per-call budget."""
-    tokens = _int(parameters.get("max_batch_tokens", "") or parameters.get("max_tokens", ""), None)
+    tokens = _int(parameters.get("max_batch_tokens", ""), None)
     padding = str(parameters.get("max_padding", "")).strip()
     return BatchPolicy.from_options(
         embedder.policy,
