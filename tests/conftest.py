@@ -192,6 +192,21 @@ def build_tiny_model(arch: str, folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def tiny_gguf(path: Path, architecture: str, layers: int = 2) -> Path:
+    """A GGUF file written by the gguf package: ``general.architecture``, a block count and one
+    small tensor; enough for a header reader, no model."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_block_count(layers)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """arch -> folder of a saved tiny random model with the demo tokenizer."""

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import tiny_gguf
 from kvembed.methods.models import PACKAGED, packaged_model_path
 
 try:
@@ -141,13 +142,7 @@ def test_export_from_gguf_passes_the_gate_and_records_the_source(smol, tmp_path)
 def test_damaged_and_foreign_gguf_files_are_one_line_errors(tmp_path, cache):
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(SMOLLM2.read_bytes()[: 1 << 20])
-    writer = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
-    writer.add_block_count(2)
-    writer.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    tiny_gguf(tmp_path / "gpt2.gguf", "gpt2")
     notgguf = tmp_path / "text.gguf"
     notgguf.write_text("hello", encoding="utf-8")
     cases = {truncated: "not a readable GGUF file", tmp_path / "gpt2.gguf": "architecture 'gpt2'", notgguf: "not a readable GGUF"}

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InvalidInput, KvembedError
+from ..methods.architectures import SUPPORTED
 from ..sizes import parse_size
 
 GIB = 1 << 30
@@ -227,7 +228,9 @@ class ParamCounts:
 
 
 def count_parameters(config: Mapping[str, Any]) -> ParamCounts:
-    """Parameter counts of a llama/mistral/qwen2/qwen3 ``config.json``; ValueError naming a missing key."""
+    """Parameter counts of a ``config.json`` of a supported architecture, from the facts of its
+    :class:`~kvembed.methods.architectures.Architecture` entry; InvalidInput naming a missing key
+    or an unsupported architecture."""
 
     def need(key: str) -> int:
         value = config.get(key)
@@ -235,21 +238,23 @@ def count_parameters(config: Mapping[str, Any]) -> ParamCounts:
             raise InvalidInput(f"config.json has no valid {key!r}")
         return value
 
+    arch = SUPPORTED.get(config.get("model_type"))
+    if arch is None:
+        raise InvalidInput(f"no memory estimate for architecture {config.get('model_type')!r}")
     hidden, ffn, layers = need("hidden_size"), need("intermediate_size"), need("num_hidden_layers")
     heads, vocab = need("num_attention_heads"), need("vocab_size")
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or hidden // heads
-    model_type = config.get("model_type")
     q, kv = heads * head_dim, kv_heads * head_dim
     attention = hidden * q + 2 * hidden * kv + q * hidden
-    if model_type == "qwen2" or config.get("attention_bias"):
-        attention += q + 2 * kv  # q/k/v biases
-    if model_type != "qwen2" and config.get("attention_bias"):
-        attention += hidden  # llama/mistral/qwen3 put it on o_proj too
-    mlp = 3 * hidden * ffn + (2 * ffn + hidden if config.get("mlp_bias") else 0)
-    norms = 2 * hidden + (2 * head_dim if model_type == "qwen3" else 0)  # qwen3: per-head q_norm/k_norm
+    if arch.qkv_bias or arch.biased(config, "attention_bias"):
+        attention += q + 2 * kv
+    if arch.biased(config, "attention_bias"):
+        attention += hidden  # o_proj carries one too
+    mlp = 3 * hidden * ffn + (2 * ffn + hidden if arch.biased(config, "mlp_bias") else 0)
+    norms = (4 if arch.sandwich_norms else 2) * hidden + (2 * head_dim if arch.qk_norm else 0)
     embedding = vocab * hidden
-    tied = bool(config.get("tie_word_embeddings", False))
+    tied = bool(config.get("tie_word_embeddings", arch.tied_by_default))
     return ParamCounts(
         embedding=embedding, per_layer=attention + mlp + norms, final_norm=hidden, lm_head=0 if tied else embedding,
         num_layers=layers, largest_tensor=max(embedding, hidden * ffn),
@@ -374,6 +379,8 @@ def export_memory_check(model: Any, method: str, precision: str, **method_option
     if found is None:
         return None
     config, preset_id, gguf = found
+    if config.get("model_type") not in SUPPORTED:
+        return None  # the loader refuses it in its own words
     try:
         counts = count_parameters(config)
     except ValueError as err:
@@ -402,19 +409,22 @@ def export_memory_check(model: Any, method: str, precision: str, **method_option
 def _find_config(model: Any, revision: str | None) -> tuple[dict[str, Any], str | None, bool] | None:
     """(config dict, preset id, weights still to dequantize from a GGUF) without loading weights or
     calling the network: a folder, an alias, a GGUF file, or a hub id already in the HF cache."""
-    from ..modeling.gguf import MARKER, cached_folder, find_gguf, read_info
+    from ..modeling.gguf import MARKER, cached_folder, find_gguf, open_reader, read_info
     from ..methods import resolve_model
+    from ..modeling.packaged import ensure_packaged
     from ..modeling.sources import cached_snapshot
 
+    ensure_packaged(str(model))  # a GGUF shipped in parts is joined now (the loader would, next)
     location, preset_id = resolve_model(str(model))
     path = Path(location).expanduser()
     gguf_file = find_gguf(path) if path.exists() else None
     if gguf_file is not None:
-        info = read_info(gguf_file)
+        reader = open_reader(gguf_file)
+        info = read_info(gguf_file, reader)
         cached = cached_folder(info)
         if (cached / MARKER).is_file():  # dequantized by an earlier run: loads like a folder
             return _read_config(cached, model), preset_id, False
-        return _gguf_config(gguf_file, info.architecture, info.model_type), preset_id, True
+        return _gguf_config(reader, info.architecture, info.model_type), preset_id, True
     if path.is_dir():
         config = _read_config(path, model)
     else:
@@ -435,12 +445,12 @@ def _read_config(folder: Path, model: Any) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-def _gguf_config(path: Path, architecture: str, model_type: str) -> dict[str, Any]:
-    """The config.json keys the estimate reads, from a GGUF header (the file is mapped, not read)."""
+def _gguf_config(reader: Any, architecture: str, model_type: str) -> dict[str, Any]:
+    """The config.json keys the estimate reads, from a GGUF header (a reader of the gguf package,
+    :func:`kvembed.modeling.gguf.open_reader`)."""
     from ..modeling.gguf import gguf_field, gguf_module
 
     gguf = gguf_module()
-    reader = gguf.GGUFReader(str(path), "r")
 
     def value(key: str) -> Any:
         return gguf_field(reader, gguf, f"{architecture}.{key}")

@@ -7,7 +7,8 @@ state as first argument. Qwen3 adds per-head ``q_norm``/``k_norm`` (applied befo
 keys our attention function receives are already normed and rotated); Qwen2 adds q/k/v biases.
 
 Gemma 3 (``gemma3_text``) keeps that layout and adds: q/k norms as Qwen3; an ``embed_tokens``
-that multiplies by sqrt(hidden_size) itself; pre/post feed-forward norms around a GELU-tanh MLP
+that multiplies by sqrt(hidden_size) itself (kvembed calls ``embed_tokens``, so no field says
+so); pre/post feed-forward norms around a GELU-tanh MLP
 (``hidden_activation``); the attention scale ``query_pre_attn_scalar ** -0.5`` (passed to the
 attention function as ``scaling``); sliding-window layers interleaved with global ones
 (``layer_types``), each kind with its own RoPE base. A re-routed prefix is an extra key/value
@@ -26,33 +27,52 @@ from ..errors import InvalidInput
 
 @dataclass(frozen=True)
 class Architecture:
+    """Everything kvembed reads about one architecture. Adding one is an entry in :data:`SUPPORTED`
+    (plus a file in ``modeling/patch/`` if its forward differs): the GGUF loader, the export's
+    memory estimate and the patched forward take their facts from here."""
+
     model_type: str
+    #: llama.cpp's name for it: a GGUF file's ``general.architecture``
+    gguf_name: str
+    #: per-head RMSNorms of queries and keys (``q_norm``/``k_norm``) in every layer
     qk_norm: bool = False
+    #: q/k/v projections always carry biases (Qwen2), whatever the config says
+    qkv_bias: bool = False
+    #: the config switches this architecture honours: ``attention_bias`` (q/k/v/o), ``mlp_bias`` (the MLP)
+    bias_switches: tuple[str, ...] = ("attention_bias",)
     #: the config attribute naming the MLP activation, and the values kvembed supports
     activation_field: str = "hidden_act"
     activations: tuple[str, ...] = ("silu", "swish")
     #: ``config.layer_types`` mixes sliding-window and global layers, each with its own RoPE
     per_layer_window: bool = False
-    #: ``embed_tokens`` multiplies its rows by sqrt(hidden_size)
-    scaled_embeddings: bool = False
-    #: extra norms after attention and around the MLP (Gemma's sandwich norms)
+    #: extra norms after attention and around the MLP (Gemma's sandwich norms): four a layer, not two
     sandwich_norms: bool = False
+    #: ``tie_word_embeddings`` when config.json leaves it out (the transformers config class's default)
+    tied_by_default: bool = False
 
     def activation(self, config: Any) -> str:
-        value = config.get(self.activation_field) if isinstance(config, dict) else getattr(config, self.activation_field, None)
+        value = _field(config, self.activation_field)
         return self.activations[0] if value is None else value
+
+    def biased(self, config: Any, switch: str) -> bool:
+        """Whether ``config`` turns on the biases ``switch`` names (False for a switch this
+        architecture does not honour: Mistral's projections never carry one)."""
+        return switch in self.bias_switches and bool(_field(config, switch))
 
 
 SUPPORTED: dict[str, Architecture] = {
-    "llama": Architecture("llama"),
-    "mistral": Architecture("mistral"),
-    "qwen2": Architecture("qwen2"),
-    "qwen3": Architecture("qwen3", qk_norm=True),
+    "llama": Architecture("llama", "llama", bias_switches=("attention_bias", "mlp_bias")),
+    "mistral": Architecture("mistral", "mistral", bias_switches=()),
+    "qwen2": Architecture("qwen2", "qwen2", qkv_bias=True, bias_switches=()),
+    "qwen3": Architecture("qwen3", "qwen3", qk_norm=True),
     "gemma3_text": Architecture(
-        "gemma3_text", qk_norm=True, activation_field="hidden_activation",
-        activations=("gelu_pytorch_tanh",), per_layer_window=True, scaled_embeddings=True, sandwich_norms=True,
+        "gemma3_text", "gemma3", qk_norm=True, activation_field="hidden_activation",
+        activations=("gelu_pytorch_tanh",), per_layer_window=True, sandwich_norms=True, tied_by_default=True,
     ),
 }
+
+#: GGUF ``general.architecture`` -> the :class:`Architecture` it is
+BY_GGUF_NAME: dict[str, Architecture] = {arch.gguf_name: arch for arch in SUPPORTED.values()}
 
 
 def _field(config: Any, name: str) -> Any:

@@ -28,12 +28,11 @@ from ..status import waiting
 from ..cache import cache_root
 from ..errors import KvembedError, MissingDependency
 from ..extras import install_hint
+from ..methods.architectures import BY_GGUF_NAME
 
 SUFFIX = ".gguf"
 #: written last into a cache folder: its presence means the folder is complete
 MARKER = "kvembed-gguf.json"
-#: GGUF ``general.architecture`` -> transformers model_type, for the architectures kvembed supports
-ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 
 
 class GGUFError(KvembedError, ValueError):
@@ -114,19 +113,27 @@ def sha256_of(path: Path) -> str:
     return index[key]
 
 
-def read_info(path: Path) -> GGUFInfo:
-    """Header facts of a GGUF file; GGUFError (one line) for a damaged or unsupported one."""
+def open_reader(path: Path) -> Any:
+    """The gguf package's reader of ``path`` (the file is mapped, not read; parsing a header with a
+    large vocabulary still takes a while, so callers share one); GGUFError for a damaged file."""
     gguf = gguf_module()
     try:
-        reader = gguf.GGUFReader(str(path), "r")
+        return gguf.GGUFReader(str(path), "r")
     except Exception as err:  # the reader raises ValueError/KeyError/IndexError/struct errors on bad bytes
         detail = " ".join(str(err).split())[:200] or type(err).__name__
         raise GGUFError(f"{str(path)!r} is not a readable GGUF file ({detail}); is it complete?") from None
+
+
+def read_info(path: Path, reader: Any = None) -> GGUFInfo:
+    """Header facts of a GGUF file (from ``reader`` when the caller has opened it); GGUFError (one
+    line) for a damaged or unsupported one."""
+    gguf = gguf_module()
+    reader = open_reader(path) if reader is None else reader
     architecture = gguf_field(reader, gguf, "general.architecture")
-    if architecture not in ARCHITECTURES:
+    if architecture not in BY_GGUF_NAME:
         raise GGUFError(
             f"{str(path)!r} is a GGUF of architecture {architecture!r}; kvembed supports "
-            f"{', '.join(sorted(ARCHITECTURES))}"
+            f"{', '.join(sorted(BY_GGUF_NAME))}"
         )
     layers = gguf_field(reader, gguf, f"{architecture}.block_count")
     file_type = gguf_field(reader, gguf, "general.file_type")
@@ -135,8 +142,8 @@ def read_info(path: Path) -> GGUFInfo:
     except ValueError:
         quantization = f"file_type {file_type}"
     return GGUFInfo(
-        file=path.name, sha256=sha256_of(path), architecture=architecture, model_type=ARCHITECTURES[architecture],
-        num_layers=int(layers or 0), quantization=quantization, name=gguf_field(reader, gguf, "general.name"),
+        file=path.name, sha256=sha256_of(path), architecture=architecture,
+        model_type=BY_GGUF_NAME[architecture].model_type, num_layers=int(layers or 0), quantization=quantization, name=gguf_field(reader, gguf, "general.name"),
     )
 
 

@@ -47,9 +47,10 @@ class ModelSource:
     gguf: Any = None
 
     def config(self) -> dict[str, Any] | None:
-        """The model's ``config.json`` as a dict (for a GGUF, the header's facts); None for a hub id."""
+        """The model's ``config.json`` as a dict (for a GGUF, the header's facts: no activation, so
+        its architecture entry's own); None for a hub id."""
         if self.gguf is not None:
-            return {"model_type": self.gguf.model_type, "num_hidden_layers": self.gguf.num_layers, "hidden_act": "silu"}
+            return {"model_type": self.gguf.model_type, "num_hidden_layers": self.gguf.num_layers}
         path = Path(self.location) / "config.json"
         if not path.parent.is_dir():
             return None
