@@ -111,9 +111,9 @@ def _is_demo_model(config: Any) -> bool:
 
     if not config.artifact:
         return str(config.source) == DEMO_MODEL
-    from ..artifact import load_manifest
+    from ..artifact import manifest_of
 
-    return load_manifest(config.source).source.model == DEMO_MODEL
+    return manifest_of(config.manifest or config.source).source.model == DEMO_MODEL
 
 
 def _describe(task: Any, local: list[Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..artifact import check_artifact_options, is_artifact
+from ..artifact import check_artifact_options, is_artifact, load_manifest
 from .runner import LABEL, Configuration
 from ..errors import InvalidInput
 
@@ -70,9 +70,10 @@ def plan(
             if configs and not models:
                 raise InvalidInput(f"{source!r} is an artifact: it fixes its method and options, so --config applies "
                                  f"to models only; export one artifact per configuration, or evaluate a model")
+            manifest = load_manifest(source)
             if not configs:
-                check_artifact_options(source, method, dict(options), max_length)
-            plans.append(Configuration(label or Path(source).expanduser().resolve().name, source, True))
+                check_artifact_options(manifest, method, dict(options), max_length)
+            plans.append(Configuration(label or Path(source).expanduser().resolve().name, source, True, manifest=manifest))
             continue
         prefix = label or (Path(source).name or source)
         if not requests:

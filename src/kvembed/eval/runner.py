@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ..artifact import Manifest
 from ..status import waiting
 from ..runtime.mteb import MTEBEncoder
 from .tasks import LocalTask
@@ -46,6 +47,8 @@ class Configuration:
     baseline: bool = False
     model: str | None = None
     name: str | None = None
+    #: an artifact's manifest, as read once when the configuration was planned
+    manifest: Manifest | None = field(default=None, repr=False, compare=False)
 
     @property
     def slug(self) -> str:
@@ -93,7 +96,7 @@ def load_embedder(config: Configuration, *, provider: str = "auto", threads: int
     if config.artifact:
         from ..runtime import Embedder
 
-        return Embedder.load(config.source, provider=provider, threads=threads)
+        return Embedder.load(config.manifest or config.source, provider=provider, threads=threads)
     from ..modeling.reference import TorchEmbedder
 
     return TorchEmbedder.from_pretrained(config.source, config.method or "kv-embedding", max_length=max_length,
