@@ -174,8 +174,8 @@ def gate_work(artifact: Path) -> dict[str, int]:
     """The padded tokens the parity gate runs per side (its batches, the held-out texts' and a
     sliding-window model's window text included, through the artifact's own tokenizer) and the
     calibration's (int8), from the artifact's files."""
-    from kvembed.export.parity import HELD_OUT_TEXTS, gate_tokens, gated_texts
-    from kvembed.export.smoothing import calibration_feeds
+    from kvembed.export.gate.parity import HELD_OUT_TEXTS, gate_tokens, gated_texts
+    from kvembed.export.precision.smoothing import calibration_feeds
     from kvembed.artifact import read_manifest
     from kvembed.runtime.artifact import encoder_from_manifest
 
@@ -245,7 +245,7 @@ def main() -> None:
                              "(read from the first artifact before it is removed; --keep-artifacts keeps them all).")
     args = parser.parse_args()
     if args.int8_recipe is not None:  # before the checkpoint is built: a wrong name is one line
-        from kvembed.export.precision import int8_plan
+        from kvembed.export.precision.convert import int8_plan
 
         try:
             int8_plan(args.int8_recipe)

@@ -7,7 +7,7 @@ throughput at batch x tokens, interleaved over rounds (this VM drifts 10-30% min
 
     python benchmarks/int8_options.py ARTIFACT_DIR --out benchmarks/results/int8-options [--rounds 5]
 
-Recipes (the exporter's are kvembed.export.precision.INT8_RECIPES, run through its own to_int8):
+Recipes (the exporter's are kvembed.export.precision.convert.INT8_RECIPES, run through its own to_int8):
 - smooth, smooth-keep-down, plain: the exporter's (plain = quantize_dynamic, uint8 weights per channel)
 - smooth-a<alpha>: smooth with another SmoothQuant strength
 - plain-keep-down: plain with every SwiGLU down_proj left fp32, no smoothing
@@ -37,9 +37,9 @@ import onnxruntime as ort
 from kvembed.bench.measure import TorchBackend, interleaved
 from kvembed.bench.report import machine_info
 from kvembed.bench.workload import raw_token_batch
-from kvembed.export.parity import KINDS, PARITY_TEXTS, cosine_rows
-from kvembed.export.precision import INT8_RECIPES, to_int8
-from kvembed.export.smoothing import calibration_feeds
+from kvembed.export.gate.parity import KINDS, PARITY_TEXTS, cosine_rows
+from kvembed.export.precision.convert import INT8_RECIPES, to_int8
+from kvembed.export.precision.smoothing import calibration_feeds
 from kvembed.artifact import read_manifest
 from kvembed.runtime.artifact import encoder_from_manifest
 

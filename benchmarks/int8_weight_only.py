@@ -45,8 +45,8 @@ def main() -> None:
 
     from kvembed.artifact import read_manifest
     from kvembed.export.core import Exporter, load_embedder
-    from kvembed.export.parity import HELD_OUT_TEXTS, run_parity
-    from kvembed.export.precision import INT8_RECIPES
+    from kvembed.export.gate.parity import HELD_OUT_TEXTS, run_parity
+    from kvembed.export.precision.convert import INT8_RECIPES
     from kvembed.runtime.artifact import encoder_from_manifest
 
     torch.set_num_threads(2)

@@ -15,8 +15,8 @@ arithmetic); ``--dq`` sets the group size (0: off; unset: OpenVINO's default).
 Quality (what decides whether the path is worth building; the bar is int8's cosine >= 0.99):
 
 - worst row cosine against the fp32 artifact on onnxruntime (itself within 0.99999 of PyTorch) on
-  the parity gate's texts and batches (:data:`kvembed.export.parity.GATE_TEXTS`) and on the
-  held-out texts (:data:`kvembed.export.parity.HELD_OUT_TEXTS`);
+  the parity gate's texts and batches (:data:`kvembed.export.gate.parity.GATE_TEXTS`) and on the
+  held-out texts (:data:`kvembed.export.gate.parity.HELD_OUT_TEXTS`);
 - Spearman of the sample STS task (``kvembed/data/tasks/sample-sts.tsv``): gold scores against the
   cosine of the two sentences' document vectors, as mteb's ``cosine_spearman`` computes it.
 
@@ -44,7 +44,7 @@ from kvembed.bench.measure import cosine_rows, interleaved
 from kvembed.bench.report import machine_info
 from kvembed.bench.workload import exact_rows, make_batch
 from kvembed.eval.tasks import SAMPLES, load_task
-from kvembed.export.parity import GATE_TEXTS, HELD_OUT_TEXTS, gate_batches
+from kvembed.export.gate.parity import GATE_TEXTS, HELD_OUT_TEXTS, gate_batches
 from kvembed.runtime import Embedder
 
 BASE = "onnxruntime fp32"

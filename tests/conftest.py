@@ -41,7 +41,7 @@ TEXTS = [
 
 #: a CPU without avx512_bf16 / amx_bf16, stated with KVEMBED_CPU_FEATURES (the product's override of its probe)
 NO_BF16 = "avx2,avx512f"
-#: texts no parity gate decides on (kvembed/export/gate_texts.py holds the gate's)
+#: texts no parity gate decides on (kvembed/export/gate/texts.py holds the gate's)
 UNSEEN = ["The river froze early that winter.", "Quarterly revenue rose four percent", "¿Dónde está la biblioteca?",
           "def f(x): return x * 2", "a"]
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from checks import assert_matches_oracle
 from kvembed.export.core import export_result
-from kvembed.export.verification import verify
+from kvembed.export.gate.verification import verify
 from kvembed.methods import resolve
 from kvembed.methods.sharing import parse_also, resolve_also, sharing_problem
 from kvembed.runtime import Embedder

@@ -22,6 +22,13 @@ LEVELS = {
     "export": 6, "eval": 7, "bench": 7, "cli": 8, "api": 9,
 }
 LEAVES = {"errors", "cache", "lazy", "sizes", "extras", "version", "status", "flagfields", "data"}
+#: rooms laid out in sub-rooms by job: room -> {sub-room (a folder) or leaf module: level inside the
+#: room}; the room's other modules (its pipeline) share the top level, :data:`SUB_TOP`. Inside such a
+#: room a module may import only sub-rooms of a lower level, or its own sub-room.
+SUB_LEVELS = {
+    "export": {"onnx_nodes": 0, "progress": 0, "memory": 0, "source": 0, "graph": 1, "precision": 1, "gate": 2},
+}
+SUB_TOP = 3
 
 
 def room_of(module: str) -> str:
@@ -33,6 +40,17 @@ def room_of(module: str) -> str:
     if name in LEAVES:
         return "leaves"
     return name
+
+
+def sub_room_of(module: str) -> tuple[str, int] | None:
+    """``module``'s sub-room and its level inside its room (:data:`SUB_LEVELS`), or None for a room
+    without sub-rooms. The room's package itself and its other modules are the room's top."""
+    room = room_of(module)
+    if room not in SUB_LEVELS:
+        return None
+    parts = module.split(".")
+    name = parts[2] if len(parts) > 2 else ""
+    return (name, SUB_LEVELS[room][name]) if name in SUB_LEVELS[room] else ("top", SUB_TOP)
 
 
 def modules(package: Path = PACKAGE) -> list[tuple[str, Path]]:
@@ -85,6 +103,31 @@ def test_imports_go_down_the_levels_only() -> None:
             if theirs != mine and LEVELS.get(theirs, 99) >= LEVELS.get(mine, -1):
                 wrong.append(f"{module} ({mine}) imports {target} ({theirs})")
     assert not wrong, "imports against docs/architecture.md:\n" + "\n".join(sorted(wrong))
+
+
+def test_sub_rooms_import_one_way() -> None:
+    """Inside a room with sub-rooms (export: leaves -> graph/ and precision/ -> gate/ -> the
+    pipeline), imports go down the sub-room levels only; graph/ and precision/ do not import each other."""
+    wrong = []
+    for module, path in modules():
+        mine = sub_room_of(module)
+        if mine is None:
+            continue
+        for target in imported(module, path):
+            theirs = sub_room_of(target) if room_of(target) == room_of(module) else None
+            if theirs is not None and theirs[0] != mine[0] and theirs[1] >= mine[1]:
+                wrong.append(f"{module} ({mine[0]}) imports {target} ({theirs[0]})")
+    assert not wrong, "imports against the sub-rooms of docs/architecture.md:\n" + "\n".join(sorted(wrong))
+
+
+def test_every_sub_room_exists_and_is_documented() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    for room, levels in SUB_LEVELS.items():
+        for name in levels:
+            folder, module = PACKAGE / room / name, PACKAGE / room / f"{name}.py"
+            assert folder.is_dir() or module.is_file(), f"{room}/{name} named in SUB_LEVELS does not exist"
+            shown = f"`{room}/{name}/`" if folder.is_dir() else f"`{name}.py`"
+            assert shown in doc, f"docs/architecture.md does not describe {shown}"
 
 
 def test_no_module_is_longer_than_the_limit() -> None:

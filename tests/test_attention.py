@@ -17,8 +17,8 @@ import onnx
 import pytest
 
 from checks import MAX_ABS_FP32, assert_matches_oracle, assert_same, cosines
-from kvembed.export.graph import check_attention, default_attention, resolve_attention
-from kvembed.export.ops import non_portable_ops, op_types
+from kvembed.export.graph.trace import check_attention, default_attention, resolve_attention
+from kvembed.export.graph.ops import non_portable_ops, op_types
 from kvembed.runtime import Embedder
 
 STORIES = "stories260k"

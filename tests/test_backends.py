@@ -12,7 +12,7 @@ from checks import run_python
 from typer.testing import CliRunner
 
 from kvembed.backends import catalogue
-from kvembed.export import compare as bk
+from kvembed.export.gate import compare as bk
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -50,7 +50,7 @@ def artifact(stories_artifact):
 @pytest.fixture(scope="module")
 def real_parity(artifact):
     """The real parity gate of the artifact against a fresh PyTorch reference (it passes)."""
-    from kvembed.export.verification import verify
+    from kvembed.export.gate.verification import verify
 
     result = verify(artifact)
     assert result.passed, result.report.summary()
@@ -79,7 +79,7 @@ def perturbed_copy(model: Path, out: Path, scale: float) -> Path:
 def test_module_imports_without_tensorrt_or_gpu():
     code = (
         "import sys; sys.modules['tensorrt'] = None\n"  # `import tensorrt` raises ImportError
-        "import kvembed.export.compare, kvembed.backends.catalogue as b\n"
+        "import kvembed.export.gate.compare, kvembed.backends.catalogue as b\n"
         "problem = b.VERIFY_TARGETS['tensorrt'].problem()\n"
         "assert problem.startswith('not installed'), problem\n"
         "print(sorted(b.VERIFY_BACKENDS))\n"
@@ -248,7 +248,7 @@ def test_verify_passes_an_int8_artifact_on_openvino_bf16(stories_artifact):
 def test_openvino_missing_is_named(artifact):
     code = (
         "import sys; sys.modules['openvino'] = None\n"
-        "import kvembed.export.compare as b\n"
+        "import kvembed.export.gate.compare as b\n"
         "from kvembed.backends.protocol import BackendUnavailableError\n"
         f"names, skipped = b.resolve_backends({str(artifact)!r})\n"
         "print(skipped['openvino-f32'])\n"

@@ -23,7 +23,7 @@ from causal2vec_util import build_bert, independent_causal2vec
 from conftest import TEXTS
 from kvembed.modeling.causal2vec import Causal2VecCheckpoint, assemble
 from kvembed.export.core import Exporter
-from kvembed.export.ops import op_types
+from kvembed.export.graph.ops import op_types
 from kvembed.modeling.reference import TorchEmbedder
 from kvembed.runtime import Embedder
 from serve_util import ServerProcess

@@ -331,7 +331,7 @@ def test_mteb_encoder_accepts_a_plain_list(kv_artifact):
 def test_bf16_without_bf16_cpu_is_refused_in_one_line(monkeypatch):
     """On a CPU without BF16 (stated by KVEMBED_CPU_FEATURES) the bf16 gate cannot run bf16: refused
     before any work, naming the way out; --certify-emulated is for bf16 only."""
-    from kvembed.export.certify import check_gate_here
+    from kvembed.export.gate.certify import check_gate_here
 
     monkeypatch.setenv("KVEMBED_CPU_FEATURES", "avx2,avx512f")
     with pytest.raises(ValueError, match="no BF16") as caught:

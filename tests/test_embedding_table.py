@@ -17,9 +17,9 @@ from safetensors.numpy import load_file
 from checks import assert_matches_oracle
 from conftest import TEXTS
 from kvembed.artifact import read_manifest
-from kvembed.export.embedding_table import EmbeddingTables, embedding_tables
+from kvembed.export.precision.embedding_table import EmbeddingTables, embedding_tables
 from kvembed.artifact.external_data import stream_initializers
-from kvembed.export.precision import INT8_RECIPES, to_int8
+from kvembed.export.precision.convert import INT8_RECIPES, to_int8
 from kvembed.methods import demo_model_path
 from kvembed.runtime import Embedder
 

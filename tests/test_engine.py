@@ -23,9 +23,9 @@ from kvembed.export.engine import (
     DEFAULT_SHAPES, EngineParityError, ShapeRange, build_engine, check_engine_parity, check_tensorrt_supports,
     choose_precision, default_shapes, engine_parity, engine_record, parse_shapes, parse_size,
 )
-from kvembed.export.parity import GATE_TEXTS, PARITY_TEXTS, gate_batches
-from kvembed.export.graph import min_tensorrt
-from kvembed.export.ops import version_key
+from kvembed.export.gate.parity import GATE_TEXTS, PARITY_TEXTS, gate_batches
+from kvembed.export.graph.trace import min_tensorrt
+from kvembed.export.graph.ops import version_key
 from kvembed.artifact import sha256_file
 from engine_util import STAND_IN_PLAN, make_engine_dir
 from kvembed.backends.tensorrt import (

@@ -24,9 +24,9 @@ from checks import MAX_ABS_FP32, MIN_COSINE, assert_matches_oracle, assert_same
 from kvembed.export import ALLOWED_OPS, non_portable_ops, op_types, read_manifest
 from kvembed.runtime import Embedder
 from kvembed.artifact import REQUIRED_KEYS, sha256_file
-from kvembed.export.checks import MATRICES_PER_LAYER, decoder_layers_in_graph, weight_matmuls
+from kvembed.export.graph.checks import MATRICES_PER_LAYER, decoder_layers_in_graph, weight_matmuls
 from kvembed.export.core import OutputExistsError, ParityError, export
-from kvembed.export.verification import verify
+from kvembed.export.gate.verification import verify
 from kvembed.methods import ResolvedMethod, demo_model_path
 
 STORIES = "stories260k"
@@ -137,7 +137,7 @@ def test_stories260k(traces, stories_artifact, method, precision):
     path = stories_artifact(method, precision, **options)
     manifest = _check_artifact(path, traces.get(STORIES, method, **options).embedder, precision)
     if precision == "int8":
-        from kvembed.export.precision import INT8_RECIPES
+        from kvembed.export.precision.convert import INT8_RECIPES
 
         per_row = INT8_RECIPES[manifest["graph"]["precision_conversion"]["recipe"]].per_row
         # per-token recipes quantise activations with element-wise ops, per-tensor ones with DynamicQuantizeLinear
@@ -425,7 +425,7 @@ def test_cli_verify_parity_failure_exits_1(stories_kv, tmp_path):
 
 
 def test_bf16_is_gated_on_openvino_because_onnxruntime_cpu_cannot_run_it():
-    """Why a bf16 artifact holds the fp32 graph and is gated on OpenVINO (kvembed.export.certify):
+    """Why a bf16 artifact holds the fp32 graph and is gated on OpenVINO (kvembed.export.gate.certify):
     the installed onnxruntime's CPU provider has no bf16 MatMul. If this starts failing, onnxruntime
     gained bf16 CPU kernels and a bf16-typed graph could be gated on it."""
     import onnxruntime as ort

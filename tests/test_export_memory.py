@@ -26,11 +26,13 @@ from onnx.external_data_helper import uses_external_data
 from checks import assert_matches_oracle
 from conftest import tiny_config
 from kvembed.artifact import external_data
-from kvembed.export import core, rewrites, verification
+from kvembed.export import core
+from kvembed.export.graph import rewrites
+from kvembed.export.gate import verification
 from kvembed.export.core import Exporter, export_result, load_embedder
-from kvembed.export.checks import MATRICES_PER_LAYER, weight_matmuls
+from kvembed.export.graph.checks import MATRICES_PER_LAYER, weight_matmuls
 from kvembed.artifact.external_data import DATA_FILE, EXTERNAL_MIN_BYTES
-from kvembed.export.parity import GATE_TEXTS, HELD_OUT_TEXTS, gate_batches
+from kvembed.export.gate.parity import GATE_TEXTS, HELD_OUT_TEXTS, gate_batches
 from kvembed.export.progress import STAGES
 from kvembed.methods import demo_model_path
 from kvembed.runtime import Embedder

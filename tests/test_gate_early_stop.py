@@ -15,8 +15,8 @@ import pytest
 from checks import MIN_COSINE, cosines, oracle_rows
 from kvembed.artifact import read_manifest
 from kvembed.export.core import Exporter, ParityError, load_embedder
-from kvembed.export.parity import GATE_TEXTS, ParityReport, gate_batches, parity_reports, parity_session, run_parity
-from kvembed.export.precision import int8_plan
+from kvembed.export.gate.parity import GATE_TEXTS, ParityReport, gate_batches, parity_reports, parity_session, run_parity
+from kvembed.export.precision.convert import int8_plan
 from kvembed.runtime import Embedder
 from kvembed.runtime.artifact import encoder_from_manifest
 

@@ -14,8 +14,8 @@ import pytest
 
 from kvembed.artifact import Manifest, load_manifest
 from kvembed.errors import InvalidInput
-from kvembed.export.gate_texts import GATE, HELD_OUT, WINDOW, load_gate_texts
-from kvembed.export.parity import CASES, GATE_TEXTS, HELD_OUT_TEXTS, KINDS, PARITY_TEXTS, gate_batches
+from kvembed.export.gate.texts import GATE, HELD_OUT, WINDOW, load_gate_texts
+from kvembed.export.gate.parity import CASES, GATE_TEXTS, HELD_OUT_TEXTS, KINDS, PARITY_TEXTS, gate_batches
 from kvembed.modeling.layers.calibration import builtin_calibration_path
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -17,9 +17,9 @@ from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Conf
 
 from independent import Oracle
 from kvembed.export.core import Exporter, ParityError, load_embedder
-from kvembed.export.gate_texts import WINDOW_MARGIN
-from kvembed.export.parity import GATE_TEXTS, gate_batches, gate_tokens, model_gate_texts, parity_session, run_parity
-from kvembed.export.verification import verify
+from kvembed.export.gate.texts import WINDOW_MARGIN
+from kvembed.export.gate.parity import GATE_TEXTS, gate_batches, gate_tokens, model_gate_texts, parity_session, run_parity
+from kvembed.export.gate.verification import verify
 from kvembed.methods.architectures import sliding_window
 from kvembed.runtime.artifact import encoder_from_manifest
 from kvembed.artifact import read_manifest
@@ -167,7 +167,7 @@ def test_gate_work_counts_the_window_text(long_window_export):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from export_memory import gate_work
 
-    from kvembed.export.parity import HELD_OUT_TEXTS
+    from kvembed.export.gate.parity import HELD_OUT_TEXTS
 
     _, result = long_window_export
     encoder = encoder_from_manifest(result.path, result.manifest)

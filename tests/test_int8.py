@@ -17,9 +17,9 @@ from onnx import numpy_helper
 
 from checks import cosines
 from conftest import TEXTS
-from kvembed.export.parity import gate_batches
-from kvembed.export.precision import INT8_AUTO, INT8_RECIPES, to_int8
-from kvembed.export.smoothing import activation_ranges, calibration_feeds, massive_input_nodes, smooth, smoothable_groups
+from kvembed.export.gate.parity import gate_batches
+from kvembed.export.precision.convert import INT8_AUTO, INT8_RECIPES, to_int8
+from kvembed.export.precision.smoothing import activation_ranges, calibration_feeds, massive_input_nodes, smooth, smoothable_groups
 from kvembed.methods import demo_model_path
 from kvembed.artifact import read_manifest
 from kvembed.runtime.artifact import encoder_from_manifest
@@ -232,7 +232,7 @@ def test_quantisation_equals_onnxruntimes_whole_model_run(fp32, tmp_path, weight
     weights, scales and zero points, the same outputs; MatMuls named in ``exclude`` stay fp32."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from kvembed.export.quantize import WeightFormat, quantize_matmuls
+    from kvembed.export.precision.quantize import WeightFormat, quantize_matmuls
 
     artifact, graph = fp32
     excluded = [n.name for n in onnx.load(str(graph), load_external_data=False).graph.node
@@ -264,7 +264,7 @@ def test_a_weights_edge_cases_quantise_as_onnxruntime_does():
     from onnx import TensorProto
     from onnxruntime.quantization.quant_utils import quantize_data
 
-    from kvembed.export.quantize import WeightFormat, quantize_per_channel
+    from kvembed.export.precision.quantize import WeightFormat, quantize_per_channel
 
     rng = np.random.default_rng(0)
     weight = rng.normal(size=(64, 7)).astype(np.float32)
@@ -313,7 +313,7 @@ def test_calibration_ranges_are_the_maxima_over_real_tokens(fp32):
 def test_recipes_tried_in_turn_calibrate_once(fp32, tmp_path, monkeypatch):
     """A fallback recipe reuses the ranges the first one measured (the fp32 graph runs once) and
     writes the same graph as when it calibrates on its own."""
-    from kvembed.export import smoothing
+    from kvembed.export.precision import smoothing
 
     artifact, graph = fp32
     feeds = calibration_feeds(encoder_from_manifest(artifact, read_manifest(artifact)), TEXTS, batch=3)
@@ -336,8 +336,8 @@ def test_a_recipe_that_repeats_a_tried_graph_is_skipped(fp32, tmp_path):
     """A recipe keeping no more MatMuls fp32 than one already tried (here: keep the down_projs
     whose input spreads over 1e9 x its median: none) would write the same graph: to_int8 says so
     instead of converting again, and the exporter moves on to the next recipe."""
-    from kvembed.export.precision import Int8Recipe, SameGraphError
-    from kvembed.export.smoothing import DEFAULT_ALPHA
+    from kvembed.export.precision.convert import Int8Recipe, SameGraphError
+    from kvembed.export.precision.smoothing import DEFAULT_ALPHA
 
     artifact, graph = fp32
     feeds = calibration_feeds(encoder_from_manifest(artifact, read_manifest(artifact)), TEXTS, batch=3)
@@ -367,7 +367,7 @@ def test_per_row_activations_quantise_each_token_on_its_own_scale(tmp_path):
     row x gets s = max|x| / 127, q = round(x / s) in [-127, 127], and y = (q @ W_int) * s * w_scale
     with the weights' per-channel 7-bit scales; a token 1000x larger than the rest (a massive
     activation) then leaves the others as accurate as without it, which per-tensor scales do not."""
-    from kvembed.export.quantize import WeightFormat, quantize_matmuls
+    from kvembed.export.precision.quantize import WeightFormat, quantize_matmuls
 
     rng = np.random.default_rng(3)
     weight = rng.normal(size=(48, 20)).astype(np.float32)

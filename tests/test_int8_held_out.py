@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from kvembed.artifact import Certificate, load_manifest
-from kvembed.export.gate_texts import GATE_TEXTS, HELD_OUT_TEXTS
+from kvembed.export.gate.texts import GATE_TEXTS, HELD_OUT_TEXTS
 from kvembed.methods import demo_model_path
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -139,7 +139,7 @@ def test_a_graph_kvembed_did_not_quantise_is_refused(tmp_path):
     import onnx
     from onnx import TensorProto, helper
 
-    from kvembed.export.openvino_graph import write_openvino_graph
+    from kvembed.export.graph.openvino_graph import write_openvino_graph
 
     graph = helper.make_graph(
         [helper.make_node("MatMulInteger", ["a", "b"], ["y"], name="mm")], "g",

@@ -19,8 +19,8 @@ from checks import assert_matches_oracle
 from conftest import TEXTS
 from kvembed.artifact import read_manifest
 from kvembed.errors import InvalidInput
-from kvembed.export.parity import parity_session
-from kvembed.export.precision import INT8_AUTO, int8_plan, int8_recipe_help, to_int8
+from kvembed.export.gate.parity import parity_session
+from kvembed.export.precision.convert import INT8_AUTO, int8_plan, int8_recipe_help, to_int8
 from kvembed.methods import demo_model_path
 from kvembed.runtime import Embedder
 from kvembed.runtime.artifact import encoder_from_manifest

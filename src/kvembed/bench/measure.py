@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..backends.catalogue import BACKENDS as RUNTIME_BACKENDS
-from ..export.parity import cosine_rows  # noqa: F401  (torch-free; re-exported for the bench)
+from ..export.gate.parity import cosine_rows  # noqa: F401  (torch-free; re-exported for the bench)
 from ..errors import InvalidInput
 
 #: what the bench times: the runtime on onnxruntime's CPU provider, the PyTorch reference, the
@@ -336,12 +336,12 @@ class TorchBackend(Backend):
         import torch  # noqa: F401
         import transformers  # noqa: F401
 
-        from ..export.verification import reference_for  # noqa: F401
+        from ..export.gate.verification import reference_for  # noqa: F401
 
     def __init__(self, manifest: Mapping[str, Any], threads: int) -> None:
         import torch
 
-        from ..export.verification import reference_for
+        from ..export.gate.verification import reference_for
 
         torch.set_num_threads(int(threads))
         with contextlib.suppress(RuntimeError):  # only allowed before any parallel work

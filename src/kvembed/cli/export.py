@@ -82,7 +82,7 @@ class StageDisplay:
 
 
 def _int8_recipe_help() -> str:
-    from ..export.precision import int8_recipe_help  # torch-free
+    from ..export.precision.convert import int8_recipe_help  # torch-free
 
     return int8_recipe_help()
 
@@ -199,13 +199,9 @@ def export_command(
     ),
 ) -> None:
     """Export MODEL computing METHOD as an ONNX artifact in OUT, gated on parity with PyTorch."""
-    from ..export.certify import check_gate_here
-    from ..export.core import check_output
-    from ..export.precision import check_int8_recipe, check_precision
+    from ..export.request import ExportRequest
 
-    from ..export.graph import resolve_attention
-
-    def preflight() -> None:  # cheap checks before importing torch or loading weights
+    def preflight() -> ExportRequest:  # cheap checks before importing torch or loading weights: the request, checked once
         from ..methods import get_method
         from ..methods.sharing import parse_also
         from ..modeling.sources import preflight as check_model
@@ -213,35 +209,33 @@ def export_command(
         get_method(method)
         for item in also or []:
             get_method(parse_also(item).method)
-        check_int8_recipe(int8_recipe, check_precision(precision))
-        check_gate_here(check_precision(precision), certify_emulated)
-        check_output(out, force)
-        check_int8_recipe(int8_recipe, check_precision(precision), resolve_attention(attention, opset)[1])  # weight-only: opset 21
+        request = ExportRequest.checked(
+            out, precision, force=force, int8_recipe=int8_recipe, certify_emulated=certify_emulated, attention=attention,
+            opset=opset, model=model, method=method, max_length=max_length, padding_side=padding_side,
+            optimize=not no_optimize, check_memory=not skip_memory_check, also=list(also or []), **options,
+        )
         check_model(model, method, options, list(also or []))
+        return request
 
-    preflight()
+    request = preflight()
     console.print(f"[bold]kvembed-export[/] {method} on {model} -> {out} ({precision})", highlight=False)
 
     def job() -> Any:
         import logging
         import warnings
 
-        from ..export.core import export_result
+        from ..export.core import run_export
         from ..export.memory import MemoryEstimateWarning
 
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         with warnings.catch_warnings(), StageDisplay() as display:
             warnings.simplefilter("ignore")
             warnings.simplefilter("default", MemoryEstimateWarning)  # "exporting unchecked" is news
-            return export_result(
-                model, method, out, precision, max_length=max_length, opset=opset, attention=attention, force=force,
-                padding_side=padding_side, optimize=not no_optimize, progress=display, also=list(also or []),
-                int8_recipe=int8_recipe, check_memory=not skip_memory_check, certify_emulated=certify_emulated, **options,
-            )
+            return run_export(request, progress=display)
 
     start = time.monotonic()
     result = job()
-    from ..export.parity import ParityReport
+    from ..export.gate.parity import ParityReport
 
     console.print(files_table(result.path, result.manifest))
     gates = result.manifest["parity"].get("gates", {})
@@ -285,7 +279,7 @@ def verify_command(
 
 
 class VerifyOutcome:
-    """``run_verify``'s result: the parity :class:`~kvembed.export.verification.VerifyResult` (its attributes
+    """``run_verify``'s result: the parity :class:`~kvembed.export.gate.verification.VerifyResult` (its attributes
     are readable here too) and the backend comparison (None when not run); passed only if both pass."""
 
     def __init__(self, result: Any, comparison: Any = None) -> None:
@@ -313,14 +307,14 @@ def comparison_table(comparison: Any) -> Group:
 
 def _selected_backends(directory: Path, backends: str) -> list[str]:
     """Validate ``--backends`` before the slow parity run: unknown or absent backends exit 2."""
-    from ..export.runners import resolve_backends
+    from ..export.gate.runners import resolve_backends
 
     return resolve_backends(directory, backends)[0]
 
 
 def run_compare(directory: Path, backends: str = "auto") -> Any:
     """The backend comparison of ``kvembed verify``: prints its table (or why nothing was compared)."""
-    from ..export.compare import compare_backends
+    from ..export.gate.compare import compare_backends
 
     names = _selected_backends(directory, backends)
     if len(names) < 2:
@@ -358,7 +352,7 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True, re
         import logging
         import warnings
 
-        from ..export.verification import verify
+        from ..export.gate.verification import verify
 
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         with warnings.catch_warnings(), StageDisplay() as display:

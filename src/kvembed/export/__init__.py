@@ -10,17 +10,17 @@ manifest schema is :mod:`kvembed.artifact`'s. Exporting needs the ``export`` ext
 """
 
 from ..artifact import MANIFEST, SCHEMA_VERSION, check_files, read_manifest
-from .graph import ExportError
-from .ops import ALLOWED_OPS, TENSORRT_OPS, non_portable_ops, op_types
-from .parity import GATE_TEXTS, HELD_OUT_TEXTS, PARITY_TEXTS, TOLERANCES, ParityReport
-from .precision import PRECISIONS
+from .graph.trace import ExportError
+from .graph.ops import ALLOWED_OPS, TENSORRT_OPS, non_portable_ops, op_types
+from .gate.parity import GATE_TEXTS, HELD_OUT_TEXTS, PARITY_TEXTS, TOLERANCES, ParityReport
+from .precision.convert import PRECISIONS
 
 
 #: the torch-dependent pipeline's names, and the module each loads from on first use
 _LAZY = {
     **dict.fromkeys(("export", "export_result", "Exporter", "ExportResult", "ParityError", "OutputExistsError",
                      "load_embedder"), "core"),
-    **dict.fromkeys(("verify", "VerifyResult"), "verification"),
+    **dict.fromkeys(("verify", "VerifyResult"), "gate.verification"),
     "STAGES": "progress",
 }
 

@@ -17,7 +17,6 @@ import gc
 import os
 import shutil
 import tempfile
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -26,24 +25,26 @@ from ..artifact import ENCODER_TOKENIZER, MODEL, OPENVINO_MODEL, TOKENIZER, file
 from ..artifact.staging import OutputExistsError, check_output, staged  # noqa: F401  (the exporter's, re-exported)
 from ..methods.sharing import output_names
 from ..runtime.artifact import encoder_from_manifest
-from .certify import ADVISORY_GATES, GATES, HELD_OUT_DECIDES, advisory_problem, certificate, check_gate_here, gate_graph, gate_session, ran_precision
-from .checks import check_graph
+from .gate.certify import ADVISORY_GATES, GATES, HELD_OUT_DECIDES, advisory_problem, certificate, gate_graph, gate_session, ran_precision
+from .graph.checks import check_graph
 from ..artifact.external_data import keep_external, settle_layout
-from .graph import ExportError, resolve_attention
-from .graph import trace as trace_graph
-from .manifest import build_manifest, source_record
-from .openvino_graph import write_openvino_graph
-from .parity import HELD_OUT_TEXTS, ParityReport, held_out_record, model_gate_texts, parity_reports, reference_runs, run_parity
-from .precision import INT8_RECIPES, SameGraphError, check_int8_recipe, check_precision, convert, int8_plan
+from .graph.trace import ExportError, resolve_attention
+from .graph.trace import trace as trace_graph
+from .manifest import build_manifest
+from .source import load_embedder, source_record
+from .graph.openvino_graph import write_openvino_graph
+from .gate.parity import HELD_OUT_TEXTS, ParityReport, held_out_record, model_gate_texts, parity_reports, reference_runs, run_parity
+from .precision.convert import INT8_RECIPES, SameGraphError, convert
 from .progress import Progress, advance_of, silent
-from .rewrites import optimize_with_onnxruntime, rms_norm_as_div
-from .smoothing import calibration_feeds
+from .request import ExportRequest
+from .graph.rewrites import optimize_with_onnxruntime, rms_norm_as_div
+from .precision.smoothing import calibration_feeds
 from ..errors import InvalidInput
 
 
 class ParityError(ExportError):
     """The exported graph does not match the PyTorch reference within METHODS.md's tolerances, on the
-    gate's texts or (``held_out``, where they decide: :data:`~kvembed.export.certify.HELD_OUT_DECIDES`)
+    gate's texts or (``held_out``, where they decide: :data:`~kvembed.export.gate.certify.HELD_OUT_DECIDES`)
     on the held-out texts."""
 
     def __init__(self, report: ParityReport, output: str | None = None, backend: str | None = None,
@@ -55,32 +56,6 @@ class ParityError(ExportError):
         self.output = output
         self.backend = backend
         self.held_out = held_out
-
-
-# -- loading ------------------------------------------------------------------------------------
-
-
-def load_embedder(
-    model: Any,
-    method: str = "kv-embedding",
-    *,
-    max_length: int | None = None,
-    padding_side: str = "right",
-    **options: Any,
-) -> Any:
-    """A :class:`~kvembed.modeling.reference.TorchEmbedder` (fp32) for ``model`` and ``method``."""
-    from transformers.utils import logging as hf_logging
-
-    from ..modeling.reference import TorchEmbedder
-
-    if padding_side not in ("right", "left"):
-        raise InvalidInput(f"padding_side must be 'right' or 'left', got {padding_side!r}")
-    hf_logging.disable_progress_bar()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return TorchEmbedder.from_pretrained(
-            model, method, max_length=max_length, padding_side=padding_side, **options
-        )
 
 
 # -- output directory ---------------------------------------------------------------------------
@@ -126,7 +101,20 @@ class Exporter:
         attention: str | None = None,
         release_weights: bool = False,
     ) -> None:
-        self.attention, self.opset = resolve_attention(attention, opset)
+        attention, opset = resolve_attention(attention, opset)  # an entry: checked here
+        self._start(embedder, attention, opset, optimize, progress, release_weights)
+
+    @classmethod
+    def of_request(cls, embedder: Any, request: ExportRequest, progress: Progress | None = None,
+                   release_weights: bool = False) -> "Exporter":
+        """An exporter tracing as ``request`` (already checked) says."""
+        exporter = cls.__new__(cls)
+        exporter._start(embedder, request.attention, request.opset, request.optimize, progress, release_weights)
+        return exporter
+
+    def _start(self, embedder: Any, attention: str, opset: int, optimize: bool, progress: Progress | None,
+               release_weights: bool) -> None:
+        self.attention, self.opset = attention, opset
         self.release_weights = release_weights
         self.weights_released = False
         self.embedder = embedder
@@ -220,23 +208,34 @@ class Exporter:
         int8_recipe: str = "auto",
         certify_emulated: bool = False,
     ) -> ExportResult:
-        """Write an artifact for ``precision`` to ``out`` after it passes the parity gate.
+        """Write an artifact for ``precision`` to ``out`` after it passes the parity gate: an entry
+        of its own (the values are checked here, into an :class:`ExportRequest`), then
+        :meth:`write_request`.
 
-        The gate runs where :data:`~kvembed.export.certify.GATES` says (bf16: OpenVINO under the
+        ``int8_recipe``: a name of :data:`~kvembed.export.precision.convert.INT8_RECIPES`, or ``"auto"``
+        (the first of :data:`~kvembed.export.precision.convert.INT8_AUTO` that passes the gate); a recipe
+        passes only where the held-out texts hold int8's bar too (:data:`HELD_OUT_DECIDES`).
+        ``reference``, ``reference_options`` and ``keep_trace``: see :meth:`write_request`.
+        """
+        request = ExportRequest.checked(out, precision, force=force, int8_recipe=int8_recipe,
+                                        certify_emulated=certify_emulated, attention=self.attention, opset=self.opset,
+                                        reference_options=reference_options)
+        return self.write_request(request, reference=reference, keep_trace=keep_trace)
+
+    def write_request(self, request: ExportRequest, *, reference: Any | None = None, keep_trace: bool = True) -> ExportResult:
+        """Write the artifact ``request`` (checked where it entered) asks for, after it passes the
+        parity gate.
+
+        The gate runs where :data:`~kvembed.export.gate.certify.GATES` says (bf16: OpenVINO under the
         bf16 hint and onnxruntime at fp32; refused on a CPU without BF16 unless ``certify_emulated``),
         and each pass is recorded in the manifest's ``certified`` list.
 
-        ``reference`` (a TorchEmbedder) or ``reference_options`` (method options for a second
-        reference built from the same model) replace the gate's reference; the default is the
+        ``reference`` (a TorchEmbedder) or the request's ``reference_options`` (method options for a
+        second reference built from the same model) replace the gate's reference; the default is the
         embedder that was traced. They exist to prove the gate catches a wrong graph.
         ``keep_trace=False`` moves the traced fp32 graph instead of copying it (last write).
-        ``int8_recipe``: a name of :data:`~kvembed.export.precision.INT8_RECIPES`, or ``"auto"``
-        (the first of :data:`~kvembed.export.precision.INT8_AUTO` that passes the gate); a recipe
-        passes only where the held-out texts hold int8's bar too (:data:`HELD_OUT_DECIDES`).
         """
-        precision = check_precision(precision)
-        check_gate_here(precision, certify_emulated)
-        out = check_output(out, force)
+        out, precision, reference_options = request.out, request.precision, request.reference_options
         _guard_source(out, self.embedder)
         embedder = self.embedder
         if reference is None and reference_options:
@@ -252,7 +251,7 @@ class Exporter:
             embedder.tokenizer.save(str(staging / TOKENIZER), pretty=False)
             if embedder.encoder.context_tokenizer is not None:  # Causal2Vec's encoder tokenizer
                 embedder.context.tokenizer.save(str(staging / ENCODER_TOKENIZER), pretty=False)
-            recipes: list[str | None] = list(int8_plan(int8_recipe, self.opset)) if precision == "int8" else [None]
+            recipes: list[str | None] = list(request.int8_recipes) if precision == "int8" else [None]
             calibration = calibration_feeds(embedder.encoder) if any(r and INT8_RECIPES[r].calibrated for r in recipes) else None
             tried: list[dict[str, Any]] = []
             model_path = staging / MODEL
@@ -388,7 +387,7 @@ class Exporter:
         :data:`HELD_OUT_DECIDES`, and ``stop_at_miss`` then stops them at their first miss as well.
 
         ``stop_at_miss`` (a recipe with another to fall back to): the gate stops at its first miss
-        (:func:`~kvembed.export.parity.parity_reports`): no later batch, output or backend runs,
+        (:func:`~kvembed.export.gate.parity.parity_reports`): no later batch, output or backend runs,
         nor the held-out texts, once any output missed."""
         encoder = encoder_from_manifest(directory, manifest)
         if self._references is None:
@@ -464,24 +463,29 @@ def export_result(
     certify_emulated: bool = False,
     **options: Any,
 ) -> ExportResult:
-    """:func:`export`, returning the manifest and parity report too."""
-    precision = check_precision(precision)
-    check_int8_recipe(int8_recipe, precision)
-    check_gate_here(precision, certify_emulated)
-    check_output(out, force)
-    attention, opset = resolve_attention(attention, opset)
-    check_int8_recipe(int8_recipe, precision, opset)
-    if check_memory:  # before any weight loads: refuse in one line rather than meet the OOM killer
+    """:func:`export`, returning the manifest and parity report too: the values are checked once,
+    here (:meth:`ExportRequest.checked`), then :func:`run_export` runs the request."""
+    request = ExportRequest.checked(
+        out, precision, force=force, int8_recipe=int8_recipe, certify_emulated=certify_emulated, attention=attention,
+        opset=opset, model=model, method=method, max_length=max_length, padding_side=padding_side, optimize=optimize,
+        check_memory=check_memory, reference_options=reference_options, **options,
+    )
+    return run_export(request, progress)
+
+
+def run_export(request: ExportRequest, progress: Progress | None = None) -> ExportResult:
+    """Export as ``request`` (checked where it entered: :func:`export_result`, ``kvembed export``) says:
+    the memory check, load, trace, convert, gate, write."""
+    model, method, options = request.model, request.method, dict(request.options)
+    if request.check_memory:  # before any weight loads: refuse in one line rather than meet the OOM killer
         from .memory import export_memory_check
 
-        export_memory_check(model, method, precision, **options)
+        export_memory_check(model, method, request.precision, **options)
     progress = progress or silent
     progress("load", f"loading {model} ({method})")
-    embedder = load_embedder(model, method, max_length=max_length, padding_side=padding_side, **options)
-    with Exporter(embedder, opset=opset, optimize=optimize, progress=progress, attention=attention,
-                  release_weights=True) as exporter:
-        return exporter.write(out, precision, force=force, reference_options=reference_options, keep_trace=False,
-                              int8_recipe=int8_recipe, certify_emulated=certify_emulated)
+    embedder = load_embedder(model, method, max_length=request.max_length, padding_side=request.padding_side, **options)
+    with Exporter.of_request(embedder, request, progress=progress, release_weights=True) as exporter:
+        return exporter.write_request(request, keep_trace=False)
 
 
 __all__ = [
@@ -494,4 +498,5 @@ __all__ = [
     "export",
     "export_result",
     "load_embedder",
+    "run_export",
 ]

@@ -33,8 +33,8 @@ from ..artifact import MANIFEST, MODEL, TOKENIZER, Manifest, load_manifest, sha2
 from ..artifact.staging import check_output, staged
 from ..backends.tensorrt import ENGINE_JSON, ENGINE_SCHEMA_VERSION, PLAN, gpu_identity, require_tensorrt  # the loader's half
 from ..sizes import parse_size
-from .ops import version_key
-from .parity import ParityReport, compare_runs
+from .graph.ops import version_key
+from .gate.parity import ParityReport, compare_runs
 
 DEFAULT_SHAPES = "1x16:8x128:32x512"
 PRECISIONS = ("fp32", "fp16", "bf16")

@@ -1,65 +1,17 @@
-"""What an artifact's manifest says about its making: the source model (location, config hash,
-stored dtype, GGUF or Causal2Vec facts), the method, the inputs and outputs, and the graph.
-
-``verify`` compares a fresh reference's :func:`source_record` with the one written here.
+"""What an artifact's manifest says about its making: the source model
+(:func:`~kvembed.export.source.source_record`), the method, the inputs and outputs, and the graph.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
-import json
-from pathlib import Path
 from typing import Any, Mapping
 
 from ..version import __version__
-from ..methods.architectures import sliding_window
 from ..methods.sharing import output_names
 from ..artifact import ENCODER_TOKENIZER, SCHEMA_VERSION
-from .graph import input_axes, input_names
-
-
-def source_record(embedder: Any) -> dict[str, Any]:
-    """Where the model came from, and a hash of its config, for the manifest."""
-    from ..methods import resolve_model
-
-    given = embedder.source if embedder.source is not None else ""
-    location, preset_id = getattr(embedder, "location", None), getattr(embedder, "preset_id", None)
-    if location is None and given:  # built without from_pretrained
-        location, preset_id = resolve_model(given)
-    config = embedder.model.decoder.config
-    record: dict[str, Any] = {
-        "model": given, "location": None, "preset_id": preset_id, "revision": getattr(embedder, "revision", None)
-    }
-    if location is not None and Path(location).is_dir():
-        record["location"] = str(Path(location).resolve())
-    elif location is not None:
-        record["location"] = location  # a hub id
-    record["model_type"] = config.model_type
-    record["config_sha256"] = config_hash(location, config)
-    record["num_layers"] = int(config.num_hidden_layers)
-    record["hidden_size"] = int(config.hidden_size)
-    record["sliding_window"] = sliding_window(config)  # the gate ran one text past it (None: no window)
-    # the dtype the checkpoint's weights are stored in (bfloat16 for most 4B-8B releases); the
-    # export itself traces and checks in float32
-    record["dtype"] = getattr(embedder, "source_dtype", None)
-    if getattr(embedder, "gguf", None):
-        record["gguf"] = dict(embedder.gguf)  # file name, sha256, quantization type, architecture
-    if getattr(embedder, "causal2vec", None):
-        record["causal2vec"] = dict(embedder.causal2vec)  # encoder, projector sha256, adapter merged
-    return record
-
-
-def config_hash(location: str | None, config: Any) -> str:
-    """sha256 of the model folder's ``config.json`` bytes, else of the config as canonical JSON."""
-    if location is not None:
-        path = Path(location) / "config.json"
-        if path.is_file():
-            return hashlib.sha256(path.read_bytes()).hexdigest()
-    data = config.to_dict()
-    data.pop("transformers_version", None)
-    data.pop("_attn_implementation_autoset", None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+from .graph.trace import input_axes, input_names
+from .source import source_record
 
 
 def build_manifest(
@@ -69,7 +21,7 @@ def build_manifest(
     """The manifest of ``embedder``'s graph for ``precision``, before its files and parity are known.
 
     ``traced`` holds the trace's facts (exporter, attention form, optimizations); ``graph_facts``
-    the checks' (:func:`~kvembed.export.checks.check_graph`); ``conversion`` the precision's."""
+    the checks' (:func:`~kvembed.export.graph.checks.check_graph`); ``conversion`` the precision's."""
     import onnx
     import onnxruntime
     import torch

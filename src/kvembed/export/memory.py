@@ -53,7 +53,7 @@ class PeakCoefficients:
       held by the gate's onnxruntime session. fp16 costs as much as fp32: onnxruntime's CPU
       provider has no fp16 MatMul on x86 and keeps fp32 copies of fp16 weights. int8 stores its
       token-embedding table int8 too (a scale per row, a few bytes beside each row of weights:
-      :mod:`kvembed.export.embedding_table`).
+      :mod:`kvembed.export.precision.embedding_table`).
     - ``gguf_copies``: dequantizing a GGUF builds the fp32 model twice (transformers' loaded model,
       then the fresh model kvembed saves, see :func:`kvembed.modeling.gguf.materialize`).
     - ``activation_*``: a generous bound on the activations of the gate's largest batch (rows x

@@ -18,13 +18,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..backends.catalogue import (
+from ...backends.catalogue import (
     CPU, CUDA, ORT_TENSORRT, REFERENCE, TENSORRT, VERIFY_BACKENDS, VERIFY_TARGETS, resolve_verify_backends, verify_problems,
 )
-from ..backends.onnxruntime import GPU_HINT
-from ..backends.protocol import BackendUnavailableError
-from ..errors import InvalidInput
-from ..extras import install_hint
+from ...backends.onnxruntime import GPU_HINT
+from ...backends.protocol import BackendUnavailableError
+from ...errors import InvalidInput
+from ...extras import install_hint
 
 try:  # the export extra brings polygraphy; the module still imports without it
     from polygraphy.backend.base import BaseRunner as _BaseRunner
@@ -61,7 +61,7 @@ def resolve_backends(
     """The targets to compare and ``{skipped target: reason}``
     (:func:`~kvembed.backends.catalogue.resolve_verify_backends`, with :func:`backend_problems`)."""
     if directory is not None and manifest is None:
-        from ..artifact import read_manifest
+        from ...artifact import read_manifest
 
         manifest = read_manifest(directory)
     return resolve_verify_backends(directory, backends, manifest=manifest, model_path=model_path,
@@ -183,7 +183,7 @@ class OpenVINORunner(_BaseRunner):  # type: ignore[misc,valid-type]
         self.model_path, self.precision = str(model_path), precision
 
     def activate_impl(self) -> None:
-        from ..backends.openvino import OpenVINOSession
+        from ...backends.openvino import OpenVINOSession
 
         self._session = OpenVINOSession(self.model_path, precision=self.precision)
         self.ran = self._session.precision  # what OpenVINO runs (bf16 on a CPU without BF16 runs f32)

@@ -14,7 +14,7 @@ weight, and the time is the weights' own read and write. tests/test_int8.py hold
 to ``quantize_dynamic`` on a whole model.
 
 ``steps`` lets the caller change a weight on its way through (SmoothQuant's folding,
-:mod:`kvembed.export.smoothing`), so smoothing and quantising are one pass over the weights.
+:mod:`kvembed.export.precision.smoothing`), so smoothing and quantising are one pass over the weights.
 
 Weight-only (``WeightFormat.block``): the same pass writes each chosen weight as symmetric int8
 with one float32 scale per block of input rows of each output column, and a blocked
@@ -32,8 +32,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import InvalidInput
-from ..artifact.external_data import Transform
+from ...errors import InvalidInput
+from ...artifact.external_data import Transform
 
 
 @dataclass(frozen=True)
@@ -153,13 +153,13 @@ def quantize_matmuls(
     with it. ``finish(model)`` may rewrite the quantised graph further (without its weights) and
     returns a per-tensor transform of its own for the weights on their way to disk (or None), so a
     further change of the weights costs no pass of its own (the int8 embedding tables,
-    :mod:`kvembed.export.embedding_table`). ``advance(done, total)`` is told the tensors written.
+    :mod:`kvembed.export.precision.embedding_table`). ``advance(done, total)`` is told the tensors written.
     Returns counts."""
     import onnx
     from onnx import TensorProto
 
-    from ..artifact.external_data import stream_initializers
-    from .onnx_nodes import node_inputs, toposort
+    from ...artifact.external_data import stream_initializers
+    from ..onnx_nodes import node_inputs, toposort
 
     steps = steps or {}
     model = onnx.load(str(source), load_external_data=False)

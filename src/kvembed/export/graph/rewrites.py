@@ -11,7 +11,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from .onnx_nodes import node_edges
+from ..onnx_nodes import node_edges
 from .ops import ALLOWED_OPS, STANDARD_DOMAINS, non_portable_ops
 
 
@@ -71,7 +71,7 @@ def _weights_as_inputs(model: Any) -> list[Any]:
     import onnx
     from onnx import helper
 
-    from ..artifact.external_data import EXTERNAL_MIN_BYTES, tensor_bytes
+    from ...artifact.external_data import EXTERNAL_MIN_BYTES, tensor_bytes
 
     graph = model.graph
     declared = {i.name for i in graph.input}

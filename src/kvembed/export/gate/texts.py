@@ -3,7 +3,7 @@ gate's decision, and a held-out slice that is only reported.
 
 - :data:`PARITY_TEXTS`: short, long, unicode, empty, whitespace-only, quotes (the prompts'
   delimiter), question marks (token-prepending's clean-up), code and numbers; run as queries and
-  documents, right- and left-padded (:func:`kvembed.export.parity.batch_plan`).
+  documents, right- and left-padded (:func:`kvembed.export.gate.parity.batch_plan`).
 - the variety texts of ``kvembed/data/gate_texts.jsonl`` (split ``gate``): what users embed
   (search queries, paragraphs up to a few hundred tokens, code, tables, invoices, German, French,
   Chinese, Russian, mixed punctuation), in batches of similar length, each group run once as

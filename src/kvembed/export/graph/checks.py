@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..artifact.external_data import DATA_FILE
-from .graph import ExportError
+from ...artifact.external_data import DATA_FILE
+from .trace import ExportError
 from .ops import ALLOWED_OPS, non_portable_ops, op_types
 
 #: weight matrices per decoder layer in the Llama layout: q, k, v, o, gate, up, down projections

@@ -58,7 +58,7 @@ def embedding_tables(graph: Any) -> list[str]:
     """Names of the token-embedding tables of an ``onnx.GraphProto`` (see the module docstring)."""
     import onnx
 
-    from .onnx_nodes import node_inputs
+    from ..onnx_nodes import node_inputs
 
     readers: dict[str, list[tuple[Any, int]]] = {}
     for node in graph.node:

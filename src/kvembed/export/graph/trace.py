@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckFailed, InvalidInput
-from ..artifact.external_data import EXTERNAL_MIN_BYTES
+from ...errors import CheckFailed, InvalidInput
+from ...artifact.external_data import EXTERNAL_MIN_BYTES
 from .ops import STANDARD_DOMAINS, TENSORRT_OPS_SINCE, version_key
 
 MIN_OPSET = 18
@@ -80,7 +80,7 @@ def input_axes(name: str) -> tuple[str, str]:
 
 def output_names(embedder: Any) -> list[str]:
     """``embedding``, ``pooled``, then ``embedding.<label>``, ``pooled.<label>`` per extra method."""
-    from ..methods.sharing import output_names as names_of
+    from ...methods.sharing import output_names as names_of
 
     return [name for label, _ in embedder.model.readouts for name in names_of(label)]
 

@@ -14,13 +14,13 @@ from typing import Any, Callable, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from ..artifact.certificates import TOLERANCES  # noqa: F401  (docs/methods.md's bars, re-exported)
-from ..methods.architectures import sliding_window
-from ..methods.sharing import output_names
-from .gate_texts import (  # noqa: F401  (re-exported)
+from ...artifact.certificates import TOLERANCES  # noqa: F401  (docs/methods.md's bars, re-exported)
+from ...methods.architectures import sliding_window
+from ...methods.sharing import output_names
+from .texts import (  # noqa: F401  (re-exported)
     GATE, GATE_TEXTS, HELD_OUT, HELD_OUT_TEXTS, PARITY_TEXTS, WINDOW, WINDOW_KIND, gated_texts, text_groups,
 )
-from .graph import ExportError
+from ..graph.trace import ExportError
 
 KINDS = ("query", "document")
 PADDING_SIDES = ("right", "left")
@@ -235,7 +235,7 @@ def gate_batches(texts: Mapping[str, str]) -> list[GateBatch]:
     The core texts (every text not in the data file's groups; :func:`batch_plan`) run in every
     case: each batch of several rows once per padding side, holding each of its texts as a query
     and as a document; a one-row batch once per kind (one row has nothing to pad: either side is
-    the same batch). Texts of the data file's groups (:func:`~kvembed.export.gate_texts.text_groups`)
+    the same batch). Texts of the data file's groups (:func:`~kvembed.export.gate.texts.text_groups`)
     run as their group, in its split's cases (:data:`GROUP_CASES`)."""
     groups = text_groups()
     grouped = {name for names in groups.values() for name in names}
@@ -263,7 +263,7 @@ def gate_batches(texts: Mapping[str, str]) -> list[GateBatch]:
 
 def model_gate_texts(embedder: Any) -> dict[str, str]:
     """What the gate decides on for ``embedder`` (a TorchEmbedder, its weights freed or not):
-    :func:`~kvembed.export.gate_texts.gated_texts` for its encoder and its model's sliding window."""
+    :func:`~kvembed.export.gate.texts.gated_texts` for its encoder and its model's sliding window."""
     return gated_texts(embedder.encoder, sliding_window(embedder.model.decoder.config))
 
 
@@ -399,7 +399,7 @@ def _misses(problems: Sequence[str], worst_cos: float, worst_abs: float, min_cos
 
 def held_out_record(report: ParityReport, backend: str, decides: bool = False) -> dict[str, Any]:
     """The manifest's ``parity.held_out``: ``report`` (the graph on the held-out texts) beside the
-    gate's: a verdict too where ``decides`` (int8: :data:`~kvembed.export.certify.HELD_OUT_DECIDES`),
+    gate's: a verdict too where ``decides`` (int8: :data:`~kvembed.export.gate.certify.HELD_OUT_DECIDES`),
     else a figure only (docs/methods.md, "What the same means")."""
     keys = ("worst_cosine", "max_abs_diff", "pooled_worst_cosine", "rows", "batches", "texts", "worst_row", "by_case",
             "min_cosine_required", "problems", "stopped_early")
@@ -427,7 +427,7 @@ def parity_reports(
 ) -> dict[str | None, ParityReport]:
     """Parity of every output pair of the graph (label None: the main one) against its
     single-method reference (:meth:`TorchEmbedder.references`), on ``texts`` (default
-    :data:`GATE_TEXTS`; a sliding-window model's: :func:`~kvembed.export.gate_texts.gated_texts`).
+    :data:`GATE_TEXTS`; a sliding-window model's: :func:`~kvembed.export.gate.texts.gated_texts`).
 
     ``stop_at_miss``: each comparison stops at its first miss (:func:`compare_runs`), and once one
     output missed the later ones are not run (the graph is refused whatever they say)."""
@@ -450,7 +450,7 @@ def parity_session(path: Path) -> Any:
     activations of the largest one for the rest of the export."""
     import onnxruntime as ort
 
-    from ..backends.onnxruntime import open_session
+    from ...backends.onnxruntime import open_session
 
     options = ort.SessionOptions()
     options.log_severity_level = 3

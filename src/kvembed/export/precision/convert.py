@@ -1,5 +1,5 @@
 """fp16 and int8 variants of a traced fp32 graph (a bf16 artifact keeps the fp32 graph: see
-:mod:`kvembed.export.certify`).
+:mod:`kvembed.export.gate.certify`).
 
 fp16: weights and activations in fp16, inputs int64 and outputs float32 as in fp32, and fp32
 islands for what must stay fp32 (Casts only where the two meet):
@@ -19,21 +19,21 @@ also emits duplicate Cast outputs and unsorted nodes when a node block list is g
 
 int8: dynamic quantisation of the MatMul weights as onnxruntime's ``quantize_dynamic`` writes it
 (int8 per output channel, in a 7-bit range; activations uint8, dynamic per tensor), computed one
-weight at a time by :mod:`kvembed.export.quantize`, after a recipe of :data:`INT8_RECIPES`; the
+weight at a time by :mod:`kvembed.export.precision.quantize`, after a recipe of :data:`INT8_RECIPES`; the
 token-embedding tables, which that leaves fp32, int8 with a scale per row
-(:mod:`kvembed.export.embedding_table`).
+(:mod:`kvembed.export.precision.embedding_table`).
 Random weights quantise well as they are; trained LLMs do not (with every MatMul quantised they
 miss the gate), because a few channels, and a few tokens, carry activations tens to thousands of
 times the median. A per-tensor activation scale then follows the one massive token and leaves the
 others a handful of levels, so the default recipes give each token its own scale (``per_row``:
 the activation is quantised symmetric around a zero point of 128, one scale per row, which the
 fast U8S8 kernels still run), calibrate on the built-in calibration texts and fold SmoothQuant into
-the weights (:mod:`kvembed.export.smoothing`) for the outlier channels ("smooth-rows"), then also
+the weights (:mod:`kvembed.export.precision.smoothing`) for the outlier channels ("smooth-rows"), then also
 keep every SwiGLU ``down_proj`` fp32 ("smooth-rows-keep-down"), then fall back to per-tensor
 scales with every ``down_proj`` fp32 ("smooth-keep-down"); the exporter writes the first recipe
 that passes the parity gate (``--int8-recipe``), and last "weights": weight-only int8, every
 weight MatMul's weight int8 with a scale per block of input rows, dequantised before a float
-MatMul (:mod:`kvembed.export.quantize`; opset 21), activations never quantised, so nothing for an
+MatMul (:mod:`kvembed.export.precision.quantize`; opset 21), activations never quantised, so nothing for an
 outlier to spoil; onnxruntime runs it at the accuracy level kvembed pins in every session it opens,
 the gate's included (:data:`kvembed.backends.onnxruntime.WEIGHT_ONLY_ACCURACY`). The per-tensor recipes ("smooth", which keeps
 fp32 the MatMuls whose inputs hold massive activations, "smooth-keep-wide-down", "plain") stay
@@ -57,10 +57,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..artifact.external_data import settle_layout, stream_initializers
-from .onnx_nodes import node_edges, node_inputs, toposort
+from ...artifact.external_data import settle_layout, stream_initializers
+from ..onnx_nodes import node_edges, node_inputs, toposort
 from .smoothing import DEFAULT_ALPHA
-from ..errors import InvalidInput
+from ...errors import InvalidInput
 
 #: int8 keeps fp32 the MatMuls whose input's top channel exceeds this many times its median channel
 MASSIVE_SPREAD = 50.0
@@ -95,7 +95,7 @@ _ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Neg", "Clip", "Max", "Min", "Where"
 
 def check_precision(precision: str) -> str:
     """``precision`` normalised, or a one-line error naming the choices. bf16 is not a conversion:
-    the artifact holds the fp32 graph, gated and run at bf16 by OpenVINO (:mod:`kvembed.export.certify`;
+    the artifact holds the fp32 graph, gated and run at bf16 by OpenVINO (:mod:`kvembed.export.gate.certify`;
     onnxruntime's CPU provider has no bf16 kernels)."""
     value = str(precision).strip().lower()
     if value not in PRECISIONS:
@@ -108,13 +108,13 @@ def convert(source: Path, target: Path, precision: str, *, int8_recipe: str = "p
             ranges: dict[str, Any] | None = None, step: Callable[[str], None] | None = None,
             advance: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Write ``source`` (fp32) converted to ``precision`` as ``target``; return what was done.
-    ``ranges`` and ``step``: see :func:`to_int8`; ``advance(done, total)``: each part's share done."""
-    precision = check_precision(precision)
+    ``ranges`` and ``step``: see :func:`to_int8`; ``advance(done, total)``: each part's share done.
+    ``precision`` was checked where the export entered (:class:`~kvembed.export.request.ExportRequest`)."""
     if precision == "fp16":
         return to_fp16(source, target, advance)
     if precision == "int8":
         return to_int8(source, target, int8_recipe, calibration, ranges, step, advance)
-    raise ValueError(f"{precision} needs no conversion (the fp32 graph is written as it is)")
+    raise ValueError(f"no conversion to {precision!r}: fp16 and int8 are converted, fp32 and bf16 keep the fp32 graph")
 
 
 def fp32_nodes(model: Any, float_values: set[str] | None = None) -> list[str]:
@@ -373,7 +373,7 @@ def check_int8_recipe(recipe: str, precision: str, opset: int | None = None) -> 
 def int8_plan(recipe: str, opset: int | None = None) -> tuple[str, ...]:
     """The recipes to try, in order, for ``--int8-recipe``: ``auto``, one name, or several
     separated by commas (tried in that order); ValueError naming the choices. With the graph's
-    ``opset``, a weight-only recipe needs :data:`~kvembed.export.quantize.BLOCKED_OPSET`: ``auto``
+    ``opset``, a weight-only recipe needs :data:`~kvembed.export.precision.quantize.BLOCKED_OPSET`: ``auto``
     leaves it out below that, a recipe named is refused."""
     if recipe == "auto":
         return tuple(name for name in INT8_AUTO if opset is None or opset >= _needed_opset(name))
@@ -401,7 +401,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
             advance: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Quantise the fp32 graph ``source`` by ``recipe`` (one of :data:`INT8_RECIPES` or its name) to ``target``.
 
-    ``calibration`` (padded batches of graph inputs, see :func:`kvembed.export.smoothing.calibration_feeds`)
+    ``calibration`` (padded batches of graph inputs, see :func:`kvembed.export.precision.smoothing.calibration_feeds`)
     is needed by the recipes that smooth or keep MatMuls fp32. ``ranges`` (a dict the caller
     keeps across recipes tried on the same ``source`` and ``calibration``) holds the calibration's
     activation ranges once measured, so a fallback recipe does not run the fp32 graph again.
@@ -467,7 +467,7 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
     facts.update({
         "method": "dynamic int8 MatMuls as onnxruntime.quantization.quantize_dynamic(MatMul, per_channel=True, "
                   f"{'QUInt8' if plan.weights == 'u8' else 'QInt8'} weights{', reduce_range=True' if plan.weights == 's7' else ''}) "
-                  "writes them (kvembed.export.quantize, bitwise equal)",
+                  "writes them (kvembed.export.precision.quantize, bitwise equal)",
         "weight_type": {"u8": "uint8", "s8": "int8", "s7": "int8 (7-bit range)"}[plan.weights],
         "per_channel": True,
         "activations": "uint8, dynamic, a symmetric scale per token (zero point 128)" if plan.per_row
@@ -483,11 +483,11 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
 def weight_only_facts(block: int, counts: Mapping[str, Any], fp32_matmuls: int, tables: list[dict[str, Any]]) -> dict[str, Any]:
     """The manifest's ``precision_conversion`` of a weight-only graph: the storage, and the
     arithmetic onnxruntime is pinned to when it runs it (the gate's session and the runtime's alike)."""
-    from ..backends.onnxruntime import ACCURACY_LEVEL_KEY, WEIGHT_ONLY_ACCURACY
+    from ...backends.onnxruntime import ACCURACY_LEVEL_KEY, WEIGHT_ONLY_ACCURACY
 
     return {
         "method": "weight-only int8: blocked DequantizeLinear (opset 21, axis 0) feeding each float MatMul "
-                  "(kvembed.export.quantize); onnxruntime fuses the pair into com.microsoft MatMulNBits (8 bits)",
+                  "(kvembed.export.precision.quantize); onnxruntime fuses the pair into com.microsoft MatMulNBits (8 bits)",
         "weight_type": "int8 (symmetric, [-127, 127])",
         "block_size": block,
         "block_sizes": dict(counts["block_sizes"]),  # block -> weights: a smaller one where it does not divide the width

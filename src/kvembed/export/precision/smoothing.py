@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable, Mapping, Tuple
 
 import numpy as np
 
-from ..errors import InvalidInput
+from ...errors import InvalidInput
 
 #: SmoothQuant's migration strength: of those measured on a trained model, the one the gate liked
 #: best (benchmarks/log/int8.md, int8 options)
@@ -58,7 +58,7 @@ class SmoothGroup:
 
 def smoothable_groups(model: Any) -> list[SmoothGroup]:
     """The groups of an fp32 ``onnx.ModelProto`` whose activation scale can be folded (module docstring)."""
-    from .onnx_nodes import node_edges
+    from ..onnx_nodes import node_edges
 
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
@@ -110,7 +110,7 @@ def calibration_feeds(encoder: Any, texts: list[str] | None = None, batch: int =
     maxima over real tokens, so the batching does not change them, only the padding run and the
     activations held at once."""
     if texts is None:
-        from ..modeling.layers.calibration import load_calibration
+        from ...modeling.layers.calibration import load_calibration
 
         texts = load_calibration(None, CALIBRATION_TEXTS)
     feeds = []
@@ -251,10 +251,10 @@ def smoothing_plan_from_file(source: Path, groups: list[SmoothGroup], ranges: Ma
                              alpha: float = DEFAULT_ALPHA) -> dict[str, list[Step]]:
     """:func:`smoothing_plan` of the graph at ``source``, reading one weight at a time instead of
     loading the model; the quantiser folds the steps in as the weights stream through
-    (:func:`kvembed.export.quantize.quantize_matmuls`)."""
+    (:func:`kvembed.export.precision.quantize.quantize_matmuls`)."""
     import onnx
 
-    from ..artifact.external_data import Scratch, read_values
+    from ...artifact.external_data import Scratch, read_values
 
     model = onnx.load(str(source), load_external_data=False)
     tensors = {t.name: t for t in model.graph.initializer}

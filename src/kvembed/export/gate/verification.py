@@ -1,6 +1,6 @@
 """``kvembed verify``: re-run an artifact's parity gate against a freshly built PyTorch reference,
 after checking its file hashes and whether the source model's config changed since the export.
-Where the held-out texts decide at export (int8: :data:`~kvembed.export.certify.HELD_OUT_DECIDES`),
+Where the held-out texts decide at export (int8: :data:`~kvembed.export.gate.certify.HELD_OUT_DECIDES`),
 they decide here too, on every target checked.
 """
 
@@ -12,15 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..methods.sharing import AlsoRequest, output_names
-from ..artifact import Manifest, check_files, read_manifest
-from ..runtime.artifact import encoder_from_manifest
-from .core import load_embedder
-from .manifest import source_record
+from ...methods.sharing import AlsoRequest, output_names
+from ...artifact import Manifest, check_files, read_manifest
+from ...runtime.artifact import encoder_from_manifest
+from ..source import load_embedder, source_record
 from .certify import ADVISORY_GATES, GATES, HELD_OUT_DECIDES, advisory_problem, certificate, decided_by, gate_graph, gate_session, ran_precision
 from .parity import HELD_OUT_TEXTS, ParityReport, model_gate_texts, parity_reports, reference_runs, run_parity
-from .progress import Progress, advance_of, silent
-from ..errors import InvalidInput
+from ..progress import Progress, advance_of, silent
+from ...errors import InvalidInput
 
 
 @dataclass
@@ -33,11 +32,11 @@ class VerifyResult:
     also: dict[str, ParityReport] = field(default_factory=dict)
     """Parity of each extra method's outputs (``--also``), by label."""
     backend: str = "onnxruntime-cpu"
-    """Where :attr:`report` ran (the first of the gate's targets, :data:`~kvembed.export.certify.GATES`)."""
+    """Where :attr:`report` ran (the first of the gate's targets, :data:`~kvembed.export.gate.certify.GATES`)."""
     gates: dict[str, ParityReport] = field(default_factory=dict)
     """The main output's parity on the gate's other targets (bf16: onnxruntime at fp32)."""
     advisory: dict[str, ParityReport | str] = field(default_factory=dict)
-    """The advisory checks (:data:`~kvembed.export.certify.ADVISORY_GATES`: an int8 artifact's
+    """The advisory checks (:data:`~kvembed.export.gate.certify.ADVISORY_GATES`: an int8 artifact's
     OpenVINO graph): each report, or why it could not run here; they certify, never fail."""
     certificates: list[dict[str, Any]] = field(default_factory=list)
     """A certificate (:mod:`kvembed.artifact.certificates`) for each target whose gate passed,
@@ -48,7 +47,7 @@ class VerifyResult:
 
     def decided_by(self, target: str | None = None) -> dict[str, dict[str, Any]]:
         """Which texts decided ``target``'s verdict (default: :attr:`backend`'s), each set with its
-        worst cosine (:func:`~kvembed.export.certify.decided_by`); empty when nothing ran there."""
+        worst cosine (:func:`~kvembed.export.gate.certify.decided_by`); empty when nothing ran there."""
         target = target or self.backend
         gate = self.report if target == self.backend else self.gates.get(target, self.advisory.get(target))
         return {} if not isinstance(gate, ParityReport) else decided_by(gate, self.held_out.get(target))

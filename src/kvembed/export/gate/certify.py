@@ -31,12 +31,12 @@ import datetime as _dt
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..version import __version__
-from ..artifact import MODEL
-from ..artifact.certificates import PYTORCH, precision_name
-from ..backends.catalogue import BACKENDS, CPU, OV_BF16, OV_F16, VERIFY_TARGETS
-from ..backends.cpu import cpu_features
-from ..errors import InvalidInput, MissingDependency
+from ...version import __version__
+from ...artifact import MODEL
+from ...artifact.certificates import PYTORCH, precision_name
+from ...backends.catalogue import BACKENDS, CPU, OV_BF16, OV_F16, VERIFY_TARGETS
+from ...backends.cpu import cpu_features
+from ...errors import InvalidInput, MissingDependency
 
 #: artifact precision -> the gate's (verify target, tolerance precision), the artifact's own first
 GATES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -108,14 +108,14 @@ def gate_graph(directory: Path, manifest: Mapping[str, Any], target: str) -> Pat
 def gate_session(target: str, path: Path) -> Any:
     """The graph at ``path`` opened as the gate runs it on ``target`` (a :class:`~kvembed.backends.protocol.Session`)."""
     if target == CPU:
-        from ..backends.onnxruntime import OnnxRuntimeSession
+        from ...backends.onnxruntime import OnnxRuntimeSession
         from .parity import parity_session
 
         return OnnxRuntimeSession(parity_session(path))
     spec = VERIFY_TARGETS[target]
     if spec.backend != "openvino":
         raise InvalidInput(f"the parity gate does not run on {target}")
-    from ..backends.openvino import OpenVINOSession
+    from ...backends.openvino import OpenVINOSession
 
     return OpenVINOSession(path, precision=spec.setting, cache_dir=False)  # a staging path: nothing worth keeping
 
@@ -129,7 +129,7 @@ def ran_precision(session: Any, graph_precision: str) -> str:
 
 def decided_by(gate: Any, held_out: Any | None = None) -> dict[str, dict[str, Any]]:
     """Which texts decided a pass, each set with its size and worst cosine: the gate's (a
-    :class:`~kvembed.export.parity.ParityReport`) and, where they decide (:data:`HELD_OUT_DECIDES`),
+    :class:`~kvembed.export.gate.parity.ParityReport`) and, where they decide (:data:`HELD_OUT_DECIDES`),
     the held-out texts' report."""
     sets = {"gate": gate} if held_out is None else {"gate": gate, "held_out": held_out}
     return {name: {"texts": int(report.texts), "rows": int(report.rows), "worst_cosine": float(report.worst_cosine)}
@@ -140,7 +140,7 @@ def certificate(
     target: str, ran: str, report: Any, *, against: str = PYTORCH, extra: dict[str, Any] | None = None,
     held_out: Any | None = None,
 ) -> dict[str, Any]:
-    """A passed check (a :class:`~kvembed.export.parity.ParityReport` or a backend pair's numbers)
+    """A passed check (a :class:`~kvembed.export.gate.parity.ParityReport` or a backend pair's numbers)
     as the manifest's ``certified`` entry: which target, what ran, how close, on which CPU, and for
     a check against PyTorch which texts decided it (:func:`decided_by`; ``held_out``: the held-out
     texts' report where they decided too)."""

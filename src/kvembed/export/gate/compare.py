@@ -4,7 +4,7 @@
 provider). This module checks the artifact's graph against *itself* on the other backends this
 machine has, through polygraphy's :class:`~polygraphy.comparator.Comparator` (the targets, their
 probes and what ``auto`` picks are :mod:`kvembed.backends.catalogue`'s; the runners are
-:mod:`kvembed.export.runners`'):
+:mod:`kvembed.export.gate.runners`'):
 
 - ``onnxruntime-cpu``: always (the baseline every other backend is compared with);
 - ``onnxruntime-cuda`` / ``onnxruntime-tensorrt``: when onnxruntime reports the CUDA / TensorRT
@@ -62,14 +62,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..artifact import MODEL, Manifest, read_manifest
-from ..artifact.certificates import precision_name
-from ..backends.catalogue import CPU, OV_BF16, OV_F16, VERIFY_ALIASES, VERIFY_BACKENDS, VERIFY_TARGETS
-from ..backends.protocol import BackendUnavailableError
-from ..runtime.artifact import encoder_from_manifest
+from ...artifact import MODEL, Manifest, read_manifest
+from ...artifact.certificates import precision_name
+from ...backends.catalogue import CPU, OV_BF16, OV_F16, VERIFY_ALIASES, VERIFY_BACKENDS, VERIFY_TARGETS
+from ...backends.protocol import BackendUnavailableError
+from ...runtime.artifact import encoder_from_manifest
 from .parity import PADDING_SIDES, PARITY_TEXTS, cosine_rows
 from .runners import make_runner, resolve_backends
-from ..errors import InvalidInput
+from ...errors import InvalidInput
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def comparison_feeds(
 ) -> list[FeedBatch]:
     """Padded batches of real token ids from the artifact's own text encoder (both padding sides).
 
-    Default: :data:`COMPARE_PLAN` over :data:`~kvembed.export.parity.PARITY_TEXTS` (short, long,
+    Default: :data:`COMPARE_PLAN` over :data:`~kvembed.export.gate.parity.PARITY_TEXTS` (short, long,
     unicode and empty texts, as documents and queries); with ``texts``, all of them as one batch
     per kind.
     """
