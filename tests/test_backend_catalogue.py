@@ -16,6 +16,7 @@ from kvembed.backends import catalogue
 from kvembed.backends.onnxruntime import DISABLE_PREPACKING, OnnxRuntimeOptions
 from kvembed.backends.openvino import OpenVINOOptions
 from kvembed.backends.protocol import Session
+from kvembed.export import targets
 from kvembed.runtime import Embedder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -44,8 +45,8 @@ def test_the_catalogue_lists_every_backend_file():
         assert set(backend.providers) <= set(catalogue.PROVIDERS)
     assert catalogue.PROVIDERS == ("auto", "cpu", "cuda", "tensorrt", "openvino")
     assert catalogue.PROVIDER_HELP == "auto, cpu, cuda, tensorrt, openvino"
-    assert {t.backend for t in catalogue.VERIFY_TARGETS.values()} == {*catalogue.BACKENDS, "onnx-reference"}
-    assert all(name in catalogue.VERIFY_HELP for name in catalogue.VERIFY_BACKENDS)
+    assert {t.backend for t in targets.VERIFY_TARGETS.values()} == {*catalogue.BACKENDS, "onnx-reference"}
+    assert all(name in targets.TARGETS_HELP for name in targets.TARGET_NAMES)
 
 
 def test_each_probe_says_why_it_cannot_run_here():
@@ -67,7 +68,7 @@ def test_each_probe_says_why_it_cannot_run_here():
         assert "pip install 'kvembed[openvino]'" in openvino
     assert catalogue.provider_problem("openvino") == openvino
     assert catalogue.BACKENDS["onnxruntime"].probe() is None
-    absent = catalogue.verify_problems()
+    absent = targets.target_problems()
     assert "onnxruntime-cpu" not in absent and ("onnxruntime-cuda" in absent) == (not gpu)
     with pytest.raises(ValueError, match="provider must be one of auto, cpu"):
         catalogue.provider_problem("vulkan")

@@ -12,6 +12,8 @@ from checks import run_python
 from typer.testing import CliRunner
 
 from kvembed.backends import catalogue
+from kvembed.backends.cpu import cpu_features
+from kvembed.export import targets
 from kvembed.export.gate import compare as bk
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -79,10 +81,10 @@ def perturbed_copy(model: Path, out: Path, scale: float) -> Path:
 def test_module_imports_without_tensorrt_or_gpu():
     code = (
         "import sys; sys.modules['tensorrt'] = None\n"  # `import tensorrt` raises ImportError
-        "import kvembed.export.gate.compare, kvembed.backends.catalogue as b\n"
+        "import kvembed.export.gate.compare, kvembed.export.targets as b\n"
         "problem = b.VERIFY_TARGETS['tensorrt'].problem()\n"
         "assert problem.startswith('not installed'), problem\n"
-        "print(sorted(b.VERIFY_BACKENDS))\n"
+        "print(sorted(b.TARGET_NAMES))\n"
     )
     done = run_python(code)
     assert done.returncode == 0, done.stderr
@@ -170,7 +172,7 @@ def test_cli_one_backend_says_so(artifact, capsys, monkeypatch):
 
     assert cli.run_compare(artifact, "onnxruntime-cpu") is None
     assert "only onnxruntime-cpu was selected: nothing to compare" in capsys.readouterr().out
-    monkeypatch.setattr(catalogue, "REFERENCE_AUTO_LIMIT", 0)  # as for a large model: auto leaves the reference out
+    monkeypatch.setattr(targets, "REFERENCE_AUTO_LIMIT", 0)  # as for a large model: auto leaves the reference out
     if not (HAS_TENSORRT or HAS_CUDA or HAS_OPENVINO):
         assert cli.run_compare(artifact, "auto") is None
         assert "only onnxruntime-cpu is present: nothing to compare" in capsys.readouterr().out
@@ -236,7 +238,7 @@ def test_verify_passes_an_int8_artifact_on_openvino_bf16(stories_artifact):
     """Issue 29: on a CPU with BF16, ``kvembed verify`` of a sound int8 artifact failed because the
     bf16 pair was held to one error's budget while it carries two (int8 steps and bf16 rounding)."""
     pytest.importorskip("openvino", reason="needs the openvino package (pip install 'kvembed[openvino]')")
-    if not catalogue.cpu_has_bf16():
+    if not cpu_features().bf16:
         pytest.skip("this CPU has no BF16: OpenVINO's bf16 hint would run f32")
     result = bk.compare_backends(stories_artifact("va", "int8", layers="2-3"), "openvino-bf16")
     (pair,) = result.pairs

@@ -29,6 +29,8 @@ GIB = 1024**3
 #: of the mapped file (benchmarks/load_memory.py); a bf16 artifact holds the fp32 graph
 CPU_WEIGHT_FACTOR = {"fp32": 1.0, "bf16": 1.0, "int8": 1.0, "fp16": 2.0}
 CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
+#: onnxruntime's execution providers by the runtime provider names they serve
+EXECUTION_PROVIDERS = {CPU: "cpu", CUDA: "cuda", TENSORRT: "tensorrt"}
 GPU_HINT = install_hint("gpu")
 
 
@@ -48,9 +50,10 @@ class OnnxRuntimeOptions:
     trt_fp16: bool = False
 
 
-def probe() -> str | None:
-    """None: onnxruntime is a dependency of kvembed, and its CPU provider is always there."""
-    return None
+def probe(provider: str | None = None) -> str | None:
+    """None for the CPU (onnxruntime is a dependency of kvembed, and its CPU provider is always
+    there); for ``"cuda"`` or ``"tensorrt"``, :func:`provider_problem`."""
+    return None if provider in (None, "auto", "cpu") else provider_problem(provider)
 
 
 def provider_problem(provider: str) -> str | None:
@@ -190,10 +193,21 @@ def open_session(model_path: str | os.PathLike[str], options: ort.SessionOptions
         ) from err
 
 
-def weight_factor(precision: str) -> float:
+def weight_factor(precision: str, options: OnnxRuntimeOptions | None = None) -> float:
     """Resident bytes per byte of graph file once loaded (:data:`CPU_WEIGHT_FACTOR`); GPU providers
     are counted as the CPU (what the host holds while the weights are loaded)."""
     return CPU_WEIGHT_FACTOR.get(precision, 2.0)
+
+
+def load_warning(directory: Path, session: OnnxRuntimeSession, precision: str) -> str | None:
+    """The caveat of an fp16 artifact on the CPU provider, which has no fp16 MatMul, or None."""
+    if precision != "fp16" or not session.on_cpu:
+        return None
+    return (f"{str(directory)!r} is an fp16 artifact on onnxruntime's CPU provider, which has no fp16 MatMul: it "
+            "holds fp32 copies of the weights (twice the artifact's size) and runs at fp32 speed; "
+            "provider='openvino' keeps them at two bytes where the CPU has FP16 (ov_precision='f16') or BF16 "
+            "(ov_precision='bf16', from a bf16 copy of the weights), and provider='auto' takes it once certified "
+            "(kvembed verify DIR --record); elsewhere use the int8 or fp32 artifact")
 
 
 class OnnxRuntimeSession:
@@ -204,6 +218,9 @@ class OnnxRuntimeSession:
     takes the protocol's ``(feeds, output_names)``."""
 
     backend = NAME
+    #: any shape; unit vectors come back from float32 arithmetic
+    limits = None
+    renormalise = False
 
     def __init__(self, session: ort.InferenceSession) -> None:
         self.ort = session
@@ -221,6 +238,16 @@ class OnnxRuntimeSession:
     @property
     def providers(self) -> list[str]:
         return list(self.ort.get_providers())
+
+    @property
+    def name(self) -> str:
+        """``onnxruntime-`` and the execution provider it runs on: ``cpu``, ``cuda``, ``tensorrt``."""
+        first = self.ort.get_providers()[0]
+        return f"{NAME}-{EXECUTION_PROVIDERS.get(first, first)}"
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.ort.get_providers()[0] == CPU
 
     def max_rows(self, width: int) -> int | None:
         return None

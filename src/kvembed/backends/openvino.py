@@ -37,7 +37,7 @@ import tempfile
 import threading
 import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -55,6 +55,8 @@ from ..status import waiting
 NAME = "openvino"
 OPENVINO = "OpenVINO"
 PRECISIONS = ("f32", "bf16", "f16")
+#: the hints that may compute the graph's final normalisation in 16-bit floats (:attr:`OpenVINOSession.renormalise`)
+HALF_PRECISIONS = frozenset({"f16", "bf16"})
 INSTALL = install_hint("openvino")
 MEND_VERSION = 2  # bump when what is compiled changes (repeat_kv_heads, the bf16 graph): kept blobs are then rebuilt
 #: resident bytes per byte of graph files at the first load, which compiles from the ONNX and holds
@@ -73,15 +75,16 @@ NATIVE_FP16_FACTOR = 1.3
 class OpenVINOOptions:
     """How an OpenVINO session is made (see :class:`OpenVINOSession`): inference threads, the
     precision hint (None: bf16 only where the CPU has it) and the compiled-model cache directory
-    (None: :func:`default_cache_dir`; False: none)."""
+    (None: :func:`default_cache_dir`; False: none). ``Embedder.load``'s flat keywords for the last
+    two are ``ov_precision`` and ``ov_cache_dir`` (each field's ``keyword``)."""
 
     threads: int | None = None
-    precision: str | None = None
-    cache_dir: str | os.PathLike[str] | None | bool = None
+    precision: str | None = field(default=None, metadata={"keyword": "ov_precision"})
+    cache_dir: str | os.PathLike[str] | None | bool = field(default=None, metadata={"keyword": "ov_cache_dir"})
 
 
-def probe() -> str | None:
-    """Why OpenVINO cannot be used here, or None."""
+def probe(provider: str | None = None) -> str | None:
+    """Why OpenVINO cannot be used here, or None (it serves one provider, ``"openvino"``)."""
     try:
         import openvino  # noqa: F401
     except ImportError:
@@ -91,10 +94,10 @@ def probe() -> str | None:
     return None
 
 
-def weight_factor(precision: str, hint: str | None = None) -> float:
-    """Resident bytes per byte of graph file while OpenVINO compiles it under ``hint`` (see
-    :data:`OPENVINO_WEIGHT_FACTOR`)."""
-    if precision == "fp16" and hint_for(hint) in ("f16", "bf16"):
+def weight_factor(precision: str, options: OpenVINOOptions | None = None) -> float:
+    """Resident bytes per byte of graph file while OpenVINO compiles it under the options' precision
+    hint (see :data:`OPENVINO_WEIGHT_FACTOR`)."""
+    if precision == "fp16" and hint_for((options or OpenVINOOptions()).precision) in ("f16", "bf16"):
         return NATIVE_FP16_FACTOR
     return OPENVINO_WEIGHT_FACTOR.get(precision, max(OPENVINO_WEIGHT_FACTOR.values()))
 
@@ -474,6 +477,22 @@ class OpenVINOSession:
         return compiled
 
     backend = NAME
+    #: any shape, on the host's CPU
+    limits = None
+    on_cpu = True
+
+    @property
+    def name(self) -> str:
+        """``openvino-`` and the precision the compiled model reports it runs (``openvino-bf16``)."""
+        return f"{NAME}-{self.precision}"
+
+    @property
+    def renormalise(self) -> bool:
+        """True under the f16 and bf16 hints: the f16 hint turns every op fp16, and an fp16 graph
+        runs retyped to bf16 under the bf16 hint (an fp32 graph keeps its normalisation in f32 there,
+        renormalising it costs nothing), so unit vectors come back with norms up to ~1e-4 (f16) or
+        ~1e-3 (bf16) off 1."""
+        return self.precision in HALF_PRECISIONS
 
     @property
     def input_names(self) -> list[str]:

@@ -1,19 +1,31 @@
-"""The one session protocol every backend implements, so the runtime never asks which backend it holds.
+"""The contracts every backend meets, so the runtime never asks which backend it holds.
 
-A session is a graph opened on one backend: it names its inputs and the backend/provider it runs
-on, runs feeds to outputs, and says how many rows one call may take (a TensorRT plan's profiles
-cap them; the other backends take any number). A probe says, before any session is made, whether
-a backend can run on this machine and, when not, why and what to install.
+A *session* (:class:`Session`) is a graph opened on one backend: it names its inputs and what it
+runs on, runs feeds to outputs, says how many rows and tokens one call may take (a TensorRT plan's
+profiles cap them; the other backends take any shape), and whether the runtime must normalise its
+unit vectors again. A *backend module* (:class:`BackendModule`) is the one file that opens such
+sessions; the catalogue (:mod:`~kvembed.backends.catalogue`) lists them and is all the runtime reads.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
 
 from ..errors import MissingDependency
 
 if TYPE_CHECKING:
+    import os
+
     import numpy as np
+
+
+class Limits(NamedTuple):
+    """The shapes a session takes, over all its shapes' ranges: rows per call and padded sequence
+    length (a TensorRT plan's profiles; a session without limits has ``limits`` None)."""
+
+    max_batch_size: int
+    min_sequence: int
+    max_sequence: int
 
 
 @runtime_checkable
@@ -22,6 +34,12 @@ class Session(Protocol):
 
     #: the catalogue name of the backend: ``"onnxruntime"``, ``"openvino"`` or ``"tensorrt"``
     backend: str
+
+    @property
+    def name(self) -> str:
+        """What runs the graph, as ``Embedder.backend`` reports it: the backend and what it runs on
+        (``onnxruntime-cpu``, ``openvino-bf16``, ``tensorrt``)."""
+        ...
 
     @property
     def input_names(self) -> list[str]:
@@ -35,6 +53,23 @@ class Session(Protocol):
         ``["TensorRT", precision]``."""
         ...
 
+    @property
+    def on_cpu(self) -> bool:
+        """Whether it computes on the host's CPU: the runtime then cuts calls to its CPU token
+        budget and plans batches by its CPU call cost (on a GPU, one call per batch is fastest)."""
+        ...
+
+    @property
+    def limits(self) -> Limits | None:
+        """The shapes it takes (the runtime pads and cuts inputs to them); None: any shape."""
+        ...
+
+    @property
+    def renormalise(self) -> bool:
+        """Whether the graph's final L2 normalisation may run in 16-bit floats here, so unit vectors
+        come back with norms measurably off 1: the runtime normalises those rows again in float32."""
+        ...
+
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         """The arrays of ``output_names`` for one padded batch, on the host, in that order."""
         ...
@@ -44,8 +79,38 @@ class Session(Protocol):
         ...
 
 
-#: ``probe()``: None when the backend can run here, else why not (and what to install)
-Probe = Callable[[], "str | None"]
+#: ``probe(provider)``: None when the backend (for that runtime provider, if given) can run here,
+#: else why not (and what to install)
+Probe = Callable[..., "str | None"]
+
+
+class BackendModule(Protocol):
+    """What one backend file provides; the catalogue's entry names the file, its options dataclass
+    (each field is also a flat ``Embedder.load`` keyword: its name, or its ``keyword`` metadata) and
+    the runtime providers it serves. Optional, each read only where present:
+
+    - ``claims(directory) -> bool`` with ``CLAIMED`` (what such a directory is, in messages): the
+      directory is this backend's own format (a TensorRT engine directory), runs nowhere else, and
+      is what ``open_graph`` gets;
+    - ``verify_files(directory, manifest)``: its own check of the files it reads, raising with the
+      fix (default: the artifact's sha256 check);
+    - ``load_warning(directory, session, precision) -> str | None``: a caveat of running an artifact
+      of that precision this way (onnxruntime's CPU provider with fp16 weights).
+    """
+
+    NAME: str
+
+    def probe(self, provider: str | None = None) -> str | None:
+        """None when it can run here (for runtime ``provider``, if given), else why not."""
+        ...
+
+    def open_graph(self, path: os.PathLike[str], provider: str, options: Any) -> Session:
+        """The graph at ``path`` (a directory for a backend that claims directories) opened for ``provider``."""
+        ...
+
+    def weight_factor(self, precision: str, options: Any = None) -> float:
+        """Resident bytes per byte of graph file once loaded with ``options``."""
+        ...
 
 
 class BackendUnavailableError(MissingDependency, ValueError):

@@ -15,12 +15,14 @@ import subprocess
 import threading
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import InvalidInput, MissingDependency
+from ..artifact import Manifest, check_intact
 from ..artifact.layout import ENGINE_JSON, PLAN
+from .protocol import Limits
 
 ENGINE_SCHEMA_VERSION = 1
 #: keys every engine.json has (loaders and the Triton generator rely on them)
@@ -38,7 +40,7 @@ class TensorRTOptions:
     """How a plan is opened: nothing to choose (the plan fixes precision and shapes at build time)."""
 
 
-def probe() -> str | None:
+def probe(provider: str | None = None) -> str | None:
     """Why TensorRT cannot be used here, or None when ``import tensorrt`` gives a real TensorRT."""
     try:
         import tensorrt  # noqa: F401
@@ -51,15 +53,7 @@ def probe() -> str | None:
     return None
 
 
-class Limits(NamedTuple):
-    """The shapes an engine takes, over all its profiles: rows per call and padded sequence length."""
-
-    max_batch_size: int
-    min_sequence: int
-    max_sequence: int
-
-
-def weight_factor(precision: str) -> float:
+def weight_factor(precision: str, options: TensorRTOptions | None = None) -> float:
     """Host bytes per byte of plan: the plan is read once to deserialise it, and the weights then
     live on the GPU (an estimate: never measured, this project's machines have no GPU)."""
     return 1.0
@@ -67,6 +61,12 @@ def weight_factor(precision: str) -> float:
 
 def is_engine_dir(directory: str | os.PathLike[str]) -> bool:
     return (Path(directory) / ENGINE_JSON).is_file()
+
+
+#: what the directories this backend claims are, in messages
+CLAIMED = "a TensorRT engine directory"
+#: an engine directory runs here and nowhere else (the catalogue asks before it picks a backend)
+claims = is_engine_dir
 
 
 def read_engine_json(directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -84,6 +84,12 @@ def read_engine_json(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if record["schema_version"] != ENGINE_SCHEMA_VERSION:
         raise InvalidInput(f"{path} has schema_version {record['schema_version']!r}; this kvembed reads {ENGINE_SCHEMA_VERSION}")
     return record
+
+
+def verify_files(directory: Path, manifest: Manifest) -> None:
+    """The engine directory's files against its manifest and ``engine.json``
+    (:func:`~kvembed.artifact.check_intact`: the plan checked instead of the graph it was built from)."""
+    check_intact(manifest, engine=read_engine_json(directory))
 
 
 def check_engine_matches(record: Mapping[str, Any], tensorrt_version: str, gpu_name: str, compute_capability: str) -> None:
@@ -174,6 +180,10 @@ class EngineSession:
         return max(fitting) if fitting else self.limits.max_batch_size
 
     backend = NAME
+    name = NAME
+    #: a plan's weights and arithmetic live on the GPU; its normalisation runs as built
+    on_cpu = False
+    renormalise = False
 
     @property
     def input_names(self) -> list[str]:

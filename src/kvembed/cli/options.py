@@ -14,7 +14,7 @@ from typing import Annotated, Any, Callable, Mapping, Optional, TypeVar, get_arg
 
 import typer
 
-from ..backends.catalogue import VERIFY_HELP
+from ..export.targets import TARGETS_HELP
 
 from ..errors import InvalidInput
 from ..flagfields import Flag, flags_of
@@ -128,7 +128,7 @@ def _splice(command: F, marker_name: str, added: list[inspect.Parameter],
 
 
 # ``kvembed verify`` / ``kvembed export verify``: the backend comparison
-Backends = Annotated[str, typer.Option("--backends", help=VERIFY_HELP)]
+Backends = Annotated[str, typer.Option("--backends", help=TARGETS_HELP)]
 NoCompare = Annotated[bool, typer.Option("--no-compare", help="Skip the backend comparison (parity against PyTorch only).")]
 Record = Annotated[bool, typer.Option(
     "--record", help="Record what passed (backend, precision it ran, worst cosine, CPU flags) in the artifact's "

@@ -12,13 +12,12 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..backends.catalogue import Choice, choose_backend, open_session, options_for
-from ..backends.onnxruntime import CPU, CUDA, TENSORRT
-from ..backends.openvino import OPENVINO  # the openvino package itself is imported only when a session is made
+from ..backends.catalogue import Choice, backend_options, choose_backend, load_warning, open_session, verify_files
+from ..backends.protocol import Session
 from ..status import waiting
 from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
-from ..artifact import Manifest, check_intact, manifest_of
+from ..artifact import Manifest, manifest_of
 from .artifact import encoder_from_manifest
 from .batching import CPU_CALL_COST, CPU_CALL_TOKENS, BatchPolicy, run_batches, run_in_slices
 from .encoding import EncodedText, TextEncoder, check_padding_side, check_texts
@@ -45,7 +44,7 @@ class Embedder:
     """
 
     def __init__(
-        self, directory: Path, manifest: Manifest | Mapping[str, Any], encoder: TextEncoder, session: Any,
+        self, directory: Path, manifest: Manifest | Mapping[str, Any], encoder: TextEncoder, session: Session,
         max_call_tokens: int | None | str = "auto",
         call_cost: int | None | str = "auto",
         choice: Choice | None = None,
@@ -58,8 +57,8 @@ class Embedder:
         self.encoder = encoder
         self.session = session
         self._inputs = list(session.input_names)
-        self._renormalise = backend_name(session) in HALF_NORM_BACKENDS
-        cpu = self.providers[0] in (CPU, OPENVINO)
+        self._renormalise = session.renormalise
+        cpu = session.on_cpu
         #: the default batching policy of every embedding method: the call budget and call cost
         #: given to :meth:`load` ("auto": :data:`CPU_CALL_TOKENS` / :data:`CPU_CALL_COST` on the CPU
         #: and OpenVINO, none on GPUs), 32 rows per batch, no padded-token limit per batch
@@ -86,6 +85,7 @@ class Embedder:
         max_call_tokens: int | None | str = "auto",
         call_cost: int | None | str = "auto",
         options: Any = None,
+        **backend_keywords: Any,
     ) -> "Embedder":
         """Open an artifact directory (or its manifest, as :func:`~kvembed.artifact.load_manifest`
         read it: the load reads no file twice).
@@ -115,6 +115,8 @@ class Embedder:
         (:class:`~kvembed.backends.onnxruntime.OnnxRuntimeOptions`,
         :class:`~kvembed.backends.openvino.OpenVINOOptions`,
         :class:`~kvembed.backends.tensorrt.TensorRTOptions`; see :mod:`kvembed.backends.catalogue`).
+        ``backend_keywords``: the flat keyword of any other field of a backend's options
+        (:func:`~kvembed.backends.catalogue.flat_keywords`); an unknown one is a TypeError.
 
         ``max_call_tokens``: padded tokens per graph call; a bigger padded batch runs in slices of
         whole rows (at least one). ``"auto"``: :data:`CPU_CALL_TOKENS` on the CPU and OpenVINO
@@ -133,49 +135,24 @@ class Embedder:
         manifest = manifest_of(directory)
         path = manifest.artifact_directory()
         choice = choose_backend(path, provider, manifest, options)
-        backend = choice.backend
-        if choice.ov_precision is not None:  # auto's certified hint: the user's own options keep theirs
-            if options is None:
-                ov_precision = choice.ov_precision
-            elif options.precision is None:
-                options = replace(options, precision=choice.ov_precision)
-        backend_options = options_for(
-            backend, options, threads=threads, device_id=device_id, trt_cache_dir=trt_cache_dir, trt_fp16=trt_fp16,
+        chosen = backend_options(  # the flat keywords, forwarded as they are: the catalogue knows which apply
+            choice, options, threads=threads, device_id=device_id, trt_cache_dir=trt_cache_dir, trt_fp16=trt_fp16,
             memory_arena=memory_arena, prepacking=prepacking, ov_precision=ov_precision, ov_cache_dir=ov_cache_dir,
+            **backend_keywords,
         )
-        if backend == "tensorrt":
-            return cls._load_engine(path, manifest, provider, verify, max_call_tokens, call_cost, choice)
         if verify:
-            with waiting(f"checking the sha256 of the files of {path}"):
-                check_intact(manifest)
+            verify_files(manifest, choice.backend)
         encoder = encoder_from_manifest(path, manifest)
-        with waiting(f"opening the graph of {path} on {backend}"):
-            session = open_session(path, provider, backend_options, choice, manifest)
-        if manifest.precision == "fp16" and session.providers[0] == CPU:
-            warnings.warn(
-                f"{str(path)!r} is an fp16 artifact on onnxruntime's CPU provider, which has no fp16 MatMul: it "
-                "holds fp32 copies of the weights (twice the artifact's size) and runs at fp32 speed; "
-                "provider='openvino' keeps them at two bytes where the CPU has FP16 (ov_precision='f16') or BF16 "
-                "(ov_precision='bf16', from a bf16 copy of the weights), and provider='auto' takes it once certified "
-                "(kvembed verify DIR --record); elsewhere use the int8 or fp32 artifact", stacklevel=2)
+        with waiting(f"opening the graph of {path} on {choice.backend}"):
+            session = open_session(path, provider, chosen, choice, manifest)
+        if session.limits is not None:  # e.g. a TensorRT plan's profiles: inputs padded and cut to them
+            encoder.cap_input_tokens(session.limits.max_sequence)
+            encoder.pad_at_least(session.limits.min_sequence)
+        caveat = load_warning(path, session, manifest.precision)
+        if caveat is not None:
+            warnings.warn(caveat, stacklevel=2)
         embedder = cls(path, manifest, encoder, session, max_call_tokens, call_cost, choice)
         log.info("kvembed: %s runs on %s (provider %s: %s)", path, embedder.backend, provider, choice.reason)
-        return embedder
-
-    @classmethod
-    def _load_engine(
-        cls, path: Path, manifest: Manifest, provider: str, verify: bool, max_call_tokens: int | None | str,
-        call_cost: int | None | str = "auto", choice: Choice | None = None,
-    ) -> "Embedder":
-        with waiting(f"opening the TensorRT engine of {path}"):
-            session: Any = open_session(path, provider, choice=choice)  # an engine directory's plan (provider auto or tensorrt)
-        if verify:
-            check_intact(manifest, engine=session.record)
-        encoder = encoder_from_manifest(path, manifest)
-        encoder.cap_input_tokens(session.limits.max_sequence)
-        encoder.pad_at_least(session.limits.min_sequence)
-        embedder = cls(path, manifest, encoder, session, max_call_tokens, call_cost, choice)
-        log.info("kvembed: %s runs on %s (provider %s)", path, embedder.backend, provider)
         return embedder
 
     # -- facts ---------------------------------------------------------------------------------
@@ -225,7 +202,7 @@ class Embedder:
         """What runs the graph, named as ``kvembed verify --backends`` names it: ``onnxruntime-cpu``,
         ``onnxruntime-cuda``, ``onnxruntime-tensorrt``, ``openvino-bf16`` / ``openvino-f32`` (the
         precision OpenVINO reports it runs) or ``tensorrt``; :attr:`choice` says why."""
-        return backend_name(self.session)
+        return self.session.name
 
     def runtime_line(self) -> str:
         """:func:`runtime_line` of this artifact as loaded: what runs it and why."""
@@ -439,21 +416,6 @@ class Embedder:
 
 #: the graph outputs the graph L2-normalises (``embedding``, ``embedding.<label>``)
 NORMALISED = output_names(None)[0]
-#: backends that may compute the graph's final normalisation in 16-bit floats (OpenVINO's f16 hint
-#: turns every op fp16; its bf16 hint keeps an fp32 graph's such ops in f32, but an fp16 graph runs
-#: retyped to bf16): their unit vectors come back with norms up to ~1e-4 (fp16) or ~1e-3 (bf16) off
-#: 1, so the runtime normalises those rows again in float32 (directions unchanged)
-HALF_NORM_BACKENDS = frozenset({"openvino-f16", "openvino-bf16"})
-
-
-def backend_name(session: Any) -> str:
-    """``session``'s backend and what it runs on, in the verify targets' names."""
-    first = session.providers[0]
-    if session.backend == "onnxruntime":
-        return {CPU: "onnxruntime-cpu", CUDA: "onnxruntime-cuda", TENSORRT: "onnxruntime-tensorrt"}.get(first, f"onnxruntime-{first}")
-    if session.backend == "openvino":
-        return f"openvino-{session.providers[1]}"
-    return str(session.backend)
 
 
 def runtime_line(backend: str, precision: str, choice: Choice | None = None, subject: str = "artifact") -> str:

@@ -3,7 +3,7 @@
 ``kvembed verify DIR`` checks an artifact against PyTorch (the parity gate, on onnxruntime's CPU
 provider). This module checks the artifact's graph against *itself* on the other backends this
 machine has, through polygraphy's :class:`~polygraphy.comparator.Comparator` (the targets, their
-probes and what ``auto`` picks are :mod:`kvembed.backends.catalogue`'s; the runners are
+probes are :mod:`kvembed.export.targets`'; the runners are
 :mod:`kvembed.export.gate.runners`'):
 
 - ``onnxruntime-cpu``: always (the baseline every other backend is compared with);
@@ -64,7 +64,7 @@ import numpy as np
 
 from ...artifact import MODEL, Manifest, read_manifest
 from ...artifact.certificates import precision_name
-from ...backends.catalogue import CPU, OV_BF16, OV_F16, VERIFY_ALIASES, VERIFY_BACKENDS, VERIFY_TARGETS
+from ..targets import CPU, OV_BF16, OV_F16, TARGET_ALIASES, TARGET_NAMES, VERIFY_TARGETS
 from ...backends.protocol import BackendUnavailableError
 from ...runtime.artifact import encoder_from_manifest
 from .parity import PADDING_SIDES, PARITY_TEXTS, cosine_rows
@@ -148,7 +148,7 @@ class BackendComparison:
         from .certify import certificate
 
         return [certificate(pair.second, self.ran.get(pair.second, ""), pair, against=pair.first, extra={"rows": self.rows})
-                for pair in self.pairs if pair.passed and pair.second in VERIFY_BACKENDS]
+                for pair in self.pairs if pair.passed and pair.second in TARGET_NAMES]
 
     @property
     def polygraphy_passed(self) -> bool:
@@ -377,7 +377,7 @@ def compare_backends(
         return comparison
     feeds = [b.feed for b in batches]
     asked = {n.strip().lower() for n in (backends.split(",") if isinstance(backends, str) else backends)}
-    asked |= {member for alias, members in VERIFY_ALIASES.items() if alias in asked for member in members}
+    asked |= {member for alias, members in TARGET_ALIASES.items() if alias in asked for member in members}
     failures: dict[str, BaseException] = {}
     runners, labels = [], []
     for name in names:
@@ -413,8 +413,8 @@ def compare_graphs(
     :func:`compare_backends` compares backends. ``batches`` are :class:`FeedBatch` es (from
     :func:`comparison_feeds`) or plain feed dicts."""
     for backend in (backend_a, backend_b):
-        if backend not in VERIFY_BACKENDS:
-            raise InvalidInput(f"unknown backend {backend!r}; valid: {', '.join(VERIFY_BACKENDS)}")
+        if backend not in TARGET_NAMES:
+            raise InvalidInput(f"unknown backend {backend!r}; valid: {', '.join(TARGET_NAMES)}")
     tol = _tolerance(precision, tolerance)
     items = [
         b if isinstance(b, FeedBatch)

@@ -1,5 +1,5 @@
 """polygraphy runners for ``kvembed verify --backends``: the graph on each verify target of
-:mod:`kvembed.backends.catalogue` (onnxruntime's providers, TensorRT, OpenVINO, ONNX's reference).
+:mod:`kvembed.export.targets` (onnxruntime's providers, TensorRT, OpenVINO, ONNX's reference).
 
 polygraphy has runners for onnxruntime and TensorRT; OpenVINO and ``onnx.reference`` get theirs
 here. The reference evaluator is the independent one (it shares no kernel with onnxruntime), and
@@ -18,8 +18,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ...backends.catalogue import (
-    CPU, CUDA, ORT_TENSORRT, REFERENCE, TENSORRT, VERIFY_BACKENDS, VERIFY_TARGETS, resolve_verify_backends, verify_problems,
+from ..targets import (
+    CPU, CUDA, ORT_TENSORRT, REFERENCE, TENSORRT, TARGET_NAMES, VERIFY_TARGETS, resolve_targets, target_problems,
 )
 from ...backends.onnxruntime import GPU_HINT
 from ...backends.protocol import BackendUnavailableError
@@ -44,9 +44,9 @@ _ORT_PROVIDERS = {
 def backend_problems(manifest: Mapping[str, Any] | None = None) -> dict[str, str]:
     """``name -> why it cannot run here``: the catalogue's absent targets, and every target when
     polygraphy (which runs them all) is missing."""
-    problems = verify_problems(manifest)
+    problems = target_problems(manifest)
     if POLYGRAPHY_ERROR is not None:
-        for name in VERIFY_BACKENDS:
+        for name in TARGET_NAMES:
             problems.setdefault(name, POLYGRAPHY_ERROR)
     return problems
 
@@ -59,12 +59,12 @@ def resolve_backends(
     model_path: str | os.PathLike[str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The targets to compare and ``{skipped target: reason}``
-    (:func:`~kvembed.backends.catalogue.resolve_verify_backends`, with :func:`backend_problems`)."""
+    (:func:`~kvembed.export.targets.resolve_targets`, with :func:`backend_problems`)."""
     if directory is not None and manifest is None:
         from ...artifact import read_manifest
 
         manifest = read_manifest(directory)
-    return resolve_verify_backends(directory, backends, manifest=manifest, model_path=model_path,
+    return resolve_targets(directory, backends, manifest=manifest, model_path=model_path,
                                    problems=backend_problems(manifest))
 
 
@@ -271,4 +271,4 @@ def make_runner(
         return OpenVINORunner(path, target.setting, name=name)
     if backend == REFERENCE:
         return OnnxReferenceRunner(path, name=name)
-    raise InvalidInput(f"unknown backend {backend!r}; valid: {', '.join(VERIFY_BACKENDS)}")
+    raise InvalidInput(f"unknown backend {backend!r}; valid: {', '.join(TARGET_NAMES)}")
