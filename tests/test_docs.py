@@ -5,7 +5,9 @@ Benchmarks page), and the commands of every page that uses the demo model run as
 
 The run: docs/getting-started.md's commands once, in a fresh folder (the demo export the guides
 build on); then each guide's commands in a folder of its own that sees getting-started's files.
-Commands marked ``# not run in tests: <why>`` and environment setup are skipped. conftest.py puts
+Commands marked ``# not run in tests: <why>`` and environment setup are skipped, and so are the
+few another test runs as written on the same demo export (``RUN_ELSEWHERE``: each costs a
+PyTorch load, and the suite's time is bounded). conftest.py puts
 this file's tests in one pytest-xdist group, so the export is made once.
 """
 
@@ -101,11 +103,28 @@ def test_the_cli_reference_is_the_command_tree() -> None:
     assert "export" in live.commands["export"].commands, "the app's own tree was changed by the docs view"
 
 
+#: commands a page's run leaves out because the suite runs each as written elsewhere, on the same
+#: export of the demo model (the session fixture's): command -> (test file, the call there)
+RUN_ELSEWHERE = {
+    "kvembed verify artifacts/stories260k-kv": ("test_backends.py", 'runner.invoke(app, ["verify", str(artifact)])'),
+}
+
+
+def test_what_a_page_leaves_out_runs_as_written_elsewhere() -> None:
+    """Each command of :data:`RUN_ELSEWHERE` is on a page, and the test named runs it: the page's
+    run may skip it only while that holds."""
+    on_pages = {s.text for p in doc_pages() for s in snippets(p.read_text(encoding="utf-8")) if s.runs}
+    for command, (test_file, call) in RUN_ELSEWHERE.items():
+        assert command in on_pages, f"{command!r} is on no page any more: drop it from RUN_ELSEWHERE"
+        assert call in (ROOT / "tests" / test_file).read_text(encoding="utf-8"), f"{test_file} no longer runs {command!r}"
+
+
 def script(steps: list[Snippet]) -> str:
-    """A bash script of the snippets that run, in page order (python blocks as here-documents)."""
+    """A bash script of the snippets that run, in page order (python blocks as here-documents),
+    without those the suite runs elsewhere (:data:`RUN_ELSEWHERE`)."""
     lines = ["set -euxo pipefail"]
     for step in steps:
-        if step.runs:
+        if step.runs and step.text not in RUN_ELSEWHERE:
             lines.append(step.text if step.lang == "bash" else f"python - <<'PY'\n{step.text}PY")
     return "\n".join(lines) + "\n"
 
