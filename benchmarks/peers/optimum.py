@@ -27,6 +27,7 @@ the load average was :data:`QUIET_LOAD` or more are marked ``loaded``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -97,7 +98,8 @@ def optimum_export(work: Path, model: Path, out: Path, log: Path) -> dict[str, A
 def kvembed_export(model: Path, out: Path, method: str, log: Path) -> dict[str, Any]:
     """One ``kvembed-export --precision fp32`` in a fresh process (export_memory's runner)."""
     run = run_export(model, out, "fp32", method, None, log)
-    return {"side": "kvembed", "method": method, **run}
+    tree_peak = max((stage["peak_rss_bytes"] for stage in run["stages"]), default=0)  # its polled samples, by stage
+    return {"side": "kvembed", "method": method, "tree_peak_rss_bytes": tree_peak, **run}
 
 
 def folder_bytes(folder: Path) -> int:
@@ -158,6 +160,8 @@ def main() -> None:
     for round_ in range(args.rounds):
         for side in ("kvembed", "optimum"):
             runs.append(measured(side, work, model if side == "kvembed" else peer_model, args.method, round_))
+            # every run kept as it ends: an hour of exports is not lost to a later failure
+            (work / "optimum-bench-runs.json").write_text(json.dumps(runs, indent=2) + "\n", encoding="utf-8")
     end_load = load()
     sides = summary(runs)
     figures = {}

@@ -9,7 +9,8 @@ GGUF (``llama_server.py hf-dir``). kvembed runs its fp32 ``last-token`` and ``me
 ``Transformer(HF, backend=...)`` (ONNX: Optimum exports the graph on first load and
 onnxruntime runs it; OpenVINO: optimum-intel converts it and OpenVINO runs it, at its default
 inference precision) under a ``Pooling`` of ``lasttoken`` and ``mean``, each backend's
-Transformer shared by both poolings. A backend that does not load is recorded with its error.
+Transformer shared by both poolings. A backend that does not load, or does not embed two texts
+once loaded, is recorded with its error and left out of the timing.
 
 sentence-transformers lives in the peers' venv (``peer_venv.py``), kvembed in this one, so the
 peers run in a worker process (``worker``, JSON lines on stdin/stdout) and every side times its own
@@ -50,7 +51,8 @@ QUIET_LOAD = 1.5
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Load every (backend, pooling) model, answer ``load`` once, then ``embed`` / ``ids`` requests."""
+    """Load every (backend, pooling) model and embed two texts with it, answer with each backend's
+    status once (a backend that fails either is left out), then ``embed`` / ``ids`` requests."""
     # this script's folder is first on sys.path and this file is named like the package: drop it
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
     from sentence_transformers import SentenceTransformer
@@ -68,8 +70,13 @@ def worker(args: argparse.Namespace) -> None:
                                                                  device="cpu")
             status[backend] = {"loaded": True, "load_s": round(time.perf_counter() - start, 1),
                                "padding_side": module.tokenizer.padding_side}
-        except Exception as err:  # a peer that does not load is a result, recorded with its reason
-            status[backend] = {"loaded": False, "error": f"{type(err).__name__}: {err}"[:2000]}
+            st[f"{backend}/lasttoken"].encode(["a first text", "and a second, longer one"])
+            status[backend]["encodes"] = True
+        except Exception as err:  # a peer that does not load or run is a result, recorded with its reason
+            status[backend] = {**status.get(backend, {"loaded": False}), "encodes": False,
+                               "error": f"{type(err).__name__}: {err}"[:2000]}
+            for pooling in POOLINGS:
+                st.pop(f"{backend}/{pooling}", None)
     reply({"status": status, "models": sorted(st)})
     for line in sys.stdin:
         request = json.loads(line)
