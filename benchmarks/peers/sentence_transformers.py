@@ -41,7 +41,8 @@ import peer_venv  # noqa: E402
 
 #: sentence-transformers' pooling modes and the kvembed method each is compared with
 POOLINGS = {"lasttoken": "last-token", "mean": "mean"}
-BACKENDS = ("onnx", "openvino")
+#: ``openvino:f32`` / ``openvino:bf16``: OpenVINO with that inference precision hint (default: its own)
+BACKENDS = ("onnx", "openvino", "openvino:f32")
 #: (name, texts, tokens per text, calls per timing sample)
 WORKLOADS = (("16x128", 16, 128, 3), ("1x32", 1, 32, 30))
 QUIET_LOAD = 1.5
@@ -63,15 +64,18 @@ def worker(args: argparse.Namespace) -> None:
     for backend in args.backends.split(","):
         start = time.perf_counter()
         try:
-            module = Transformer(args.hf_dir, backend=backend)
+            kind, _, hint = backend.partition(":")  # openvino:f32 sets OpenVINO's inference precision
+            kwargs = {"ov_config": {"INFERENCE_PRECISION_HINT": hint}} if hint else {}
+            module = Transformer(args.hf_dir, backend=kind, model_kwargs=kwargs)
             dim = module.get_embedding_dimension()
             for pooling in POOLINGS:
                 st[f"{backend}/{pooling}"] = SentenceTransformer(modules=[module, Pooling(dim, pooling_mode=pooling)],
                                                                  device="cpu")
             status[backend] = {"loaded": True, "load_s": round(time.perf_counter() - start, 1),
                                "padding_side": module.tokenizer.padding_side}
-            st[f"{backend}/lasttoken"].encode(["a first text", "and a second, longer one"])
-            status[backend]["encodes"] = True
+            probe = st[f"{backend}/lasttoken"].encode(["a first text", "and a second, longer one"])
+            # a backend may run and still return NaN: said here, and its cosines are NaN too
+            status[backend].update(encodes=True, finite=bool(np.isfinite(probe).all()))
         except Exception as err:  # a peer that does not load or run is a result, recorded with its reason
             status[backend] = {**status.get(backend, {"loaded": False}), "encodes": False,
                                "error": f"{type(err).__name__}: {err}"[:2000]}
