@@ -86,7 +86,7 @@ def main() -> None:
                         result = exporter.write(out, precision)
                         cell = f"{result.parity.worst_cosine:.7f}"
                         if args.sizes:
-                            recipe = result.manifest["graph"].get("precision_conversion", {}).get("recipe")
+                            recipe = result.manifest.raw["graph"].get("precision_conversion", {}).get("recipe")
                             size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
                             cell += f" ({recipe + ', ' if recipe else ''}{size / 1e6:.1f} MB)"
                         row[f"{name} {precision}"] = cell

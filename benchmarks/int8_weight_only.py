@@ -67,8 +67,8 @@ def main() -> None:
                     row: dict[str, Any] = {"model": model, "method": method, "block": block}
                     try:
                         result = exporter.write(out, "int8", int8_recipe=recipe)
-                        parity = result.manifest["parity"]
-                        conversion = result.manifest["graph"]["precision_conversion"]
+                        parity = result.manifest.raw["parity"]
+                        conversion = result.manifest.raw["graph"]["precision_conversion"]
                         row.update(gate=parity["worst_cosine"], held_out=parity["held_out"]["worst_cosine"],
                                    mb=sum(f.stat().st_size for f in out.iterdir() if f.is_file()) / 1e6,
                                    level=conversion["accuracy_level"], block_sizes=conversion["block_sizes"])

@@ -85,7 +85,7 @@ def _check_outputs(result, expected: dict[str, tuple[str, dict]], oracle) -> Non
     embedder = Embedder.load(result.path, provider="cpu", threads=1)
     labels = list(expected)
     assert embedder.outputs == labels
-    manifest = result.manifest
+    manifest = result.manifest.raw
     assert [o["name"] for o in manifest["outputs"]][2:] == [
         f"{kind}.{label}" for label in labels[1:] for kind in ("embedding", "pooled")
     ]
@@ -112,7 +112,7 @@ def test_kv_embedding_with_other_poolings(tiny_models, oracle, tmp_path):
 def test_early_exit_method_with_full_depth_baselines(oracle, tmp_path):
     """va stops at layer 2 alone; with mean and last-token beside it the graph runs every layer."""
     result = export_result(STORIES, "va", tmp_path / "a", layers="1-2", also=["mean", "last-token", "va:layers=0,3"])
-    assert result.manifest["graph"]["decoder_layers"] == result.manifest["method"]["num_layers"] == 5
+    assert result.manifest.raw["graph"]["decoder_layers"] == result.manifest.raw["method"]["num_layers"] == 5
     _check_outputs(result, {
         "va": ("va", {"layers": "1-2"}), "mean": ("mean", {}), "last-token": ("last-token", {}),
         "va-2": ("va", {"layers": "0,3"}),
@@ -121,7 +121,7 @@ def test_early_exit_method_with_full_depth_baselines(oracle, tmp_path):
 
 def test_token_prepending_several_exits(oracle, tmp_path):
     result = export_result(STORIES, "token-prepending", tmp_path / "a", exit_layer=3, also=["token-prepending:exit_layer=2"])
-    assert result.manifest["graph"]["decoder_layers"] == 3
+    assert result.manifest.raw["graph"]["decoder_layers"] == 3
     _check_outputs(result, {
         "token-prepending": ("token-prepending", {"exit_layer": 3}),
         "token-prepending-2": ("token-prepending", {"exit_layer": 2}),

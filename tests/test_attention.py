@@ -108,7 +108,7 @@ def test_fused_reduced_precisions_pass_the_gate(traces, tmp_path, oracle, precis
     """fp16: the op's own fp16 path (Q/K/V fp16, the mask kept fp32 machinery then cast) passes
     the fp16 gate; int8 quantizes the weight MatMuls and leaves Attention as is."""
     result = traces.get(STORIES, METHOD).write(tmp_path / precision, precision)
-    manifest = result.manifest
+    manifest = result.manifest.raw
     assert manifest["parity"]["passed"] and manifest["graph"]["attention"]["form"] == "fused"
     assert manifest["graph"]["op_types"]["Attention"] == 5
     embedder = Embedder.load(result.path, provider="cpu", threads=1)

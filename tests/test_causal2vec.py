@@ -86,7 +86,7 @@ def test_export_passes_the_gate_and_the_runtime_matches(checkpoints, tmp_path):
     reference = TorchEmbedder.from_pretrained(checkpoints["llama"], "causal2vec")
     with Exporter(reference) as exporter:
         results = {precision: exporter.write(tmp_path / precision, precision) for precision in ("fp32", "fp16", "int8")}
-    manifest = results["fp32"].manifest
+    manifest = results["fp32"].manifest.raw
     assert [i["name"] for i in manifest["inputs"]] == [
         "input_ids", "attention_mask", "pool_mask", "encoder_input_ids", "encoder_attention_mask"]
     assert manifest["context_encoder"]["tokenizer"] == "encoder_tokenizer.json"
@@ -99,7 +99,7 @@ def test_export_passes_the_gate_and_the_runtime_matches(checkpoints, tmp_path):
     want = independent_causal2vec(checkpoints["llama"], TEXTS, "query").numpy()
     floors = {"fp32": 0.99999, "fp16": 0.999, "int8": 0.99}
     for precision, result in results.items():
-        assert result.manifest["parity"]["passed"], precision
+        assert result.manifest.raw["parity"]["passed"], precision
         runtime = Embedder.load(tmp_path / precision, provider="cpu")
         got = runtime.encode(TEXTS, kind="query")
         assert got.shape == want.shape

@@ -190,7 +190,7 @@ def test_manifest_names_the_checkpoint_dtype(sharded_bf16, tmp_path):
     batches = {"reference": len(gate_batches({**GATE_TEXTS, **HELD_OUT_TEXTS})), "parity": len(gate_batches(GATE_TEXTS))}
     # an advisory check that runs (OpenVINO f16 where this CPU has FP16, else bf16 where it has BF16)
     # runs the gate's batches once more; at most one of them runs unless f16 misses
-    advisory = result.manifest["parity"].get("advisory", {})
+    advisory = result.manifest.raw["parity"].get("advisory", {})
     assert set(advisory) == {"openvino-f16", "openvino-bf16"}
     runs = {"reference": 1, "parity": 1 + sum("skipped" not in checked for checked in advisory.values())}
     for stage in ("reference", "parity"):
@@ -203,9 +203,9 @@ def test_manifest_names_the_checkpoint_dtype(sharded_bf16, tmp_path):
     # the fp16 conversion: one step per weight tensor of the graph, up to all of them
     tensors = len(onnx.load(str(result.path / "model.onnx"), load_external_data=False).graph.initializer)
     assert display.steps["convert"] == [(done, tensors) for done in range(1, tensors + 1)]
-    assert result.manifest["source"]["dtype"] == "bfloat16"
-    assert result.manifest["source"]["location"] == str(sharded_bf16.resolve())
-    assert result.parity.passed and result.manifest["precision"] == "fp16"
+    assert result.manifest.raw["source"]["dtype"] == "bfloat16"
+    assert result.manifest.raw["source"]["location"] == str(sharded_bf16.resolve())
+    assert result.parity.passed and result.manifest.raw["precision"] == "fp16"
 
 
 def test_small_artifacts_keep_their_weights_inline(sharded_bf16, tmp_path):
@@ -215,8 +215,8 @@ def test_small_artifacts_keep_their_weights_inline(sharded_bf16, tmp_path):
     result = _export(sharded_bf16, tmp_path / "fp16", "fp16")
     assert not (result.path / DATA_FILE).exists()
     assert set(_external_layout(result.path).values()) == {"inline"}
-    assert result.manifest["graph"]["external_data"] is False
-    assert result.manifest["graph"]["precision_conversion"]["external_data"] is False
+    assert result.manifest.raw["graph"]["external_data"] is False
+    assert result.manifest.raw["graph"]["precision_conversion"]["external_data"] is False
     assert result.parity.passed
 
 
@@ -229,8 +229,8 @@ def test_large_artifacts_keep_every_weight_in_one_data_file(sharded_bf16, tmp_pa
     sizes = {t.name: _stored_bytes(t) for t in model.graph.initializer}
     assert {layout[n] for n, size in sizes.items() if size >= EXTERNAL_MIN_BYTES} == {DATA_FILE}
     assert all(layout[n] == "inline" for n, size in sizes.items() if size < EXTERNAL_MIN_BYTES)
-    assert set(result.manifest["files"]) >= {"model.onnx", DATA_FILE, "tokenizer.json"}
-    assert result.manifest["graph"]["external_data"] is True
+    assert set(result.manifest.raw["files"]) >= {"model.onnx", DATA_FILE, "tokenizer.json"}
+    assert result.manifest.raw["graph"]["external_data"] is True
     artifact = Embedder.load(result.path)
     assert_matches_oracle(lambda t, k: artifact.encode(t, kind=k), oracle(sharded_bf16), METHOD, TEXTS, precision,
                           what=f"external {precision}", **OPTIONS)

@@ -126,8 +126,8 @@ def test_the_gate_covers_the_window_and_records_its_longest_input(long_window, l
     text = exporter.gate_texts[NAME]
     tokens = oracle_length(Oracle(folder), text, "document")
     assert window < tokens <= window + WINDOW_MARGIN and longest < window
-    parity = result.manifest["parity"]
-    assert result.manifest["source"]["sliding_window"] == window
+    parity = result.manifest.raw["parity"]
+    assert result.manifest.raw["source"]["sliding_window"] == window
     assert parity["passed"] and parity["longest_tokens"] == tokens
     assert parity["texts"] == len(GATE_TEXTS) + 1
     assert parity["rows"] == sum(len(batch.rows) for batch in gate_batches(GATE_TEXTS)) + 1
@@ -155,8 +155,8 @@ def test_a_graph_that_ignores_the_window_is_refused(long_window, long_window_exp
 def test_verify_reruns_the_window_text(long_window_export):
     _, result = long_window_export
     checked = verify(result.path)
-    assert checked.passed and checked.report.longest_tokens == result.manifest["parity"]["longest_tokens"]
-    assert checked.report.rows == result.manifest["parity"]["rows"]
+    assert checked.passed and checked.report.longest_tokens == result.manifest.raw["parity"]["longest_tokens"]
+    assert checked.report.rows == result.manifest.raw["parity"]["rows"]
 
 
 def test_gate_work_counts_the_window_text(long_window_export):
@@ -172,4 +172,4 @@ def test_gate_work_counts_the_window_text(long_window_export):
     _, result = long_window_export
     encoder = encoder_from_manifest(result.path, result.manifest)
     old = gate_tokens(encoder, GATE_TEXTS) + gate_tokens(encoder, HELD_OUT_TEXTS)
-    assert gate_work(result.path)["gate_tokens_per_side"] == old + result.manifest["parity"]["longest_tokens"]
+    assert gate_work(result.path)["gate_tokens_per_side"] == old + result.manifest.raw["parity"]["longest_tokens"]

@@ -129,7 +129,7 @@ def test_export_from_gguf_passes_the_gate_and_records_the_source(smol, tmp_path)
     # va on layers 0-1 exits after two of 30 layers: the GGUF path end to end at a test's cost
     result = export_result("smollm2-135m", "va", tmp_path / "va", "fp32", layers="0-1", max_length=64)
     assert result.parity.passed
-    source = result.manifest["source"]
+    source = result.manifest.raw["source"]
     assert source["gguf"]["file"] == SMOLLM2.name and source["gguf"]["quantization"] == "Q4_1"
     assert source["gguf"]["sha256"] == smol.gguf["sha256"]
     from kvembed.modeling.reference import TorchEmbedder

@@ -166,7 +166,7 @@ def test_the_exporter_falls_back_to_the_next_recipe_that_passes(tmp_path):
         planned = len(gate_batches(exporter.gate_texts))
     # plain alone is the last recipe tried: its gate compares every batch
     assert not alone.value.report.stopped_early and alone.value.report.batches == planned
-    conversion = result.manifest["graph"]["precision_conversion"]
+    conversion = result.manifest.raw["graph"]["precision_conversion"]
     tried = conversion["recipes_tried"]
     assert [(t["recipe"], t["passed"]) for t in tried] == [("plain", False), ("smooth", True)]
     assert tried[0]["worst_cosine"] < 0.99 <= tried[1]["worst_cosine"] == result.parity.worst_cosine

@@ -82,7 +82,7 @@ def test_a_recipe_that_misses_on_held_out_texts_is_refused(exported):
 
 def test_the_next_recipe_is_tried_and_the_certificate_names_both_text_sets(exported):
     _, result = exported
-    conversion = result.manifest["graph"]["precision_conversion"]
+    conversion = result.manifest.raw["graph"]["precision_conversion"]
     tried = conversion["recipes_tried"]
     assert [(t["recipe"], t["passed"]) for t in tried] == [(WEAK, False), ("weights", True)]
     # the weak recipe passed the gate: only the held-out texts refused it
@@ -91,7 +91,7 @@ def test_the_next_recipe_is_tried_and_the_certificate_names_both_text_sets(expor
     manifest = load_manifest(result.path)
     held = manifest.held_out
     assert held is not None and held.decides and held.meets_bar and held.worst_cosine >= 0.99
-    certificates = [Certificate.from_dict(c) for c in result.manifest["certified"]]
+    certificates = [Certificate.from_dict(c) for c in result.manifest.raw["certified"]]
     # an advisory OpenVINO certificate, where this CPU runs one, was decided by both sets too
     assert all(list(c.decided_by) == ["gate", "held_out"] for c in certificates)
     [certificate] = [c for c in certificates if c.target == "onnxruntime-cpu"]

@@ -17,7 +17,7 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-export needs typer and rich: {install_hint('export')} ({err})")
 
-from ..artifact import MANIFEST
+from ..artifact import MANIFEST, Manifest
 from ..export.targets import VERIFY_TARGETS
 from ..backends.cpu import HINT_NEEDS
 from ..status import waiting
@@ -121,11 +121,11 @@ def decided_line(target: str, sets: Mapping[str, Mapping[str, Any]]) -> str:
     return f"{target} decided by {decided_phrase(sets)}"
 
 
-def lengths_line(manifest: Mapping[str, Any]) -> str:
+def lengths_line(manifest: Manifest) -> str:
     """How long the gate's inputs were: a certificate says nothing about longer ones."""
-    longest, window = manifest["parity"].get("longest_tokens"), manifest["source"].get("sliding_window")
+    longest, window = manifest.parity.get("longest_tokens"), manifest.source.raw.get("sliding_window")
     past = f", past the model's {window}-token sliding window" if window and longest > window else ""
-    return f"gate lengths: inputs up to {longest} tokens (prompt included) of max_length {manifest['max_length']}{past}"
+    return f"gate lengths: inputs up to {longest} tokens (prompt included) of max_length {manifest.max_length}{past}"
 
 
 def advisory_line(target: str, advised: Any, graph: str | None) -> str:
@@ -147,13 +147,13 @@ def print_extra_parity(reports: Any) -> None:
             errors.print(f"[bold red]problem:[/] {label}: {problem}", highlight=False)
 
 
-def files_table(directory: Path, manifest: dict[str, Any]) -> Table:
+def files_table(directory: Path, manifest: Manifest) -> Table:
     table = Table(title=f"artifact {directory}")
     table.add_column("file")
     table.add_column("size", justify="right")
     table.add_column("sha256")
-    for name, record in manifest["files"].items():
-        table.add_row(name, _size(record["bytes"]), record["sha256"][:16] + "...")
+    for name, record in manifest.files.items():
+        table.add_row(name, _size(record.size), record.sha256[:16] + "...")
     manifest_path = directory / MANIFEST
     if manifest_path.exists():
         table.add_row(MANIFEST, _size(manifest_path.stat().st_size), "(manifest)")
@@ -237,28 +237,26 @@ def export_command(
     result = job()
     from ..export.gate.parity import ParityReport
 
-    console.print(files_table(result.path, result.manifest))
-    gates = result.manifest["parity"].get("gates", {})
-    on = result.manifest["parity"].get("backend", "onnxruntime-cpu")
-    console.print(parity_table(result.parity, f"parity vs PyTorch ({result.manifest['precision']} on {on})"))
-    for target, gated in gates.items():
+    manifest = result.manifest  # typed: the Manifest the exporter wrote
+    console.print(files_table(result.path, manifest))
+    on = manifest.parity.get("backend", "onnxruntime-cpu")
+    console.print(parity_table(result.parity, f"parity vs PyTorch ({manifest.precision} on {on})"))
+    for target, gated in manifest.parity.get("gates", {}).items():
         console.print(parity_table(ParityReport.from_dict(gated), f"parity vs PyTorch ({gated['precision']} on {target})"))
-    for target, advised in result.manifest["parity"].get("advisory", {}).items():
+    for target, advised in manifest.parity.get("advisory", {}).items():
         console.print(advisory_line(target, advised.get("skipped") or ParityReport.from_dict(advised),
                                     advised.get("graph")), highlight=False)
-    held_out = result.manifest["parity"].get("held_out")
+    held_out = manifest.parity.get("held_out")
     if held_out is not None:
         console.print(held_out_line(held_out, result.parity.worst_cosine), highlight=False)
-    console.print(lengths_line(result.manifest), highlight=False)
-    from ..artifact import Certificate
-
-    for item in result.manifest.get("certified", []):
-        console.print(f"certified: {escape(Certificate.from_dict(item).describe())}", highlight=False)
-    print_extra_parity({label: ParityReport.from_dict(extra) for label, extra in result.manifest["parity"].get("also", {}).items()})
-    graph = result.manifest["graph"]
+    console.print(lengths_line(manifest), highlight=False)
+    for certified in manifest.certified:
+        console.print(f"certified: {escape(certified.describe())}", highlight=False)
+    print_extra_parity({label: ParityReport.from_dict(extra) for label, extra in manifest.parity.get("also", {}).items()})
+    graph = manifest.graph.raw
     console.print(
-        f"dim {result.manifest['dim']}, {graph['decoder_layers']} of {result.manifest['method']['num_layers']} "
-        f"decoder layers, {graph['nodes']} nodes, attention {graph['attention']['form']} (opset {result.manifest['opset']}), "
+        f"dim {manifest.dim}, {manifest.graph.decoder_layers} of {manifest.method.num_layers} "
+        f"decoder layers, {graph['nodes']} nodes, attention {manifest.graph.attention_form} (opset {manifest.opset}), "
         f"TensorRT-ready: {'yes' if graph['tensorrt_ready'] else 'no (' + ', '.join(graph['non_portable_ops']) + ')'}; "
         f"exported in {time.monotonic() - start:.1f}s",
         highlight=False,

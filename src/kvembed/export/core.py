@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..artifact import ENCODER_TOKENIZER, MODEL, OPENVINO_MODEL, TOKENIZER, file_records, write_manifest
+from ..artifact import ENCODER_TOKENIZER, MODEL, OPENVINO_MODEL, TOKENIZER, Manifest, file_records
 from ..artifact.staging import OutputExistsError, check_output, staged  # noqa: F401  (the exporter's, re-exported)
 from ..methods.sharing import output_names
 from ..runtime.artifact import encoder_from_manifest
@@ -74,8 +74,11 @@ def _guard_source(out: Path, embedder: Any) -> None:
 
 @dataclass
 class ExportResult:
+    """What an export wrote: the artifact directory, its typed manifest (built once and written
+    once), the gate's report on the main output, and the file records."""
+
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     parity: ParityReport
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -268,12 +271,12 @@ class Exporter:
                     continue
                 self.progress("check", "checking operators and layers")
                 facts = check_graph(model_path, precision, embedder)
-                manifest = build_manifest(embedder, self._graph, self.opset, precision, facts, conversion)
-                if precision == "int8":  # OpenVINO's graph: its own beside the integer one, or model.onnx itself
-                    manifest["graphs"] = {"openvino": OPENVINO_MODEL if (staging / OPENVINO_MODEL).exists() else MODEL}
+                # int8: OpenVINO's graph, its own beside the integer one or model.onnx itself
+                graphs = {"openvino": OPENVINO_MODEL if (staging / OPENVINO_MODEL).exists() else MODEL} if precision == "int8" else {}
+                draft = build_manifest(embedder, self._graph, self.opset, precision, facts, conversion, graphs)
                 # another recipe to fall back to: a miss needs no full measurement, only a verdict
                 stop = attempt < len(recipes)
-                gates, held_out = self._gates(staging, manifest, precision, reference, stop_at_miss=stop)
+                gates, held_out = self._gates(staging, draft, precision, reference, stop_at_miss=stop)
                 reports = dict(gates[0][2])
                 report = reports.pop(None)
                 failure = None
@@ -289,7 +292,6 @@ class Exporter:
                     tried.append({"recipe": recipe, "worst_cosine": report.worst_cosine, "passed": failure is None,
                                   "stopped_early": stopped,
                                   "held_out_worst_cosine": None if held_out is None else held_out.worst_cosine})
-                    manifest["graph"]["precision_conversion"]["recipes_tried"] = tried
                 if failure is None:
                     break
                 if attempt == len(recipes):
@@ -300,27 +302,22 @@ class Exporter:
                                           f"trying {recipes[attempt]}")
                 for stale in (model_path, model_path.with_name(model_path.name + ".data"), staging / OPENVINO_MODEL):
                     stale.unlink(missing_ok=True)
-            manifest["parity"] = report.to_dict()
-            if reference is not embedder:
-                manifest["parity"]["reference"] = {
-                    "note": "a different reference than the exported method was used",
-                    "method": reference.method.to_dict(),
-                }
-            if reports:
-                manifest["parity"]["also"] = {label: r.to_dict() for label, r in reports.items()}
-            manifest["parity"]["backend"] = gates[0][0]
-            if len(gates) > 1:  # the other backends the gate ran (bf16: onnxruntime at fp32)
-                manifest["parity"]["gates"] = {target: gated[None].to_dict() for target, _, gated in gates[1:]}
-            if held_out is not None:
-                manifest["parity"]["held_out"] = held_out_record(held_out, gates[0][0], precision in HELD_OUT_DECIDES)
+            parity = parity_record(report, reports, gates, held_out, precision,
+                                   None if reference is embedder else reference.method.to_dict())
             deciding = held_out if precision in HELD_OUT_DECIDES else None  # run on the first target only
-            manifest["certified"] = [certificate(target, ran, gated[None], held_out=deciding if index == 0 else None)
-                                     for index, (target, ran, gated) in enumerate(gates)]
-            self._advise(staging, manifest, precision, reference)
+            certified = [certificate(target, ran, gated[None], held_out=deciding if index == 0 else None)
+                         for index, (target, ran, gated) in enumerate(gates)]
+            advisory, advised = self._advise(staging, draft, precision, reference)
+            if advisory:
+                parity["advisory"] = advisory
             self.progress("write", f"writing {out}")
-            manifest["files"] = file_records(staging)
-            write_manifest(staging, manifest)
-        return ExportResult(out, manifest, report, manifest["files"])
+            graph = draft.to_dict()["graph"]
+            if tried:
+                graph["precision_conversion"]["recipes_tried"] = tried
+            files = file_records(staging)
+            manifest = draft.updated(graph=graph, parity=parity, certified=certified + advised, files=files)
+            manifest.write(staging)
+        return ExportResult(out, manifest, report, files)
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -341,10 +338,14 @@ class Exporter:
             conversion["openvino_graph_matmuls"] = write_openvino_graph(model_path, model_path.with_name(OPENVINO_MODEL))
         return conversion
 
-    def _advise(self, directory: Path, manifest: dict[str, Any], precision: str, reference: Any) -> None:
-        """The advisory checks (:data:`ADVISORY_GATES`) of the artifact that passed its gate: each
-        pass adds a certificate, each miss or skip a line of ``parity.advisory``; none fails."""
-        advisory, passed = {}, None
+    def _advise(self, directory: Path, manifest: Manifest, precision: str,
+                reference: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The advisory checks (:data:`ADVISORY_GATES`) of the artifact that passed its gate: the
+        manifest's ``parity.advisory`` (each check's figures, or why it was skipped) and a
+        certificate for each pass; none fails."""
+        advisory: dict[str, Any] = {}
+        certified: list[dict[str, Any]] = []
+        passed = None
         for target, bar in ADVISORY_GATES.get(precision, ()):
             problem = advisory_problem(target, manifest, passed)
             if problem is not None:
@@ -366,17 +367,15 @@ class Exporter:
                 extra["held_out_worst_cosine"] = held_out.worst_cosine
             held = held_out is None or not decides or held_out.passed
             if all(r.passed for r in gated.values()) and held:
-                manifest["certified"].append(certificate(target, ran, gated[None], extra=extra,
-                                                         held_out=held_out if decides else None))
+                certified.append(certificate(target, ran, gated[None], extra=extra, held_out=held_out if decides else None))
                 passed = target
             verdict = ("certified" if passed == target else "below the bar: not certified" if not gated[None].passed
                        else "below the bar on the held-out texts: not certified")
             self.progress("parity", f"{target} ran {ran} on {graph}: worst cosine {gated[None].worst_cosine:.5f} ({verdict})")
-        if advisory:
-            manifest["parity"]["advisory"] = advisory
+        return advisory, certified
 
     def _gates(
-        self, directory: Path, manifest: Mapping[str, Any], precision: str, reference: Any,
+        self, directory: Path, manifest: Manifest, precision: str, reference: Any,
         targets: tuple[tuple[str, str], ...] | None = None, stop_at_miss: bool = False,
     ) -> tuple[list[tuple[str, str, dict[str | None, ParityReport]]], ParityReport | None]:
         """``(target, precision it ran, reports)`` for each backend of the gate (``targets``,
@@ -413,6 +412,24 @@ class Exporter:
             if missed:
                 break
         return gates, held_out_report
+
+
+def parity_record(report: ParityReport, reports: Mapping[str | None, ParityReport], gates: list[tuple[str, str, Any]],
+                  held_out: ParityReport | None, precision: str, reference: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The manifest's ``parity``: the gate's report on its first target, the extra outputs' (``also``),
+    the other targets' (``gates``: bf16's onnxruntime at fp32), the held-out texts', and ``reference``
+    (the method of a reference other than the exported one, which only tests of the gate use)."""
+    record = report.to_dict()
+    if reference is not None:
+        record["reference"] = {"note": "a different reference than the exported method was used", "method": reference}
+    if reports:
+        record["also"] = {label: r.to_dict() for label, r in reports.items()}
+    record["backend"] = gates[0][0]
+    if len(gates) > 1:
+        record["gates"] = {target: gated[None].to_dict() for target, _, gated in gates[1:]}
+    if held_out is not None:
+        record["held_out"] = held_out_record(held_out, gates[0][0], precision in HELD_OUT_DECIDES)
+    return record
 
 
 def _copy_graph(source: Path, target: Path, move: bool = False) -> None:

@@ -9,19 +9,21 @@ from typing import Any, Mapping
 
 from ..version import __version__
 from ..methods.sharing import output_names
-from ..artifact import ENCODER_TOKENIZER, SCHEMA_VERSION
+from ..artifact import ENCODER_TOKENIZER, SCHEMA_VERSION, Manifest
 from .graph.trace import input_axes, input_names
 from .source import source_record
 
 
 def build_manifest(
     embedder: Any, traced: Mapping[str, Any], opset: int, precision: str, graph_facts: Mapping[str, Any],
-    conversion: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The manifest of ``embedder``'s graph for ``precision``, before its files and parity are known.
+    conversion: Mapping[str, Any], graphs: Mapping[str, str] | None = None,
+) -> Manifest:
+    """The typed manifest of ``embedder``'s graph for ``precision``, before its files and parity are
+    known (the gate reads it; the exporter completes it once, :meth:`Manifest.updated`, and writes it).
 
     ``traced`` holds the trace's facts (exporter, attention form, optimizations); ``graph_facts``
-    the checks' (:func:`~kvembed.export.graph.checks.check_graph`); ``conversion`` the precision's."""
+    the checks' (:func:`~kvembed.export.graph.checks.check_graph`); ``conversion`` the precision's;
+    ``graphs`` the graph file of a backend that does not run ``model.onnx`` (int8's OpenVINO graph)."""
     import onnx
     import onnxruntime
     import torch
@@ -45,7 +47,7 @@ def build_manifest(
             "onnxruntime": onnxruntime.__version__,
         },
     }
-    return {
+    return Manifest.from_dict({
         "schema_version": SCHEMA_VERSION,
         "kvembed_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -79,4 +81,5 @@ def build_manifest(
         "graph": graph,
         "files": {},
         "parity": {},
-    }
+        **({"graphs": dict(graphs)} if graphs else {}),
+    })

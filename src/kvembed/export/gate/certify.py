@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ...version import __version__
-from ...artifact import MODEL
+from ...artifact import Manifest
 from ...artifact.certificates import PYTORCH, precision_name
 from ...backends.catalogue import BACKENDS
 from ...backends.cpu import cpu_features
@@ -89,8 +89,8 @@ def advisory_problem(target: str, manifest: Mapping[str, Any], passed: str | Non
     certified), or None."""
     if passed is not None:
         return f"not needed: {passed} certified"
-    spec = VERIFY_TARGETS[target]
-    if manifest.get("precision") in OWN_GRAPHS and spec.backend not in (manifest.get("graphs") or {}):
+    spec, manifest = VERIFY_TARGETS[target], Manifest.of(manifest)
+    if manifest.precision in OWN_GRAPHS and spec.backend not in manifest.graphs:
         return f"the artifact names no graph for {spec.backend} (exported before it had one: re-export it)"
     problem = BACKENDS[spec.backend].probe()
     features = cpu_features()
@@ -102,8 +102,7 @@ def advisory_problem(target: str, manifest: Mapping[str, Any], passed: str | Non
 def gate_graph(directory: Path, manifest: Mapping[str, Any], target: str) -> Path:
     """The graph file ``target``'s backend runs in the artifact being gated in ``directory``
     (its own where the manifest's ``graphs`` names one, else ``model.onnx``)."""
-    graphs = manifest.get("graphs") or {}
-    return directory / graphs.get(VERIFY_TARGETS[target].backend, MODEL)
+    return directory / Manifest.of(manifest).graph_file(VERIFY_TARGETS[target].backend)
 
 
 def gate_session(target: str, path: Path) -> Any:
