@@ -26,7 +26,7 @@ LEAVES = {"errors", "cache", "lazy", "sizes", "extras", "version", "status", "fl
 #: room}; the room's other modules (its pipeline) share the top level, :data:`SUB_TOP`. Inside such a
 #: room a module may import only sub-rooms of a lower level, or its own sub-room.
 SUB_LEVELS = {
-    "export": {"onnx_nodes": 0, "progress": 0, "memory": 0, "source": 0, "targets": 0, "graph": 1, "precision": 1, "gate": 2},
+    "export": {"onnx_nodes": 0, "progress": 0, "memory": 0, "source": 0, "graph": 1, "precision": 1, "gate": 2},
 }
 SUB_TOP = 3
 

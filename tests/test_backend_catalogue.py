@@ -16,7 +16,7 @@ from kvembed.backends import catalogue
 from kvembed.backends.onnxruntime import DISABLE_PREPACKING, OnnxRuntimeOptions
 from kvembed.backends.openvino import OpenVINOOptions
 from kvembed.backends.protocol import Session
-from kvembed.export import targets
+from kvembed.export.gate import targets
 from kvembed.runtime import Embedder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

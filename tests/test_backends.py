@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from kvembed.backends import catalogue
 from kvembed.backends.cpu import cpu_features
-from kvembed.export import targets
+from kvembed.export.gate import targets
 from kvembed.export.gate import compare as bk
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -81,7 +81,7 @@ def perturbed_copy(model: Path, out: Path, scale: float) -> Path:
 def test_module_imports_without_tensorrt_or_gpu():
     code = (
         "import sys; sys.modules['tensorrt'] = None\n"  # `import tensorrt` raises ImportError
-        "import kvembed.export.gate.compare, kvembed.export.targets as b\n"
+        "import kvembed.export.gate.compare, kvembed.export.gate.targets as b\n"
         "problem = b.VERIFY_TARGETS['tensorrt'].problem()\n"
         "assert problem.startswith('not installed'), problem\n"
         "print(sorted(b.TARGET_NAMES))\n"

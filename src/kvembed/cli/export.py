@@ -18,7 +18,7 @@ except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-export needs typer and rich: {install_hint('export')} ({err})")
 
 from ..artifact import MANIFEST, Manifest
-from ..export.targets import VERIFY_TARGETS
+from ..export.gate.targets import VERIFY_TARGETS
 from ..backends.cpu import HINT_NEEDS
 from ..status import waiting
 from . import options as opt
@@ -375,7 +375,7 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True, re
                 console.print(decided_line(target, result.decided_by(target)), highlight=False)
         if result.advisory:
             from ..artifact import Manifest
-            from ..export.targets import VERIFY_TARGETS
+            from ..export.gate.targets import VERIFY_TARGETS
 
             for target, advised in result.advisory.items():
                 console.print(advisory_line(target, advised, Manifest.of(manifest).graph_file(VERIFY_TARGETS[target].backend)),

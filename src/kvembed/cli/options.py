@@ -14,7 +14,7 @@ from typing import Annotated, Any, Callable, Mapping, Optional, TypeVar, get_arg
 
 import typer
 
-from ..export.targets import TARGETS_HELP
+from ..export.gate.targets import TARGETS_HELP
 
 from ..errors import InvalidInput
 from ..flagfields import Flag, flags_of

@@ -37,7 +37,7 @@ from ...artifact.certificates import PYTORCH, precision_name
 from ...backends.catalogue import BACKENDS
 from ...backends.cpu import cpu_features
 from ...errors import InvalidInput, MissingDependency
-from ..targets import CPU, OV_BF16, OV_F16, VERIFY_TARGETS
+from .targets import CPU, OV_BF16, OV_F16, VERIFY_TARGETS
 
 #: artifact precision -> the gate's (verify target, tolerance precision), the artifact's own first
 GATES: dict[str, tuple[tuple[str, str], ...]] = {

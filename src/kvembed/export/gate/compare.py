@@ -3,7 +3,7 @@
 ``kvembed verify DIR`` checks an artifact against PyTorch (the parity gate, on onnxruntime's CPU
 provider). This module checks the artifact's graph against *itself* on the other backends this
 machine has, through polygraphy's :class:`~polygraphy.comparator.Comparator` (the targets, their
-probes are :mod:`kvembed.export.targets`'; the runners are
+probes are :mod:`kvembed.export.gate.targets`'; the runners are
 :mod:`kvembed.export.gate.runners`'):
 
 - ``onnxruntime-cpu``: always (the baseline every other backend is compared with);
@@ -64,7 +64,7 @@ import numpy as np
 
 from ...artifact import MODEL, Manifest, read_manifest
 from ...artifact.certificates import precision_name
-from ..targets import CPU, OV_BF16, OV_F16, TARGET_ALIASES, TARGET_NAMES, VERIFY_TARGETS
+from .targets import CPU, OV_BF16, OV_F16, TARGET_ALIASES, TARGET_NAMES, VERIFY_TARGETS
 from ...backends.protocol import BackendUnavailableError
 from ...runtime.artifact import encoder_from_manifest
 from .parity import PADDING_SIDES, PARITY_TEXTS, cosine_rows

@@ -1,5 +1,5 @@
 """polygraphy runners for ``kvembed verify --backends``: the graph on each verify target of
-:mod:`kvembed.export.targets` (onnxruntime's providers, TensorRT, OpenVINO, ONNX's reference).
+:mod:`kvembed.export.gate.targets` (onnxruntime's providers, TensorRT, OpenVINO, ONNX's reference).
 
 polygraphy has runners for onnxruntime and TensorRT; OpenVINO and ``onnx.reference`` get theirs
 here. The reference evaluator is the independent one (it shares no kernel with onnxruntime), and
@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..targets import (
+from .targets import (
     CPU, CUDA, ORT_TENSORRT, REFERENCE, TENSORRT, TARGET_NAMES, VERIFY_TARGETS, resolve_targets, target_problems,
 )
 from ...backends.onnxruntime import GPU_HINT
@@ -59,7 +59,7 @@ def resolve_backends(
     model_path: str | os.PathLike[str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The targets to compare and ``{skipped target: reason}``
-    (:func:`~kvembed.export.targets.resolve_targets`, with :func:`backend_problems`)."""
+    (:func:`~kvembed.export.gate.targets.resolve_targets`, with :func:`backend_problems`)."""
     if directory is not None and manifest is None:
         from ...artifact import read_manifest
 

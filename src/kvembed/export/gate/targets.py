@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..artifact import MODEL, read_manifest
-from ..backends.catalogue import BACKENDS, provider_problem
-from ..backends.cpu import cpu_features
-from ..backends.protocol import BackendUnavailableError
-from ..errors import InvalidInput
-from ..extras import install_hint
+from ...artifact import MODEL, read_manifest
+from ...backends.catalogue import BACKENDS, provider_problem
+from ...backends.cpu import cpu_features
+from ...backends.protocol import BackendUnavailableError
+from ...errors import InvalidInput
+from ...extras import install_hint
 
 __all__ = [
     "CPU", "CUDA", "ORT_TENSORRT", "OV_BF16", "OV_F16", "OV_F32", "REFERENCE", "REFERENCE_AUTO_LIMIT", "TENSORRT",
