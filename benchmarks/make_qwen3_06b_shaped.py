@@ -44,6 +44,7 @@ def qwen3_config(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: 
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
         max_position_embeddings=max_positions, initializer_range=0.02, tie_word_embeddings=True,
         bos_token_id=1, eos_token_id=2, pad_token_id=0, dtype="bfloat16",
+        architectures=["Qwen3ForCausalLM"],  # as real checkpoints ship it: converters (llama.cpp's) read it
     )
 
 
