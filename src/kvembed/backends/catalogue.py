@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any
 
 from ..artifact import MODEL, Certificate, Manifest, check_intact, load_manifest, manifest_of
 from ..artifact.certificates import precision_name
