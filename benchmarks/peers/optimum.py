@@ -71,7 +71,10 @@ def peak_of(command: list[str], log: Path, env: dict[str, str] | None = None) ->
 
         def poll() -> None:
             while not done.is_set():
-                peak[0] = max(peak[0], tree_rss(process))
+                try:
+                    peak[0] = max(peak[0], tree_rss(process))
+                except psutil.NoSuchProcess:  # the tree ended between two looks at it
+                    return
                 time.sleep(POLL_SECONDS)
 
         poller = threading.Thread(target=poll, daemon=True)
