@@ -319,6 +319,12 @@ def pages_released_meanwhile(mapped: mmap.mmap, interval: float = 0.05) -> Itera
         release_pages(mapped)
 
 
+#: compile properties of every session. Threads not pinned to cores: a pinned thread waits for its
+#: core while another process holds it, where an unpinned one runs on whichever core is free, and
+#: every one of the graph's many small nodes waits for its slowest thread (short inputs are many
+#: small nodes; benchmarks/short_inputs.py)
+RUN_PROPERTIES: dict[str, Any] = {"ENABLE_CPU_PINNING": False}
+
 #: the first calls of an imported model, during which the blob's pages are released (:meth:`OpenVINOSession._paging`)
 PAGED_CALLS = 2
 
@@ -337,7 +343,8 @@ class OpenVINOSession:
     ``cache_dir``: where compiled models are kept (:class:`CompiledCache`; None = the default
     :func:`default_cache_dir`, False = no cache). A cache that cannot be read or written is a
     warning, never a failure. ``from_cache`` says whether this load imported a kept blob. Each
-    :meth:`run` makes its own infer request, so concurrent calls from several threads are safe.
+    :meth:`run` holds an infer request of its own while it runs (idle ones are reused), so
+    concurrent calls from several threads are safe.
     """
 
     def __init__(
@@ -357,7 +364,7 @@ class OpenVINOSession:
         #: the precision asked for (None: the CPU's default); :attr:`precision` is what runs
         self.hint = precision
         self.precision = hint_for(precision)
-        self.config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": self.precision}
+        self.config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": self.precision, **RUN_PROPERTIES}
         if threads is not None:
             self.config["INFERENCE_NUM_THREADS"] = int(threads)
         self.model_path = Path(model_path)
@@ -381,6 +388,8 @@ class OpenVINOSession:
                 self.compiled = self._compile() if cache is None else self._compile_into(cache, fingerprint)
         self._inputs = [port.get_any_name() for port in self.compiled.inputs]
         self.precision = ran_precision(self.compiled, self.precision)
+        self._lock = threading.Lock()
+        self._idle: list[Any] = []  # infer requests no call is using (:meth:`_request`)
 
     def _compile_into(self, cache: CompiledCache, fingerprint: Mapping[str, Any]) -> Any:
         """Compile, keep the blob in ``cache`` and return the model imported from it.
@@ -506,10 +515,25 @@ class OpenVINOSession:
         return None
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        request = self.compiled.create_infer_request()  # one per call: concurrent runs share nothing
-        with self._paging():
-            request.infer({name: np.ascontiguousarray(array) for name, array in feeds.items()})
-        return [np.array(request.get_tensor(name).data, copy=True) for name in output_names]
+        """One call on an idle infer request (:meth:`_request`): the inputs are shared with
+        OpenVINO, not copied; the outputs are copied out before the request is handed back."""
+        request = self._request()
+        try:
+            with self._paging():
+                request.infer({name: np.ascontiguousarray(array) for name, array in feeds.items()}, share_inputs=True)
+            return [np.array(request.get_tensor(name).data, copy=True) for name in output_names]
+        finally:
+            with self._lock:
+                self._idle.append(request)
+
+    def _request(self) -> Any:
+        """An infer request no other call is using: an idle one, else a new one. Requests are
+        kept, as many as calls ever ran at once, so a call does not pay for making one, and the
+        tensors a request holds are reused by its next call of the same shape."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self.compiled.create_infer_request()
 
     def _paging(self) -> Any:
         """The blob's pages released while one of the first :data:`PAGED_CALLS` calls runs.
