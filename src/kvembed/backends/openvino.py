@@ -319,10 +319,8 @@ def pages_released_meanwhile(mapped: mmap.mmap, interval: float = 0.05) -> Itera
         release_pages(mapped)
 
 
-#: compile properties of every session. Threads not pinned to cores: a pinned thread waits for its
-#: core while another process holds it, where an unpinned one runs on whichever core is free, and
-#: every one of the graph's many small nodes waits for its slowest thread (short inputs are many
-#: small nodes; benchmarks/short_inputs.py)
+#: compile properties of every session: threads unpinned, as a pinned one waits for its core while another
+#: process holds it, and each of the graph's many small nodes waits for its slowest thread (short_inputs.py)
 RUN_PROPERTIES: dict[str, Any] = {"ENABLE_CPU_PINNING": False}
 
 #: the first calls of an imported model, during which the blob's pages are released (:meth:`OpenVINOSession._paging`)
@@ -388,8 +386,7 @@ class OpenVINOSession:
                 self.compiled = self._compile() if cache is None else self._compile_into(cache, fingerprint)
         self._inputs = [port.get_any_name() for port in self.compiled.inputs]
         self.precision = ran_precision(self.compiled, self.precision)
-        self._lock = threading.Lock()
-        self._idle: list[Any] = []  # infer requests no call is using (:meth:`_request`)
+        self._lock, self._idle = threading.Lock(), []  # infer requests no call is using (:meth:`run`)
 
     def _compile_into(self, cache: CompiledCache, fingerprint: Mapping[str, Any]) -> Any:
         """Compile, keep the blob in ``cache`` and return the model imported from it.
@@ -515,9 +512,10 @@ class OpenVINOSession:
         return None
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        """One call on an idle infer request (:meth:`_request`): the inputs are shared with
-        OpenVINO, not copied; the outputs are copied out before the request is handed back."""
-        request = self._request()
+        """One call on an idle kept infer request (a new one when all are busy: no call makes one
+        otherwise); the inputs are shared with OpenVINO, the outputs copied out before it is kept."""
+        with self._lock:
+            request = self._idle.pop() if self._idle else self.compiled.create_infer_request()
         try:
             with self._paging():
                 request.infer({name: np.ascontiguousarray(array) for name, array in feeds.items()}, share_inputs=True)
@@ -525,15 +523,6 @@ class OpenVINOSession:
         finally:
             with self._lock:
                 self._idle.append(request)
-
-    def _request(self) -> Any:
-        """An infer request no other call is using: an idle one, else a new one. Requests are
-        kept, as many as calls ever ran at once, so a call does not pay for making one, and the
-        tensors a request holds are reused by its next call of the same shape."""
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return self.compiled.create_infer_request()
 
     def _paging(self) -> Any:
         """The blob's pages released while one of the first :data:`PAGED_CALLS` calls runs.
