@@ -30,7 +30,7 @@ from record import figure, write_record  # benchmarks/record.py, beside this scr
 
 from kvembed.bench.measure import cosine_rows, interleaved
 from kvembed.bench.workload import exact_rows
-from kvembed.export.gate_texts import load_gate_texts
+from kvembed.export.gate.texts import load_gate_texts
 from kvembed.runtime import Embedder
 
 TASKS = Path(__file__).resolve().parents[1] / "src" / "kvembed" / "data" / "tasks" / "sample-sts.tsv"
