@@ -247,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 figures[f"{k.name}_vs_{ll.name}_{cell.split('_')[0]}"] = figure(round(statistics.median(faster(r) for r in rounds), 3), "x")
     # the target: kvembed against llama.cpp's fastest configuration that keeps cos >= 0.99
     faithful = [p for p in peers if p.kind == "llama.cpp" and cosines[p.name] >= FAITHFUL]
+    fastest: dict[str, str] = {}
     for k in kv:
         for cell in rounds[0][k.name] if faithful else ():
             latency = cell.endswith("latency_s")
@@ -254,8 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ratio = statistics.median((r[best.name][cell] / r[k.name][cell]) if latency else (r[k.name][cell] / r[best.name][cell])
                                       for r in rounds)
             figures[f"{k.name}_vs_fastest_faithful_llama_{cell.split('_')[0]}"] = figure(round(ratio, 3), "x")
-            figures[f"fastest_faithful_llama_{cell.split('_')[0]}_is_{best.name}"] = figure(1, "flag")
+            fastest[cell.split('_')[0]] = best.name
     extra = {
+        "fastest_faithful_llama": fastest,
         "pooling": args.pooling, "threads": args.threads, "rounds": args.rounds,
         "load_average_start": load_start, "load_average_end": load_average(),
         "servers": {p.name: {"kind": p.kind, "command": [str(c) for c in p.command]} for p in peers},
