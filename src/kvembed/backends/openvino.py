@@ -319,9 +319,9 @@ def pages_released_meanwhile(mapped: mmap.mmap, interval: float = 0.05) -> Itera
         release_pages(mapped)
 
 
-#: compile properties of every session: threads unpinned, as a pinned one waits for its core while another
-#: process holds it, and each of the graph's many small nodes waits for its slowest thread (short_inputs.py)
-RUN_PROPERTIES: dict[str, Any] = {"ENABLE_CPU_PINNING": False}
+#: compile properties beyond the precision hint: none, so threads stay pinned (OpenVINO's default), faster
+#: on a quiet server than unpinned, which only help beside other busy processes (benchmarks/log/openvino.md)
+RUN_PROPERTIES: dict[str, Any] = {}
 
 #: the first calls of an imported model, during which the blob's pages are released (:meth:`OpenVINOSession._paging`)
 PAGED_CALLS = 2
