@@ -149,7 +149,8 @@ def test_the_cli_artifact_records_the_recipe_and_matches_the_oracle(artifact, or
     assert conversion["recipe"] == "weights" and conversion["accuracy_level"] == 1
     assert conversion["block_size"] == 64 and conversion["session_config"] == {LEVEL_KEY: "1"}
     assert conversion["recipes_tried"] == [{"recipe": "weights", "worst_cosine": manifest["parity"]["worst_cosine"], "passed": True,
-                                         "stopped_early": False}]
+                                         "stopped_early": False,
+                                         "held_out_worst_cosine": manifest["parity"]["held_out"]["worst_cosine"]}]
     assert len(conversion["embedding_tables"]) == 1  # the token table int8 as well
     ops = {n.op_type for n in onnx.load(str(artifact / "model.onnx"), load_external_data=False).graph.node}
     assert "DequantizeLinear" in ops and not {"MatMulInteger", "DynamicQuantizeLinear"} & ops
