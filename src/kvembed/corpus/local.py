@@ -1,4 +1,5 @@
-"""``--runner local``: one process, one :class:`Embedder`, shards one after another. No Ray needed."""
+"""``--runner local``: one process, one :class:`Embedder` (opened by the caller before the run writes
+anything), shards one after another. No Ray needed."""
 
 from __future__ import annotations
 
@@ -6,13 +7,10 @@ from typing import Any, Iterator, Sequence
 
 from .plan import Shard
 from .progress import CorpusProgress
-from .worker import Job, ShardWorker
+from .worker import ShardWorker
 
 
-def run_local(job: Job, shards: Sequence[Shard], progress: CorpusProgress) -> Iterator[dict[str, Any]]:
-    """Embed ``shards`` in this process, yielding each one's statistics as it is published."""
-    if not shards:
-        return
-    worker = ShardWorker(job)
+def run_local(worker: ShardWorker, shards: Sequence[Shard], progress: CorpusProgress) -> Iterator[dict[str, Any]]:
+    """Embed ``shards`` in this process with ``worker``, yielding each one's statistics as it is published."""
     for shard in shards:
         yield worker.run(shard, progress.advance)

@@ -17,7 +17,7 @@ from .plan import Plan, Shard, artifact_sha256, make_plan
 from .progress import CorpusProgress
 from .shards import read_stats
 from .summary import build_summary, write_summary
-from .worker import Job
+from .worker import Job, ShardWorker
 
 
 def embed_corpus(options: CorpusOptions) -> dict[str, Any]:
@@ -37,10 +37,14 @@ def embed_corpus(options: CorpusOptions) -> dict[str, Any]:
     check_first_records(plan.files, plan.columns, options.on_error)
     identity = plan.identity(options, sha256)
     state = check_output(options, identity)
+    job = _job(options, plan)
+    # the local runner opens its session before the run writes anything: a backend that cannot open
+    # fails with --output untouched, and a Ctrl-C during the load is not a half-made run
+    worker = ShardWorker(job) if options.runner == "local" else None
     created = not options.output.exists()
     replaced = start_output(options.output, {**identity, "options": options.resumable()}, state, options.overwrite)
     try:
-        stats, resumed = _embed(options, plan)
+        stats, resumed = _embed(options, plan, job, worker)
     except BaseException as err:
         kept = abandon_output(options.output, created)
         if isinstance(err, CorpusError) and kept:
@@ -55,19 +59,22 @@ def _count(shards: int) -> str:
     return f"{shards} finished shard{'s' if shards != 1 else ''}"
 
 
-def _embed(options: CorpusOptions, plan: Plan) -> tuple[dict[str, dict[str, Any]], int]:
-    """Embed the shards not finished yet with the runner: (every shard's statistics, shards resumed)."""
-    done = finished_shards(options.output, plan)
-    pending = [shard for shard in plan.shards if shard.name not in done]
-    job = Job(
+def _job(options: CorpusOptions, plan: Plan) -> Job:
+    return Job(
         artifact=str(Path(options.artifact).resolve()), threads=options.threads_per_worker, kind=options.kind,
         max_batch_tokens=options.max_batch_tokens, output_dtype=options.output_dtype, on_error=options.on_error,
         columns=plan.columns, files=tuple(plan.files), output=str(Path(options.output).resolve()), provider=options.provider,
     )
+
+
+def _embed(options: CorpusOptions, plan: Plan, job: Job, worker: ShardWorker | None) -> tuple[dict[str, dict[str, Any]], int]:
+    """Embed the shards not finished yet with the runner: (every shard's statistics, shards resumed)."""
+    done = finished_shards(options.output, plan)
+    pending = [shard for shard in plan.shards if shard.name not in done]
     stats = dict(done)
     total = sum(f.rows for f in plan.files)
     with CorpusProgress(total, sum(s.stop - s.start for s in plan.shards if s.name in done), options.progress) as progress:
-        with closing(_runner(options, job, pending, progress)) as items:  # the runner stops before any cleanup
+        with closing(_runner(options, job, worker, pending, progress)) as items:  # the runner stops before any cleanup
             for item in items:
                 stats[item["shard"]] = item
     return stats, len(done)
@@ -85,11 +92,12 @@ def finished_shards(output: Path, plan: Plan) -> dict[str, dict[str, Any]]:
     return done
 
 
-def _runner(options: CorpusOptions, job: Job, pending: list[Shard], progress: CorpusProgress) -> Iterator[dict[str, Any]]:
-    if options.runner == "local":
+def _runner(options: CorpusOptions, job: Job, worker: ShardWorker | None, pending: list[Shard],
+            progress: CorpusProgress) -> Iterator[dict[str, Any]]:
+    if worker is not None:
         from .local import run_local
 
-        yield from run_local(job, pending, progress)
+        yield from run_local(worker, pending, progress)
         return
     ray_runner = _ray_runner()
     with ray_runner.ray_session(options.ray_address):

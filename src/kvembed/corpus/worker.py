@@ -15,9 +15,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..backends import onnxruntime as _default_backend  # noqa: F401  imported with the worker, before a
-# run writes anything: the catalogue imports a backend when a session opens, and a Ctrl-C or SIGTERM
-# landing inside onnxruntime's initialisation was an ImportError, not an interruption
 from ..runtime import Embedder
 from ..runtime.batching import BatchPolicy
 from .inputs import Columns, InputFile, RecordPolicy, read_rows
