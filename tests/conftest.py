@@ -74,6 +74,8 @@ def pytest_configure(config: pytest.Config) -> None:
     past a time, so on a loaded machine a failing command's stderr would hold a status line or not
     by chance. tests/test_cli_output.py turns them on where the announcements are what it checks."""
     os.environ["KVEMBED_STATUS_AFTER"] = "inf"
+    if not hasattr(config, "workerinput") and config.getoption("dist", None) == "loadgroup":
+        config.pluginmanager.register(OneWorkerPerGroup(), "kvembed-one-worker-per-group")
     if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(CACHE_OWNER):
         return
     os.environ["KVEMBED_CACHE_DIR"] = config._kvembed_cache = tempfile.mkdtemp(prefix="kvembed-test-cache-")
@@ -99,11 +101,41 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     export or a server, are made once), the files of :data:`SERIAL_FILES` all on one. Then build
     .venv-triton (the README's test command is all a new machine runs) when Triton tests are collected."""
     for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("serial" if name in SERIAL_FILES else name))
+        item.add_marker(pytest.mark.xdist_group(group_of(item.path)))
     wanted = any(item.path.name in TRITON_TEST_FILES for item in items)
     if wanted:
         build_triton_stub_venv()
+
+
+def group_of(path: Path) -> str:
+    """The pytest-xdist group of a test file's tests (see :func:`pytest_collection_modifyitems`)."""
+    return "serial" if path.name in SERIAL_FILES else path.name
+
+
+class OneWorkerPerGroup:
+    """Fails the run (controller side) when a group's tests ran on more than one worker: the
+    grouping is what keeps a file's module fixtures made once and the Ray and Triton files apart,
+    and a pytest that pytest-xdist does not support drops it silently."""
+
+    def __init__(self) -> None:
+        self.workers: dict[str, set[str]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        node = getattr(report, "node", None)
+        if node is not None and report.when == "call":
+            group = group_of(Path(report.fspath))
+            self.workers.setdefault(group, set()).add(node.gateway.id)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        split = sorted(group for group, workers in self.workers.items() if len(workers) > 1)
+        if split:
+            writer = session.config.get_terminal_writer()
+            writer.line()
+            writer.line(
+                f"pytest-xdist split the groups {', '.join(split)} across workers (pytest {pytest.__version__}): "
+                "install what the test extra pins (pip install -e '.[test]')", red=True)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def build_triton_stub_venv() -> None:

@@ -77,6 +77,24 @@ def test_every_entry_is_read_from_a_gguf_of_its_name(model_type, tmp_path):
     assert name in str(refused.value)  # the refusal lists what is supported
 
 
+def test_a_gguf_header_is_parsed_once_per_file_version(tmp_path):
+    """The header is remembered per (path, size, mtime): a file rewritten with the same size and
+    mtime reads as remembered (no second parse), a rewritten file with a new mtime is read anew."""
+    pytest.importorskip("gguf", reason="the gguf package (kvembed[gguf]) is not installed")
+    import os
+
+    from kvembed.modeling.gguf import read_info
+
+    path = tiny_gguf(tmp_path / "llama.gguf", "llama", layers=3)
+    stamp = path.stat().st_mtime_ns
+    assert read_info(path).num_layers == 3
+    tiny_gguf(path, "llama", layers=4)  # same size: only the block count differs
+    os.utime(path, ns=(stamp, stamp))
+    assert read_info(path).num_layers == 3  # remembered, not parsed again
+    os.utime(path, ns=(stamp + 10**9, stamp + 10**9))
+    assert read_info(path).num_layers == 4
+
+
 @pytest.mark.parametrize("alias, layers", [("smollm2-135m", 30), ("gemma3-270m", 18)])
 def test_a_packaged_gguf_is_estimated_from_its_header(alias, layers):
     """The header's shape gives the parameter count of the file's tensors (tied embeddings: no
@@ -85,16 +103,16 @@ def test_a_packaged_gguf_is_estimated_from_its_header(alias, layers):
     pytest.importorskip("gguf", reason="the gguf package (kvembed[gguf]) is not installed")
     from kvembed.export.memory import _gguf_config
     from kvembed.methods.models import packaged_model_path
-    from kvembed.modeling.gguf import open_reader, read_info
+    from kvembed.modeling.gguf import read_header, read_info
 
     try:
         estimate = export_memory_check(alias, "kv-embedding", "fp32")
     except FileNotFoundError as err:  # pragma: no cover - depends on the machine
         pytest.skip(str(err))
     path = packaged_model_path(alias)
-    reader = open_reader(path)  # one parse: a large vocabulary makes it slow
-    tensors = sum(int(t.n_elements) for t in reader.tensors)
-    info = read_info(path, reader)
-    header = count_parameters(_gguf_config(reader, info.architecture, info.model_type))
+    parsed = read_header(path)  # parsed once per file: the estimate above left it in the cache
+    tensors = sum(parsed.tensors.values())
+    info = read_info(path)
+    header = count_parameters(_gguf_config(parsed, info.architecture, info.model_type))
     assert estimate is not None and estimate.num_layers == header.num_layers == layers
     assert estimate.params_loaded == header.decoder(layers) == tensors

@@ -70,6 +70,28 @@ def test_gate_batches_run_the_core_in_every_case_and_each_variety_group_once():
     assert len(batches) == 2 * 2 + 2 + len({t.group for t in load_gate_texts() if t.split == GATE})
 
 
+def test_a_prefixes_paragraph_is_read_at_every_second_word_as_one_batch():
+    """Each held-out paragraph of the prefixes group runs as its cuts after 2, 4, ... words and
+    whole (its last cut), in one padded batch with the group's other paragraphs."""
+    import json
+
+    from kvembed.export.gate.texts import PREFIX_STEP, PREFIXES, gate_texts_path
+
+    lines = [json.loads(line) for line in gate_texts_path().read_text(encoding="utf-8").splitlines() if line.strip()]
+    paragraphs = [row for row in lines if row["group"] == PREFIXES]
+    assert len(paragraphs) >= 2 and all(row["split"] == HELD_OUT for row in paragraphs)
+    for row in paragraphs:
+        words = row["text"].split()
+        cuts = {name: text for name, text in HELD_OUT_TEXTS.items() if name.startswith(row["name"] + "@")}
+        assert len(cuts) == -(-len(words) // PREFIX_STEP) and row["name"] not in HELD_OUT_TEXTS
+        for name, text in cuts.items():
+            count = int(name.rsplit("@", 1)[1])
+            assert row["text"].startswith(text) and text.split() == words[:count], name
+        assert cuts[f"{row['name']}@{len(words)}"] == row["text"]
+    batches = [b for b in gate_batches(HELD_OUT_TEXTS) if any("@" in n for n in b.names)]
+    assert len(batches) == 1 and all("@" in n for n in batches[0].names)
+
+
 @pytest.fixture(scope="module")
 def int8(stories_artifact):
     return stories_artifact("kv-embedding", "int8")

@@ -358,29 +358,28 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True, re
             return verify(directory, progress=display)
 
     result = job()
-    manifest = result.manifest
+    manifest = result.manifest  # typed: read once by verify
     console.print(
-        f"{manifest['method']['name']} on {manifest['source'].get('model')} ({manifest['precision']}, "
-        f"exported with kvembed {manifest.get('kvembed_version')})",
+        f"{manifest.method.name} on {manifest.source.model} ({manifest.precision}, "
+        f"exported with kvembed {manifest.kvembed_version})",
         highlight=False,
     )
     for problem in result.file_problems + result.source_problems:
         errors.print(f"[bold red]problem:[/] {problem}", highlight=False)
     if result.report is not None:
-        console.print(parity_table(result.report, f"parity vs PyTorch ({manifest['precision']} on {result.backend})"))
+        console.print(parity_table(result.report, f"parity vs PyTorch ({manifest.precision} on {result.backend})"))
         for target, gated in result.gates.items():
             console.print(parity_table(gated, f"parity vs PyTorch ({gated.precision} on {target})"))
         for target in [result.backend, *result.gates, *result.advisory]:
             if result.decided_by(target):
                 console.print(decided_line(target, result.decided_by(target)), highlight=False)
         if result.advisory:
-            from ..artifact import Manifest
             from ..export.gate.targets import VERIFY_TARGETS
 
             for target, advised in result.advisory.items():
-                console.print(advisory_line(target, advised, Manifest.of(manifest).graph_file(VERIFY_TARGETS[target].backend)),
+                console.print(advisory_line(target, advised, manifest.graph_file(VERIFY_TARGETS[target].backend)),
                               highlight=False)
-        recorded = manifest.get("parity", {})
+        recorded = manifest.parity
         if recorded:
             console.print(
                 f"at export: worst cosine {recorded.get('worst_cosine', float('nan')):.7f}, max abs diff "

@@ -409,7 +409,7 @@ def export_memory_check(model: Any, method: str, precision: str, **method_option
 def _find_config(model: Any, revision: str | None) -> tuple[dict[str, Any], str | None, bool] | None:
     """(config dict, preset id, weights still to dequantize from a GGUF) without loading weights or
     calling the network: a folder, an alias, a GGUF file, or a hub id already in the HF cache."""
-    from ..modeling.gguf import MARKER, cached_folder, find_gguf, open_reader, read_info
+    from ..modeling.gguf import MARKER, cached_folder, find_gguf, read_header, read_info
     from ..methods import resolve_model
     from ..modeling.packaged import ensure_packaged
     from ..modeling.sources import cached_snapshot
@@ -419,12 +419,11 @@ def _find_config(model: Any, revision: str | None) -> tuple[dict[str, Any], str 
     path = Path(location).expanduser()
     gguf_file = find_gguf(path) if path.exists() else None
     if gguf_file is not None:
-        reader = open_reader(gguf_file)
-        info = read_info(gguf_file, reader)
+        info = read_info(gguf_file)
         cached = cached_folder(info)
         if (cached / MARKER).is_file():  # dequantized by an earlier run: loads like a folder
             return _read_config(cached, model), preset_id, False
-        return _gguf_config(reader, info.architecture, info.model_type), preset_id, True
+        return _gguf_config(read_header(gguf_file), info.architecture, info.model_type), preset_id, True
     if path.is_dir():
         config = _read_config(path, model)
     else:
@@ -445,17 +444,14 @@ def _read_config(folder: Path, model: Any) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-def _gguf_config(reader: Any, architecture: str, model_type: str) -> dict[str, Any]:
-    """The config.json keys the estimate reads, from a GGUF header (a reader of the gguf package,
-    :func:`kvembed.modeling.gguf.open_reader`)."""
-    from ..modeling.gguf import gguf_field, gguf_module
-
-    gguf = gguf_module()
+def _gguf_config(header: Any, architecture: str, model_type: str) -> dict[str, Any]:
+    """The config.json keys the estimate reads, from a GGUF header
+    (:func:`kvembed.modeling.gguf.read_header`)."""
 
     def value(key: str) -> Any:
-        return gguf_field(reader, gguf, f"{architecture}.{key}")
+        return header.get(f"{architecture}.{key}")
 
-    tensors = {tensor.name: int(tensor.n_elements) for tensor in reader.tensors}
+    tensors = header.tensors
     hidden = value("embedding_length")
     vocab = value("vocab_size")
     if vocab is None and hidden and "token_embd.weight" in tensors:

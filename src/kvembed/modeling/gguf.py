@@ -89,34 +89,70 @@ def gguf_field(reader: Any, gguf: Any, key: str) -> Any:
     return values[0] if len(values) == 1 else values
 
 
-def sha256_of(path: Path) -> str:
-    """sha256 of ``path``, remembered per (path, size, mtime) in the cache so big files hash once."""
+@dataclass(frozen=True)
+class GGUFHeader:
+    """The header facts kvembed reads before loading: every scalar field (arrays such as the
+    vocabulary left out) and each tensor's element count."""
+
+    fields: dict[str, Any]
+    tensors: dict[str, int]
+
+    def get(self, key: str) -> Any:
+        return self.fields.get(key)
+
+
+def _remembered(path: Path, kind: str, compute: Any) -> Any:
+    """``compute()``'s JSON-able result for file ``path``, remembered in the cache per (path, size,
+    mtime) under ``kind``, so a big file is hashed or parsed once, not once per command."""
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    index_path = cache_root() / "gguf" / "hashes.json"
+    index_path = cache_root() / "gguf" / f"{kind}.json"
     try:
         index = json.loads(index_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         index = {}
     if key in index:
         return index[key]
-    digest = hashlib.sha256()
-    with waiting(f"hashing {path.name} (once per file)"), open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    index[key] = digest.hexdigest()
+    index[key] = compute()
     try:
         index_path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(index_path, json.dumps(index, indent=1))
     except OSError:
-        pass  # a read-only cache only costs a re-hash next time
+        pass  # a read-only cache only costs a second read next time
     return index[key]
 
 
-def open_reader(path: Path) -> Any:
-    """The gguf package's reader of ``path`` (the file is mapped, not read; parsing a header with a
-    large vocabulary still takes a while, so callers share one); GGUFError for a damaged file."""
-    gguf = gguf_module()
+def sha256_of(path: Path) -> str:
+    """sha256 of ``path``, remembered per (path, size, mtime) in the cache so big files hash once."""
+
+    def digest_file() -> str:
+        digest = hashlib.sha256()
+        with waiting(f"hashing {path.name} (once per file)"), open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+        return digest.hexdigest()
+
+    return _remembered(path, "hashes", digest_file)
+
+
+def read_header(path: Path) -> GGUFHeader:
+    """The header of GGUF file ``path``, parsed once per file (the gguf package's reader parses
+    the whole vocabulary, which takes a while for a large one) and remembered in the cache;
+    GGUFError (one line) for a damaged file."""
+
+    def parse() -> dict[str, Any]:
+        gguf = gguf_module()
+        with waiting(f"reading {path.name}'s header (once per file)"):
+            reader = _open_reader(path, gguf)
+            fields = {key: gguf_field(reader, gguf, key) for key, field in reader.fields.items()
+                      if field.types and field.types[0] != gguf.GGUFValueType.ARRAY}
+            tensors = {tensor.name: int(tensor.n_elements) for tensor in reader.tensors}
+        return {"fields": fields, "tensors": tensors}
+
+    return GGUFHeader(**_remembered(path, "headers", parse))
+
+
+def _open_reader(path: Path, gguf: Any) -> Any:
     try:
         return gguf.GGUFReader(str(path), "r")
     except Exception as err:  # the reader raises ValueError/KeyError/IndexError/struct errors on bad bytes
@@ -124,26 +160,27 @@ def open_reader(path: Path) -> Any:
         raise GGUFError(f"{str(path)!r} is not a readable GGUF file ({detail}); is it complete?") from None
 
 
-def read_info(path: Path, reader: Any = None) -> GGUFInfo:
-    """Header facts of a GGUF file (from ``reader`` when the caller has opened it); GGUFError (one
-    line) for a damaged or unsupported one."""
+def read_info(path: Path) -> GGUFInfo:
+    """Header facts of a GGUF file, plus its identity; GGUFError (one line) for a damaged or
+    unsupported one."""
     gguf = gguf_module()
-    reader = open_reader(path) if reader is None else reader
-    architecture = gguf_field(reader, gguf, "general.architecture")
+    header = read_header(path)
+    architecture = header.get("general.architecture")
     if architecture not in BY_GGUF_NAME:
         raise GGUFError(
             f"{str(path)!r} is a GGUF of architecture {architecture!r}; kvembed supports "
             f"{', '.join(sorted(BY_GGUF_NAME))}"
         )
-    layers = gguf_field(reader, gguf, f"{architecture}.block_count")
-    file_type = gguf_field(reader, gguf, "general.file_type")
+    layers = header.get(f"{architecture}.block_count")
+    file_type = header.get("general.file_type")
     try:
         quantization = gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else "unknown"
     except ValueError:
         quantization = f"file_type {file_type}"
     return GGUFInfo(
         file=path.name, sha256=sha256_of(path), architecture=architecture,
-        model_type=BY_GGUF_NAME[architecture].model_type, num_layers=int(layers or 0), quantization=quantization, name=gguf_field(reader, gguf, "general.name"),
+        model_type=BY_GGUF_NAME[architecture].model_type, num_layers=int(layers or 0),
+        quantization=quantization, name=header.get("general.name"),
     )
 
 

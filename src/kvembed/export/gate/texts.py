@@ -10,8 +10,9 @@ gate's decision, and a held-out slice that is only reported.
   queries and once as documents on opposite padding sides (:data:`GROUP_CASES`): the core already
   covers every kind and side, so the variety texts pay for content, not for padding.
 - the held-out slice (split ``held_out``): other queries, code, tables and languages that neither
-  the int8 calibration nor the gate's pass/fail decision sees. The export reports its worst cosine
-  beside the gate's, so a recipe that fits the gate's own texts but not other text shows.
+  the int8 calibration nor the gate's pass/fail decision sees, and one plain paragraph read at
+  many positions (its prefixes, :data:`PREFIXES`). The export reports its worst cosine beside the
+  gate's, so a recipe that fits the gate's own texts but not other text shows; for int8 it decides.
 - the window text (split ``window``): long plain prose, cut by the model's own tokenizer so that
   it runs :data:`WINDOW_MARGIN` tokens past a sliding-window model's window
   (:func:`window_texts`); the other texts stay shorter than a real model's window, which the
@@ -34,6 +35,12 @@ from typing import Any
 
 FILE = "gate_texts.jsonl"
 GATE, HELD_OUT, WINDOW = "gate", "held_out", "window"
+#: a data-file group whose texts run as their prefixes, cut after every :data:`PREFIX_STEP` words
+#: (:func:`prefixes`): a last-token vector reads one position, and int8's error differs from one
+#: position to the next, so one paragraph read at many positions samples it where whole texts,
+#: each ending on a full stop, do not
+PREFIXES = "prefixes"
+PREFIX_STEP = 2
 #: how many tokens past the sliding window the window text runs (prompt included)
 WINDOW_MARGIN = 64
 #: the window text runs once, as a document: long inputs are documents, and one case is enough for a
@@ -79,11 +86,21 @@ def gate_texts_path() -> Path:
     return Path(str(resources.files("kvembed") / "data" / FILE))
 
 
+def prefixes(text: GateText) -> tuple[GateText, ...]:
+    """``text`` cut after every :data:`PREFIX_STEP`-th word (the whole text last), each named
+    ``name@words``."""
+    ends = [m.end() for m in re.finditer(r"\S+", text.text)]
+    counts = [*range(PREFIX_STEP, len(ends), PREFIX_STEP), len(ends)]
+    return tuple(GateText(f"{text.name}@{n}", text.split, text.group, text.category, text.text[: ends[n - 1]])
+                 for n in counts)
+
+
 @functools.lru_cache(maxsize=1)
 def load_gate_texts() -> tuple[GateText, ...]:
-    """Every text of the data file, in file order."""
+    """Every text of the data file, in file order; a :data:`PREFIXES` group's texts as their prefixes."""
     lines = gate_texts_path().read_text(encoding="utf-8").splitlines()
-    texts = tuple(GateText(**json.loads(line)) for line in lines if line.strip())
+    read = (GateText(**json.loads(line)) for line in lines if line.strip())
+    texts = tuple(cut for t in read for cut in (prefixes(t) if t.group == PREFIXES else (t,)))
     names = [t.name for t in texts]
     if len(set(names)) != len(names) or set(names) & set(PARITY_TEXTS):
         raise RuntimeError(f"{FILE} repeats a text name (or one of the core set's)")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ...methods.sharing import AlsoRequest, output_names
-from ...artifact import Manifest, check_files, read_manifest
+from ...artifact import Manifest, check_files, load_manifest
 from ...runtime.artifact import encoder_from_manifest
 from ..source import load_embedder, source_record
 from .certify import ADVISORY_GATES, GATES, HELD_OUT_DECIDES, advisory_problem, certificate, decided_by, gate_graph, gate_session, ran_precision
@@ -25,7 +25,7 @@ from ...errors import InvalidInput
 @dataclass
 class VerifyResult:
     directory: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     report: ParityReport | None
     file_problems: list[str]
     source_problems: list[str]
@@ -92,23 +92,22 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     """Re-run the parity gate of an existing artifact against a freshly built PyTorch reference."""
     progress = progress or silent
     directory = Path(directory).expanduser()
-    manifest = read_manifest(directory)
-    typed = Manifest.of(manifest)
+    manifest = load_manifest(directory)
     progress("check", "checking file hashes")
     file_problems = check_files(directory, manifest)
     if file_problems:  # a damaged graph or tokenizer cannot be run meaningfully: report, don't crash
         return VerifyResult(directory, manifest, None, file_problems, [])
-    progress("load", f"loading the reference {typed.source.model}")
-    reference = reference_for(typed)
+    progress("load", f"loading the reference {manifest.source.model}")
+    reference = reference_for(manifest)
     source_problems = []
     now = source_record(reference)
-    if now["config_sha256"] != typed.source.config_sha256:
+    if now["config_sha256"] != manifest.source.config_sha256:
         source_problems.append("the source model's config changed since export (config_sha256 differs)")
     # as at export: the reference runs the gate's batches first and its weights are freed before
     # onnxruntime opens the artifact, so the model is never in memory twice
     progress("reference", "running the PyTorch reference on the parity texts")
     references, cache, texts = reference.references(), {}, model_gate_texts(reference)
-    decides = typed.precision in HELD_OUT_DECIDES
+    decides = manifest.precision in HELD_OUT_DECIDES
     for label, single in references.items():
         run_on = {**texts, **HELD_OUT_TEXTS} if decides and label is None else texts
         reference_runs(single, cache, texts=run_on, outputs=output_names(label), advance=advance_of(progress))
@@ -117,8 +116,8 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     encoder = encoder_from_manifest(directory, manifest)
     gates: list[tuple[str, str, dict[str | None, ParityReport]]] = []
     advisory: dict[str, ParityReport | str] = {}
-    checks = [(target, bar, False) for target, bar in GATES[typed.precision]]
-    checks += [(target, bar, True) for target, bar in ADVISORY_GATES.get(typed.precision, ())]
+    checks = [(target, bar, False) for target, bar in GATES[manifest.precision]]
+    checks += [(target, bar, True) for target, bar in ADVISORY_GATES.get(manifest.precision, ())]
     certificates, passed, held_out = [], None, {}
     for target, bar, advised in checks:
         problem = advisory_problem(target, manifest, passed) if advised else None
@@ -128,7 +127,7 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
         graph = gate_graph(directory, manifest, target)
         progress("parity", f"running {graph.name} on {target} against PyTorch ({bar} bar)")
         session = gate_session(target, graph)
-        ran = ran_precision(session, typed.graph_precision)
+        ran = ran_precision(session, manifest.graph_precision)
         gated = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(progress), texts=texts)
         if decides and gated[None].passed:
             held_out[target] = run_parity(session, encoder, references[None], bar, texts=HELD_OUT_TEXTS, cache=cache)
