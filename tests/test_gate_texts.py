@@ -15,7 +15,7 @@ import pytest
 from kvembed.artifact import Manifest, load_manifest
 from kvembed.errors import InvalidInput
 from kvembed.export.gate.texts import GATE, HELD_OUT, WINDOW, load_gate_texts
-from kvembed.export.gate.parity import CASES, GATE_TEXTS, HELD_OUT_TEXTS, KINDS, PARITY_TEXTS, gate_batches
+from kvembed.export.gate.parity import CASES, DECIDING_HELD_OUT_TEXTS, GATE_TEXTS, HELD_OUT_TEXTS, KINDS, PARITY_TEXTS, gate_batches
 from kvembed.modeling.layers.calibration import builtin_calibration_path
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -40,7 +40,8 @@ def test_the_gate_texts_share_no_text_with_the_calibration_and_cover_real_input(
     assert len(window.text.split()) > 2 * len(longest.text.split()) and window.name not in GATE_TEXTS
     # the gate decides on the core and the variety texts; the held-out ones are apart
     assert set(GATE_TEXTS) == set(PARITY_TEXTS) | {t.name for t in texts if t.split == GATE}
-    assert set(HELD_OUT_TEXTS) == {t.name for t in texts if t.split == HELD_OUT}
+    assert set(DECIDING_HELD_OUT_TEXTS) == {t.name for t in texts if t.split == HELD_OUT}
+    assert set(HELD_OUT_TEXTS) == {t.name for t in texts if t.split == HELD_OUT and "@" not in t.name}
     assert not set(GATE_TEXTS) & set(HELD_OUT_TEXTS)
     assert not set(GATE_TEXTS.values()) & set(HELD_OUT_TEXTS.values())
 
@@ -72,7 +73,8 @@ def test_gate_batches_run_the_core_in_every_case_and_each_variety_group_once():
 
 def test_a_prefixes_paragraph_is_read_at_every_second_word_as_one_batch():
     """Each held-out paragraph of the prefixes group runs as its cuts after 2, 4, ... words and
-    whole (its last cut), in one padded batch with the group's other paragraphs."""
+    whole (its last cut), in one padded batch with the group's other paragraphs, where the held-out
+    texts decide (int8); the held-out figure of the other precisions leaves them out."""
     import json
 
     from kvembed.export.gate.texts import PREFIX_STEP, PREFIXES, gate_texts_path
@@ -82,13 +84,14 @@ def test_a_prefixes_paragraph_is_read_at_every_second_word_as_one_batch():
     assert len(paragraphs) >= 2 and all(row["split"] == HELD_OUT for row in paragraphs)
     for row in paragraphs:
         words = row["text"].split()
-        cuts = {name: text for name, text in HELD_OUT_TEXTS.items() if name.startswith(row["name"] + "@")}
-        assert len(cuts) == -(-len(words) // PREFIX_STEP) and row["name"] not in HELD_OUT_TEXTS
+        cuts = {name: text for name, text in DECIDING_HELD_OUT_TEXTS.items() if name.startswith(row["name"] + "@")}
+        assert not any(name.startswith(row["name"]) for name in HELD_OUT_TEXTS)
+        assert len(cuts) == -(-len(words) // PREFIX_STEP) and row["name"] not in DECIDING_HELD_OUT_TEXTS
         for name, text in cuts.items():
             count = int(name.rsplit("@", 1)[1])
             assert row["text"].startswith(text) and text.split() == words[:count], name
         assert cuts[f"{row['name']}@{len(words)}"] == row["text"]
-    batches = [b for b in gate_batches(HELD_OUT_TEXTS) if any("@" in n for n in b.names)]
+    batches = [b for b in gate_batches(DECIDING_HELD_OUT_TEXTS) if any("@" in n for n in b.names)]
     assert len(batches) == 1 and all("@" in n for n in batches[0].names)
 
 
@@ -105,19 +108,19 @@ def test_a_real_export_records_the_held_out_worst_cosine(int8, oracle):
     manifest = load_manifest(int8)
     held = manifest.held_out
     assert held is not None and held.backend == "onnxruntime-cpu"
-    assert held.texts == len(HELD_OUT_TEXTS) and held.rows == len(HELD_OUT_TEXTS)
+    assert held.texts == len(DECIDING_HELD_OUT_TEXTS) and held.rows == len(DECIDING_HELD_OUT_TEXTS)
     record = manifest.parity["held_out"]
     assert record["decides"] is True and record["min_cosine_required"] == 0.99  # int8's held-out texts decide too
-    assert manifest.parity["texts"] == len(GATE_TEXTS) and record["worst_row"]["text"] in HELD_OUT_TEXTS
+    assert manifest.parity["texts"] == len(GATE_TEXTS) and record["worst_row"]["text"] in DECIDING_HELD_OUT_TEXTS
     embedder, reference = Embedder.load(int8, provider="cpu"), oracle("stories260k")
     assert manifest.method.layers == (1, 2, 3)  # the oracle is told the layer band the export resolved
     worst = 1.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for batch in gate_batches(HELD_OUT_TEXTS):
-            got = embedder.run(batch.pad(embedder.encoder, HELD_OUT_TEXTS))[0].astype(np.float64)
+        for batch in gate_batches(DECIDING_HELD_OUT_TEXTS):
+            got = embedder.run(batch.pad(embedder.encoder, DECIDING_HELD_OUT_TEXTS))[0].astype(np.float64)
             for row, (kind, name) in zip(got, batch.rows):
-                want = reference.embed("kv-embedding", HELD_OUT_TEXTS[name], kind, layers="1-3").astype(np.float64)
+                want = reference.embed("kv-embedding", DECIDING_HELD_OUT_TEXTS[name], kind, layers="1-3").astype(np.float64)
                 worst = min(worst, float(row @ want / np.linalg.norm(row) / np.linalg.norm(want)))
     assert held.worst_cosine == pytest.approx(worst, abs=2e-5)
     assert held.meets_bar == (held.worst_cosine >= 0.99) and 0.9 < held.worst_cosine < 1.0

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from kvembed.artifact import Certificate, load_manifest
-from kvembed.export.gate.texts import GATE_TEXTS, HELD_OUT_TEXTS
+from kvembed.export.gate.texts import DECIDING_HELD_OUT_TEXTS, GATE_TEXTS
 from kvembed.methods import demo_model_path
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -70,14 +70,14 @@ def test_only_the_held_out_texts_hold_a_brace():
     tokenizer = Tokenizer.from_file(str(demo_model_path() / "tokenizer.json"))
     brace = tokenizer.token_to_id(BRACE)
     assert not any(brace in tokenizer.encode(text).ids for text in GATE_TEXTS.values())
-    assert any(brace in tokenizer.encode(text).ids for text in HELD_OUT_TEXTS.values())
+    assert any(brace in tokenizer.encode(text).ids for text in DECIDING_HELD_OUT_TEXTS.values())
 
 
 def test_a_recipe_that_misses_on_held_out_texts_is_refused(exported):
     error, _ = exported
     assert error.held_out and "held-out texts" in str(error)
     assert not error.report.passed and error.report.worst_cosine < 0.99
-    assert error.report.texts == len(HELD_OUT_TEXTS) and error.report.worst_row["text"] in HELD_OUT_TEXTS
+    assert error.report.texts == len(DECIDING_HELD_OUT_TEXTS) and error.report.worst_row["text"] in DECIDING_HELD_OUT_TEXTS
 
 
 def test_the_next_recipe_is_tried_and_the_certificate_names_both_text_sets(exported):
@@ -97,7 +97,7 @@ def test_the_next_recipe_is_tried_and_the_certificate_names_both_text_sets(expor
     [certificate] = [c for c in certificates if c.target == "onnxruntime-cpu"]
     assert certificate.decided_by == {
         "gate": {"texts": result.parity.texts, "rows": result.parity.rows, "worst_cosine": result.parity.worst_cosine},
-        "held_out": {"texts": len(HELD_OUT_TEXTS), "rows": held.rows, "worst_cosine": held.worst_cosine},
+        "held_out": {"texts": len(DECIDING_HELD_OUT_TEXTS), "rows": held.rows, "worst_cosine": held.worst_cosine},
     }
     assert result.parity.texts == len(GATE_TEXTS)
     assert "gate texts" in certificate.describe() and "held-out texts" in certificate.describe()
@@ -114,7 +114,7 @@ def test_verify_says_which_texts_decided(exported):
     # the gate's target (an advisory OpenVINO check, where this CPU runs one, prints its own line)
     [line] = [line for line in run.output.splitlines() if line.startswith("onnxruntime-cpu decided by")]
     held = load_manifest(result.path).held_out
-    assert f"{len(GATE_TEXTS)} gate texts" in line and f"{len(HELD_OUT_TEXTS)} held-out texts" in line
+    assert f"{len(GATE_TEXTS)} gate texts" in line and f"{len(DECIDING_HELD_OUT_TEXTS)} held-out texts" in line
     # the same graph, the same texts: the figures of the export
     assert f"{held.worst_cosine:.5f}" in line and f"{result.parity.worst_cosine:.5f}" in line
 

@@ -33,7 +33,7 @@ from .graph.trace import trace as trace_graph
 from .manifest import build_manifest
 from .source import load_embedder, source_record
 from .graph.openvino_graph import write_openvino_graph
-from .gate.parity import HELD_OUT_TEXTS, ParityReport, held_out_record, model_gate_texts, parity_reports, reference_runs, run_parity
+from .gate.parity import ParityReport, held_out_record, held_out_texts, model_gate_texts, parity_reports, reference_runs, run_parity
 from .precision.convert import INT8_RECIPES, SameGraphError, convert
 from .progress import Progress, advance_of, silent
 from .request import ExportRequest
@@ -112,12 +112,16 @@ class Exporter:
                    release_weights: bool = False) -> "Exporter":
         """An exporter tracing as ``request`` (already checked) says."""
         exporter = cls.__new__(cls)
-        exporter._start(embedder, request.attention, request.opset, request.optimize, progress, release_weights)
+        exporter._start(embedder, request.attention, request.opset, request.optimize, progress, release_weights,
+                        held_out_decides=request.precision in HELD_OUT_DECIDES)
         return exporter
 
     def _start(self, embedder: Any, attention: str, opset: int, optimize: bool, progress: Progress | None,
-               release_weights: bool) -> None:
+               release_weights: bool, held_out_decides: bool = True) -> None:
         self.attention, self.opset = attention, opset
+        #: whether a write may need the held-out texts that only decide (int8): the reference runs
+        #: before the weights are released, so it runs them unless the one precision asked is known
+        self.held_out_decides = held_out_decides
         self.release_weights = release_weights
         self.weights_released = False
         self.embedder = embedder
@@ -180,7 +184,7 @@ class Exporter:
         for label, reference in self._references.items():
             # the main output also on the held-out texts (beside the gate; deciding for int8):
             # their batches are their own, so each is cached as the held-out run will ask for it
-            texts = {**self.gate_texts, **HELD_OUT_TEXTS} if label is None else self.gate_texts
+            texts = {**self.gate_texts, **held_out_texts(self.held_out_decides)} if label is None else self.gate_texts
             reference_runs(reference, self._reference_outputs, texts=texts, outputs=output_names(label),
                            advance=advance_of(self.progress))
 
@@ -405,7 +409,8 @@ class Exporter:
                 gates.append((target, ran_precision(session, graph_precision), reports))
                 missed = stop_at_miss and not all(r.passed for r in reports.values())
                 if held_out_report is None and reports[None].passed and len(gates) == 1 and not missed:  # part of the parity stage
-                    held_out_report = run_parity(session, encoder, references[None], bar, texts=HELD_OUT_TEXTS, cache=cache,
+                    held_out_report = run_parity(session, encoder, references[None], bar, cache=cache,
+                                                 texts=held_out_texts(precision in HELD_OUT_DECIDES),
                                                  stop_at_miss=stop_at_miss and precision in HELD_OUT_DECIDES)
             finally:
                 del session

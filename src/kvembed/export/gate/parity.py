@@ -18,7 +18,8 @@ from ...artifact.certificates import TOLERANCES  # noqa: F401  (docs/methods.md'
 from ...methods.architectures import sliding_window
 from ...methods.sharing import output_names
 from .texts import (  # noqa: F401  (re-exported)
-    GATE, GATE_TEXTS, HELD_OUT, HELD_OUT_TEXTS, PARITY_TEXTS, WINDOW, WINDOW_KIND, gated_texts, text_groups,
+    DECIDING_HELD_OUT_TEXTS, GATE, GATE_TEXTS, HELD_OUT, HELD_OUT_TEXTS, PARITY_TEXTS, WINDOW, WINDOW_KIND, gated_texts,
+    held_out_texts, text_groups,
 )
 from ..graph.trace import ExportError
 

@@ -11,8 +11,9 @@ gate's decision, and a held-out slice that is only reported.
   covers every kind and side, so the variety texts pay for content, not for padding.
 - the held-out slice (split ``held_out``): other queries, code, tables and languages that neither
   the int8 calibration nor the gate's pass/fail decision sees, and one plain paragraph read at
-  many positions (its prefixes, :data:`PREFIXES`). The export reports its worst cosine beside the
-  gate's, so a recipe that fits the gate's own texts but not other text shows; for int8 it decides.
+  many positions (its prefixes, :data:`PREFIXES`, read only where the held-out texts decide). The
+  export reports its worst cosine beside the gate's, so a recipe that fits the gate's own texts but
+  not other text shows; for int8 it decides.
 - the window text (split ``window``): long plain prose, cut by the model's own tokenizer so that
   it runs :data:`WINDOW_MARGIN` tokens past a sliding-window model's window
   (:func:`window_texts`); the other texts stay shorter than a real model's window, which the
@@ -122,8 +123,18 @@ def text_groups() -> dict[str, tuple[str, ...]]:
 
 #: what the gate decides on: the core set and the variety texts
 GATE_TEXTS: dict[str, str] = {**PARITY_TEXTS, **split_texts(GATE)}
-#: reported beside the gate, never deciding
-HELD_OUT_TEXTS: dict[str, str] = split_texts(HELD_OUT)
+#: read where the held-out texts decide (int8): the held-out slice with its :data:`PREFIXES` paragraphs
+DECIDING_HELD_OUT_TEXTS: dict[str, str] = split_texts(HELD_OUT)
+#: reported beside the gate for every precision: the held-out slice without the prefixes, which cost
+#: as much as the rest of a big model's gate and are read only where they decide
+HELD_OUT_TEXTS: dict[str, str] = {name: text for name, text in DECIDING_HELD_OUT_TEXTS.items()
+                                  if name not in text_groups().get(f"{HELD_OUT}/{PREFIXES}", ())}
+
+
+def held_out_texts(decides: bool) -> dict[str, str]:
+    """The held-out texts an export runs: :data:`DECIDING_HELD_OUT_TEXTS` where they decide, else
+    :data:`HELD_OUT_TEXTS`."""
+    return DECIDING_HELD_OUT_TEXTS if decides else HELD_OUT_TEXTS
 
 
 def window_texts(encoder: Any, window: int | None) -> dict[str, str]:
