@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=RESULTS / "peers")
     args = parser.parse_args(argv)
+    for path in [args.reference, *(path for _, path in args.artifacts)]:
+        if not (path / "kvembed.json").is_file():
+            parser.error(f"{str(path)!r} is no kvembed artifact (no kvembed.json): give a directory kvembed-export wrote")
 
     from kvembed import Embedder
 

@@ -10,8 +10,8 @@ gate's decision, and a held-out slice that is only reported.
   queries and once as documents on opposite padding sides (:data:`GROUP_CASES`): the core already
   covers every kind and side, so the variety texts pay for content, not for padding.
 - the held-out slice (split ``held_out``): other queries, code, tables and languages that neither
-  the int8 calibration nor the gate's pass/fail decision sees, and one plain paragraph read at
-  many positions (its prefixes, :data:`PREFIXES`, read only where the held-out texts decide). The
+  the int8 calibration nor the gate's pass/fail decision sees, and short paragraphs read at many
+  positions (their prefixes, :data:`PREFIXES`, read only where the held-out texts decide). The
   export reports its worst cosine beside the gate's, so a recipe that fits the gate's own texts but
   not other text shows; for int8 it decides.
 - the window text (split ``window``): long plain prose, cut by the model's own tokenizer so that
@@ -38,7 +38,7 @@ FILE = "gate_texts.jsonl"
 GATE, HELD_OUT, WINDOW = "gate", "held_out", "window"
 #: a data-file group whose texts run as their prefixes, cut after every :data:`PREFIX_STEP` words
 #: (:func:`prefixes`): a last-token vector reads one position, and int8's error differs from one
-#: position to the next, so one paragraph read at many positions samples it where whole texts,
+#: position to the next, so a paragraph read at many positions samples it where whole texts,
 #: each ending on a full stop, do not
 PREFIXES = "prefixes"
 PREFIX_STEP = 2
