@@ -41,6 +41,10 @@ TEXTS = [
 
 #: a CPU without avx512_bf16 / amx_bf16, stated with KVEMBED_CPU_FEATURES (the product's override of its probe)
 NO_BF16 = "avx2,avx512f"
+#: seconds a test waits for a process it started to reach a point (a run's first shards, a server's
+#: ready line) before calling it hung: a guard against hanging forever, never a speed bound (on a
+#: loaded 2-core host, a local Ray alone took minutes to start)
+HANG_GUARD_S = 900
 #: texts no parity gate decides on (kvembed/export/gate/texts.py holds the gate's)
 UNSEEN = ["The river froze early that winter.", "Quarterly revenue rose four percent", "¿Dónde está la biblioteca?",
           "def f(x): return x * 2", "a"]
@@ -296,21 +300,23 @@ def traces():
 
 @pytest.fixture(scope="session")
 def stories_artifact(traces, tmp_path_factory) -> Callable[..., Path]:
-    """``stories_artifact(method, precision="fp32", **options)`` -> the directory of the demo
-    model's artifact, exported once per session (several precisions from one trace).
+    """``stories_artifact(method, precision="fp32", int8_recipe="auto", **options)`` -> the
+    directory of the demo model's artifact, exported once per session (several precisions from one
+    trace); ``options`` are the method's.
 
     Shared by every test file: treat it as read-only (copy it before damaging it)."""
     root = tmp_path_factory.mktemp("stories")
     made: dict[tuple, Path] = {}
 
-    def get(method: str, precision: str = "fp32", **options: Any) -> Path:
-        key = (method, precision, tuple(sorted(options.items())))
+    def get(method: str, precision: str = "fp32", int8_recipe: str = "auto", **options: Any) -> Path:
+        key = (method, precision, int8_recipe, tuple(sorted(options.items())))
         if key not in made:
             out = root / f"{method}-{precision}-{len(made)}"  # short: the CLI prints it in a table title
             threads = torch.get_num_threads()
             torch.set_num_threads(1)  # a tiny model gains nothing from OpenMP threads on a shared host
             try:
-                made[key] = traces.get("stories260k", method, **options).write(out, precision).path
+                exporter = traces.get("stories260k", method, **options)
+                made[key] = exporter.write(out, precision, int8_recipe=int8_recipe).path
             finally:
                 torch.set_num_threads(threads)
         return made[key]

@@ -53,6 +53,7 @@ class StandInSession:
     backend = NAME
     name = f"{NAME}-cpu"
     on_cpu = True
+    call_cost = 32
     limits = LIMITS
     renormalise = True
 

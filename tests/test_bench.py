@@ -157,7 +157,8 @@ def test_profile_breaks_the_largest_cell_down_by_operator(quick_run):
         assert abs(sum(op["ms_per_run"] for op in profile["ops"]) - profile["kernel_ms_per_run"]) < 1e-3
         # the session's graph after load-time fusion: RMSNorm fused, int8 matmuls quantized
         assert ops["SimplifiedLayerNormalization"]["nodes"] == 2 * results["model"]["layers_run"] + 1
-        assert ("MatMulIntegerToFloat" in ops or "DynamicQuantizeMatMul" in ops) == (precision == "int8")
+        # (weight-only int8 fuses into MatMulNBits, dynamic int8 into the integer MatMul kernels)
+        assert bool({"MatMulNBits", "MatMulIntegerToFloat", "DynamicQuantizeMatMul"} & set(ops)) == (precision == "int8")
     assert "## Where the time goes: runtime fp32, b4-s128" in (out / "results.md").read_text()
 
 
@@ -347,6 +348,11 @@ def test_weight_gemms_call_runs_every_fp32_matmul_weight_once_per_use(tmp_path):
     int8_only = _graph_with_weights(tmp_path / "q.onnx", [nodes[4]], {"q": q})
     with pytest.raises(ValueError, match="no fp32 MatMul weights"):
         weight_gemms_call(int8_only, tokens=5, threads=1)
+    # weight-only int8: the int8 weight reaches the MatMul through a DequantizeLinear
+    scale = np.float32(0.1)
+    dequantized = [helper.make_node("DequantizeLinear", ["q", "scale"], ["qf"]), helper.make_node("MatMul", ["x", "qf"], ["f"])]
+    weight_only = _graph_with_weights(tmp_path / "w.onnx", dequantized, {"q": q, "scale": np.array(scale)})
+    assert matmul_params(weight_only) == q.size
     with pytest.raises(ValueError, match="rows must be >= 1"):
         weight_gemms_call(path, tokens=0, threads=1)
 

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from checks import cosines, run_python
+from conftest import HANG_GUARD_S
 
 from kvembed.corpus import CorpusError, CorpusOptions, embed_corpus
 from kvembed.runtime import Embedder
@@ -87,13 +88,13 @@ def interrupted_run(args: list[str], out: Path, shards_before_stop: int, sig: si
     process = subprocess.Popen([sys.executable, "-m", "kvembed.cli", "embed-corpus", *args],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_GUARD_S
     def started() -> bool:
         return len(list(out.glob("part-*.parquet"))) >= shards_before_stop and (out / "_run.json").is_file()
 
     while not started():
         assert process.poll() is None, f"the run ended before it could be interrupted: {process.communicate()}"
-        assert time.monotonic() < deadline, "the run did not get that far in 120 s"
+        assert time.monotonic() < deadline, f"the run did not get that far in {HANG_GUARD_S} s: hung"
         time.sleep(0.05)
     assert process.poll() is None, "the run finished before the interruption"
     process.send_signal(sig)

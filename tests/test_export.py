@@ -139,9 +139,12 @@ def test_stories260k(traces, stories_artifact, method, precision):
     if precision == "int8":
         from kvembed.export.precision.convert import INT8_RECIPES
 
-        per_row = INT8_RECIPES[manifest["graph"]["precision_conversion"]["recipe"]].per_row
-        # per-token recipes quantise activations with element-wise ops, per-tensor ones with DynamicQuantizeLinear
-        assert {"MatMulInteger", "ReduceMax" if per_row else "DynamicQuantizeLinear"} <= set(manifest["graph"]["op_types"])
+        recipe = INT8_RECIPES[manifest["graph"]["precision_conversion"]["recipe"]]
+        ops = set(manifest["graph"]["op_types"])
+        if recipe.block:  # weight-only: int8 weights dequantised in blocks before float MatMuls
+            assert "DequantizeLinear" in ops and not {"MatMulInteger", "DynamicQuantizeLinear"} & ops
+        else:  # per-token recipes quantise activations with element-wise ops, per-tensor ones with DynamicQuantizeLinear
+            assert {"MatMulInteger", "ReduceMax" if recipe.per_row else "DynamicQuantizeLinear"} <= ops
         assert not manifest["graph"]["tensorrt_ready"]
     if precision == "fp16":
         weights = [t for t in onnx.load(str(path / "model.onnx")).graph.initializer if len(t.dims) == 2]

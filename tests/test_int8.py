@@ -18,13 +18,16 @@ from onnx import numpy_helper
 from checks import cosines
 from conftest import TEXTS
 from kvembed.export.gate.parity import gate_batches
-from kvembed.export.precision.convert import INT8_AUTO, INT8_RECIPES, to_int8
+from kvembed.export.precision.convert import INT8_RECIPES, to_int8
 from kvembed.export.precision.smoothing import activation_ranges, calibration_feeds, massive_input_nodes, smooth, smoothable_groups
 from kvembed.methods import demo_model_path
 from kvembed.artifact import read_manifest
 from kvembed.runtime.artifact import encoder_from_manifest
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+#: a dynamic recipe (auto's second): SmoothQuant folded in, activations with a scale per token
+SMOOTHED = "smooth-rows"
 
 
 def _session(path: Path) -> ort.InferenceSession:
@@ -101,15 +104,15 @@ def test_a_massive_channel_keeps_its_matmuls_fp32(fp32, tmp_path):
 
 
 def test_the_int8_artifact_records_its_recipe(stories_artifact, fp32):
-    manifest = read_manifest(stories_artifact("kv-embedding", "int8"))
+    manifest = read_manifest(stories_artifact("kv-embedding", "int8", int8_recipe=SMOOTHED))
     conversion = manifest["graph"]["precision_conversion"]
-    assert conversion["recipe"] == INT8_AUTO[0] and conversion["smoothquant_alpha"] == INT8_RECIPES[INT8_AUTO[0]].smooth_alpha
+    assert conversion["recipe"] == SMOOTHED and conversion["smoothquant_alpha"] == INT8_RECIPES[SMOOTHED].smooth_alpha
     tried = conversion["recipes_tried"]
     assert tried[-1]["passed"] and tried[-1]["recipe"] == conversion["recipe"]
     assert tried[-1]["worst_cosine"] == manifest["parity"]["worst_cosine"] >= 0.99
     # the smoothed int8 graph and the fp32 graph agree on texts the gate never saw
     artifact, graph = fp32
-    int8 = stories_artifact("kv-embedding", "int8")
+    int8 = stories_artifact("kv-embedding", "int8", int8_recipe=SMOOTHED)
     assert cosines(_embed(int8 / "model.onnx", int8), _embed(graph, artifact)).min() >= 0.99
 
 

@@ -1,5 +1,6 @@
-"""An int8 artifact's OpenVINO graph: the same int8 weights dequantised before float MatMuls, in a
-second graph file that reads ``model.onnx.data``; an advisory check certifies it on OpenVINO bf16
+"""A dynamic int8 artifact's OpenVINO graph (recipe :data:`DYNAMIC`; the weight-only recipe, auto's
+first, runs one graph on both backends: tests/test_int8_weights.py): the same int8 weights
+dequantised before float MatMuls, in a second graph file that reads ``model.onnx.data``; an advisory check certifies it on OpenVINO bf16
 against PyTorch at int8's bar, and ``provider="auto"`` then runs it there on a CPU with BF16.
 
 This machine has AMX / AVX-512 BF16. A CPU without BF16 is stated with ``KVEMBED_CPU_FEATURES``
@@ -25,10 +26,13 @@ from kvembed.runtime import Embedder  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("bf16_cpu")
 
+#: a recipe with integer arithmetic on onnxruntime, which gets a second graph for OpenVINO
+DYNAMIC = "smooth-rows"
+
 
 @pytest.fixture(scope="module")
 def int8(stories_artifact):
-    return stories_artifact("kv-embedding", "int8")
+    return stories_artifact("kv-embedding", "int8", int8_recipe=DYNAMIC)
 
 
 
@@ -118,12 +122,14 @@ def test_exported_where_bf16_cannot_run_then_recorded_by_verify(traces, tmp_path
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        out = exporter.write(tmp_path / "no-bf16", "int8").path
+        out = exporter.write(tmp_path / "no-bf16", "int8", int8_recipe=DYNAMIC).path
     finally:
         torch.set_num_threads(threads)
     manifest = load_manifest(out)
     assert manifest.passed and [c.target for c in manifest.certified] == ["onnxruntime-cpu"]
     assert "no BF16" in manifest.parity["advisory"]["openvino-bf16"]["skipped"]
+    # OpenVINO f32 is not offered a dynamic recipe: onnxruntime's integer kernels are the faster path
+    assert "dynamic int8 recipe" in manifest.parity["advisory"]["openvino-f32"]["skipped"]
     monkeypatch.delenv("KVEMBED_CPU_FEATURES")
     assert Embedder.load(out).backend == "onnxruntime-cpu"
 

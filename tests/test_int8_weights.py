@@ -42,14 +42,15 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory) -> Path:
-    """The demo model's kv-embedding exported by the CLI (in this process) with ``--int8-recipe weights``."""
+    """The demo model's kv-embedding exported by the CLI (in this process) at int8 with no recipe
+    named: ``auto``, whose first recipe is weight-only."""
     from typer.testing import CliRunner
 
     from kvembed.cli.main import app
 
     out = tmp_path_factory.mktemp("weights") / "int8"
     result = CliRunner().invoke(app, ["export", "--model", str(demo_model_path()), "--method", "kv-embedding",
-                                      "--precision", "int8", "--int8-recipe", "weights", "--out", str(out)])
+                                      "--precision", "int8", "--out", str(out)])
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
     return out
 
@@ -131,15 +132,15 @@ def test_an_opset_below_21_is_refused_in_one_line(tmp_path):
     # before any work: a named recipe is refused, auto leaves it out
     with pytest.raises(InvalidInput, match="int8 recipe weights needs ONNX opset 21 or later"):
         int8_plan("weights", 18)
-    assert int8_plan("auto", 18) == INT8_AUTO[:-1] and int8_plan("auto", 23) == INT8_AUTO
+    assert int8_plan("auto", 18) == INT8_AUTO[1:] and int8_plan("auto", 23) == INT8_AUTO
     result = _cli("--int8-recipe", "weights", "--opset", "18", "--out", str(tmp_path / "x"))
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and "needs ONNX opset 21 or later" in lines[0], result.stderr
     assert not (tmp_path / "x").exists()
 
 
-def test_weights_is_auto_s_last_recipe_and_in_the_help():
-    assert INT8_AUTO[-1] == "weights"
+def test_weights_is_auto_s_first_recipe_and_in_the_help():
+    assert INT8_AUTO[0] == "weights"
     assert "weights (weight-only" in int8_recipe_help() and f"auto = {','.join(INT8_AUTO)}" in int8_recipe_help()
 
 
@@ -178,3 +179,40 @@ def test_the_gate_certifies_what_the_runtime_runs(artifact):
     plain = ort.SessionOptions()  # onnxruntime's defaults: level 4, weights pre-packed
     default = ort.InferenceSession(str(artifact / "model.onnx"), plain, providers=["CPUExecutionProvider"])
     assert not np.array_equal(default.run(["embedding"], feeds)[0], want)
+
+
+def test_on_a_cpu_without_bf16_openvino_f32_is_certified_and_auto_takes_it(traces, tmp_path, monkeypatch, oracle):
+    """A weight-only graph exported where the CPU has no BF16 (stated): the bf16 check cannot run
+    there, the f32 one certifies OpenVINO at int8's bar, and ``auto`` runs the artifact there
+    (onnxruntime's CPU provider runs weight-only int8 in float, slower than fp32 on short inputs)."""
+    pytest.importorskip("openvino", reason="the f32 path runs on OpenVINO (pip install 'kvembed[openvino]')")
+    from conftest import NO_BF16
+
+    from kvembed.artifact import load_manifest
+
+    monkeypatch.setenv("KVEMBED_CPU_FEATURES", NO_BF16)
+    out = traces.get("stories260k", "kv-embedding").write(tmp_path / "w8", "int8", int8_recipe="weights").path
+    manifest = load_manifest(out)
+    assert "no BF16" in manifest.parity["advisory"]["openvino-bf16"]["skipped"]
+    assert [c.target for c in manifest.certified] == ["onnxruntime-cpu", "openvino-f32"]
+    certificate = manifest.certificate("openvino", "fp32", bar="int8")
+    assert certificate is not None and certificate.raw["graph"] == "model.onnx" and certificate.min_cosine == 0.99
+    embedder = Embedder.load(out)
+    assert embedder.backend == "openvino-f32" and "int8 artifact certified on OpenVINO" in embedder.choice.reason
+    assert_matches_oracle(embedder.encode, oracle("stories260k"), "kv-embedding", TEXTS, precision="int8",
+                          layers=STORIES_LAYERS)
+
+
+def test_exported_where_bf16_runs_it_is_ready_for_a_cpu_without(artifact, monkeypatch, bf16_cpu):
+    """Exported on a CPU with BF16, the weight-only artifact carries both OpenVINO certificates:
+    ``auto`` runs bf16 here and f32 on a CPU stated without BF16, never onnxruntime's slower path."""
+    pytest.importorskip("openvino", reason="the OpenVINO paths need the openvino package (pip install 'kvembed[openvino]')")
+    from conftest import NO_BF16
+
+    from kvembed.artifact import load_manifest
+
+    manifest = load_manifest(artifact)
+    assert [c.target for c in manifest.certified] == ["onnxruntime-cpu", "openvino-bf16", "openvino-f32"]
+    assert Embedder.load(artifact).backend == "openvino-bf16"
+    monkeypatch.setenv("KVEMBED_CPU_FEATURES", NO_BF16)
+    assert Embedder.load(artifact).backend == "openvino-f32"

@@ -31,6 +31,7 @@ from kvembed.triton import write_repository
 from kvembed.triton.configs import read_config
 from kvembed.triton.rows import decode_strings, split_rows, unpad_rows
 from kvembed.triton.server import Ports, TritonServer
+from conftest import HANG_GUARD_S
 from engine_util import make_engine_dir
 from triton_util import (Clients, announced_endpoints, assert_close, child_pids, client_module, infer, listening_sockets,
                          require_tritonserver, stub_python)
@@ -226,6 +227,18 @@ def test_write_repository_refuses_bad_input(artifacts, tmp_path):
         write_repository(artifacts["kv"], tmp_path / "full" / "file", force=True)
     assert sorted(p.name for p in (tmp_path / "full").iterdir()) == ["file"]  # no file.partial left beside it
     assert not (tmp_path / "a").exists() and not (tmp_path / "a.partial").exists()
+
+
+def test_weight_only_int8_is_refused_on_the_onnxruntime_backend_and_served_by_python(stories_artifact, tmp_path):
+    """Triton's onnxruntime backend has no model-config key for the session entry that pins a
+    weight-only int8 graph's arithmetic (it would run onnxruntime's default, not what the gate
+    certified): refused in one line before anything is written; the python backend takes it."""
+    int8 = stories_artifact("kv-embedding", "int8")  # auto: weight-only
+    with pytest.raises(ValueError, match="session.qdq_matmulnbits_accuracy_level=1.*--backend python") as error:
+        write_repository(int8, tmp_path / "ort", backend="onnxruntime")
+    assert "\n" not in str(error.value) and not (tmp_path / "ort").exists()
+    repository = write_repository(int8, tmp_path / "py", "w8")
+    assert read_config(repository / "w8_model").backend == "python"
 
 
 def test_cli_build_and_its_one_line_errors(artifacts, tmp_path):
@@ -544,7 +557,7 @@ def cli_serve(repository: Path, log_path: Path, *options: str):
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=log_path.parent)
         try:
-            deadline = time.monotonic() + 240
+            deadline = time.monotonic() + HANG_GUARD_S
             while "Triton ready" not in log_path.read_text():
                 assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
                 time.sleep(0.25)
@@ -641,7 +654,7 @@ def test_cli_serve_stopped_while_loading_exits_cleanly(repositories, tmp_path):
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
         try:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + HANG_GUARD_S
             while "loading: " not in log_path.read_text():  # Triton has begun loading models
                 assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
                 time.sleep(0.05)

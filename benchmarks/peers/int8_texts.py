@@ -36,6 +36,32 @@ def named(value: str) -> tuple[str, Path]:
     return name, Path(path)
 
 
+def compare(reference_path: Path, artifacts: list[tuple[str, Path]], providers: list[str], seeds: list[int],
+            prefix: str = "") -> tuple[dict, list[dict]]:
+    """Each artifact on each provider against ``reference_path`` (fp32, onnxruntime CPU) on each
+    seed's draw of texts: figures (``prefix`` before their names) and one row each."""
+    from kvembed import Embedder
+
+    reference = Embedder.load(reference_path, provider="cpu")
+    draws = {seed: make_workloads(reference_path / "tokenizer.json", seed=seed).all_texts() for seed in seeds}
+    wanted = {seed: reference.encode(texts, normalize=True) for seed, texts in draws.items()}
+    figures, rows = {}, []
+    for name, path in artifacts:
+        for provider in providers:
+            embedder = Embedder.load(path, provider=provider)
+            ran = embedder.session.name
+            for seed, texts in draws.items():
+                cosines = (wanted[seed] * embedder.encode(texts, normalize=True)).sum(axis=1)
+                worst, below = float(cosines.min()), int((cosines < BAR).sum())
+                figures[f"{prefix}{name} {provider} seed {seed} worst cos"] = figure(round(worst, 5), "cosine")
+                figures[f"{prefix}{name} {provider} seed {seed} rows below {BAR}"] = figure(below, "rows")
+                rows.append(dict(artifact=f"{prefix}{name}", provider=provider, ran=ran, seed=seed, worst=worst,
+                                 below=below, texts=len(texts)))
+                print(f"{prefix}{name:>12} {provider:>5} ({ran}) seed {seed}: worst {worst:.4f}, {below} of "
+                      f"{len(texts)} below {BAR}", flush=True)
+    return figures, rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reference", type=Path, required=True, help="the fp32 artifact (onnxruntime CPU)")
@@ -48,26 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (path / "kvembed.json").is_file():
             parser.error(f"{str(path)!r} is no kvembed artifact (no kvembed.json): give a directory kvembed-export wrote")
 
-    from kvembed import Embedder
-
-    reference = Embedder.load(args.reference, provider="cpu")
-    draws = {seed: make_workloads(args.reference / "tokenizer.json", seed=seed).all_texts() for seed in args.seeds}
-    wanted = {seed: reference.encode(texts, normalize=True) for seed, texts in draws.items()}
-    figures, rows = {}, []
-    for name, path in args.artifacts:
-        for provider in args.providers:
-            embedder = Embedder.load(path, provider=provider)
-            ran = embedder.session.name
-            for seed, texts in draws.items():
-                cosines = (wanted[seed] * embedder.encode(texts, normalize=True)).sum(axis=1)
-                worst, below = float(cosines.min()), int((cosines < BAR).sum())
-                figures[f"{name} {provider} seed {seed} worst cos"] = figure(round(worst, 5), "cosine")
-                figures[f"{name} {provider} seed {seed} rows below {BAR}"] = figure(below, "rows")
-                rows.append((name, provider, ran, seed, worst, below, len(texts)))
-                print(f"{name:>12} {provider:>5} ({ran}) seed {seed}: worst {worst:.4f}, {below} of {len(texts)} below {BAR}",
-                      flush=True)
-    write_record("peers_int8_texts", figures, directory=args.out, bar=BAR,
-                 rows=[dict(zip(("artifact", "provider", "ran", "seed", "worst", "below", "texts"), row)) for row in rows])
+    figures, rows = compare(args.reference, args.artifacts, args.providers, args.seeds)
+    write_record("peers_int8_texts", figures, directory=args.out, bar=BAR, rows=rows)
     return 0
 
 

@@ -172,6 +172,19 @@ class GraphFacts:
     external_data: bool = False
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
+    @property
+    def session_config(self) -> Mapping[str, str]:
+        """onnxruntime session config entries the gate ran the graph with (weight-only int8 pins
+        its kernel's arithmetic): a session opened outside kvembed must set them to compute what
+        was certified."""
+        return dict((self.raw.get("precision_conversion") or {}).get("session_config") or {})
+
+    @property
+    def weight_only(self) -> bool:
+        """Whether the graph's int8 weights feed float arithmetic (the ``weights`` recipe records
+        its block size), not integer kernels."""
+        return "block_size" in (self.raw.get("precision_conversion") or {})
+
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "GraphFacts":
         if not isinstance(data, Mapping):
@@ -407,7 +420,7 @@ class Manifest:
 KNOWN_KEYS = frozenset({*REQUIRED_KEYS, *DEFAULTS})
 
 
-def _read_json(directory: str | os.PathLike[str]) -> tuple[Path, Any]:
+def _read_json(directory: str | os.PathLike[str]) -> tuple[Path, Any, bytes]:
     directory = Path(directory)
     made_by = f"an artifact directory holds {ARTIFACT_FILES}"
     if not directory.is_dir():
@@ -415,17 +428,24 @@ def _read_json(directory: str | os.PathLike[str]) -> tuple[Path, Any]:
     path = directory / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{str(directory)!r} is not a kvembed artifact: it has no {MANIFEST}; {made_by}")
+    raw = path.read_bytes()
     try:
-        return path, json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
+        return path, json.loads(raw.decode("utf-8")), raw
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InvalidInput(f"{path} is not valid JSON: {err}") from None
 
 
 def load_manifest(directory: str | os.PathLike[str]) -> Manifest:
     """The typed manifest of an artifact directory, which remembers the directory; FileNotFoundError
     / ValueError say what is wrong. Read it once per load and hand the :class:`Manifest` on."""
-    path, data = _read_json(directory)
-    return Manifest.from_dict(data, str(path), directory=directory)
+    return load_manifest_and_bytes(directory)[0]
+
+
+def load_manifest_and_bytes(directory: str | os.PathLike[str]) -> tuple[Manifest, bytes]:
+    """:func:`load_manifest`, and the bytes of ``kvembed.json`` it was parsed from (one read), for a
+    caller that hashes the file as well (a corpus run's identity)."""
+    path, data, raw = _read_json(directory)
+    return Manifest.from_dict(data, str(path), directory=directory), raw
 
 
 def manifest_of(source: Manifest | str | os.PathLike[str]) -> Manifest:
@@ -436,7 +456,7 @@ def manifest_of(source: Manifest | str | os.PathLike[str]) -> Manifest:
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest's JSON as a dict of its own, checked as :func:`load_manifest` checks it (the
     public API of ``kvembed.runtime`` and ``kvembed.export``; new code reads the typed manifest)."""
-    path, data = _read_json(directory)
+    path, data, _ = _read_json(directory)
     Manifest.from_dict(data, str(path))
     return data
 

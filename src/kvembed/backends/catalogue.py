@@ -21,7 +21,7 @@ from typing import Any
 
 from ..artifact import MODEL, Certificate, Manifest, check_intact, load_manifest, manifest_of
 from ..artifact.certificates import precision_name
-from .cpu import cpu_features
+from .cpu import HINT_NEEDS, cpu_features
 from .protocol import BackendUnavailableError, Session
 from ..errors import InvalidInput
 from ..status import waiting
@@ -181,13 +181,15 @@ class Choice:
 #: the certified OpenVINO path
 _ONNXRUNTIME_INSTEAD = {
     "bf16": "runs its fp32 graph on onnxruntime instead (as accurate as bf16 or more, slower)",
-    "int8": "runs its integer graph on onnxruntime instead",
+    "int8": "runs on onnxruntime instead",
     "fp16": "runs on onnxruntime instead (on a CPU: fp32 copies of its weights, twice the memory)",
 }
 #: artifact precision -> the OpenVINO hints ``auto`` runs it with where certified, preferred first:
-#: bf16 arithmetic for the fp32 graph (bf16) and int8's dequantised weights; an fp16 artifact's
-#: weights kept fp16 (f16, a CPU with FP16) or retyped to bf16 (a CPU with BF16: :func:`.openvino.write_bf16_graph`)
-_OPENVINO_HINTS = {"bf16": ("bf16",), "int8": ("bf16",), "fp16": ("f16", "bf16")}
+#: bf16 arithmetic for the fp32 graph (bf16) and int8's dequantised weights, or f32 arithmetic on
+#: int8 weights (the export certifies that only for a weight-only graph, which onnxruntime's CPU
+#: provider runs slower); an fp16 artifact's weights kept fp16 (f16, a CPU with FP16) or retyped to
+#: bf16 (a CPU with BF16: :func:`.openvino.write_bf16_graph`)
+_OPENVINO_HINTS = {"bf16": ("bf16",), "int8": ("bf16", "f32"), "fp16": ("f16", "bf16")}
 
 
 def choose_backend(
@@ -203,6 +205,8 @@ def choose_backend(
       (:meth:`~kvembed.artifact.Manifest.certificate`), or an int8 artifact with one of OpenVINO
       running its OpenVINO graph in bf16 within int8's bar, on a CPU with BF16
       (:func:`~kvembed.backends.cpu.cpu_features`) where openvino is installed: OpenVINO, bf16 hint;
+      else, an int8 artifact with one of OpenVINO running it in f32 within int8's bar (a
+      weight-only graph): OpenVINO, f32 hint;
     - an fp16 artifact with a certificate of OpenVINO running it in fp16 within fp16's bar, on a CPU
       with FP16, where openvino is installed: OpenVINO, f16 hint (its weights stay fp16, where
       onnxruntime's CPU provider holds fp32 copies); else, with one of OpenVINO running it in bf16
@@ -233,8 +237,10 @@ def choose_backend(
     certified = [(hint, found) for hint in hints if (found := typed.certificate("openvino", precision_name(hint), bar=kind))]
     if not certified:
         ran = " or ".join(precision_name(hint) for hint in hints)
-        why = (f"no certificate of OpenVINO running {ran} (kvembed verify DIR --record on a CPU with "
-               f"{' or '.join(precision_name(hint).upper() for hint in hints)} adds one)"
+        # a hint every CPU runs (f32) can be certified anywhere
+        where = "" if any(h not in HINT_NEEDS for h in hints) else " or ".join(precision_name(h).upper() for h in hints)
+        why = (f"no certificate of OpenVINO running {ran} (kvembed verify DIR --record"
+               f"{f' on a CPU with {where}' if where else ''} adds one)"
                if not any(c.backend == "openvino" for c in typed.certified) else
                f"certified on OpenVINO only where {ran} did not run (" +
                "; ".join(c.describe() for c in typed.certified if c.backend == "openvino") + ")")

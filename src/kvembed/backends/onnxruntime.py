@@ -105,6 +105,11 @@ def provider_chain(
     return [(TENSORRT, trt_options), cuda, CPU]
 
 
+#: padded tokens one more graph call is worth on the CPU provider (a session's ``call_cost``): a
+#: call's fixed cost is small there, so splitting a batch pays off once it saves a few rows of
+#: padding. GPU providers, where launches cost more, cut greedily instead (benchmarks/log/serve.md).
+CPU_CALL_COST = 32
+
 #: onnxruntime's session config key that turns weight pre-packing off
 DISABLE_PREPACKING = "session.disable_prepacking"
 #: onnxruntime's session config key for the arithmetic of the ``MatMulNBits`` it fuses from a weight-only
@@ -248,6 +253,10 @@ class OnnxRuntimeSession:
     @property
     def on_cpu(self) -> bool:
         return self.ort.get_providers()[0] == CPU
+
+    @property
+    def call_cost(self) -> int | None:
+        return CPU_CALL_COST if self.on_cpu else None
 
     def max_rows(self, width: int) -> int | None:
         return None

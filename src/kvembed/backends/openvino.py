@@ -323,6 +323,8 @@ def pages_released_meanwhile(mapped: mmap.mmap, interval: float = 0.05) -> Itera
 #: on a quiet server than unpinned, which only help beside other busy processes (benchmarks/log/openvino.md)
 RUN_PROPERTIES: dict[str, Any] = {}
 
+#: a session's ``call_cost``: each call streams every weight, so a split must save more padding than on onnxruntime
+CALL_COST = 128  # (benchmarks/log/openvino.md, "Short inputs")
 #: the first calls of an imported model, during which the blob's pages are released (:meth:`OpenVINOSession._paging`)
 PAGED_CALLS = 2
 
@@ -483,9 +485,7 @@ class OpenVINOSession:
         return compiled
 
     backend = NAME
-    #: any shape, on the host's CPU
-    limits = None
-    on_cpu = True
+    limits, on_cpu, call_cost = None, True, CALL_COST  # any shape, on the host's CPU, at its own call cost
 
     @property
     def name(self) -> str:

@@ -56,7 +56,13 @@ class Session(Protocol):
     @property
     def on_cpu(self) -> bool:
         """Whether it computes on the host's CPU: the runtime then cuts calls to its CPU token
-        budget and plans batches by its CPU call cost (on a GPU, one call per batch is fastest)."""
+        budget (on a GPU, one call per batch is fastest)."""
+        ...
+
+    @property
+    def call_cost(self) -> int | None:
+        """Padded tokens one more graph call is worth here: the runtime's default batch plan cuts
+        sorted rows where that saves more padding; None: cut only at the batch size (a GPU)."""
         ...
 
     @property

@@ -183,6 +183,7 @@ class EngineSession:
     name = NAME
     #: a plan's weights and arithmetic live on the GPU; its normalisation runs as built
     on_cpu = False
+    call_cost = None
     renormalise = False
 
     @property

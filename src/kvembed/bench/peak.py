@@ -122,12 +122,16 @@ def gemm_peak(threads: int, size: int = 2048, repeats: int = 5, warmup: int = 2)
 
 def _weight_uses(model: Any) -> list[tuple[Any, int, Any]]:
     """``(node, operand position, initializer)`` for every 2-D initializer that is one of the two
-    operands of a MatMul-like node, once per use."""
+    operands of a MatMul-like node, directly or through a DequantizeLinear (weight-only int8),
+    once per use."""
     initializers = {t.name: t for t in model.graph.initializer if len(t.dims) == 2}
+    weights = dict(initializers)
+    weights.update({node.output[0]: initializers[node.input[0]] for node in model.graph.node
+                    if node.op_type == "DequantizeLinear" and node.input[0] in initializers})
     return [
-        (node, position, initializers[name])
+        (node, position, weights[name])
         for node in model.graph.node if node.op_type in MATMUL_OPS
-        for position, name in enumerate(list(node.input)[:2]) if name in initializers
+        for position, name in enumerate(list(node.input)[:2]) if name in weights
     ]
 
 

@@ -12,15 +12,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..artifact import MANIFEST, load_manifest, sha256_file
+from ..artifact import MANIFEST, Manifest, load_manifest, sha256_file
 from ..errors import InvalidInput
 
 #: model names end up in file paths, shell scripts and a systemd unit: keep them plain
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-def parse_artifact_argument(value: str) -> tuple[str, Path]:
-    """``DIR`` (named after its folder, as ``kvembed serve`` names it) or ``NAME=DIR``."""
+def parse_artifact_argument(value: str) -> tuple[str, Path, Manifest]:
+    """``DIR`` (named after its folder, as ``kvembed serve`` names it) or ``NAME=DIR``, with its
+    manifest (read here, once: one line if it is not an artifact)."""
     name, sep, path = value.partition("=")
     directory = Path(path if sep else value).expanduser()
     if not sep:
@@ -29,8 +30,7 @@ def parse_artifact_argument(value: str) -> tuple[str, Path]:
         raise InvalidInput(f"model name {name!r} (from {value!r}) must be letters, digits, '.', '_' or '-': use NAME=DIR")
     if (directory / "engine.json").is_file():
         raise InvalidInput(f"{value!r} is a TensorRT engine directory (GPU-bound): bundle the ONNX artifact it was built from")
-    load_manifest(directory)  # one line if it is not an artifact
-    return name, directory
+    return name, directory, load_manifest(directory)
 
 
 def link_or_copy(source: Path, dest: Path) -> str:
@@ -45,10 +45,10 @@ def link_or_copy(source: Path, dest: Path) -> str:
     return "copied"
 
 
-def add_artifact(source: Path, dest: Path) -> dict[str, Any]:
-    """Put one artifact at ``dest``; returns its bundle.json record (method, precision, files with
-    sha256). A file that does not match its manifest hash is refused (one line, naming it)."""
-    manifest = load_manifest(source)
+def add_artifact(source: Path, dest: Path, manifest: Manifest) -> dict[str, Any]:
+    """Put the artifact ``source`` (whose ``manifest`` the caller read) at ``dest``; returns its
+    bundle.json record (method, precision, files with sha256). A file that does not match its
+    manifest hash is refused (one line, naming it)."""
     dest.mkdir(parents=True)
     how = set()
     files: dict[str, dict[str, Any]] = {}

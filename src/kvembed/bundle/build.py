@@ -67,7 +67,7 @@ def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: Sequ
     if not artifacts:
         raise InvalidInput("give at least one artifact directory (kvembed bundle ARTIFACT... --out DIR)")
     named = [parse_artifact_argument(a) for a in artifacts]
-    names = [name for name, _ in named]
+    names = [name for name, _, _ in named]
     if len(set(names)) != len(names):
         raise InvalidInput(f"two artifacts are named {sorted({n for n in names if names.count(n) > 1})[0]!r}: name them NAME=DIR")
     extras = extras_for(list(with_))
@@ -78,7 +78,7 @@ def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: Sequ
     for path in targets:
         if path.exists() and not force and not (path.is_dir() and not any(path.iterdir())):
             raise FileExistsError(f"{path} exists: choose another --out or add --force to replace it")
-    for _, directory in named:
+    for _, directory, _ in named:
         if out.resolve() == directory.resolve() or out.resolve() in directory.resolve().parents:
             raise InvalidInput(f"--out {out} would replace the artifact {directory}")
 
@@ -87,9 +87,9 @@ def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: Sequ
     try:
         with staged(out) as staging:
             records = {}
-            for name, directory in named:  # first: a damaged artifact fails before any download
+            for name, directory, manifest in named:  # first: a damaged artifact fails before any download
                 say(f"adding artifact {name} ({directory})")
-                records[name] = add_artifact(directory, staging / "artifacts" / name)
+                records[name] = add_artifact(directory, staging / "artifacts" / name, manifest)
             wheelhouse = staging / "wheelhouse"
             wheelhouse.mkdir()
             say("building kvembed's wheel")

@@ -133,8 +133,9 @@ def advisory_line(target: str, advised: Any, graph: str | None) -> str:
     its figure and whether it certified a faster path, or why it did not run; it never decides pass or fail."""
     if isinstance(advised, str):
         return f"advisory {target}: not run ({escape(advised)})"
-    needs = HINT_NEEDS.get(VERIFY_TARGETS[target].setting, "bf16").upper()
-    verdict = f"certified: auto runs it on a CPU with {needs}" if advised.passed else "[bold yellow]below the bar[/]: not certified"
+    needs = HINT_NEEDS.get(VERIFY_TARGETS[target].setting)
+    where = f"on a CPU with {needs.upper()}" if needs else "where no faster path is certified"
+    verdict = f"certified: auto runs it {where}" if advised.passed else "[bold yellow]below the bar[/]: not certified"
     return (f"advisory {target} on {graph}: worst cosine {advised.worst_cosine:.7f} vs PyTorch "
             f"(bar {advised.min_cosine_required}); {verdict}")
 
@@ -257,7 +258,7 @@ def export_command(
     console.print(
         f"dim {manifest.dim}, {manifest.graph.decoder_layers} of {manifest.method.num_layers} "
         f"decoder layers, {graph['nodes']} nodes, attention {manifest.graph.attention_form} (opset {manifest.opset}), "
-        f"TensorRT-ready: {'yes' if graph['tensorrt_ready'] else 'no (' + ', '.join(graph['non_portable_ops']) + ')'}; "
+        f"TensorRT-ready: {'yes' if graph['tensorrt_ready'] else 'no (' + (', '.join(graph['non_portable_ops']) or manifest.precision) + ')'}; "
         f"exported in {time.monotonic() - start:.1f}s",
         highlight=False,
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifact import MANIFEST as ARTIFACT_MANIFEST
-from ..artifact import sha256_file
+from ..artifact import Manifest, load_manifest_and_bytes
 from .inputs import Columns, InputFile, find_files, resolve_columns, row_names, scan_file
 from .options import CorpusError, CorpusOptions
 
@@ -79,15 +79,15 @@ def make_plan(options: CorpusOptions) -> Plan:
     return Plan(files, empty, columns, shards)
 
 
-def artifact_sha256(artifact: Path) -> str:
-    """The artifact's identity: the sha256 of its manifest, which holds every file's sha256. A
-    manifest that records certificates (``kvembed verify --record``) is hashed without them: a
-    certificate added while a job pauses changes no file, so a resume still matches."""
-    path = Path(artifact) / ARTIFACT_MANIFEST
-    if not path.is_file():
+def read_artifact(artifact: Path) -> tuple[Manifest, str]:
+    """The artifact's typed manifest and its identity, from one read of its manifest. The identity
+    is the sha256 of the manifest, which holds every file's sha256; a manifest that records
+    certificates (``kvembed verify --record``) is hashed without them: a certificate added while a
+    job pauses changes no file, so a resume still matches."""
+    if not (Path(artifact) / ARTIFACT_MANIFEST).is_file():
         raise CorpusError(f"{str(artifact)!r} is not a kvembed artifact (no {ARTIFACT_MANIFEST}); give the directory kvembed-export wrote")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if "certified" not in data:
-        return sha256_file(path)  # as before certificates existed
-    data.pop("certified")
-    return hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+    manifest, raw = load_manifest_and_bytes(artifact)
+    if "certified" not in manifest.raw:
+        return manifest, hashlib.sha256(raw).hexdigest()  # as before certificates existed
+    data = {key: value for key, value in json.loads(raw.decode("utf-8")).items() if key != "certified"}
+    return manifest, hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()

@@ -9,11 +9,10 @@ from typing import Any, Iterator
 
 from ..errors import MissingDependency
 from ..extras import install_hint
-from ..artifact import load_manifest
 from .inputs import check_first_records
 from .options import CorpusError, CorpusOptions
 from .output import abandon_output, check_output, start_output
-from .plan import Plan, Shard, artifact_sha256, make_plan
+from .plan import Plan, Shard, make_plan, read_artifact
 from .progress import CorpusProgress
 from .shards import read_stats
 from .summary import build_summary, write_summary
@@ -31,8 +30,7 @@ def embed_corpus(options: CorpusOptions) -> dict[str, Any]:
     started = time.monotonic()
     if options.runner == "ray":  # a missing Ray or an unreachable --ray-address fails before the output is touched
         _ray_runner().check_address(options.ray_address)
-    sha256 = artifact_sha256(options.artifact)
-    artifact = load_manifest(options.artifact)
+    artifact, sha256 = read_artifact(options.artifact)
     plan = make_plan(options)
     check_first_records(plan.files, plan.columns, options.on_error)
     identity = plan.identity(options, sha256)

@@ -100,7 +100,7 @@ def choose_precision(precision: str, tensorrt_version: str, artifact_precision: 
     if precision not in PRECISIONS:
         raise InvalidInput(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if artifact_precision == "int8":
-        raise InvalidInput("an int8 artifact (MatMulInteger/DynamicQuantizeLinear) cannot become a TensorRT engine: "
+        raise InvalidInput("an int8 artifact (kvembed's int8 recipes are for CPUs) cannot become a TensorRT engine: "
                          "build from the fp32 or fp16 artifact (kvembed-export --precision fp32|fp16)")
     major = version_key(tensorrt_version)[:1] or (0,)
     if major[0] < 10:

@@ -15,11 +15,6 @@ import numpy as np
 
 from ..errors import InvalidInput
 
-#: padded tokens one more graph call is worth on the CPU and OpenVINO (the ``call_cost`` default
-#: there): a call's fixed cost is small, so splitting a batch pays off once it saves a few rows of
-#: padding. GPUs, where launches cost more, cut greedily instead (benchmarks/log/serve.md).
-CPU_CALL_COST = 32
-
 #: padded tokens per graph call on the CPU and OpenVINO (the ``max_call_tokens`` default there):
 #: bigger batches run in row slices, whose activations stay cache-sized, which is both leaner and
 #: faster there (benchmarks/log/goals-and-profile.md, "call slicing").

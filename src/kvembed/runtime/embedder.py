@@ -19,13 +19,13 @@ from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
 from ..artifact import Manifest, manifest_of
 from .artifact import encoder_from_manifest
-from .batching import CPU_CALL_COST, CPU_CALL_TOKENS, BatchPolicy, run_batches, run_in_slices
+from .batching import CPU_CALL_TOKENS, BatchPolicy, run_batches, run_in_slices
 from .encoding import EncodedText, TextEncoder, check_padding_side, check_texts
 from .vectors import unit_rows
 from ..errors import InvalidInput
 from ..extras import install_hint
 
-__all__ = ["CPU_CALL_COST", "CPU_CALL_TOKENS", "Embedder"]
+__all__ = ["CPU_CALL_TOKENS", "Embedder"]
 
 #: inputs with at least this many texts show a progress bar by default (when stderr is a terminal)
 PROGRESS_THRESHOLD = 1024
@@ -60,11 +60,11 @@ class Embedder:
         self._renormalise = session.renormalise
         cpu = session.on_cpu
         #: the default batching policy of every embedding method: the call budget and call cost
-        #: given to :meth:`load` ("auto": :data:`CPU_CALL_TOKENS` / :data:`CPU_CALL_COST` on the CPU
-        #: and OpenVINO, none on GPUs), 32 rows per batch, no padded-token limit per batch
+        #: given to :meth:`load` ("auto": :data:`CPU_CALL_TOKENS` on the CPU and OpenVINO, none on
+        #: GPUs; the session's own ``call_cost``), 32 rows per batch, no padded-token limit per batch
         self.policy = BatchPolicy(
             max_call_tokens=(CPU_CALL_TOKENS if cpu else None) if _auto(max_call_tokens) else max_call_tokens,  # type: ignore[arg-type]
-            call_cost=(CPU_CALL_COST if cpu else None) if _auto(call_cost) else call_cost,  # type: ignore[arg-type]
+            call_cost=session.call_cost if _auto(call_cost) else call_cost,  # type: ignore[arg-type]
         )
 
     @classmethod
@@ -124,8 +124,9 @@ class Embedder:
 
         ``call_cost``: padded tokens one more batch is worth when :meth:`encode` plans texts into
         batches: sorted texts are cut where the padding saved is worth more (see
-        :func:`~kvembed.runtime.batching.plan_batches`). ``"auto"``: :data:`CPU_CALL_COST` on the CPU
-        and OpenVINO, None (cut every ``batch_size`` rows) on GPUs.
+        :func:`~kvembed.runtime.batching.plan_batches`). ``"auto"``: the session's own (a few dozen
+        tokens on onnxruntime's CPU provider, more on OpenVINO, whose calls cost more), None (cut
+        every ``batch_size`` rows) on GPUs.
 
         An engine directory (``kvembed build-engine``: ``engine.plan`` + ``engine.json`` beside the
         artifact's tokenizer and manifest) runs its plan with TensorRT (``provider`` ``"auto"`` or

@@ -10,7 +10,7 @@ from ..artifact import MANIFEST
 from ..backends.catalogue import PROVIDER_HELP
 from ..errors import InvalidInput
 from ..flagfields import flag
-from ..runtime.batching import CPU_CALL_COST, CPU_CALL_TOKENS, SERVICE_BATCH_TOKENS, BatchPolicy
+from ..runtime.batching import CPU_CALL_TOKENS, SERVICE_BATCH_TOKENS, BatchPolicy
 from ..sizes import parse_size  # (re-exported: kvembed.serve.parse_size)
 
 
@@ -68,7 +68,8 @@ class ServeConfig:
     max_wait_ms: float = flag(5.0, "Longest wait for requests being tokenised to join a batch.")
     call_cost: int | None | str = flag(
         "auto", "Padded tokens one more batch is worth: batches are cut where padding costs more (auto: "
-        f"{CPU_CALL_COST} on the CPU, none on GPUs; none: cut only at --batch-size).", parse=parse_call_cost)
+        "what the backend's calls cost, a few dozen tokens on the CPU, none on GPUs; none: cut only at "
+        "--batch-size).", parse=parse_call_cost)
     max_concurrent_requests: int = flag(512, "Requests served at once; more get 429.")
     max_client_batch_size: int = flag(2048, "Inputs per request; more get 400 (as OpenAI answers).")
     payload_limit: int = flag("2MB", "Largest request body (e.g. 2MB, 512KiB); larger get 413.", parse=parse_size)

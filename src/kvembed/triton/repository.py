@@ -114,6 +114,12 @@ def write_repository(
     if engines and options.backend != "tensorrt":
         raise InvalidInput(f"{', '.join(engines)}: a TensorRT engine directory is served with --backend tensorrt (its plan "
                          f"is the model); for --backend {options.backend} give the artifact it was built from")
+    pinned = [f"{entry.artifact} ({', '.join(f'{k}={v}' for k, v in entry.manifest.graph.session_config.items())})"
+              for entry in entries if entry.manifest.graph.session_config]
+    if pinned and options.backend == "onnxruntime":  # its model config has no key for session config entries
+        raise InvalidInput(f"{'; '.join(pinned)}: the gate ran this graph with onnxruntime session settings Triton's "
+                           "onnxruntime backend cannot set, so it would compute something uncertified; serve it with "
+                           "--backend python (the default), which sets them, or export int8 with --int8-recipe smooth-rows")
     target = check_output(out, force)  # a file is refused even with --force (NotADirectoryError)
     copied: list[Path] = []
     with staged(target) as staging:

@@ -10,11 +10,15 @@ falls back to where bf16 cannot run). Each pass becomes a certificate
 without BF16, OpenVINO runs the bf16 hint in f32, so the export refuses bf16 there unless told
 to certify that emulation (``--certify-emulated``), and the certificate then says fp32 ran.
 
-An int8 artifact has a second graph for OpenVINO (:mod:`.openvino_graph`). Once the gate passed on
-onnxruntime, an advisory check (:data:`ADVISORY_GATES`) runs that graph on OpenVINO under the bf16
-hint at int8's bar: a pass becomes one more certificate, which lets ``provider="auto"`` run the
-artifact there on a CPU with BF16; a miss, or a machine that cannot run it, only costs the
-certificate, never the export.
+An int8 artifact's OpenVINO graph is its own where a dynamic recipe wrote one
+(:mod:`.openvino_graph`), else ``model.onnx`` (weight-only). Once the gate passed on onnxruntime,
+advisory checks (:data:`ADVISORY_GATES`) run it on OpenVINO at int8's bar: under the bf16 hint on
+a CPU with BF16, and, for a weight-only graph, under the f32 hint on any CPU (int8 weights
+decompressed in OpenVINO's kernels, where onnxruntime's CPU provider runs slower than fp32; a
+dynamic recipe's integer kernels on onnxruntime are faster than OpenVINO f32, so that check is
+skipped for it). A pass becomes one more certificate, which lets ``provider="auto"`` run the
+artifact there; a miss, or a machine that cannot run it, only costs the certificate, never the
+export.
 
 An fp16 artifact's graph runs on OpenVINO as it is under the f16 hint, on a CPU with FP16 (AVX-512
 FP16, AMX-FP16): the weights stay fp16 there, where onnxruntime's CPU provider holds fp32 copies of
@@ -37,7 +41,7 @@ from ...artifact.certificates import PYTORCH, precision_name
 from ...backends.catalogue import BACKENDS
 from ...backends.cpu import cpu_features
 from ...errors import InvalidInput, MissingDependency
-from .targets import CPU, OV_BF16, OV_F16, VERIFY_TARGETS
+from .targets import CPU, OV_BF16, OV_F16, OV_F32, VERIFY_TARGETS
 
 #: artifact precision -> the gate's (verify target, tolerance precision), the artifact's own first
 GATES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -50,9 +54,13 @@ GATES: dict[str, tuple[tuple[str, str], ...]] = {
 #: where it passes and failing nothing where it does not: (verify target, tolerance precision),
 #: alternatives preferred first (the first pass ends them)
 ADVISORY_GATES: dict[str, tuple[tuple[str, str], ...]] = {
-    "int8": ((OV_BF16, "int8"),),
+    "int8": ((OV_BF16, "int8"), (OV_F32, "int8")),
     "fp16": ((OV_F16, "fp16"), (OV_BF16, "fp16")),
 }
+#: advisory targets run even after an earlier alternative passed: OpenVINO f32 on a weight-only
+#: int8 graph runs on every CPU, so an artifact exported where bf16 was certified is ready for a CPU
+#: without BF16 as well
+ALWAYS_ADVISED = frozenset({OV_F32})
 #: artifact precisions whose advisory checks run a graph of their own (the manifest's ``graphs``)
 OWN_GRAPHS = frozenset({"int8"})
 #: artifact precisions whose held-out texts decide beside the gate's (docs/methods.md): an int8 recipe
@@ -87,11 +95,13 @@ def advisory_problem(target: str, manifest: Mapping[str, Any], passed: str | Non
     here (an int8 artifact names no graph for the target's backend, openvino absent, or a CPU without
     BF16 / FP16 where the bf16 / f16 hint runs f32, or ``passed``: an earlier alternative that
     certified), or None."""
-    if passed is not None:
+    if passed is not None and target not in ALWAYS_ADVISED:
         return f"not needed: {passed} certified"
     spec, manifest = VERIFY_TARGETS[target], Manifest.of(manifest)
     if manifest.precision in OWN_GRAPHS and spec.backend not in manifest.graphs:
         return f"the artifact names no graph for {spec.backend} (exported before it had one: re-export it)"
+    if target == OV_F32 and manifest.precision == "int8" and not manifest.graph.weight_only:
+        return "a dynamic int8 recipe: onnxruntime's integer kernels run it faster than OpenVINO f32"
     problem = BACKENDS[spec.backend].probe()
     features = cpu_features()
     if problem is None and not features.runs(spec.setting):

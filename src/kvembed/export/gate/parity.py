@@ -123,9 +123,29 @@ class GateBatch:
         """The padded batch ``encoder`` builds of the rows."""
         return encoder.pad(self.encode(encoder, texts), self.side)
 
+    def pad_distinct(self, encoder: Any, texts: Mapping[str, str]) -> dict[str, np.ndarray]:
+        """The padded batch of the rows' :func:`distinct` encodings: what each side of the gate runs."""
+        return encoder.pad(distinct(self.encode(encoder, texts))[0], self.side)
+
     def describe(self) -> str:
         kinds = "/".join(dict.fromkeys(kind for kind, _ in self.rows))
         return f"{kinds} {self.side}-padded batch {self.names}"
+
+
+def distinct(encoded: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    """``encoded`` rows without repeats, and each row's index among them. A query and a document
+    that tokenise alike (a method without prompts) are the same input: the gate runs it once on
+    each side and compares both rows on that run, so no padded token is computed twice."""
+    unique: list[Any] = []
+    index: list[int] = []
+    seen: dict[tuple, int] = {}
+    for item in encoded:
+        key = (item.ids, item.pool, item.context)
+        if key not in seen:
+            seen[key] = len(unique)
+            unique.append(item)
+        index.append(seen[key])
+    return unique, index
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -271,7 +291,7 @@ def model_gate_texts(embedder: Any) -> dict[str, str]:
 def gate_tokens(encoder: Any, texts: Mapping[str, str]) -> int:
     """The padded tokens of the gate's batches of ``texts`` through ``encoder``: the work each side
     (the reference and the graph) runs."""
-    return sum(_padded_tokens(batch.pad(encoder, texts)) for batch in gate_batches(texts))
+    return sum(_padded_tokens(batch.pad_distinct(encoder, texts)) for batch in gate_batches(texts))
 
 
 def reference_runs(
@@ -286,7 +306,7 @@ def reference_runs(
     any onnxruntime session is built. Each batch is built by the reference's own encoder; the gate
     later checks that the artifact's encoder builds the very same batch."""
     texts = dict(GATE_TEXTS if texts is None else texts)
-    batches = {(outputs, *batch_key(batch, texts)): batch.pad(reference.encoder, texts) for batch in gate_batches(texts)}
+    batches = {(outputs, *batch_key(batch, texts)): batch.pad_distinct(reference.encoder, texts) for batch in gate_batches(texts)}
     total, done = sum(_padded_tokens(b) for b in batches.values()), 0
     for key, batch in batches.items():
         if key not in cache:
@@ -328,10 +348,11 @@ def compare_runs(
     stopped = False
     planned = gate_batches(texts)  # each padding side's batches in turn
     encoded = [batch.encode(encoder, texts) for batch in planned]
-    total = sum(len(items) * max((len(x.ids) for x in items), default=0) for items in encoded)
+    runs = [distinct(items) for items in encoded]  # what each side runs: each distinct row once
+    total = sum(len(unique) * max((len(x.ids) for x in unique), default=0) for unique, _ in runs)
     longest = max((len(x.ids) for items in encoded for x in items), default=0)
     done = 0
-    for batch, ours in zip(planned, encoded):
+    for batch, ours, (unique, index) in zip(planned, encoded, runs):
         if stop_at_miss and _misses(problems, worst_cos, worst_abs, min_cos, max_abs):
             stopped = True
             break
@@ -339,7 +360,7 @@ def compare_runs(
         if same_tokens is not None and not same_tokens(batch, texts, ours):
             problems.append(f"token ids differ from the reference's for the {batch.describe()}")
             continue
-        padded = encoder.pad(ours, batch.side)
+        padded = encoder.pad(unique, batch.side)
         want_e, want_p = reference(padded, batch_key(batch, texts))
         got_e, got_p = (np.asarray(g, dtype=np.float32) for g in run(padded))
         done += _padded_tokens(padded)
@@ -348,6 +369,7 @@ def compare_runs(
         if got_e.shape != want_e.shape:
             problems.append(f"output shape {got_e.shape} != reference {want_e.shape}")
             continue
+        want_e, want_p, got_e, got_p = (np.asarray(a)[index] for a in (want_e, want_p, got_e, got_p))  # every row
         cos = cosine_rows(got_e, want_e)
         if not np.isfinite(got_e).all():
             problems.append(f"non-finite values in the graph's output for the {batch.describe()}")

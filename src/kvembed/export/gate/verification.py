@@ -17,7 +17,8 @@ from ...artifact import Manifest, check_files, load_manifest
 from ...runtime.artifact import encoder_from_manifest
 from ..source import load_embedder, source_record
 from .certify import ADVISORY_GATES, GATES, HELD_OUT_DECIDES, advisory_problem, certificate, decided_by, gate_graph, gate_session, ran_precision
-from .parity import DECIDING_HELD_OUT_TEXTS, ParityReport, model_gate_texts, parity_reports, reference_runs, run_parity
+from .parity import ParityReport, model_gate_texts, parity_reports, reference_runs, run_parity
+from .texts import held_out_texts
 from ..progress import Progress, advance_of, silent
 from ...errors import InvalidInput
 
@@ -109,7 +110,7 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     references, cache, texts = reference.references(), {}, model_gate_texts(reference)
     decides = manifest.precision in HELD_OUT_DECIDES
     for label, single in references.items():
-        run_on = {**texts, **DECIDING_HELD_OUT_TEXTS} if decides and label is None else texts
+        run_on = {**texts, **held_out_texts(decides)} if decides and label is None else texts
         reference_runs(single, cache, texts=run_on, outputs=output_names(label), advance=advance_of(progress))
     reference.model.to("meta")
     gc.collect()
@@ -130,7 +131,7 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
         ran = ran_precision(session, manifest.graph_precision)
         gated = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(progress), texts=texts)
         if decides and gated[None].passed:
-            held_out[target] = run_parity(session, encoder, references[None], bar, texts=DECIDING_HELD_OUT_TEXTS, cache=cache)
+            held_out[target] = run_parity(session, encoder, references[None], bar, texts=held_out_texts(decides), cache=cache)
         del session
         held = held_out[target].passed if target in held_out else not decides
         if advised:

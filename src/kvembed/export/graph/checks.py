@@ -72,7 +72,8 @@ def check_graph(model_path: Path, precision: str, embedder: Any) -> dict[str, An
         "nodes": len(model.graph.node),
         "decoder_layers": int(layers),
         "weight_matmuls": weight_matmuls(model),
-        "tensorrt_ready": not bad,
+        # int8 graphs are for CPUs: engines are built from fp32 or fp16 (kvembed.export.engine)
+        "tensorrt_ready": not bad and precision != "int8",
         "non_portable_ops": bad,
         "external_data": (model_path.parent / DATA_FILE).exists(),
     }

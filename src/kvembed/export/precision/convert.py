@@ -17,26 +17,29 @@ blocked node an island, casting each output back to fp16 even when only fp32 nod
 the mask's float32-min constant becomes -inf on the way and fully padded rows turn into NaN; it
 also emits duplicate Cast outputs and unsorted nodes when a node block list is given.
 
-int8: dynamic quantisation of the MatMul weights as onnxruntime's ``quantize_dynamic`` writes it
-(int8 per output channel, in a 7-bit range; activations uint8, dynamic per tensor), computed one
-weight at a time by :mod:`kvembed.export.precision.quantize`, after a recipe of :data:`INT8_RECIPES`; the
-token-embedding tables, which that leaves fp32, int8 with a scale per row
-(:mod:`kvembed.export.precision.embedding_table`).
-Random weights quantise well as they are; trained LLMs do not (with every MatMul quantised they
-miss the gate), because a few channels, and a few tokens, carry activations tens to thousands of
-times the median. A per-tensor activation scale then follows the one massive token and leaves the
-others a handful of levels, so the default recipes give each token its own scale (``per_row``:
-the activation is quantised symmetric around a zero point of 128, one scale per row, which the
-fast U8S8 kernels still run), calibrate on the built-in calibration texts and fold SmoothQuant into
-the weights (:mod:`kvembed.export.precision.smoothing`) for the outlier channels ("smooth-rows"), then also
-keep every SwiGLU ``down_proj`` fp32 ("smooth-rows-keep-down"), then fall back to per-tensor
-scales with every ``down_proj`` fp32 ("smooth-keep-down"); the exporter writes the first recipe
-that passes the parity gate (``--int8-recipe``), and last "weights": weight-only int8, every
-weight MatMul's weight int8 with a scale per block of input rows, dequantised before a float
-MatMul (:mod:`kvembed.export.precision.quantize`; opset 21), activations never quantised, so nothing for an
-outlier to spoil; onnxruntime runs it at the accuracy level kvembed pins in every session it opens,
-the gate's included (:data:`kvembed.backends.onnxruntime.WEIGHT_ONLY_ACCURACY`). The per-tensor recipes ("smooth", which keeps
-fp32 the MatMuls whose inputs hold massive activations, "smooth-keep-wide-down", "plain") stay
+int8: a recipe of :data:`INT8_RECIPES`; the token-embedding tables, int8 with a scale per row
+(:mod:`kvembed.export.precision.embedding_table`), in every recipe. ``--int8-recipe auto`` tries
+:data:`INT8_AUTO` in turn and writes the first that passes the parity gate and the held-out texts.
+First "weights": weight-only int8, every weight MatMul's weight int8 with a scale per block of input
+rows, dequantised before a float MatMul (:mod:`kvembed.export.precision.quantize`; opset 21),
+activations never quantised, so no outlier token can spoil its neighbours; onnxruntime runs it at
+the accuracy level kvembed pins in every session it opens, the gate's included
+(:data:`kvembed.backends.onnxruntime.WEIGHT_ONLY_ACCURACY`).
+
+Then the dynamic recipes: the MatMul weights quantised as onnxruntime's ``quantize_dynamic`` writes
+them (int8 per output channel, in a 7-bit range; activations uint8, quantised at run time), computed
+one weight at a time by :mod:`kvembed.export.precision.quantize`. Random weights quantise well as
+they are; trained LLMs do not (with every MatMul quantised they miss the gate), because a few
+channels, and a few tokens, carry activations tens to thousands of times the median. A per-tensor
+activation scale then follows the one massive token and leaves the others a handful of levels, so
+these recipes give each token its own scale (``per_row``: the activation is quantised symmetric
+around a zero point of 128, one scale per row, which the fast U8S8 kernels still run), calibrate on
+the built-in calibration texts and fold SmoothQuant into the weights
+(:mod:`kvembed.export.precision.smoothing`) for the outlier channels ("smooth-rows"), then also keep
+every SwiGLU ``down_proj`` fp32 ("smooth-rows-keep-down"), then fall back to per-tensor scales with
+every ``down_proj`` fp32 ("smooth-keep-down"). Their error differs from token to token, which is why
+they come after "weights". The other per-tensor recipes ("smooth", which keeps fp32 the MatMuls
+whose inputs hold massive activations, "smooth-keep-wide-down", "plain") stay
 available by name. ``benchmarks/int8_options.py`` measures the alternatives (benchmarks/log/int8.md).
 
 Weights are int8 (U8S8, onnxruntime's fast kernel) quantised to 7 bits (``reduce_range``): on
@@ -347,9 +350,11 @@ INT8_RECIPES: dict[str, Int8Recipe] = {r.name: r for r in (
                f"weight-only: every weight MatMul's weight int8 with a scale per {WEIGHT_BLOCK} input rows, activations "
                "float; no calibration", block=WEIGHT_BLOCK),
 )}
-#: ``--int8-recipe auto``: tried in this order, the first that passes the parity gate is written;
-#: the dynamic recipes first (int8 arithmetic), weight-only last (float arithmetic, the accurate one)
-INT8_AUTO = ("smooth-rows", "smooth-rows-keep-down", "smooth-keep-down", "weights")
+#: ``--int8-recipe auto``: tried in this order, the first that passes the parity gate is written.
+#: Weight-only first: its error does not depend on the token (activations stay float), so what the
+#: gate and held-out texts see holds on text they never saw; the dynamic recipes (int8 arithmetic)
+#: follow, for graphs below its opset, and are there by name for onnxruntime's integer kernels.
+INT8_AUTO = ("weights", "smooth-rows", "smooth-rows-keep-down", "smooth-keep-down")
 
 
 def int8_recipe_help() -> str:
