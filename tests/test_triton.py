@@ -233,7 +233,9 @@ def test_weight_only_int8_is_refused_on_the_onnxruntime_backend_and_served_by_py
     """Triton's onnxruntime backend has no model-config key for the session entry that pins a
     weight-only int8 graph's arithmetic (it would run onnxruntime's default, not what the gate
     certified): refused in one line before anything is written; the python backend takes it."""
-    int8 = stories_artifact("kv-embedding", "int8")  # auto: weight-only
+    # a copy: the repository hard-links the weights file, and onnx refuses to load external data
+    # with several links, which the shared artifact's other readers would then meet
+    int8 = shutil.copytree(stories_artifact("kv-embedding", "int8"), tmp_path / "int8")  # auto: weight-only
     with pytest.raises(ValueError, match="session.qdq_matmulnbits_accuracy_level=1.*--backend python") as error:
         write_repository(int8, tmp_path / "ort", backend="onnxruntime")
     assert "\n" not in str(error.value) and not (tmp_path / "ort").exists()
