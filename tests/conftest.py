@@ -43,7 +43,7 @@ TEXTS = [
 NO_BF16 = "avx2,avx512f"
 #: seconds a test waits for a process it started to reach a point (a run's first shards, a server's
 #: ready line) before calling it hung: a guard against hanging forever, never a speed bound (on a
-#: loaded 2-core host, a local Ray alone took minutes to start)
+#: loaded 2-core host, a Ray run took over 120 s to write its second shard)
 HANG_GUARD_S = 900
 #: texts no parity gate decides on (kvembed/export/gate/texts.py holds the gate's)
 UNSEEN = ["The river froze early that winter.", "Quarterly revenue rose four percent", "¿Dónde está la biblioteca?",

@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             more, ran = compare(paths["fp32"], [("int8", paths["int8"])], args.providers, args.seeds, prefix=f"{name} ")
             figures.update(more)
             rows += ran
+    if not figures:  # nothing exported: no record, one line naming why
+        parser.exit(2, f"int8_methods.py: error: nothing exported ({'; '.join(e['error'] for e in exports)[:400]})\n")
     write_record("peers_int8_methods", figures, directory=args.out, bar=BAR, exports=exports, rows=rows)
     return 0
 

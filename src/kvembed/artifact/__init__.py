@@ -21,5 +21,5 @@ __all__ = [
     "ARTIFACT_FILES", "Certificate", "TOLERANCES", "certificates_of", "merged", "ENCODER_TOKENIZER", "MANIFEST", "MODEL", "MODEL_DATA", "OPENVINO_MODEL", "REQUIRED_KEYS", "SCHEMA_VERSION", "TOKENIZER",
     "ContextEncoder", "DamagedArtifact", "FileRecord", "GraphFacts", "HeldOut", "Manifest", "OutputExistsError", "OutputIsAFileError", "Source",
     "TensorSpec", "check_artifact_options", "check_files", "check_intact", "check_output", "check_records", "file_records", "is_artifact", "load_manifest",
-    "load_manifest_and_bytes",     "manifest_of", "read_manifest", "record_certificates", "record_of", "sha256_file", "staged", "write_manifest", "write_text_atomic",
+    "load_manifest_and_bytes", "manifest_of", "read_manifest", "record_certificates", "record_of", "sha256_file", "staged", "write_manifest", "write_text_atomic",
 ]

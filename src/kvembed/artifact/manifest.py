@@ -173,17 +173,22 @@ class GraphFacts:
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
+    def conversion(self) -> Mapping[str, Any]:
+        """What the fp16 / int8 conversion recorded (``precision_conversion``; empty for fp32)."""
+        return self.raw.get("precision_conversion") or {}
+
+    @property
     def session_config(self) -> Mapping[str, str]:
         """onnxruntime session config entries the gate ran the graph with (weight-only int8 pins
         its kernel's arithmetic): a session opened outside kvembed must set them to compute what
         was certified."""
-        return dict((self.raw.get("precision_conversion") or {}).get("session_config") or {})
+        return dict(self.conversion.get("session_config") or {})
 
     @property
     def weight_only(self) -> bool:
         """Whether the graph's int8 weights feed float arithmetic (the ``weights`` recipe records
         its block size), not integer kernels."""
-        return "block_size" in (self.raw.get("precision_conversion") or {})
+        return "block_size" in self.conversion
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "GraphFacts":

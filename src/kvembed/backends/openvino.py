@@ -485,7 +485,9 @@ class OpenVINOSession:
         return compiled
 
     backend = NAME
-    limits, on_cpu, call_cost = None, True, CALL_COST  # any shape, on the host's CPU, at its own call cost
+    limits = None  # any shape
+    on_cpu = True
+    call_cost = CALL_COST
 
     @property
     def name(self) -> str:
@@ -494,10 +496,8 @@ class OpenVINOSession:
 
     @property
     def renormalise(self) -> bool:
-        """True under the f16 and bf16 hints: the f16 hint turns every op fp16, and an fp16 graph
-        runs retyped to bf16 under the bf16 hint (an fp32 graph keeps its normalisation in f32 there,
-        renormalising it costs nothing), so unit vectors come back with norms up to ~1e-4 (f16) or
-        ~1e-3 (bf16) off 1."""
+        """True under the f16 and bf16 hints (every op fp16; an fp16 graph retyped to bf16): unit vectors
+        come back with norms up to ~1e-4 (f16) or ~1e-3 (bf16) off 1 (an fp32 graph's: no harm)."""
         return self.precision in HALF_PRECISIONS
 
     @property

@@ -89,5 +89,5 @@ def read_artifact(artifact: Path) -> tuple[Manifest, str]:
     manifest, raw = load_manifest_and_bytes(artifact)
     if "certified" not in manifest.raw:
         return manifest, hashlib.sha256(raw).hexdigest()  # as before certificates existed
-    data = {key: value for key, value in json.loads(raw.decode("utf-8")).items() if key != "certified"}
+    data = {key: value for key, value in manifest.raw.items() if key != "certified"}  # the JSON as read
     return manifest, hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()

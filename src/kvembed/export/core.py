@@ -25,7 +25,7 @@ from ..artifact import ENCODER_TOKENIZER, MODEL, OPENVINO_MODEL, TOKENIZER, Mani
 from ..artifact.staging import OutputExistsError, check_output, staged  # noqa: F401  (the exporter's, re-exported)
 from ..methods.sharing import output_names
 from ..runtime.artifact import encoder_from_manifest
-from .gate.certify import ADVISORY_GATES, GATES, HELD_OUT_DECIDES, advisory_problem, certificate, gate_graph, gate_session, ran_precision
+from .gate.certify import GATES, HELD_OUT_DECIDES, advisory_checks, advisory_problem, certificate, gate_graph, gate_session, ran_precision
 from .graph.checks import check_graph
 from ..artifact.external_data import keep_external, settle_layout
 from .graph.trace import ExportError, resolve_attention
@@ -344,14 +344,14 @@ class Exporter:
 
     def _advise(self, directory: Path, manifest: Manifest, precision: str,
                 reference: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The advisory checks (:data:`ADVISORY_GATES`) of the artifact that passed its gate: the
+        """The advisory checks (:func:`advisory_checks`) of the artifact that passed its gate: the
         manifest's ``parity.advisory`` (each check's figures, or why it was skipped) and a
         certificate for each pass; none fails."""
         advisory: dict[str, Any] = {}
         certified: list[dict[str, Any]] = []
-        passed = None
-        for target, bar in ADVISORY_GATES.get(precision, ()):
-            problem = advisory_problem(target, manifest, passed)
+        passed: dict[int, str] = {}  # group -> the alternative that certified
+        for target, bar, group in advisory_checks(precision):
+            problem = advisory_problem(target, manifest, passed.get(group))
             if problem is not None:
                 advisory[target] = {"skipped": problem}
                 self.progress("parity", f"no {target} certificate: {problem}")
@@ -372,8 +372,8 @@ class Exporter:
             held = held_out is None or not decides or held_out.passed
             if all(r.passed for r in gated.values()) and held:
                 certified.append(certificate(target, ran, gated[None], extra=extra, held_out=held_out if decides else None))
-                passed = target
-            verdict = ("certified" if passed == target else "below the bar: not certified" if not gated[None].passed
+                passed[group] = target
+            verdict = ("certified" if passed.get(group) == target else "below the bar: not certified" if not gated[None].passed
                        else "below the bar on the held-out texts: not certified")
             self.progress("parity", f"{target} ran {ran} on {graph}: worst cosine {gated[None].worst_cosine:.5f} ({verdict})")
         return advisory, certified

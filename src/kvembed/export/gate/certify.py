@@ -51,16 +51,14 @@ GATES: dict[str, tuple[tuple[str, str], ...]] = {
     "bf16": ((OV_BF16, "bf16"), (CPU, "fp32")),
 }
 #: artifact precision -> checks run after the gate passed, each certifying a faster or smaller path
-#: where it passes and failing nothing where it does not: (verify target, tolerance precision),
-#: alternatives preferred first (the first pass ends them)
-ADVISORY_GATES: dict[str, tuple[tuple[str, str], ...]] = {
-    "int8": ((OV_BF16, "int8"), (OV_F32, "int8")),
-    "fp16": ((OV_F16, "fp16"), (OV_BF16, "fp16")),
+#: where it passes and failing nothing where it does not: groups of (verify target, tolerance
+#: precision); within a group, alternatives preferred first (the first pass ends the group). int8's
+#: f32 check is a group of its own: it runs on every CPU, so an artifact certified for bf16 where it
+#: was exported is ready for a CPU without BF16 as well.
+ADVISORY_GATES: dict[str, tuple[tuple[tuple[str, str], ...], ...]] = {
+    "int8": (((OV_BF16, "int8"),), ((OV_F32, "int8"),)),
+    "fp16": (((OV_F16, "fp16"), (OV_BF16, "fp16")),),
 }
-#: advisory targets run even after an earlier alternative passed: OpenVINO f32 on a weight-only
-#: int8 graph runs on every CPU, so an artifact exported where bf16 was certified is ready for a CPU
-#: without BF16 as well
-ALWAYS_ADVISED = frozenset({OV_F32})
 #: artifact precisions whose advisory checks run a graph of their own (the manifest's ``graphs``)
 OWN_GRAPHS = frozenset({"int8"})
 #: artifact precisions whose held-out texts decide beside the gate's (docs/methods.md): an int8 recipe
@@ -90,12 +88,19 @@ def check_gate_here(precision: str, certify_emulated: bool = False) -> None:
         )
 
 
+def advisory_checks(precision: str) -> list[tuple[str, str, int]]:
+    """``(target, tolerance precision, group)`` of every advisory check of ``precision``, in order
+    (:data:`ADVISORY_GATES`; a pass ends the rest of its group)."""
+    return [(target, bar, group) for group, alternatives in enumerate(ADVISORY_GATES.get(precision, ()))
+            for target, bar in alternatives]
+
+
 def advisory_problem(target: str, manifest: Mapping[str, Any], passed: str | None = None) -> str | None:
     """Why the advisory check on ``target`` cannot certify anything for the artifact of ``manifest``
     here (an int8 artifact names no graph for the target's backend, openvino absent, or a CPU without
     BF16 / FP16 where the bf16 / f16 hint runs f32, or ``passed``: an earlier alternative that
     certified), or None."""
-    if passed is not None and target not in ALWAYS_ADVISED:
+    if passed is not None:
         return f"not needed: {passed} certified"
     spec, manifest = VERIFY_TARGETS[target], Manifest.of(manifest)
     if manifest.precision in OWN_GRAPHS and spec.backend not in manifest.graphs:

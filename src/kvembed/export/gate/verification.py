@@ -16,7 +16,7 @@ from ...methods.sharing import AlsoRequest, output_names
 from ...artifact import Manifest, check_files, load_manifest
 from ...runtime.artifact import encoder_from_manifest
 from ..source import load_embedder, source_record
-from .certify import ADVISORY_GATES, GATES, HELD_OUT_DECIDES, advisory_problem, certificate, decided_by, gate_graph, gate_session, ran_precision
+from .certify import GATES, HELD_OUT_DECIDES, advisory_checks, advisory_problem, certificate, decided_by, gate_graph, gate_session, ran_precision
 from .parity import ParityReport, model_gate_texts, parity_reports, reference_runs, run_parity
 from .texts import held_out_texts
 from ..progress import Progress, advance_of, silent
@@ -117,11 +117,12 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     encoder = encoder_from_manifest(directory, manifest)
     gates: list[tuple[str, str, dict[str | None, ParityReport]]] = []
     advisory: dict[str, ParityReport | str] = {}
-    checks = [(target, bar, False) for target, bar in GATES[manifest.precision]]
-    checks += [(target, bar, True) for target, bar in ADVISORY_GATES.get(manifest.precision, ())]
-    certificates, passed, held_out = [], None, {}
-    for target, bar, advised in checks:
-        problem = advisory_problem(target, manifest, passed) if advised else None
+    checks = [(target, bar, None) for target, bar in GATES[manifest.precision]]  # group None: the gate's own
+    checks += advisory_checks(manifest.precision)
+    certificates, passed, held_out = [], {}, {}
+    for target, bar, group in checks:
+        advised = group is not None
+        problem = advisory_problem(target, manifest, passed.get(group)) if advised else None
         if problem is not None:
             advisory[target] = problem
             continue
@@ -139,7 +140,7 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
         else:
             gates.append((target, ran, gated))
         if advised and held and all(r.passed for r in gated.values()):
-            passed = target  # the later alternatives are not needed
+            passed[group] = target  # the later alternatives of its group are not needed
         # only a check of the exported files against the exported model's reference certifies anything
         if not source_problems and held and all(r.passed for r in gated.values()):
             certificates.append(certificate(target, ran, gated[None], extra={"graph": graph.name} if advised else None,
