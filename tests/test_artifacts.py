@@ -18,7 +18,8 @@ from onnx import numpy_helper
 from checks import MAX_ABS_FP32, MIN_COSINE, assert_same, oracle_rows
 from kvembed.export import TOLERANCES
 from kvembed.export.core import ParityError
-from kvembed.export.gate.parity import parity_session
+from kvembed.export.gate.certify import gate_session
+from kvembed.export.gate.targets import CPU
 from kvembed.export.gate.verification import verify
 from kvembed.export.gate.parity import run_parity
 from kvembed.modeling.reference import TorchEmbedder
@@ -197,7 +198,7 @@ def _graph_copy(artifact: Path, out: Path, change) -> Path:
 def _gate(graph: Path, artifact: Path, reference: TorchEmbedder, precision: str):
     """The parity gate (kvembed.export.gate.parity.run_parity) on ``graph`` with ``artifact``'s encoder."""
     encoder = encoder_from_manifest(artifact, read_manifest(artifact))
-    return run_parity(parity_session(graph), encoder, reference, precision)
+    return run_parity(gate_session(CPU, graph), encoder, reference, precision)
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 
+import os
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from checks import run_without_torch
 from kvembed.bench.measure import Timing, cosine_rows, default_backends, time_calls
+from kvembed.artifact.external_data import load_with_weights
 from kvembed.bench.peak import ModelShape, fp32_matmul_weights, gemm_peak, matmul_params, weight_gemms_call
 from kvembed.bench.workload import exact_rows, make_batch, mixed_corpus
 from kvembed.cli.main import app
@@ -316,6 +319,32 @@ def _graph_with_weights(path, nodes, initializers):
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
     return path
+
+
+def test_weights_with_a_hard_linked_data_file_are_read(tmp_path):
+    """``kvembed triton build`` and ``kvembed bundle`` hard-link an artifact's ``model.onnx.data``;
+    onnx refuses such a file, kvembed's readers (this weight reader, the ONNX reference evaluator's
+    loader) read it."""
+    import onnx
+    from onnx import helper
+
+    rng = np.random.default_rng(5)
+    w1 = rng.standard_normal((8, 64), dtype=np.float32)
+    w2 = rng.standard_normal((64, 32), dtype=np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])]
+    inline = _graph_with_weights(tmp_path / "inline.onnx", nodes, {"w1": w1, "w2": w2})
+    folder = tmp_path / "artifact"
+    folder.mkdir()
+    onnx.save(onnx.load(str(inline)), str(folder / "model.onnx"), save_as_external_data=True,
+              location="model.onnx.data", size_threshold=0)
+    os.link(folder / "model.onnx.data", tmp_path / "linked.data")
+    with pytest.raises(Exception, match="hard link"):
+        onnx.load(str(folder / "model.onnx"))
+    for got, want in zip(fp32_matmul_weights(folder / "model.onnx"), (w1, w2)):
+        np.testing.assert_array_equal(got, want)
+    model = load_with_weights(folder / "model.onnx")
+    assert {t.name: onnx.numpy_helper.to_array(t).tolist() for t in model.graph.initializer} == \
+        {"w1": w1.tolist(), "w2": w2.tolist()}
 
 
 def test_weight_gemms_call_runs_every_fp32_matmul_weight_once_per_use(tmp_path):

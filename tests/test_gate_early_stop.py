@@ -15,7 +15,9 @@ import pytest
 from checks import MIN_COSINE, cosines, oracle_rows
 from kvembed.artifact import read_manifest
 from kvembed.export.core import Exporter, ParityError, load_embedder
-from kvembed.export.gate.parity import GATE_TEXTS, ParityReport, gate_batches, parity_reports, parity_session, run_parity
+from kvembed.export.gate.parity import GATE_TEXTS, ParityReport, gate_batches, parity_reports, run_parity
+from kvembed.export.gate.certify import gate_session
+from kvembed.export.gate.targets import CPU
 from kvembed.export.precision.convert import int8_plan
 from kvembed.runtime import Embedder
 from kvembed.runtime.artifact import encoder_from_manifest
@@ -38,7 +40,7 @@ def gate(stories_artifact):
         warnings.simplefilter("ignore")
         references = load_embedder(STORIES, "kv-embedding", also=list(ALSO)).references()
         wrong = load_embedder(STORIES, "kv-embedding", layers=WRONG_LAYERS)
-    return path, parity_session(path / "model.onnx"), encoder, references, wrong
+    return path, gate_session(CPU, path / "model.onnx"), encoder, references, wrong
 
 
 def test_a_gate_stopped_at_its_first_miss_compares_fewer_batches_and_says_so(gate, oracle):

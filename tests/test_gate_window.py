@@ -18,7 +18,9 @@ from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Conf
 from independent import Oracle
 from kvembed.export.core import Exporter, ParityError, load_embedder
 from kvembed.export.gate.texts import WINDOW_MARGIN
-from kvembed.export.gate.parity import GATE_TEXTS, gate_batches, gate_tokens, model_gate_texts, parity_session, run_parity
+from kvembed.export.gate.parity import GATE_TEXTS, gate_batches, gate_tokens, model_gate_texts, run_parity
+from kvembed.export.gate.certify import gate_session
+from kvembed.export.gate.targets import CPU
 from kvembed.export.gate.verification import verify
 from kvembed.methods.architectures import sliding_window
 from kvembed.runtime.artifact import encoder_from_manifest
@@ -142,7 +144,7 @@ def test_a_graph_that_ignores_the_window_is_refused(long_window, long_window_exp
     encoder = encoder_from_manifest(result.path, result.manifest)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        inside = run_parity(parity_session(result.path / "model.onnx"), encoder, wrong, "fp32", texts=GATE_TEXTS)
+        inside = run_parity(gate_session(CPU, result.path / "model.onnx"), encoder, wrong, "fp32", texts=GATE_TEXTS)
     assert inside.passed and inside.worst_cosine >= 0.99999
     out = tmp_path / "refused"
     with pytest.raises(ParityError) as info:

@@ -19,7 +19,8 @@ from checks import assert_matches_oracle
 from conftest import TEXTS
 from kvembed.artifact import read_manifest
 from kvembed.errors import InvalidInput
-from kvembed.export.gate.parity import parity_session
+from kvembed.export.gate.certify import gate_session
+from kvembed.export.gate.targets import CPU
 from kvembed.export.precision.convert import INT8_AUTO, int8_plan, int8_recipe_help, to_int8
 from kvembed.methods import demo_model_path
 from kvembed.runtime import Embedder
@@ -117,8 +118,8 @@ def test_the_written_weights_are_a_blocked_int8_quantisation(tmp_path):
     readers = [n for n in model.graph.node if n.op_type == "MatMul"]
     assert len(readers) == 4 and all(n.input[1] in dequantize for n in readers)
     x = np.random.default_rng(1).standard_normal((5, 640)).astype(np.float32)
-    session = parity_session(tmp_path / "int8.onnx")
-    got, again = session.run(None, {"x": x})
+    session = gate_session(CPU, tmp_path / "int8.onnx")
+    got, again = session.run({"x": x}, [o.name for o in session.get_outputs()])
     want = x.astype(np.float64) @ dequantised["w640"] @ dequantised["w96"] @ dequantised["w200"]
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
     assert np.abs(again - x.astype(np.float64) @ dequantised["w640"]).max() <= 1e-5
@@ -168,9 +169,9 @@ def test_the_gate_certifies_what_the_runtime_runs(artifact):
     manifest = read_manifest(artifact)
     encoder = encoder_from_manifest(artifact, manifest)
     batch = encoder.pad(encoder.encode(TEXTS, "document"), "right")
-    gate = parity_session(artifact / "model.onnx")
-    feeds = {i.name: batch[i.name] for i in gate.get_inputs()}
-    want = gate.run(["embedding"], feeds)[0]
+    gate = gate_session(CPU, artifact / "model.onnx")
+    feeds = {name: batch[name] for name in gate.input_names}
+    want = gate.run(feeds, ["embedding"])[0]
     level = str(manifest["graph"]["precision_conversion"]["accuracy_level"])
     assert gate.get_session_options().get_session_config_entry(LEVEL_KEY) == level
     for options in ({"threads": 1}, {"threads": 2, "prepacking": False}, {}):

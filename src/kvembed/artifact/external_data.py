@@ -115,6 +115,23 @@ def read_values(tensor: Any, directory: Path, scratch: Scratch | None = None) ->
     return numpy_helper.to_array(tensor).copy()  # writable, as an external tensor's is
 
 
+def load_with_weights(path: str | Path) -> Any:
+    """``path``'s graph (an ``onnx.ModelProto``) with its external weights read in by
+    :func:`read_values`. ``onnx.load`` refuses a data file with several hard links, which
+    ``kvembed triton build`` and ``kvembed bundle`` make of an artifact's weights; an artifact's
+    files are checked by their sha256 instead (:func:`kvembed.artifact.check_intact`)."""
+    import onnx
+
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            tensor.raw_data = read_values(tensor, path.parent).tobytes()
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
+    return model
+
+
 def _store(tensor: Any, values: np.ndarray, sink: Any, location: str) -> None:
     """Make ``tensor`` hold ``values``: appended to ``sink`` (the data file named ``location``)
     from :data:`EXTERNAL_MIN_BYTES` on, inline below."""

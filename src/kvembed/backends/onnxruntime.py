@@ -40,11 +40,13 @@ class OnnxRuntimeOptions:
 
     ``threads``: intra-op threads (None: one per physical core). ``device_id``: the GPU of the CUDA
     and TensorRT providers. ``trt_cache_dir`` / ``trt_fp16``: the TensorRT execution provider's
-    engine cache and fp16 kernels."""
+    engine cache and fp16 kernels. ``spinning``: intra-op threads spin between calls (off where
+    other work shares the cores between calls, as in the export's parity gate)."""
 
     threads: int | None = None
     memory_arena: bool = True
     prepacking: bool = True
+    spinning: bool = True
     device_id: int = 0
     trt_cache_dir: str | os.PathLike[str] | None = None
     trt_fp16: bool = False
@@ -112,6 +114,8 @@ CPU_CALL_COST = 32
 
 #: onnxruntime's session config key that turns weight pre-packing off
 DISABLE_PREPACKING = "session.disable_prepacking"
+#: onnxruntime's session config key that lets idle intra-op threads spin
+ALLOW_SPINNING = "session.intra_op.allow_spinning"
 #: onnxruntime's session config key for the arithmetic of the ``MatMulNBits`` it fuses from a weight-only
 #: int8 graph's blocked ``DequantizeLinear -> MatMul`` (kvembed's int8 recipe ``weights``)
 ACCURACY_LEVEL_KEY = "session.qdq_matmulnbits_accuracy_level"
@@ -134,15 +138,17 @@ def pin_weight_only(options: ort.SessionOptions) -> ort.SessionOptions:
     return options
 
 
-def session_options(threads: int | None = None, memory_arena: bool = True, prepacking: bool = True) -> ort.SessionOptions:
+def session_options(threads: int | None = None, memory_arena: bool = True, prepacking: bool = True,
+                    spinning: bool = True) -> ort.SessionOptions:
     """Options tuned for embedding batches: full graph optimisation, sequential execution,
     ``threads`` intra-op threads (default: onnxruntime's choice, one per physical core).
 
     ``memory_arena``: on by default, the CPU arena keeps the activation memory of the largest call
     (rounded up) for the next ones, which makes calls faster, int8 ones most; calls are cut to the
     runtime's token budget, so what it keeps is bounded by the model's widths, not its weights.
-    ``memory_arena=False`` gives activation memory back after every call instead (what each keeps:
-    benchmarks/compare_graphs.py --memory), for servers that see rare large batches.
+    ``memory_arena=False`` gives activation memory back after every call instead, and plans no
+    memory pattern per input shape (what each keeps: benchmarks/compare_graphs.py --memory), for
+    servers that see rare large batches and for the parity gate, whose batches differ in shape.
 
     ``prepacking``: on by default, each MatMul weight is packed once at load into the layout the
     GEMM kernel reads, replacing the memory-mapped weights tensor by tensor, so the peak is no
@@ -151,12 +157,19 @@ def session_options(threads: int | None = None, memory_arena: bool = True, prepa
     file, packing them during each call instead: slower calls and a near-instant load, and the
     weights are one copy shared by every process on the machine that maps the same file (several
     Ray actors, Triton instances or server processes) and reclaimable by the kernel.
+
+    ``spinning=False``: idle intra-op threads sleep instead of spinning for the next call.
+    onnxruntime's warnings are off (errors still raise): kvembed reports what matters itself.
     """
     options = ort.SessionOptions()
+    options.log_severity_level = 3
     options.enable_cpu_mem_arena = bool(memory_arena)
+    options.enable_mem_pattern = bool(memory_arena)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.add_session_config_entry(DISABLE_PREPACKING, "0" if prepacking else "1")
+    if not spinning:
+        options.add_session_config_entry(ALLOW_SPINNING, "0")
     pin_weight_only(options)
     if threads is not None:
         if int(threads) < 1:
@@ -172,11 +185,12 @@ def create_session(
     threads: int | None = None,
     memory_arena: bool = True,
     prepacking: bool = True,
+    spinning: bool = True,
     **provider_options: Any,
 ) -> ort.InferenceSession:
     """A plain ``ort.InferenceSession`` of ``model_path`` on ``provider`` with :func:`session_options`."""
     providers = provider_chain(provider, **provider_options)
-    options = session_options(threads, memory_arena, prepacking)
+    options = session_options(threads, memory_arena, prepacking, spinning)
     return open_session(model_path, options, providers)
 
 
@@ -280,4 +294,5 @@ def open_graph(model_path: str | os.PathLike[str], provider: str = "auto", optio
     provider_options: dict[str, Any] = {"device_id": o.device_id}
     if provider == "tensorrt":
         provider_options.update(trt_cache_dir=o.trt_cache_dir, trt_fp16=o.trt_fp16)
-    return OnnxRuntimeSession(create_session(model_path, provider, o.threads, o.memory_arena, o.prepacking, **provider_options))
+    return OnnxRuntimeSession(create_session(model_path, provider, o.threads, o.memory_arena, o.prepacking, o.spinning,
+                                                **provider_options))

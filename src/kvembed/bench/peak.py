@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..artifact import MODEL, Manifest
+from ..artifact.external_data import read_values
 from ..errors import InvalidInput
 
 MATMUL_OPS = ("MatMul", "MatMulInteger", "Gemm")
@@ -147,11 +148,10 @@ def matmul_params(model_path: str | os.PathLike[str]) -> int:
 def fp32_matmul_weights(model_path: str | os.PathLike[str]) -> list[np.ndarray]:
     """The ``[K, N]`` fp32 weights the graph's MatMul nodes multiply by on the right, once per use."""
     import onnx
-    from onnx import numpy_helper
 
-    model = onnx.load(str(model_path))
+    model = onnx.load(str(model_path), load_external_data=False)
     weights = [
-        numpy_helper.to_array(tensor) for node, position, tensor in _weight_uses(model)
+        read_values(tensor, Path(model_path).parent) for node, position, tensor in _weight_uses(model)
         if node.op_type == "MatMul" and position == 1 and tensor.data_type == onnx.TensorProto.FLOAT
     ]
     if not weights:

@@ -38,7 +38,7 @@ from typing import Any, Mapping
 from ...version import __version__
 from ...artifact import Manifest
 from ...artifact.certificates import PYTORCH, precision_name
-from ...backends.catalogue import BACKENDS
+from ...backends.catalogue import BACKENDS, options_for
 from ...backends.cpu import cpu_features
 from ...errors import InvalidInput, MissingDependency
 from .targets import CPU, OV_BF16, OV_F16, OV_F32, VERIFY_TARGETS
@@ -120,19 +120,32 @@ def gate_graph(directory: Path, manifest: Mapping[str, Any], target: str) -> Pat
     return directory / Manifest.of(manifest).graph_file(VERIFY_TARGETS[target].backend)
 
 
+#: how the gate opens a graph on each backend (flat options, :func:`~kvembed.backends.catalogue.options_for`).
+#: onnxruntime: no MatMul weight pre-packing (a packed copy of every weight would sit beside the
+#: memory-mapped weights for a session that runs a dozen calls, whose batches of hundreds to
+#: thousands of rows make packing on the fly a small part of each product); no memory arena or
+#: pattern (the gate's batches differ in shape, and the arena would keep the largest one's
+#: activations, rounded up, for the rest of the export); no thread spinning (torch runs in between).
+#: OpenVINO: no compiled-model cache (a staging path: nothing worth keeping).
+GATE_TARGETS = (CPU, OV_F32, OV_BF16, OV_F16)
+GATE_OPTIONS: dict[str, dict[str, Any]] = {
+    "onnxruntime": {"memory_arena": False, "prepacking": False, "spinning": False},
+    "openvino": {"ov_cache_dir": False},
+}
+
+
 def gate_session(target: str, path: Path) -> Any:
-    """The graph at ``path`` opened as the gate runs it on ``target`` (a :class:`~kvembed.backends.protocol.Session`)."""
-    if target == CPU:
-        from ...backends.onnxruntime import OnnxRuntimeSession
-        from .parity import parity_session
-
-        return OnnxRuntimeSession(parity_session(path))
-    spec = VERIFY_TARGETS[target]
-    if spec.backend != "openvino":
+    """The graph at ``path`` opened as the gate runs it on ``target`` (a
+    :class:`~kvembed.backends.protocol.Session`): through the target's backend entry, with
+    :data:`GATE_OPTIONS` and the target's setting (onnxruntime's provider, OpenVINO's precision hint)."""
+    if target not in GATE_TARGETS:
         raise InvalidInput(f"the parity gate does not run on {target}")
-    from ...backends.openvino import OpenVINOSession
-
-    return OpenVINOSession(path, precision=spec.setting, cache_dir=False)  # a staging path: nothing worth keeping
+    spec = VERIFY_TARGETS[target]
+    flat = dict(GATE_OPTIONS[spec.backend])
+    if spec.backend == "openvino":
+        flat["ov_precision"] = spec.setting
+    provider = "cpu" if spec.backend == "onnxruntime" else spec.backend
+    return BACKENDS[spec.backend].load().open_graph(path, provider, options_for(spec.backend, **flat))
 
 
 def ran_precision(session: Any, graph_precision: str) -> str:

@@ -461,24 +461,3 @@ def parity_reports(
         if stop_at_miss and not reports[label].passed:
             break
     return reports
-
-
-def parity_session(path: Path) -> Any:
-    """An onnxruntime CPU session for the gate (no thread spinning: torch runs in between).
-
-    No MatMul weight pre-packing: a packed copy of every weight would sit beside the (memory-mapped)
-    weights for a session that runs a dozen calls, whose batches of hundreds to thousands of rows
-    make packing on the fly a small part of each product. No memory arena or memory pattern: the
-    gate's batches differ in shape, and the arena would keep (and round up to powers of two) the
-    activations of the largest one for the rest of the export."""
-    import onnxruntime as ort
-
-    from ...backends.onnxruntime import open_session
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.disable_prepacking", "1")
-    options.enable_cpu_mem_arena = False
-    options.enable_mem_pattern = False
-    return open_session(path, options, ["CPUExecutionProvider"])

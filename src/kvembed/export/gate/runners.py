@@ -21,6 +21,7 @@ import numpy as np
 from .targets import (
     CPU, CUDA, ORT_TENSORRT, REFERENCE, TENSORRT, TARGET_NAMES, VERIFY_TARGETS, resolve_targets, target_problems,
 )
+from ...artifact.external_data import load_with_weights
 from ...backends.onnxruntime import GPU_HINT
 from ...backends.protocol import BackendUnavailableError
 from ...errors import InvalidInput
@@ -141,7 +142,7 @@ class OnnxReferenceRunner(_BaseRunner):  # type: ignore[misc,valid-type]
         import onnx
         from onnx.reference import ReferenceEvaluator
 
-        model = onnx.load(self.model_path)  # loads model.onnx.data beside it too
+        model = load_with_weights(self.model_path)  # model.onnx.data beside it too
         initializers = {init.name for init in model.graph.initializer}
         self._inputs = []
         for value in model.graph.input:
