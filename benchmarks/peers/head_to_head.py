@@ -8,13 +8,16 @@ both servers up at once, the official ``openai`` client, the same texts, measure
         --pooling last --rounds 5 --out benchmarks/results/peers
 
 Workloads (one request unless said): ``16x128`` sixteen texts of 128 tokens; ``1x32`` one text of
-32 tokens; ``32clients`` 32 concurrent clients each sending one-text requests of 16-64 tokens.
+32 tokens; ``32clients`` 32 concurrent clients (``--clients``) each sending one-text requests of
+16-64 tokens.
 Every round runs every server on every workload in a shuffled order (the machine drifts), each
 kvembed/llama ratio is taken within a round, and the record holds the medians over rounds.
 ``--search`` first tries each GGUF at a few ``-np`` / ``-ub`` settings (one round, the two
 throughput workloads) and keeps each GGUF's fastest for the interleaved run: llama.cpp at its
 best, not at its defaults. Fidelity is each server's worst cosine against ``--reference`` (a
-kvembed fp32 artifact run in-process) on every text the benchmark sent.
+kvembed artifact run in-process on onnxruntime's CPU provider, which computes in fp32: an fp32
+artifact, or for a checkpoint too big for two fp32 copies an fp16 one, whose weights are a bf16
+checkpoint's own) on every text the benchmark sent; it runs and is freed before any server starts.
 """
 
 from __future__ import annotations
@@ -144,13 +147,19 @@ def clients_throughput(peer: Peer, texts: Sequence[str], clients: int, requests:
     return asyncio.run(run())
 
 
-def measure(peer: Peer, work: Workloads, repeats: int, requests: int) -> dict[str, float]:
+def measure(peer: Peer, work: Workloads, repeats: int, requests: int, clients: int) -> dict[str, float]:
     """One round of every workload on ``peer``: texts/s for the throughput cells, seconds for 1x32."""
     return {
         "16x128_texts_per_s": len(work.long16) / time_request(peer, work.long16, repeats),
         "1x32_latency_s": time_request(peer, work.short1, repeats * 4),
-        "32clients_requests_per_s": clients_throughput(peer, work.clients, 32, requests),
+        f"{clients}clients_requests_per_s": clients_throughput(peer, work.clients, clients, requests),
     }
+
+
+def score(cells: dict[str, float]) -> float:
+    """The geometric mean of the two throughput cells, by which --search ranks settings."""
+    throughput = [value for cell, value in cells.items() if cell.endswith("per_s")]
+    return float(np.prod(throughput)) ** (1 / len(throughput))
 
 
 def fidelity(peer: Peer, work: Workloads, reference: np.ndarray) -> float:
@@ -165,12 +174,11 @@ def search_llama(args: argparse.Namespace, work: Workloads, log_dir: Path) -> di
         for parallel, ubatch in SEARCH:
             peer = start_llama(name, args.llama_server, path, args.pooling, args.threads, parallel, ubatch, log_dir)
             try:
-                cells = measure(peer, work, max(1, args.repeats // 2), args.requests)
+                cells = measure(peer, work, max(1, args.repeats // 2), args.requests, args.clients)
             finally:
                 peer.stop()
-            score = (cells["16x128_texts_per_s"] * cells["32clients_requests_per_s"]) ** 0.5
             print(f"search {name} -np {parallel} -ub {ubatch}: {cells}", flush=True)
-            if name not in best or score > (best[name][2]["16x128_texts_per_s"] * best[name][2]["32clients_requests_per_s"]) ** 0.5:
+            if name not in best or score(cells) > score(best[name][2]):
                 best[name] = (parallel, ubatch, cells)
     return best
 
@@ -191,7 +199,8 @@ def pairs(values: Sequence[str]) -> list[tuple[str, Path]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reference", type=Path, required=True, help="kvembed fp32 artifact (in-process reference)")
+    parser.add_argument("--reference", type=Path, required=True,
+                        help="kvembed artifact run in-process on onnxruntime's CPU provider (fp32 arithmetic)")
     parser.add_argument("--kvembed", action="append", default=[], help="NAME=ARTIFACT served by kvembed serve")
     parser.add_argument("--llama-server", type=Path, required=True)
     parser.add_argument("--gguf", action="append", default=[], help="NAME=GGUF served by llama-server")
@@ -199,8 +208,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5, help="requests timed per cell and round")
-    parser.add_argument("--requests", type=int, default=128, help="requests per 32-client cell")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent clients of the clients cell")
+    parser.add_argument("--requests", type=int, default=128, help="requests per clients cell")
     parser.add_argument("--search", action="store_true", help="pick each GGUF's fastest -np/-ub first")
+    parser.add_argument("--np", type=int, default=1, help="llama-server -np without --search")
+    parser.add_argument("--ub", type=int, default=2048, help="llama-server -ub without --search")
     parser.add_argument("--log-dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "head_to_head")
     parser.add_argument("--out", type=Path, default=HERE.parent / "results" / "peers")
     args = parser.parse_args(argv)
@@ -212,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = make_workloads(args.reference / "tokenizer.json")
     reference = Embedder.load(args.reference, provider="cpu").encode(work.all_texts(), normalize=True)
     load_start = load_average()
-    chosen = search_llama(args, work, args.log_dir) if args.search else {name: (1, 2048, {}) for name, _ in args.gguf}
+    chosen = search_llama(args, work, args.log_dir) if args.search else {name: (args.np, args.ub, {}) for name, _ in args.gguf}
 
     peers: list[Peer] = []
     try:
@@ -227,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for index in range(args.rounds):
             order = peers[:]
             rng.shuffle(order)
-            rounds.append({peer.name: measure(peer, work, args.repeats, args.requests) for peer in order})
+            rounds.append({peer.name: measure(peer, work, args.repeats, args.requests, args.clients) for peer in order})
             print(f"round {index + 1}: {rounds[-1]}", flush=True)
     finally:
         for peer in peers:
@@ -258,10 +270,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             fastest[cell.split('_')[0]] = best.name
     extra = {
         "fastest_faithful_llama": fastest,
-        "pooling": args.pooling, "threads": args.threads, "rounds": args.rounds,
+        "pooling": args.pooling, "threads": args.threads, "rounds": args.rounds, "clients": args.clients,
+        "requests": args.requests, "repeats": args.repeats,
         "load_average_start": load_start, "load_average_end": load_average(),
         "servers": {p.name: {"kind": p.kind, "command": [str(c) for c in p.command]} for p in peers},
-        "llama_search": {name: {"np": c[0], "ub": c[1], "cells": c[2]} for name, c in chosen.items()} if args.search else None,
+        "llama_search": {name: {"np": c[0], "ub": c[1], "cells": c[2]} for name, c in chosen.items()},  # without --search: the -np/-ub given
         "llama_build": build_facts(args.llama_server),
         "per_round": rounds,
     }

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.methods:
             name = f"{model} {method}"
             try:
-                paths = export_pair(model, method, args.work / f"{model}-{method}")
+                paths = export_pair(model, method, args.work / f"{Path(model).name}-{method}")
             except Exception as err:  # recorded: a method this model cannot take is a finding
                 exports.append({"model": model, "method": method, "error": f"{type(err).__name__}: {err}"[:500]})
                 print(f"{name}: not exported: {type(err).__name__}: {err}", flush=True)
