@@ -21,7 +21,7 @@ LEVELS = {
     "serve": 5, "triton": 5, "corpus": 5, "bundle": 5, "modeling": 5,
     "export": 6, "eval": 7, "bench": 7, "cli": 8, "api": 9,
 }
-LEAVES = {"errors", "cache", "lazy", "sizes", "extras", "version", "status", "flagfields", "data"}
+LEAVES = {"errors", "cache", "lazy", "sizes", "extras", "version", "status", "flagfields", "signals", "data"}
 #: rooms laid out in sub-rooms by job: room -> {sub-room (a folder) or leaf module: level inside the
 #: room}; the room's other modules (its pipeline) share the top level, :data:`SUB_TOP`. Inside such a
 #: room a module may import only sub-rooms of a lower level, or its own sub-room.

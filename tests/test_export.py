@@ -12,6 +12,9 @@ import json
 import math
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +23,7 @@ import pytest
 import torch
 import transformers
 
+from conftest import HANG_GUARD_S
 from checks import MAX_ABS_FP32, MIN_COSINE, assert_matches_oracle, assert_same
 from kvembed.export import ALLOWED_OPS, non_portable_ops, op_types, read_manifest
 from kvembed.runtime import Embedder
@@ -280,6 +284,29 @@ def test_interrupted_write_leaves_no_artifact(stories_kv, tmp_path):
         assert _no_partial_dirs(tmp_path)
     finally:
         exporter.progress = lambda stage, detail: None
+
+
+def test_cli_export_stopped_by_sigterm_cleans_up_and_dies_by_it(tmp_path):
+    """``timeout``, schedulers and ``docker stop`` send SIGTERM: the export takes it like Ctrl-C (its
+    staging directory and traced graph, several times the model's size, removed), says so in one
+    line, and ends by SIGTERM itself."""
+    out = tmp_path / "artifact"
+    process = subprocess.Popen([sys.executable, "-m", "kvembed.cli", "export", "--model", "stories260k", "--method", "mean",
+                                "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "KVEMBED_STATUS_AFTER": "0"})  # each stage says when it starts
+    seen = []
+    for line in process.stderr:  # stage lines, one each when stderr is not a terminal
+        seen.append(line)
+        if line.startswith("trace:"):  # the work directory is made and torch.onnx is running
+            process.send_signal(signal.SIGTERM)
+            break
+    else:
+        pytest.fail(f"the export ended before its trace: {''.join(seen)}")
+    stderr = "".join(seen) + process.stderr.read()
+    process.wait(HANG_GUARD_S)
+    assert process.returncode == -signal.SIGTERM, stderr
+    assert "error: interrupted (SIGTERM)" in stderr and "Traceback" not in stderr
+    assert not out.exists() and _no_partial_dirs(tmp_path), sorted(p.name for p in tmp_path.iterdir())
 
 
 def test_force_replaces_and_refuses_without(stories_kv, tmp_path):

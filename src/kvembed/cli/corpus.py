@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from ..corpus.options import CorpusOptions
-from ..corpus.signals import Terminated, die_by_signal, sigterm_as_interrupt
+from ..signals import Terminated, die_by_signal, sigterm_as_interrupt
 from . import options as opt
 from .status import print_corpus_runtime
 from .support import EXIT_INTERRUPTED, fail, run_guarded

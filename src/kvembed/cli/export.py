@@ -227,9 +227,12 @@ def export_command(
 
         from ..export.core import run_export
         from ..export.memory import MemoryEstimateWarning
+        from ..signals import sigterm_as_interrupt
 
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-        with warnings.catch_warnings(), StageDisplay() as display:
+        # a scheduler's or timeout's SIGTERM is taken like Ctrl-C: the staging directory and the traced
+        # graph (several times the model's size on disk) are removed, not left behind
+        with sigterm_as_interrupt(), warnings.catch_warnings(), StageDisplay() as display:
             warnings.simplefilter("ignore")
             warnings.simplefilter("default", MemoryEstimateWarning)  # "exporting unchecked" is news
             return run_export(request, progress=display)

@@ -1,7 +1,9 @@
 """What every kvembed command shares: one-line errors, exit codes, ``--debug``, readable warnings.
 
 Expected failures (bad input, missing files or packages, refused options) print one line on
-stderr and exit 2; a check that ran and failed exits 1; Ctrl-C exits 130. Anything else is a bug:
+stderr and exit 2; a check that ran and failed exits 1; Ctrl-C exits 130, and SIGTERM, where a
+command takes it like Ctrl-C (:func:`kvembed.signals.sigterm_as_interrupt`), cleans up the same
+way and then ends the process by the signal. Anything else is a bug:
 one line naming it and how to see the traceback (``--debug`` anywhere on the command line, or
 ``KVEMBED_DEBUG=1``), exit 1. With debugging on, every error shows its traceback.
 
@@ -25,6 +27,7 @@ from typer.core import TyperGroup
 
 from ..errors import CheckFailed, KvembedError
 from ..extras import missing_extra_message
+from ..signals import Terminated, die_by_signal
 from ..version import __version__
 from .status import Waits, stderr_console
 
@@ -104,8 +107,11 @@ def run_guarded(job: Callable[[], Any]) -> Any:
             raise fail(message, EXIT_USER) from None
         except USER_ERRORS as err:
             raise fail(one_line(err), EXIT_USER) from None
-        except KeyboardInterrupt:
-            raise fail("interrupted", EXIT_INTERRUPTED) from None
+        except KeyboardInterrupt as err:
+            stop = fail("interrupted (SIGTERM)" if isinstance(err, Terminated) else "interrupted", EXIT_INTERRUPTED)
+            if isinstance(err, Terminated):  # cleaned up: now die by the signal, as the parent expects
+                die_by_signal(err.signum)
+            raise stop from None
         except Exception as err:  # a bug: say so in one line, and how to see more
             raise fail(
                 f"unexpected {type(err).__name__}: {one_line(err)} (a kvembed bug; rerun with {DEBUG_FLAG} "

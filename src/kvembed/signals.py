@@ -1,9 +1,11 @@
 """SIGTERM handled like Ctrl-C, so a scheduler stopping a run gets the same cleanup and message.
 
-Slurm, Kubernetes and systemd stop jobs with SIGTERM, whose default action kills Python with no
-cleanup (half-written ``.partial-*`` shards, no message). Inside :func:`sigterm_as_interrupt`
-SIGTERM raises :class:`Terminated`, a ``KeyboardInterrupt``, so it takes the very path Ctrl-C
-takes (shard writers abort, Ray shuts down, the CLI says how to resume). Afterwards
+Slurm, Kubernetes, systemd and ``timeout`` stop jobs with SIGTERM, whose default action kills
+Python with no cleanup (half-written ``.partial-*`` shards, an export's staging directory and its
+traced fp32 graph: several times the model's size on disk, no message). Inside
+:func:`sigterm_as_interrupt` SIGTERM raises :class:`Terminated`, a ``KeyboardInterrupt``, so it
+takes the very path Ctrl-C takes (staging directories and work files removed, shard writers
+abort, Ray shuts down, the CLI says what stopped). Afterwards
 :func:`die_by_signal` ends the process by the signal itself, as GNU make and coreutils ``sort`` do
 after cleaning up: the parent then sees "killed by SIGTERM" (shell status 143, Kubernetes exit
 code 143, and systemd counts it as a clean stop rather than a failed exit status).
