@@ -59,7 +59,7 @@ class Workloads:
         return self.long16 + self.short1 + self.clients
 
 
-def make_workloads(tokenizer_file: Path, seed: int = 0) -> Workloads:
+def make_workloads(tokenizer_file: Path, seed: int = 0, client_texts: int = 64) -> Workloads:
     """Plain English cut to token counts (the tokenizer decodes its own prefix back to text)."""
     from tokenizers import Tokenizer
 
@@ -75,7 +75,7 @@ def make_workloads(tokenizer_file: Path, seed: int = 0) -> Workloads:
         return tok.decode(ids).strip()
 
     return Workloads(long16=[text_of(128) for _ in range(16)], short1=[text_of(32)],
-                     clients=[text_of(rng.randint(16, 64)) for _ in range(64)])
+                     clients=[text_of(rng.randint(16, 64)) for _ in range(client_texts)])
 
 
 @dataclass
@@ -100,7 +100,7 @@ class Peer:
 
 
 def start_kvembed(name: str, artifact: Path, log_dir: Path) -> Peer:
-    server = ServerProcess([f"{name}={artifact}"], log_dir / f"kvembed-{name}.log").wait_healthy(300)
+    server = ServerProcess([f"{name}={artifact}"], log_dir / f"kvembed-{name}.log").wait_healthy(1800)  # a 4B model compiles for minutes on OpenVINO
     return Peer(name, "kvembed", server.url, name, server.stop, ["kvembed", "serve", f"{name}={artifact}"])
 
 
@@ -210,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="requests timed per cell and round")
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients of the clients cell")
     parser.add_argument("--requests", type=int, default=128, help="requests per clients cell")
+    parser.add_argument("--client-texts", type=int, default=64, help="distinct texts the clients send (all checked for fidelity)")
     parser.add_argument("--search", action="store_true", help="pick each GGUF's fastest -np/-ub first")
     parser.add_argument("--np", type=int, default=1, help="llama-server -np without --search")
     parser.add_argument("--ub", type=int, default=2048, help="llama-server -ub without --search")
@@ -221,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from kvembed import Embedder
 
-    work = make_workloads(args.reference / "tokenizer.json")
+    work = make_workloads(args.reference / "tokenizer.json", client_texts=args.client_texts)
     reference = Embedder.load(args.reference, provider="cpu").encode(work.all_texts(), normalize=True)
     load_start = load_average()
     chosen = search_llama(args, work, args.log_dir) if args.search else {name: (args.np, args.ub, {}) for name, _ in args.gguf}
@@ -271,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra = {
         "fastest_faithful_llama": fastest,
         "pooling": args.pooling, "threads": args.threads, "rounds": args.rounds, "clients": args.clients,
-        "requests": args.requests, "repeats": args.repeats,
+        "requests": args.requests, "repeats": args.repeats, "client_texts": args.client_texts,
         "load_average_start": load_start, "load_average_end": load_average(),
         "servers": {p.name: {"kind": p.kind, "command": [str(c) for c in p.command]} for p in peers},
         "llama_search": {name: {"np": c[0], "ub": c[1], "cells": c[2]} for name, c in chosen.items()},  # without --search: the -np/-ub given
