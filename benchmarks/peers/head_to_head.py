@@ -88,6 +88,7 @@ class Peer:
     model: str
     stop: Callable[[], Any]
     command: list[str] = field(default_factory=list)
+    tokenize: Callable[[str], list[int]] | None = None  # llama-server's /tokenize: the ids it feeds the model
 
     def client(self) -> Any:
         from openai import OpenAI
@@ -105,10 +106,20 @@ def start_kvembed(name: str, artifact: Path, log_dir: Path) -> Peer:
 
 
 def start_llama(name: str, binary: Path, gguf: Path, pooling: str, threads: int, parallel: int, ubatch: int,
-                log_dir: Path) -> Peer:
+                log_dir: Path, extra_args: Sequence[str] = ()) -> Peer:
     server = LlamaServer(binary, gguf, pooling=pooling, threads=threads, parallel=parallel, ubatch=ubatch,
-                         log_path=log_dir / f"llama-{name}-np{parallel}-ub{ubatch}.log").start()
-    return Peer(name, "llama.cpp", server.base_url, gguf.name, server.stop, server.command())
+                         extra_args=tuple(extra_args), log_path=log_dir / f"llama-{name}-np{parallel}-ub{ubatch}.log").start()
+    return Peer(name, "llama.cpp", server.base_url, gguf.name, server.stop, server.command(), server.tokenize)
+
+
+def same_tokens(peers: Sequence[Peer], reference: Path, text: str) -> dict[str, bool]:
+    """Whether each llama.cpp peer feeds its model the ids kvembed's tokenizer gives ``text``
+    (a BOS or EOS one side adds and the other not shows as a fidelity gap, not as a speed one)."""
+    from kvembed.artifact import load_manifest
+    from kvembed.runtime.artifact import encoder_from_manifest
+
+    ids = list(encoder_from_manifest(reference, load_manifest(reference)).encode([text], "document")[0].ids)
+    return {p.name: p.tokenize(text) == ids for p in peers if p.tokenize is not None}
 
 
 def time_request(peer: Peer, texts: Sequence[str], repeats: int) -> float:
@@ -172,7 +183,8 @@ def search_llama(args: argparse.Namespace, work: Workloads, log_dir: Path) -> di
     best: dict[str, tuple[int, int, dict[str, float]]] = {}
     for name, path in args.gguf:
         for parallel, ubatch in SEARCH:
-            peer = start_llama(name, args.llama_server, path, args.pooling, args.threads, parallel, ubatch, log_dir)
+            peer = start_llama(name, args.llama_server, path, args.pooling, args.threads, parallel, ubatch, log_dir,
+                               args.llama_arg)
             try:
                 cells = measure(peer, work, max(1, args.repeats // 2), args.requests, args.clients)
             finally:
@@ -214,6 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--search", action="store_true", help="pick each GGUF's fastest -np/-ub first")
     parser.add_argument("--np", type=int, default=1, help="llama-server -np without --search")
     parser.add_argument("--ub", type=int, default=2048, help="llama-server -ub without --search")
+    parser.add_argument("--llama-arg", action="append", default=[],
+                        help="one more llama-server argument (repeatable), e.g. --llama-arg=--override-kv "
+                             "--llama-arg=tokenizer.ggml.add_bos_token=bool:false")
     parser.add_argument("--log-dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "head_to_head")
     parser.add_argument("--out", type=Path, default=HERE.parent / "results" / "peers")
     args = parser.parse_args(argv)
@@ -233,7 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             peers.append(start_kvembed(name, artifact, args.log_dir))
         for name, path in args.gguf:
             parallel, ubatch, _ = chosen[name]
-            peers.append(start_llama(name, args.llama_server, path, args.pooling, args.threads, parallel, ubatch, args.log_dir))
+            peers.append(start_llama(name, args.llama_server, path, args.pooling, args.threads, parallel, ubatch, args.log_dir,
+                                     args.llama_arg))
+        tokens = same_tokens(peers, args.reference, work.short1[0])
+        print(f"llama.cpp feeds kvembed's token ids: {tokens}", flush=True)
         cosines = {peer.name: fidelity(peer, work, reference) for peer in peers}
         rounds: list[dict[str, dict[str, float]]] = []
         rng = random.Random(1)
@@ -270,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             figures[f"{k.name}_vs_fastest_faithful_llama_{cell.split('_')[0]}"] = figure(round(ratio, 3), "x")
             fastest[cell.split('_')[0]] = best.name
     extra = {
-        "fastest_faithful_llama": fastest,
+        "fastest_faithful_llama": fastest, "llama_same_token_ids": tokens,
         "pooling": args.pooling, "threads": args.threads, "rounds": args.rounds, "clients": args.clients,
         "requests": args.requests, "repeats": args.repeats, "client_texts": args.client_texts,
         "load_average_start": load_start, "load_average_end": load_average(),
