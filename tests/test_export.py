@@ -29,7 +29,6 @@ from kvembed.export import ALLOWED_OPS, non_portable_ops, op_types, read_manifes
 from kvembed.runtime import Embedder
 from kvembed.artifact import REQUIRED_KEYS, sha256_file
 from kvembed.export.graph.checks import MATRICES_PER_LAYER, decoder_layers_in_graph, weight_matmuls
-from kvembed.artifact.staging import LeftoverWarning
 from kvembed.export.core import OutputExistsError, ParityError, export
 from kvembed.export.gate.verification import verify
 from kvembed.methods import ResolvedMethod, demo_model_path
@@ -285,24 +284,6 @@ def test_interrupted_write_leaves_no_artifact(stories_kv, tmp_path):
         assert _no_partial_dirs(tmp_path)
     finally:
         exporter.progress = lambda stage, detail: None
-
-
-def test_what_a_killed_export_left_is_named_not_deleted(stories_kv, tmp_path):
-    """SIGKILL (the out-of-memory killer) leaves no chance to clean up: the next export into the same
-    folder names what was left, with its size, and deletes nothing (another run may own it)."""
-    exporter, _ = stories_kv
-    staging = tmp_path / ".artifact.partial-0badc0de"
-    trace = tmp_path / ".kvembed-trace-zz"
-    other = tmp_path / ".another.partial-1"  # another output's staging: not this one's to name
-    for folder, size in ((staging, 2_000_000), (trace, 1_500_000), (other, 10)):
-        folder.mkdir()
-        (folder / "model.onnx.data").write_bytes(b"\0" * size)
-    with pytest.warns(LeftoverWarning) as caught:
-        exporter.write(tmp_path / "artifact", "fp32")
-    (message,) = [str(w.message) for w in caught if issubclass(w.category, LeftoverWarning)]
-    assert message.startswith(f"3.5 MB beside {str(tmp_path / 'artifact')!r}") and str(other) not in message
-    assert f"{staging}, {trace};" in message
-    assert staging.exists() and trace.exists() and (tmp_path / "artifact" / "kvembed.json").is_file()
 
 
 def test_cli_export_stopped_by_sigterm_cleans_up_and_dies_by_it(tmp_path):

@@ -11,9 +11,8 @@ import contextlib
 import os
 import shutil
 import uuid
-import warnings
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
 
 class OutputExistsError(FileExistsError):
@@ -33,33 +32,6 @@ def check_output(out: str | os.PathLike[str], force: bool = False) -> Path:
     if path.is_dir() and any(path.iterdir()) and not force:
         raise OutputExistsError(f"output directory {str(path)!r} is not empty; use --force to replace it")
     return path
-
-
-class LeftoverWarning(UserWarning):
-    """Directories a writer killed before it could clean up (SIGKILL, the out-of-memory killer, a
-    power cut) left beside an output: invisible (their names start with a dot), as big as what they held."""
-
-
-def leftovers(out: Path, extra: Iterable[str] = (), keep: Iterable[Path] = ()) -> list[Path]:
-    """``out``'s staging directories (:func:`staged`) and the ``extra`` glob patterns beside it,
-    except ``keep`` (a live writer's own)."""
-    kept = {Path(p).resolve() for p in keep}
-    found = [p for pattern in (f".{out.name}.partial-*", *extra) for p in out.parent.glob(pattern)]
-    return sorted(p for p in found if p.is_dir() and p.resolve() not in kept)
-
-
-def warn_leftovers(out: Path, extra: Iterable[str] = (), keep: Iterable[Path] = ()) -> list[Path]:
-    """One :class:`LeftoverWarning` naming :func:`leftovers` and their size, so a disk filled by
-    killed runs is seen; nothing is deleted (another writer into the same folder may own them)."""
-    found = leftovers(out, extra, keep)
-    if found:
-        size = sum(f.stat().st_size for d in found for f in d.rglob("*") if f.is_file())
-        warnings.warn(
-            f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
-            + f" beside {str(out)!r} left by a run that was killed before it could clean up: "
-            f"{', '.join(str(p) for p in found)}; delete them unless another run is writing there",
-            LeftoverWarning, stacklevel=2)
-    return found
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..artifact import ENCODER_TOKENIZER, MODEL, OPENVINO_MODEL, TOKENIZER, Manifest, file_records
-from ..artifact.staging import OutputExistsError, check_output, staged, warn_leftovers  # noqa: F401  (the exporter's, re-exported)
+from ..artifact.staging import OutputExistsError, check_output, staged  # noqa: F401  (the exporter's, re-exported)
 from ..methods.sharing import output_names
 from ..runtime.artifact import encoder_from_manifest
 from .gate.certify import GATES, HELD_OUT_DECIDES, advisory_checks, advisory_problem, certificate, gate_graph, gate_session, ran_precision
@@ -40,9 +40,6 @@ from .request import ExportRequest
 from .graph.rewrites import optimize_with_onnxruntime, rms_norm_as_div
 from .precision.smoothing import calibration_feeds
 from ..errors import InvalidInput
-
-#: the traced fp32 graph's work directory, beside the output (hidden: a dot first)
-TRACE_PREFIX = ".kvembed-trace-"
 
 
 class ParityError(ExportError):
@@ -157,7 +154,7 @@ class Exporter:
         if self._graph is not None and self._workdir is not None and (self._workdir / MODEL).exists():
             return self._workdir / MODEL
         self.close()
-        self._workdir = Path(tempfile.mkdtemp(prefix=TRACE_PREFIX, dir=workdir))
+        self._workdir = Path(tempfile.mkdtemp(prefix=".kvembed-trace-", dir=workdir))
         path = self._workdir / MODEL
         try:
             if self.release_weights:
@@ -255,7 +252,6 @@ class Exporter:
                 padding_side=embedder.padding_side, **options,
             )
         reference = reference or embedder
-        warn_leftovers(out, extra=(f"{TRACE_PREFIX}*",), keep=[self._workdir] if self._workdir else [])
         with staged(out) as staging:
             traced = self.trace(workdir=out.parent)
             assert self._graph is not None
