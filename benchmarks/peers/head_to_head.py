@@ -233,6 +233,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE.parent / "results" / "peers")
     args = parser.parse_args(argv)
     args.kvembed, args.gguf = pairs(args.kvembed), pairs(args.gguf)
+    missing = [str(p) for p in (args.reference / "kvembed.json", args.llama_server, *(path for _, path in args.kvembed + args.gguf))
+               if not p.exists()]
+    if missing:
+        parser.error(f"not found: {', '.join(missing)} (--reference and --kvembed take artifact directories, "
+                     "--gguf a .gguf file, --llama-server the built binary)")
+    if args.clients < 1 or args.requests < 1 or args.client_texts < 1 or args.rounds < 1 or args.repeats < 1:
+        parser.error("--clients, --requests, --client-texts, --rounds and --repeats must be at least 1")
     args.log_dir.mkdir(parents=True, exist_ok=True)
 
     from kvembed import Embedder

@@ -12,10 +12,10 @@ import typer
 from rich.console import Console
 
 from ..corpus.options import CorpusOptions
-from ..signals import Terminated, die_by_signal, sigterm_as_interrupt
+from ..signals import sigterm_as_interrupt
 from . import options as opt
 from .status import print_corpus_runtime
-from .support import EXIT_INTERRUPTED, fail, run_guarded
+from .support import fail, interrupted, run_guarded
 
 console = Console()
 
@@ -66,10 +66,7 @@ def embed_corpus_command(
         except KeyboardInterrupt as err:
             from ..corpus.output import interrupted_advice
 
-            stop = fail(f"{_stopped_by(err)}: {interrupted_advice(output)}", EXIT_INTERRUPTED)
-            if isinstance(err, Terminated):
-                die_by_signal(err.signum)
-            raise stop from None
+            raise interrupted(err, interrupted_advice(output)) from None
 
     manifest = run_guarded(run)
     print_corpus_runtime(manifest)  # what the workers ran the artifact on, and why
@@ -82,7 +79,3 @@ def embed_corpus_command(
         f"{seconds:.1f}s",
         highlight=False, soft_wrap=True,
     )
-
-
-def _stopped_by(err: KeyboardInterrupt) -> str:
-    return "interrupted (SIGTERM)" if isinstance(err, Terminated) else "interrupted"

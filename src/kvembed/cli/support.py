@@ -84,6 +84,17 @@ def fail(message: str, code: int = EXIT_USER) -> typer.Exit:
     return typer.Exit(code)
 
 
+def interrupted(err: KeyboardInterrupt, advice: str | None = None) -> typer.Exit:
+    """Ctrl-C or SIGTERM (:class:`~kvembed.signals.Terminated`) after the cleanup ran: print
+    ``error: interrupted[ (SIGTERM)][: advice]``; SIGTERM then ends the process by the signal, as
+    the parent expects; Ctrl-C returns the ``typer.Exit`` (130) to raise."""
+    said = "interrupted (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+    stop = fail(f"{said}: {advice}" if advice else said, EXIT_INTERRUPTED)
+    if isinstance(err, Terminated):
+        die_by_signal(err.signum)
+    return stop
+
+
 def _warning_line(message: Any, category: type[Warning], *_: Any, **__: Any) -> None:
     errors.print(f"[yellow]warning:[/] {escape(' '.join(str(message).split()))}", highlight=False, soft_wrap=True)
 
@@ -108,10 +119,7 @@ def run_guarded(job: Callable[[], Any]) -> Any:
         except USER_ERRORS as err:
             raise fail(one_line(err), EXIT_USER) from None
         except KeyboardInterrupt as err:
-            stop = fail("interrupted (SIGTERM)" if isinstance(err, Terminated) else "interrupted", EXIT_INTERRUPTED)
-            if isinstance(err, Terminated):  # cleaned up: now die by the signal, as the parent expects
-                die_by_signal(err.signum)
-            raise stop from None
+            raise interrupted(err) from None
         except Exception as err:  # a bug: say so in one line, and how to see more
             raise fail(
                 f"unexpected {type(err).__name__}: {one_line(err)} (a kvembed bug; rerun with {DEBUG_FLAG} "
