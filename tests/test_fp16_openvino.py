@@ -1,8 +1,8 @@
 """An fp16 artifact on OpenVINO at two bytes a weight (onnxruntime's CPU provider holds fp32 copies,
 twice the memory): under the f16 hint as it is, on a CPU with FP16 (AVX-512 FP16, AMX-FP16), and
 retyped to bf16 (``kvembed.backends.openvino.write_bf16_graph``) under the bf16 hint, on a CPU with BF16. The
-export's advisory checks certify them at fp16's bar against PyTorch, f16 first, and
-``provider="auto"`` then runs the artifact there.
+export's advisory checks certify them at fp16's bar against PyTorch, the one this CPU runs fastest
+first (AMX tiles before vector units), and ``provider="auto"`` then runs the artifact there.
 
 The first load compiles and has OpenVINO stream the blob to the cache (``CACHE_DIR``) instead of
 holding it in memory; later loads import the blob. Both are measured here by the kernel's VmHWM in
@@ -36,8 +36,22 @@ from kvembed.runtime import Embedder  # noqa: E402
 PLUGIN_OWN = 256 * 1024**2
 #: a CPU with BF16 but no FP16 (Zen 4, Cooper Lake)
 NO_FP16 = "avx2,avx512f,avx512_bf16"
-#: one with both (Sapphire Rapids' AVX-512 FP16)
+#: one with both on vector units only
 FP16_AND_BF16 = "avx2,avx512f,avx512_bf16,avx512_fp16"
+#: Sapphire Rapids: bf16 on AMX tiles, fp16 on AVX-512 vectors only
+AMX_BF16_ONLY = FP16_AND_BF16 + ",amx_tile,amx_bf16"
+#: Granite Rapids: both on AMX tiles
+AMX_BOTH = AMX_BF16_ONLY + ",amx_fp16"
+
+
+def fastest_hint_here() -> str:
+    """The hint an fp16 artifact should run with on this CPU, by the rule stated in the docs: bf16
+    where AMX runs bf16 and not fp16 or where the CPU has no FP16, else f16 (the more precise)."""
+    features = cpu_features()
+    tiles_bf16_only = "amx_bf16" in features.flags and "amx_fp16" not in features.flags
+    if not features.runs("f16") or (tiles_bf16_only and features.runs("bf16")):
+        return "bf16"
+    return "f16"
 
 
 def needs(hint: str) -> None:
@@ -60,26 +74,41 @@ def assert_close_to_oracle(embedder, oracle) -> None:
         np.testing.assert_allclose(np.linalg.norm(got, axis=-1), 1.0, atol=1e-6)
 
 
-def test_the_advisory_check_certifies_openvino_f16_and_auto_takes_it(fp16, oracle):
-    needs("f16")
+def test_the_export_certifies_the_alternative_this_cpu_runs_fastest_and_auto_takes_it(fp16, oracle):
+    hint = fastest_hint_here()
+    needs(hint)
+    other = {"f16": "bf16", "bf16": "f16"}[hint]
     manifest = load_manifest(fp16)
-    ov = manifest.certificate("openvino", "fp16")
-    assert ov is not None and ov.target == "openvino-f16" and ov.raw["graph"] == "model.onnx"
+    ov = manifest.certificate("openvino", {"f16": "fp16", "bf16": "bf16"}[hint], bar="fp16")
+    assert ov is not None and ov.target == f"openvino-{hint}" and ov.raw["graph"] == "model.onnx"
     assert ov.min_cosine == 0.999 and 0.999 <= ov.worst_cosine <= 1.0
     advisory = manifest.parity["advisory"]
-    assert advisory["openvino-f16"]["worst_cosine"] == ov.worst_cosine and advisory["openvino-f16"]["held_out"]["backend"] == "openvino-f16"
-    assert advisory["openvino-bf16"] == {"skipped": "not needed: openvino-f16 certified"}  # f16 passed: bf16 is not run
+    assert advisory[f"openvino-{hint}"]["worst_cosine"] == ov.worst_cosine
+    assert advisory[f"openvino-{hint}"]["held_out"]["backend"] == f"openvino-{hint}"
+    assert advisory[f"openvino-{other}"] == {"skipped": f"not needed: openvino-{hint} certified"}  # the first passed: no second pass
     fast = Embedder.load(fp16, ov_cache_dir=False)
-    assert fast.backend == "openvino-f16" and "fp16 artifact certified on OpenVINO" in fast.choice.reason
-    assert "FP16 (avx512_fp16" in fast.choice.reason or "amx_fp16" in fast.choice.reason
+    assert fast.backend == f"openvino-{hint}" and "fp16 artifact certified on OpenVINO" in fast.choice.reason
     assert_close_to_oracle(fast, oracle)
+
+
+def test_the_advisory_alternatives_come_in_the_order_the_cpu_runs_them_fastest(monkeypatch):
+    """The order alone (nothing runs): AMX tiles first, the more precise f16 where both run alike."""
+    from kvembed.export.gate.certify import advisory_checks
+
+    for stated, first in ((AMX_BF16_ONLY, "openvino-bf16"), (AMX_BOTH, "openvino-f16"), (FP16_AND_BF16, "openvino-f16"),
+                          (NO_FP16, "openvino-bf16"), ("avx2", "openvino-f16")):
+        monkeypatch.setenv("KVEMBED_CPU_FEATURES", stated)
+        assert [target for target, _, _ in advisory_checks("fp16")][0] == first, stated
+        assert {bar for _, bar, _ in advisory_checks("fp16")} == {"fp16"}
+    # int8's groups are separate: bf16 always before f32 (a group each)
+    monkeypatch.setenv("KVEMBED_CPU_FEATURES", "avx2")
+    assert [(t, g) for t, _, g in advisory_checks("int8")] == [("openvino-bf16", 0), ("openvino-f32", 1)]
 
 
 def test_without_fp16_the_bf16_check_certifies_the_artifact_retyped_and_auto_runs_it(fp16, oracle, tmp_path, monkeypatch):
     """Stated without FP16, ``kvembed verify --record`` runs the bf16 alternative (the f16 one cannot
     run), on this CPU's BF16, and records it; ``auto`` then runs the artifact on OpenVINO bf16."""
     needs("bf16")
-    fp16_here = cpu_features().fp16  # this CPU's, before another is stated
     copy = shutil.copytree(fp16, tmp_path / "fp16")
     monkeypatch.setenv("KVEMBED_CPU_FEATURES", NO_FP16)
     from kvembed.cli.main import app
@@ -94,15 +123,9 @@ def test_without_fp16_the_bf16_check_certifies_the_artifact_retyped_and_auto_run
     assert fast.backend == "openvino-bf16" and "fp16 artifact certified on OpenVINO (openvino-bf16" in fast.choice.reason
     assert_close_to_oracle(fast, oracle)
     assert len(list((tmp_path / "cache").glob("*.blob"))) == 1 and not list((tmp_path / "cache").glob(".compiling-*"))
-    # the export itself, on this CPU: bf16 certified where there is no FP16, else f16 passed first
-    exported = load_manifest(fp16)
-    if fp16_here:
-        assert exported.parity["advisory"]["openvino-bf16"] == {"skipped": "not needed: openvino-f16 certified"}
-    else:
-        assert exported.certificate("openvino", "bf16", bar="fp16") is not None
 
 
-def test_auto_prefers_f16_then_bf16_by_the_cpu_and_says_why_it_takes_neither(fp16, tmp_path, monkeypatch):
+def test_auto_takes_the_certified_hint_the_cpu_runs_fastest_and_says_why_it_takes_neither(fp16, tmp_path, monkeypatch):
     """The decision alone (nothing runs): an fp16 artifact certified both ways."""
     manifest = json.loads((fp16 / "kvembed.json").read_text())
     base = {"backend": "openvino", "against": "pytorch", "min_cosine": 0.999, "cpu": {}}
@@ -110,7 +133,8 @@ def test_auto_prefers_f16_then_bf16_by_the_cpu_and_says_why_it_takes_neither(fp1
         {**base, "target": "openvino-f16", "precision": "fp16", "hint": "fp16", "worst_cosine": 0.9995},
         {**base, "target": "openvino-bf16", "precision": "bf16", "hint": "bf16", "worst_cosine": 0.9993},
     ]
-    for stated, backend, hint in ((FP16_AND_BF16, "openvino", "f16"), (NO_FP16, "openvino", "bf16"), ("avx2", "onnxruntime", None)):
+    for stated, backend, hint in ((FP16_AND_BF16, "openvino", "f16"), (AMX_BF16_ONLY, "openvino", "bf16"),
+                                  (AMX_BOTH, "openvino", "f16"), (NO_FP16, "openvino", "bf16"), ("avx2", "onnxruntime", None)):
         monkeypatch.setenv("KVEMBED_CPU_FEATURES", stated)
         choice = choose_backend(fp16, manifest=Manifest.from_dict(manifest))
         assert (choice.backend, choice.ov_precision) == (backend, hint), (stated, choice)

@@ -184,11 +184,12 @@ _ONNXRUNTIME_INSTEAD = {
     "int8": "runs on onnxruntime instead",
     "fp16": "runs on onnxruntime instead (on a CPU: fp32 copies of its weights, twice the memory)",
 }
-#: artifact precision -> the OpenVINO hints ``auto`` runs it with where certified, preferred first:
-#: bf16 arithmetic for the fp32 graph (bf16) and int8's dequantised weights, or f32 arithmetic on
-#: int8 weights (the export certifies that only for a weight-only graph, which onnxruntime's CPU
-#: provider runs slower); an fp16 artifact's weights kept fp16 (f16, a CPU with FP16) or retyped to
-#: bf16 (a CPU with BF16: :func:`.openvino.write_bf16_graph`)
+#: artifact precision -> the OpenVINO hints ``auto`` runs it with where certified, the more precise
+#: first among those this CPU runs equally fast (:meth:`~.cpu.CpuFeatures.fastest_first` orders
+#: them): bf16 arithmetic for the fp32 graph (bf16) and int8's dequantised weights, or f32
+#: arithmetic on int8 weights (the export certifies that only for a weight-only graph, which
+#: onnxruntime's CPU provider runs slower); an fp16 artifact's weights kept fp16 (f16, a CPU with
+#: FP16) or retyped to bf16 (a CPU with BF16: :func:`.openvino.write_bf16_graph`)
 _OPENVINO_HINTS = {"bf16": ("bf16",), "int8": ("bf16", "f32"), "fp16": ("f16", "bf16")}
 
 
@@ -207,11 +208,11 @@ def choose_backend(
       (:func:`~kvembed.backends.cpu.cpu_features`) where openvino is installed: OpenVINO, bf16 hint;
       else, an int8 artifact with one of OpenVINO running it in f32 within int8's bar (a
       weight-only graph): OpenVINO, f32 hint;
-    - an fp16 artifact with a certificate of OpenVINO running it in fp16 within fp16's bar, on a CPU
-      with FP16, where openvino is installed: OpenVINO, f16 hint (its weights stay fp16, where
-      onnxruntime's CPU provider holds fp32 copies); else, with one of OpenVINO running it in bf16
-      within fp16's bar, on a CPU with BF16: OpenVINO, bf16 hint (its weights retyped to bf16, two
-      bytes each);
+    - an fp16 artifact with a certificate of OpenVINO running it within fp16's bar in fp16 (on a
+      CPU with FP16: its weights stay fp16, where onnxruntime's CPU provider holds fp32 copies) or
+      in bf16 (on a CPU with BF16: its weights retyped to bf16, two bytes each), where openvino is
+      installed: OpenVINO, the certified hint this CPU runs fastest (AMX tiles before vector
+      units: bf16 on a CPU with AMX-BF16 but not AMX-FP16), f16 where both run alike;
     - otherwise onnxruntime, exactly as before certificates existed (CUDA when onnxruntime-gpu sees
       a GPU, else the CPU): a bf16 artifact's graph is the fp32 one, which its gate also certified
       on onnxruntime, and the reason says why bf16 was not taken.
@@ -232,8 +233,8 @@ def choose_backend(
     if kind not in _ONNXRUNTIME_INSTEAD or (kind == "int8" and "openvino" not in typed.graphs):
         return Choice("onnxruntime", "auto", reason=f"{kind} artifact: onnxruntime", auto=True)
     instead = _ONNXRUNTIME_INSTEAD[kind]
-    hints = _OPENVINO_HINTS[kind]
     features = cpu_features()
+    hints = features.fastest_first(_OPENVINO_HINTS[kind])
     certified = [(hint, found) for hint in hints if (found := typed.certificate("openvino", precision_name(hint), bar=kind))]
     if not certified:
         ran = " or ".join(precision_name(hint) for hint in hints)

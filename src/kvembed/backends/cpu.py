@@ -19,6 +19,7 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 ENV = "KVEMBED_CPU_FEATURES"
 #: the flags that give bf16 matmuls
@@ -28,6 +29,9 @@ FP16_FLAGS = ("avx512_fp16", "amx_fp16")
 #: OpenVINO's reduced-precision hints -> the capability (a :class:`CpuFeatures` field) that runs
 #: them as asked; any other hint (f32) runs everywhere
 HINT_NEEDS = {"bf16": "bf16", "f16": "fp16"}
+#: OpenVINO's reduced-precision hints -> the AMX flag whose tiles run their matmuls (several times
+#: the AVX-512 units' rate: a CPU with AMX-BF16 but not AMX-FP16 runs bf16 on tiles, f16 on vectors)
+HINT_TILES = {"bf16": "amx_bf16", "f16": "amx_fp16"}
 #: the flags a certificate records: what decides which kernels a backend runs
 RELEVANT_FLAGS = (
     "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
@@ -58,6 +62,15 @@ class CpuFeatures:
         """Whether OpenVINO's precision ``hint`` runs as asked here (a reduced one needs its
         instructions; without them OpenVINO runs f32)."""
         return hint not in HINT_NEEDS or bool(getattr(self, HINT_NEEDS[hint]))
+
+    def speed_rank(self, hint: str) -> tuple[bool, bool]:
+        """A sort key: how fast this CPU runs OpenVINO's precision ``hint``, fastest lowest: on AMX
+        tiles, then as asked on vector units, then in f32 (a reduced hint without its instructions)."""
+        return (not self.runs(hint), HINT_TILES.get(hint) not in self.flags)
+
+    def fastest_first(self, hints: Sequence[str]) -> tuple[str, ...]:
+        """``hints`` by :meth:`speed_rank`; ties keep the given order (callers list the more precise first)."""
+        return tuple(sorted(hints, key=self.speed_rank))
 
     def describe_hint(self, hint: str) -> str:
         """:meth:`describe` of the capability ``hint`` needs (BF16 for bf16, FP16 for f16)."""

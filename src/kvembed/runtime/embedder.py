@@ -91,7 +91,7 @@ class Embedder:
         read it: the load reads no file twice).
 
         ``provider``: ``"auto"`` (CUDA when onnxruntime-gpu sees a GPU, else CPU; OpenVINO for a
-        bf16 artifact certified there, see below), ``"cpu"``,
+        bf16, fp16 or int8 artifact certified there, see below), ``"cpu"``,
         ``"cuda"`` or ``"tensorrt"`` (``trt_cache_dir`` keeps built engines between runs,
         ``trt_fp16`` lets TensorRT use fp16 kernels). ``verify`` checks every file's sha256
         against the manifest first (a corrupted or altered file is named in the error).
@@ -106,8 +106,8 @@ class Embedder:
         BF16, else f32); compiled models are kept in ``ov_cache_dir`` (default
         ``$KVEMBED_CACHE_DIR/openvino``, i.e. ``~/.cache/kvembed/openvino``; False: none), so a second
         load imports the compiled blob instead of compiling, several times faster.
-        ``"auto"`` picks OpenVINO (bf16 hint) only for a bf16 artifact certified there, on a CPU with
-        BF16 (:func:`~kvembed.backends.catalogue.choose_backend`); :attr:`backend` and
+        ``"auto"`` picks OpenVINO only for a bf16, fp16 or int8 artifact certified there, under the
+        certified hint this CPU runs fastest (:func:`~kvembed.backends.catalogue.choose_backend`); :attr:`backend` and
         :attr:`choice` say what it picked and why, and one INFO line on the ``kvembed.runtime`` logger.
         ``threads`` sets its inference threads; ``device_id``, ``trt_*``, ``memory_arena`` and ``prepacking`` do not apply.
 

@@ -25,8 +25,10 @@ FP16, AMX-FP16): the weights stay fp16 there, where onnxruntime's CPU provider h
 them. A model whose activations leave fp16's range (fp16 arithmetic, where onnxruntime's CPU
 provider computes fp32) misses fp16's bar there. On a CPU with BF16, OpenVINO runs the same graph
 retyped to bf16 under the bf16 hint (:func:`kvembed.backends.openvino.write_bf16_graph`: two bytes a weight, fp32's
-range). Its advisory checks are alternatives in that order, each at fp16's bar: the first that can run
-here and passes certifies, and the rest are not run (each costs a pass over the weights).
+range). Its advisory checks are alternatives, each at fp16's bar, the one this CPU runs fastest first
+(AMX tiles before vector units: bf16 first on a CPU with AMX-BF16 but not AMX-FP16, f16 first where
+both run alike, for its precision): the first that can run here and passes certifies, and the rest are
+not run (each costs a pass over the weights).
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ GATES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 #: artifact precision -> checks run after the gate passed, each certifying a faster or smaller path
 #: where it passes and failing nothing where it does not: groups of (verify target, tolerance
-#: precision); within a group, alternatives preferred first (the first pass ends the group). int8's
+#: precision); within a group, alternatives in order of preference where this CPU runs them alike
+#: (:func:`advisory_checks` puts the fastest here first; the first pass ends the group). int8's
 #: f32 check is a group of its own: it runs on every CPU, so an artifact certified for bf16 where it
 #: was exported is ready for a CPU without BF16 as well.
 ADVISORY_GATES: dict[str, tuple[tuple[tuple[str, str], ...], ...]] = {
@@ -90,9 +93,12 @@ def check_gate_here(precision: str, certify_emulated: bool = False) -> None:
 
 def advisory_checks(precision: str) -> list[tuple[str, str, int]]:
     """``(target, tolerance precision, group)`` of every advisory check of ``precision``, in order
-    (:data:`ADVISORY_GATES`; a pass ends the rest of its group)."""
+    (:data:`ADVISORY_GATES`; a pass ends the rest of its group): within a group, the alternatives
+    this CPU runs fastest first (:meth:`~kvembed.backends.cpu.CpuFeatures.speed_rank`), so the one
+    that certifies is the one ``auto`` would rather run here."""
+    rank = cpu_features().speed_rank
     return [(target, bar, group) for group, alternatives in enumerate(ADVISORY_GATES.get(precision, ()))
-            for target, bar in alternatives]
+            for target, bar in sorted(alternatives, key=lambda alternative: rank(VERIFY_TARGETS[alternative[0]].setting))]
 
 
 def advisory_problem(target: str, manifest: Mapping[str, Any], passed: str | None = None) -> str | None:
