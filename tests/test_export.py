@@ -29,6 +29,7 @@ from kvembed.export import ALLOWED_OPS, non_portable_ops, op_types, read_manifes
 from kvembed.runtime import Embedder
 from kvembed.artifact import REQUIRED_KEYS, sha256_file
 from kvembed.export.graph.checks import MATRICES_PER_LAYER, decoder_layers_in_graph, weight_matmuls
+from kvembed.artifact.staging import LeftoverWarning, claimed_workdir
 from kvembed.export.core import OutputExistsError, ParityError, export
 from kvembed.export.gate.verification import verify
 from kvembed.methods import ResolvedMethod, demo_model_path
@@ -286,27 +287,57 @@ def test_interrupted_write_leaves_no_artifact(stories_kv, tmp_path):
         exporter.progress = lambda stage, detail: None
 
 
-def test_cli_export_stopped_by_sigterm_cleans_up_and_dies_by_it(tmp_path):
-    """``timeout``, schedulers and ``docker stop`` send SIGTERM: the export takes it like Ctrl-C (its
-    staging directory and traced graph, several times the model's size, removed), says so in one
-    line, and ends by SIGTERM itself."""
-    out = tmp_path / "artifact"
+def _export_until_trace(out: Path) -> tuple[subprocess.Popen, list[str]]:
+    """A real ``kvembed export`` of stories260k into ``out``, read until its trace has started (its
+    staging and trace directories made, torch.onnx running); the process and its stage lines."""
     process = subprocess.Popen([sys.executable, "-m", "kvembed.cli", "export", "--model", "stories260k", "--method", "mean",
                                 "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "KVEMBED_STATUS_AFTER": "0"})  # each stage says when it starts
     seen = []
     for line in process.stderr:  # stage lines, one each when stderr is not a terminal
         seen.append(line)
-        if line.startswith("trace:"):  # the work directory is made and torch.onnx is running
-            process.send_signal(signal.SIGTERM)
-            break
-    else:
-        pytest.fail(f"the export ended before its trace: {''.join(seen)}")
+        if line.startswith("trace:"):
+            return process, seen
+    process.wait(HANG_GUARD_S)
+    pytest.fail(f"the export ended before its trace: {''.join(seen)}")
+
+
+def test_cli_export_stopped_by_sigterm_cleans_up_and_dies_by_it(tmp_path):
+    """``timeout``, schedulers and ``docker stop`` send SIGTERM: the export takes it like Ctrl-C (its
+    staging directory and traced graph, several times the model's size, removed), says so in one
+    line, and ends by SIGTERM itself."""
+    out = tmp_path / "artifact"
+    process, seen = _export_until_trace(out)
+    process.send_signal(signal.SIGTERM)
     stderr = "".join(seen) + process.stderr.read()
     process.wait(HANG_GUARD_S)
     assert process.returncode == -signal.SIGTERM, stderr
     assert "error: interrupted (SIGTERM)" in stderr and "Traceback" not in stderr
     assert not out.exists() and _no_partial_dirs(tmp_path), sorted(p.name for p in tmp_path.iterdir())
+
+
+def test_what_a_killed_export_left_is_named_by_the_next_and_a_live_writers_is_not(stories_kv, tmp_path):
+    """SIGKILL (the out-of-memory killer) leaves no chance to clean up: the next export into the same
+    folder names what was left, with its size, and deletes nothing; the directories of a writer
+    still running there (their locks held) are not named."""
+    exporter, _ = stories_kv
+    out = tmp_path / "artifact"
+    process, _ = _export_until_trace(out)
+    process.kill()
+    process.stderr.read()
+    process.wait(HANG_GUARD_S)
+    killed = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    assert [p.name[:len(".kvembed-trace-")] for p in killed] == [".artifact.parti", ".kvembed-trace-"]
+    with claimed_workdir(tmp_path, ".kvembed-trace-") as live, pytest.warns(LeftoverWarning) as caught:
+        (live / "model.onnx").write_bytes(b"\0" * 1000)
+        exporter.write(out, "fp32")
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, LeftoverWarning)]
+    assert message.endswith(f"left by a run killed before it could clean up (no process holds its lock): "
+                            f"{killed[0]}, {killed[1]}; delete them and their .lock files")
+    assert " MB beside " in message and str(live) not in message
+    assert all(p.is_dir() for p in killed) and (out / "kvembed.json").is_file()  # nothing deleted; the export done
+    assert sorted(p for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith(".")) == killed  # its own and the live one's gone
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".lock")) == sorted(p.name + ".lock" for p in killed)
 
 
 def test_force_replaces_and_refuses_without(stories_kv, tmp_path):

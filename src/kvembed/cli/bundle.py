@@ -30,13 +30,15 @@ def bundle_command(
     runs; the bundle then installs and serves with no network."""
     from ..bundle.build import build_bundle
     from ..bundle.target import parse_target
+    from ..signals import sigterm_as_interrupt
 
     target = parse_target(platform, python, glibc)
     started = time.monotonic()
-    result = build_bundle(
-        artifacts, out, target, with_=list(with_ or []), tar=tar, force=force, prefix=prefix,
-        kvembed_wheel=kvembed_wheel, progress=lambda message: errors.print(f"kvembed bundle: {message}", highlight=False, soft_wrap=True),
-    )
+    with sigterm_as_interrupt():  # a scheduler's stop cleans up the staging directory, as Ctrl-C does
+        result = build_bundle(
+            artifacts, out, target, with_=list(with_ or []), tar=tar, force=force, prefix=prefix,
+            kvembed_wheel=kvembed_wheel, progress=lambda message: errors.print(f"kvembed bundle: {message}", highlight=False, soft_wrap=True),
+        )
     wheels = result.manifest["wheels"]
     console.print(
         f"wrote {result.path} for {target.describe()}: {len(result.manifest['artifacts'])} artifact(s), "

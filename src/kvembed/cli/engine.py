@@ -31,6 +31,7 @@ def build_engine_command(
 
     from ..backends.tensorrt import engine_limits
     from ..export.engine import build_engine
+    from ..signals import sigterm_as_interrupt
     from .support import run_guarded
 
     def job() -> dict:
@@ -41,7 +42,8 @@ def build_engine_command(
             timing_cache=timing_cache, workspace=workspace, opt_level=opt_level, force=force, parity=parity,
         )
 
-    record = run_guarded(job)
+    with sigterm_as_interrupt():  # a scheduler's stop cleans up the staging directory, as Ctrl-C does
+        record = run_guarded(job)
     limits = engine_limits(record)
     Console().print(
         f"engine {out / 'engine.plan'}: TensorRT {record['tensorrt_version']}, {record['gpu']['name']}, "

@@ -226,6 +226,7 @@ def export_command(
         import warnings
 
         from ..export.core import run_export
+        from ..artifact.staging import LeftoverWarning
         from ..export.memory import MemoryEstimateWarning
         from ..signals import sigterm_as_interrupt
 
@@ -235,6 +236,7 @@ def export_command(
         with sigterm_as_interrupt(), warnings.catch_warnings(), StageDisplay() as display:
             warnings.simplefilter("ignore")
             warnings.simplefilter("default", MemoryEstimateWarning)  # "exporting unchecked" is news
+            warnings.simplefilter("default", LeftoverWarning)  # so are gigabytes a killed export left
             return run_export(request, progress=display)
 
     start = time.monotonic()

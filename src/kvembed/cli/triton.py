@@ -17,6 +17,7 @@ from ..errors import MissingDependency
 from ..extras import install_hint
 from ..triton.options import ServingOptions
 from . import options as opt
+from ..signals import sigterm_as_interrupt
 from .support import run_guarded
 
 app = typer.Typer(
@@ -50,7 +51,8 @@ def build(
 
         return write_repository(artifacts, out, name or None, force=force, say=console.print, **settings)
 
-    path = run_guarded(job)
+    with sigterm_as_interrupt():  # a scheduler's stop cleans up the staging directory, as Ctrl-C does
+        path = run_guarded(job)
     models = sorted(p.name for p in path.iterdir() if p.is_dir())
     console.print(f"wrote {path} ({', '.join(models)}); start Triton on it as {path / 'README.md'} says")
 

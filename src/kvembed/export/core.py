@@ -13,6 +13,7 @@ and write one weight at a time (:func:`~kvembed.artifact.external_data.stream_in
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import shutil
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..artifact import ENCODER_TOKENIZER, MODEL, OPENVINO_MODEL, TOKENIZER, Manifest, file_records
-from ..artifact.staging import OutputExistsError, check_output, staged  # noqa: F401  (the exporter's, re-exported)
+from ..artifact.staging import OutputExistsError, check_output, claimed_workdir, staged, warn_leftovers  # noqa: F401  (the exporter's, re-exported)
 from ..methods.sharing import output_names
 from ..runtime.artifact import encoder_from_manifest
 from .gate.certify import GATES, HELD_OUT_DECIDES, advisory_checks, advisory_problem, certificate, gate_graph, gate_session, ran_precision
@@ -40,6 +41,9 @@ from .request import ExportRequest
 from .graph.rewrites import optimize_with_onnxruntime, rms_norm_as_div
 from .precision.smoothing import calibration_feeds
 from ..errors import InvalidInput
+
+#: the traced fp32 graph's work directory, beside the output (hidden: a dot first)
+TRACE_PREFIX = ".kvembed-trace-"
 
 
 class ParityError(ExportError):
@@ -128,6 +132,7 @@ class Exporter:
         self.optimize = optimize
         self.progress = progress or silent
         self._workdir: Path | None = None
+        self._claim = contextlib.ExitStack()  # the trace directory's lock, held while it lives
         self._graph: dict[str, Any] | None = None
         self._reference_outputs: dict[Any, Any] = {}  # the traced embedder's parity outputs
         self._references: dict[str | None, Any] | None = None  # output label -> its single-method reference
@@ -141,7 +146,7 @@ class Exporter:
 
     def close(self) -> None:
         if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._claim.close()  # removes the directory, then its lock
             self._workdir = None
             self._graph = None
 
@@ -154,7 +159,7 @@ class Exporter:
         if self._graph is not None and self._workdir is not None and (self._workdir / MODEL).exists():
             return self._workdir / MODEL
         self.close()
-        self._workdir = Path(tempfile.mkdtemp(prefix=".kvembed-trace-", dir=workdir))
+        self._workdir = self._claim.enter_context(claimed_workdir(Path(workdir or tempfile.gettempdir()), TRACE_PREFIX))
         path = self._workdir / MODEL
         try:
             if self.release_weights:
@@ -252,6 +257,7 @@ class Exporter:
                 padding_side=embedder.padding_side, **options,
             )
         reference = reference or embedder
+        warn_leftovers(out, prefixes=(TRACE_PREFIX,))  # a killed export's gigabytes, seen before more are written
         with staged(out) as staging:
             traced = self.trace(workdir=out.parent)
             assert self._graph is not None
