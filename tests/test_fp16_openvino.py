@@ -85,6 +85,9 @@ def test_the_export_certifies_the_alternative_this_cpu_runs_fastest_and_auto_tak
     advisory = manifest.parity["advisory"]
     assert advisory[f"openvino-{hint}"]["worst_cosine"] == ov.worst_cosine
     assert advisory[f"openvino-{hint}"]["held_out"]["backend"] == f"openvino-{hint}"
+    # chosen because it passed, so held to the bar on text the choice never saw as well
+    assert advisory[f"openvino-{hint}"]["held_out"]["decides"] is True and list(ov.decided_by) == ["gate", "held_out"]
+    assert ov.decided_by["held_out"]["worst_cosine"] >= 0.999
     assert advisory[f"openvino-{other}"] == {"skipped": f"not needed: openvino-{hint} certified"}  # the first passed: no second pass
     fast = Embedder.load(fp16, ov_cache_dir=False)
     assert fast.backend == f"openvino-{hint}" and "fp16 artifact certified on OpenVINO" in fast.choice.reason
@@ -118,7 +121,7 @@ def test_without_fp16_the_bf16_check_certifies_the_artifact_retyped_and_auto_run
     assert done.exit_code == 0, done.output
     ov = load_manifest(copy).certificate("openvino", "bf16", bar="fp16")
     assert ov is not None and ov.target == "openvino-bf16" and ov.hint == "bf16" and ov.raw["graph"] == "model.onnx"
-    assert 0.999 <= ov.worst_cosine <= 1.0
+    assert 0.999 <= ov.worst_cosine <= 1.0 and list(ov.decided_by) == ["gate", "held_out"]  # as at export
     fast = Embedder.load(copy, ov_cache_dir=tmp_path / "cache")
     assert fast.backend == "openvino-bf16" and "fp16 artifact certified on OpenVINO (openvino-bf16" in fast.choice.reason
     assert_close_to_oracle(fast, oracle)

@@ -26,7 +26,7 @@ from ..artifact import ENCODER_TOKENIZER, MODEL, OPENVINO_MODEL, TOKENIZER, Mani
 from ..artifact.staging import OutputExistsError, check_output, claimed_workdir, staged, warn_leftovers  # noqa: F401  (the exporter's, re-exported)
 from ..methods.sharing import output_names
 from ..runtime.artifact import encoder_from_manifest
-from .gate.certify import GATES, HELD_OUT_DECIDES, advisory_checks, advisory_problem, certificate, gate_graph, gate_session, ran_precision
+from .gate.certify import GATES, HELD_OUT_DECIDES, advisory_checks, held_out_decides, advisory_problem, certificate, gate_graph, gate_session, ran_precision
 from .graph.checks import check_graph
 from ..artifact.external_data import keep_external, settle_layout
 from .graph.trace import ExportError, resolve_attention
@@ -371,8 +371,8 @@ class Exporter:
             graph = gate_graph(directory, manifest, target).name
             advisory[target] = {**gated[None].to_dict(), "graph": graph}
             extra: dict[str, Any] = {"graph": graph}
-            decides = precision in HELD_OUT_DECIDES
-            if held_out is not None:  # what ran on the held-out texts (deciding for int8)
+            decides = held_out_decides(precision, advisory=True)
+            if held_out is not None:  # what ran on the held-out texts (deciding: an advisory check)
                 advisory[target]["held_out"] = held_out_record(held_out, target, decides)
                 extra["held_out_worst_cosine"] = held_out.worst_cosine
             held = held_out is None or not decides or held_out.passed

@@ -18,7 +18,8 @@ decompressed in OpenVINO's kernels, where onnxruntime's CPU provider runs slower
 dynamic recipe's integer kernels on onnxruntime are faster than OpenVINO f32, so that check is
 skipped for it). A pass becomes one more certificate, which lets ``provider="auto"`` run the
 artifact there; a miss, or a machine that cannot run it, only costs the certificate, never the
-export.
+export. Every advisory check is decided by the held-out texts as well as the gate's
+(:func:`held_out_decides`): it is chosen because it passes.
 
 An fp16 artifact's graph runs on OpenVINO as it is under the f16 hint, on a CPU with FP16 (AVX-512
 FP16, AMX-FP16): the weights stay fp16 there, where onnxruntime's CPU provider holds fp32 copies of
@@ -26,9 +27,9 @@ them. A model whose activations leave fp16's range (fp16 arithmetic, where onnxr
 provider computes fp32) misses fp16's bar there. On a CPU with BF16, OpenVINO runs the same graph
 retyped to bf16 under the bf16 hint (:func:`kvembed.backends.openvino.write_bf16_graph`: two bytes a weight, fp32's
 range). Its advisory checks are alternatives, each at fp16's bar, the one this CPU runs fastest first
-(AMX tiles before vector units: bf16 first on a CPU with AMX-BF16 but not AMX-FP16, f16 first where
-both run alike, for its precision): the first that can run here and passes certifies, and the rest are
-not run (each costs a pass over the weights).
+(AMX tiles before vector units: bf16 first on a CPU with AMX-BF16 but not AMX-FP16; f16, with more
+mantissa bits, first where both run alike): the first that can run here and passes, held-out texts
+included, certifies, and the rest are not run (each costs a pass over the weights).
 """
 
 from __future__ import annotations
@@ -68,6 +69,14 @@ OWN_GRAPHS = frozenset({"int8"})
 #: is chosen because it passes, so the texts that choose it must reach past the calibration's and
 #: the gate's own, or a recipe fitted to them would be chosen and miss on plain text it never saw
 HELD_OUT_DECIDES = frozenset({"int8"})
+
+
+def held_out_decides(precision: str, advisory: bool = False) -> bool:
+    """Whether the held-out texts decide beside the gate's: for int8 (:data:`HELD_OUT_DECIDES`),
+    and in every ``advisory`` check, of any precision: an advisory check is chosen because it
+    passes (the path ``auto`` runs instead of the gate's, the first of its alternatives that
+    passes), so, like an int8 recipe, it must hold on text its decision never saw."""
+    return advisory or precision in HELD_OUT_DECIDES
 #: what ``--certify-emulated`` is called in messages
 EMULATED_FLAG = "--certify-emulated"
 

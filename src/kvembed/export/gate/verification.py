@@ -1,7 +1,7 @@
 """``kvembed verify``: re-run an artifact's parity gate against a freshly built PyTorch reference,
 after checking its file hashes and whether the source model's config changed since the export.
-Where the held-out texts decide at export (int8: :data:`~kvembed.export.gate.certify.HELD_OUT_DECIDES`),
-they decide here too, on every target checked.
+Where the held-out texts decide at export (int8, and every advisory check:
+:func:`~kvembed.export.gate.certify.held_out_decides`), they decide here too.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ...methods.sharing import AlsoRequest, output_names
 from ...artifact import Manifest, check_files, load_manifest
 from ...runtime.artifact import encoder_from_manifest
 from ..source import load_embedder, source_record
-from .certify import GATES, HELD_OUT_DECIDES, advisory_checks, advisory_problem, certificate, decided_by, gate_graph, gate_session, ran_precision
+from .certify import GATES, HELD_OUT_DECIDES, advisory_checks, held_out_decides, advisory_problem, certificate, decided_by, gate_graph, gate_session, ran_precision
 from .parity import ParityReport, model_gate_texts, parity_reports, reference_runs, run_parity
 from .texts import held_out_texts
 from ..progress import Progress, advance_of, silent
@@ -109,16 +109,17 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     progress("reference", "running the PyTorch reference on the parity texts")
     references, cache, texts = reference.references(), {}, model_gate_texts(reference)
     decides = manifest.precision in HELD_OUT_DECIDES
+    checks = [(target, bar, None) for target, bar in GATES[manifest.precision]]  # group None: the gate's own
+    checks += advisory_checks(manifest.precision)
+    ever_decides = any(held_out_decides(manifest.precision, group is not None) for _, _, group in checks)
     for label, single in references.items():
-        run_on = {**texts, **held_out_texts(decides)} if decides and label is None else texts
+        run_on = {**texts, **held_out_texts(decides)} if ever_decides and label is None else texts
         reference_runs(single, cache, texts=run_on, outputs=output_names(label), advance=advance_of(progress))
     reference.model.to("meta")
     gc.collect()
     encoder = encoder_from_manifest(directory, manifest)
     gates: list[tuple[str, str, dict[str | None, ParityReport]]] = []
     advisory: dict[str, ParityReport | str] = {}
-    checks = [(target, bar, None) for target, bar in GATES[manifest.precision]]  # group None: the gate's own
-    checks += advisory_checks(manifest.precision)
     certificates, passed, held_out = [], {}, {}
     for target, bar, group in checks:
         advised = group is not None
@@ -131,10 +132,11 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
         session = gate_session(target, graph)
         ran = ran_precision(session, manifest.graph_precision)
         gated = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(progress), texts=texts)
-        if decides and gated[None].passed:
+        deciding = held_out_decides(manifest.precision, advised)
+        if deciding and gated[None].passed:
             held_out[target] = run_parity(session, encoder, references[None], bar, texts=held_out_texts(decides), cache=cache)
         del session
-        held = held_out[target].passed if target in held_out else not decides
+        held = held_out[target].passed if target in held_out else not deciding
         if advised:
             advisory[target] = gated[None]
         else:
