@@ -277,3 +277,19 @@ def test_a_bf16_graph_that_cannot_be_written_is_a_clear_error(tmp_path, monkeypa
     with pytest.raises(InvalidInput, match="bf16 copy, which was not written .*free disk space or pass ov_cache_dir"):
         openvino.OpenVINOSession(tmp_path / "model.onnx", precision="bf16", cache_dir=tmp_path / "cache")
     assert not list((tmp_path / "cache").glob(".compiling-*"))  # the staging folder and its partial copy are gone
+
+
+def test_the_export_summary_says_an_alternative_refused_by_the_held_out_texts_is_not_certified(fp16):
+    """The summary line of an advisory check follows the held-out verdict too, not the gate's alone."""
+    from kvembed.cli.export import advisory_line
+    from kvembed.export.gate.parity import ParityReport
+
+    advisory = load_manifest(fp16).parity["advisory"]
+    ran = [(t, a) for t, a in advisory.items() if "skipped" not in a]
+    if not ran:
+        pytest.skip("no OpenVINO alternative ran on this CPU")
+    target, record = ran[0]
+    report = ParityReport.from_dict(record)
+    assert report.passed and "certified: auto runs it" in advisory_line(target, report, "model.onnx")
+    refused = advisory_line(target, report, "model.onnx", held_out_missed=0.99884)
+    assert "below the bar on the held-out texts[/] (0.99884): not certified" in refused and "auto runs it" not in refused

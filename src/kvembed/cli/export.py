@@ -128,14 +128,17 @@ def lengths_line(manifest: Manifest) -> str:
     return f"gate lengths: inputs up to {longest} tokens (prompt included) of max_length {manifest.max_length}{past}"
 
 
-def advisory_line(target: str, advised: Any, graph: str | None) -> str:
+def advisory_line(target: str, advised: Any, graph: str | None, held_out_missed: float | None = None) -> str:
     """One advisory check (an int8 artifact's OpenVINO graph, an fp16 artifact under the f16 or bf16 hint):
-    its figure and whether it certified a faster path, or why it did not run; it never decides pass or fail."""
+    its figure and whether it certified a faster path, or why it did not run; it never decides pass or fail.
+    ``held_out_missed``: the held-out texts' worst cosine where they decided and missed the bar."""
     if isinstance(advised, str):
         return f"advisory {target}: not run ({escape(advised)})"
     needs = HINT_NEEDS.get(VERIFY_TARGETS[target].setting)
     where = f"on a CPU with {needs.upper()}" if needs else "where no faster path is certified"
-    verdict = f"certified: auto runs it {where}" if advised.passed else "[bold yellow]below the bar[/]: not certified"
+    verdict = ("[bold yellow]below the bar[/]: not certified" if not advised.passed else
+               f"[bold yellow]below the bar on the held-out texts[/] ({held_out_missed:.5f}): not certified"
+               if held_out_missed is not None else f"certified: auto runs it {where}")
     return (f"advisory {target} on {graph}: worst cosine {advised.worst_cosine:.7f} vs PyTorch "
             f"(bar {advised.min_cosine_required}); {verdict}")
 
@@ -250,8 +253,10 @@ def export_command(
     for target, gated in manifest.parity.get("gates", {}).items():
         console.print(parity_table(ParityReport.from_dict(gated), f"parity vs PyTorch ({gated['precision']} on {target})"))
     for target, advised in manifest.parity.get("advisory", {}).items():
+        held = advised.get("held_out") or {}
+        missed = held["worst_cosine"] if held.get("decides") and not held.get("meets_bar") else None
         console.print(advisory_line(target, advised.get("skipped") or ParityReport.from_dict(advised),
-                                    advised.get("graph")), highlight=False)
+                                    advised.get("graph"), missed), highlight=False)
     held_out = manifest.parity.get("held_out")
     if held_out is not None:
         console.print(held_out_line(held_out, result.parity.worst_cosine), highlight=False)
@@ -383,7 +388,9 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True, re
             from ..export.gate.targets import VERIFY_TARGETS
 
             for target, advised in result.advisory.items():
-                console.print(advisory_line(target, advised, manifest.graph_file(VERIFY_TARGETS[target].backend)),
+                held = result.held_out.get(target)
+                console.print(advisory_line(target, advised, manifest.graph_file(VERIFY_TARGETS[target].backend),
+                                            held.worst_cosine if held is not None and not held.passed else None),
                               highlight=False)
         recorded = manifest.parity
         if recorded:
