@@ -100,9 +100,10 @@ class Peer:
         return np.asarray([row.embedding for row in sorted(response.data, key=lambda r: r.index)], dtype=np.float32)
 
 
-def start_kvembed(name: str, artifact: Path, log_dir: Path) -> Peer:
-    server = ServerProcess([f"{name}={artifact}"], log_dir / f"kvembed-{name}.log").wait_healthy(1800)  # a 4B model compiles for minutes on OpenVINO
-    return Peer(name, "kvembed", server.url, name, server.stop, ["kvembed", "serve", f"{name}={artifact}"])
+def start_kvembed(name: str, artifact: Path, log_dir: Path, extra_args: Sequence[str] = ()) -> Peer:
+    args = [f"{name}={artifact}", *extra_args]
+    server = ServerProcess(args, log_dir / f"kvembed-{name}.log").wait_healthy(1800)  # a 4B model compiles for minutes on OpenVINO
+    return Peer(name, "kvembed", server.url, name, server.stop, ["kvembed", "serve", *args])
 
 
 def start_llama(name: str, binary: Path, gguf: Path, pooling: str, threads: int, parallel: int, ubatch: int,
@@ -226,6 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--search", action="store_true", help="pick each GGUF's fastest -np/-ub first")
     parser.add_argument("--np", type=int, default=1, help="llama-server -np without --search")
     parser.add_argument("--ub", type=int, default=2048, help="llama-server -ub without --search")
+    parser.add_argument("--kvembed-arg", action="append", default=[],
+                        help="one more `kvembed serve` argument (repeatable; every kvembed server), e.g. "
+                             "--kvembed-arg=--provider --kvembed-arg=openvino --kvembed-arg=--ov-precision --kvembed-arg=bf16")
     parser.add_argument("--llama-arg", action="append", default=[],
                         help="one more llama-server argument (repeatable), e.g. --llama-arg=--override-kv "
                              "--llama-arg=tokenizer.ggml.add_bos_token=bool:false")
@@ -252,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     peers: list[Peer] = []
     try:
         for name, artifact in args.kvembed:
-            peers.append(start_kvembed(name, artifact, args.log_dir))
+            peers.append(start_kvembed(name, artifact, args.log_dir, args.kvembed_arg))
         for name, path in args.gguf:
             parallel, ubatch, _ = chosen[name]
             peers.append(start_llama(name, args.llama_server, path, args.pooling, args.threads, parallel, ubatch, args.log_dir,
