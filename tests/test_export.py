@@ -316,11 +316,11 @@ def test_cli_export_stopped_by_sigterm_cleans_up_and_dies_by_it(tmp_path):
     assert not out.exists() and _no_partial_dirs(tmp_path), sorted(p.name for p in tmp_path.iterdir())
 
 
-def test_what_a_killed_export_left_is_named_by_the_next_and_a_live_writers_is_not(stories_kv, tmp_path):
-    """SIGKILL (the out-of-memory killer) leaves no chance to clean up: the next export into the same
-    folder names what was left, with its size, and deletes nothing; the directories of a writer
-    still running there (their locks held) are not named."""
-    exporter, _ = stories_kv
+def test_what_a_killed_export_left_is_named_by_the_next_and_a_live_writers_is_not(tmp_path):
+    """SIGKILL (the out-of-memory killer) leaves no chance to clean up: the next ``kvembed export``
+    into the same folder names what was left, with its size, and deletes nothing; the directories
+    of a writer still running there (its lock held, here by this process) and of another output are
+    not named."""
     out = tmp_path / "artifact"
     process, _ = _export_until_trace(out)
     process.kill()
@@ -328,16 +328,23 @@ def test_what_a_killed_export_left_is_named_by_the_next_and_a_live_writers_is_no
     process.wait(HANG_GUARD_S)
     killed = sorted(p for p in tmp_path.iterdir() if p.is_dir())
     assert [p.name[:len(".kvembed-trace-")] for p in killed] == [".artifact.parti", ".kvembed-trace-"]
-    with claimed_workdir(tmp_path, ".kvembed-trace-") as live, pytest.warns(LeftoverWarning) as caught:
+    (killed[1] / "model.onnx.data").write_bytes(b"\0" * 2_500_000)  # what a trace had written by then
+    size = sum(f.stat().st_size for d in killed for f in d.rglob("*") if f.is_file())
+    other = tmp_path / ".other.partial-dead"  # another output's leftover, its lock free: not this export's to name
+    other.mkdir()
+    (tmp_path / ".other.partial-dead.lock").touch()
+    with claimed_workdir(tmp_path, ".kvembed-trace-") as live:
         (live / "model.onnx").write_bytes(b"\0" * 1000)
-        exporter.write(out, "fp32")
-    (message,) = [str(w.message) for w in caught if issubclass(w.category, LeftoverWarning)]
-    assert message.endswith(f"left by a run killed before it could clean up (no process holds its lock): "
-                            f"{killed[0]}, {killed[1]}; delete them and their .lock files")
-    assert " MB beside " in message and str(live) not in message
+        done = subprocess.run([sys.executable, "-m", "kvembed.cli", "export", "--model", "stories260k", "--method", "mean",
+                               "--out", str(out)], capture_output=True, text=True, timeout=HANG_GUARD_S)
+        assert done.returncode == 0, done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+    assert line == (f"warning: {size / 1e6:.1f} MB beside {str(out)!r} left by a run killed before it could clean up "
+                    f"(no process holds its lock): {killed[0]}, {killed[1]}; delete them and their .lock files")
+    assert str(live) not in line and str(other) not in line
     assert all(p.is_dir() for p in killed) and (out / "kvembed.json").is_file()  # nothing deleted; the export done
-    assert sorted(p for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith(".")) == killed  # its own and the live one's gone
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".lock")) == sorted(p.name + ".lock" for p in killed)
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))  # its own and the live ones' gone
+    assert left == sorted([".other.partial-dead", ".other.partial-dead.lock"] + [p.name + s for p in killed for s in ("", ".lock")])
 
 
 def test_force_replaces_and_refuses_without(stories_kv, tmp_path):

@@ -255,12 +255,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     peers: list[Peer] = []
     try:
-        for name, artifact in args.kvembed:
-            peers.append(start_kvembed(name, artifact, args.log_dir, args.kvembed_arg))
-        for name, path in args.gguf:
-            parallel, ubatch, _ = chosen[name]
-            peers.append(start_llama(name, args.llama_server, path, args.pooling, args.threads, parallel, ubatch, args.log_dir,
-                                     args.llama_arg))
+        try:
+            for name, artifact in args.kvembed:
+                peers.append(start_kvembed(name, artifact, args.log_dir, args.kvembed_arg))
+            for name, path in args.gguf:
+                parallel, ubatch, _ = chosen[name]
+                peers.append(start_llama(name, args.llama_server, path, args.pooling, args.threads, parallel, ubatch,
+                                         args.log_dir, args.llama_arg))
+        except RuntimeError as err:  # a server that did not start: what it said last, not a traceback
+            said = str(err).strip().splitlines()
+            raise SystemExit(f"error: {said[0]} {said[-1] if len(said) > 1 else ''} (logs in {args.log_dir})") from None
         tokens = same_tokens(peers, args.reference, work.short1[0])
         print(f"llama.cpp feeds kvembed's token ids: {tokens}", flush=True)
         cosines = {peer.name: fidelity(peer, work, reference) for peer in peers}

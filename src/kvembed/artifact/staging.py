@@ -96,9 +96,7 @@ def abandoned(directory: Path) -> bool:
 def leftovers(out: Path, prefixes: Iterable[str] = ()) -> list[Path]:
     """The abandoned (:func:`abandoned`) staging directories of ``out`` (:func:`staged`) and work
     directories named by ``prefixes`` beside it."""
-    found = {p for prefix in (f".{out.name}.partial-", *prefixes) for p in out.parent.glob(f"{prefix}*")
-             if p.is_dir() and abandoned(p)}
-    return sorted(found)
+    return sorted({p for prefix in (f".{out.name}.partial-", *prefixes) for p in out.parent.glob(f"{prefix}*") if abandoned(p)})
 
 
 def warn_leftovers(out: Path, prefixes: Iterable[str] = ()) -> list[Path]:

@@ -108,12 +108,12 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
     # onnxruntime opens the artifact, so the model is never in memory twice
     progress("reference", "running the PyTorch reference on the parity texts")
     references, cache, texts = reference.references(), {}, model_gate_texts(reference)
-    decides = manifest.precision in HELD_OUT_DECIDES
+    unseen = held_out_texts(manifest.precision in HELD_OUT_DECIDES)  # the set the export ran, int8's the wider
     checks = [(target, bar, None) for target, bar in GATES[manifest.precision]]  # group None: the gate's own
     checks += advisory_checks(manifest.precision)
     ever_decides = any(held_out_decides(manifest.precision, group is not None) for _, _, group in checks)
     for label, single in references.items():
-        run_on = {**texts, **held_out_texts(decides)} if ever_decides and label is None else texts
+        run_on = {**texts, **unseen} if ever_decides and label is None else texts
         reference_runs(single, cache, texts=run_on, outputs=output_names(label), advance=advance_of(progress))
     reference.model.to("meta")
     gc.collect()
@@ -134,7 +134,7 @@ def verify(directory: str | os.PathLike[str], progress: Progress | None = None) 
         gated = parity_reports(session, encoder, references, bar, cache=cache, advance=advance_of(progress), texts=texts)
         deciding = held_out_decides(manifest.precision, advised)
         if deciding and gated[None].passed:
-            held_out[target] = run_parity(session, encoder, references[None], bar, texts=held_out_texts(decides), cache=cache)
+            held_out[target] = run_parity(session, encoder, references[None], bar, texts=unseen, cache=cache)
         del session
         held = held_out[target].passed if target in held_out else not deciding
         if advised:
