@@ -10,12 +10,14 @@ The wheel downloads go through pip's cache: the first run fetches them, later ru
 
 from __future__ import annotations
 
+import email.parser
 import json
 import shutil
 import subprocess
 import sys
 import tarfile
 import time
+import zipfile
 from pathlib import Path
 
 import httpx
@@ -24,6 +26,8 @@ from kvembed.bundle.offline import network_cut, offline_env
 import numpy as np
 import openai
 import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 from serve_util import free_port, stop_process
 
 from kvembed.runtime import Embedder
@@ -212,10 +216,16 @@ def test_a_complete_linux_aarch64_wheelhouse(stories_artifact, tmp_path):
     assert manifest["target"]["glibc"] == "2.35" and manifest["extras"] == ["serve", "openvino"]
     assert "aarch64" in (out / "install.sh").read_text()
     wheelhouse = out / "wheelhouse"
+    target_python = Version(f"{python}.0")
+    for wheel in sorted(wheelhouse.glob("*.whl")):  # what the target's pip will check, read here from each METADATA
+        with zipfile.ZipFile(wheel) as archive:
+            metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+            wanted = email.parser.Parser().parsestr(archive.read(metadata).decode(), headersonly=True).get("Requires-Python")
+        assert wanted is None or SpecifierSet(wanted).contains(target_python), (wheel.name, wanted)
     platforms = [arg for tag in manifest["target"]["pip_platforms"] for arg in ("--platform", tag)]
-    dry = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-index", "--find-links", str(wheelhouse),
-         "--only-binary=:all:", *platforms, "--python-version", python, "--implementation", "cp", "--abi", f"cp{python.replace('.', '')}",
+    dry = subprocess.run(  # Requires-Python checked above: pip before 23.3 judges it by this interpreter (pypa/pip#12216)
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--ignore-requires-python", "--no-index",
+         "--find-links", str(wheelhouse), "--only-binary=:all:", *platforms, "--python-version", python, "--implementation", "cp", "--abi", f"cp{python.replace('.', '')}",
          "--target", str(tmp_path / "never"), "--require-hashes", "-r", str(wheelhouse / "requirements.txt")],
         capture_output=True, text=True, env=offline_env(), timeout=300,
     )
@@ -299,3 +309,26 @@ def test_an_unreachable_index_is_named_as_such(stories_artifact, tmp_path):
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: the package index could not be reached")
     assert list(tmp_path.iterdir()) == []
+
+
+def _wheel_requiring(tmp_path: Path, requires_python: str) -> Path:
+    """A minimal pure wheel whose METADATA says ``Requires-Python: requires_python``."""
+    path = tmp_path / "needs-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("needs-1.0.dist-info/METADATA",
+                         f"Metadata-Version: 2.1\nName: needs\nVersion: 1.0\nRequires-Python: {requires_python}\n")
+        archive.writestr("needs-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    return path
+
+
+def test_a_wheel_whose_requires_python_excludes_the_target_is_refused(tmp_path):
+    """The bundle judges Requires-Python by the target's Python, not by the interpreter running pip
+    (pip before 23.3 did the latter in a dry run): 3.12 fits >=3.12 on any interpreter, 3.10 not."""
+    from kvembed.bundle.target import Target
+    from kvembed.bundle.wheelhouse import BundleError, check_fits, read_wheel
+
+    wheel = read_wheel(_wheel_requiring(tmp_path, ">=3.12"))
+    assert wheel.requires_python == ">=3.12"
+    check_fits(wheel, Target("linux-aarch64", "3.12", "2.28"))
+    with pytest.raises(BundleError, match=r"needs-1\.0-py3-none-any\.whl needs Python >=3\.12; the target is CPython 3\.10"):
+        check_fits(wheel, Target("linux-x86_64", "3.10", "2.28"))

@@ -6,7 +6,8 @@ pip evaluates dependency markers (``python_version < "3.11"``, ``platform_machin
 machine it runs on, not on the target, so after each download the closure is re-walked with the
 target's marker environment: what the target needs and pip left out is downloaded in another round,
 what only this machine would need is dropped. The result is checked wheel by wheel against the
-target's tags, and must not hold torch (the runtime is torch-free by contract).
+target's tags and its Requires-Python against the target's Python (pip before 23.3 judges that by
+the interpreter running it, pypa/pip#12216), and must not hold torch (the runtime is torch-free by contract).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class Wheel:
     name: str  # canonical (PEP 503)
     version: str
     requires: list[str] = field(default_factory=list)
+    #: the METADATA's Requires-Python ("" when it names none)
+    requires_python: str = ""
 
     def record(self) -> dict[str, object]:
         return {"file": self.path.name, "name": self.name, "version": self.version,
@@ -157,19 +160,30 @@ def read_wheel(path: Path) -> Wheel:
         if metadata is None:
             raise BundleError(f"{path.name} has no .dist-info/METADATA: not a wheel")
         message = email.parser.Parser().parsestr(archive.read(metadata).decode("utf-8"), headersonly=True)
-    return Wheel(path, canonicalize_name(name), message["Version"], message.get_all("Requires-Dist") or [])
+    return Wheel(path, canonicalize_name(name), message["Version"], message.get_all("Requires-Dist") or [],
+                 (message.get("Requires-Python") or "").strip())
 
 
-def check_tags(wheel: Path, target: Target) -> None:
-    """Refuse a wheel that would not install on the target (pip chose it; this guards the rest)."""
+def check_fits(wheel: Wheel, target: Target) -> None:
+    """Refuse a wheel that would not install on the target, by its tags or its Requires-Python (pip
+    chose it; this guards the rest, whatever pip's version)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
     from packaging.tags import compatible_tags, cpython_tags
     from packaging.utils import parse_wheel_filename
 
     version = tuple(int(part) for part in target.python.split("."))
     platforms = target.pip_platforms()
     supported = {*cpython_tags(version, [target.abi], platforms), *compatible_tags(version, target.abi, platforms)}
-    if not set(parse_wheel_filename(wheel.name)[3]) & supported:
-        raise BundleError(f"{wheel.name} does not install on {target.describe()}")
+    if not set(parse_wheel_filename(wheel.path.name)[3]) & supported:
+        raise BundleError(f"{wheel.path.name} does not install on {target.describe()}")
+    if wheel.requires_python:
+        try:
+            admits = SpecifierSet(wheel.requires_python).contains(target.marker_environment()["python_full_version"])
+        except InvalidSpecifier:
+            raise BundleError(f"{wheel.path.name} has an unreadable Requires-Python {wheel.requires_python!r}") from None
+        if not admits:
+            raise BundleError(f"{wheel.path.name} needs Python {wheel.requires_python}; the target is CPython {target.python} "
+                              "(choose --python accordingly)")
 
 
 def closure(wheels: dict[str, list[Wheel]], root: str, target: Target) -> tuple[dict[str, Wheel], list[str]]:
@@ -237,7 +251,7 @@ def resolve(wheelhouse: Path, root: str, target: Target) -> list[Wheel]:
         if path not in keep:  # what only this machine's markers asked for, or other files pip left
             path.unlink()
     for wheel in chosen.values():
-        check_tags(wheel.path, target)
+        check_fits(wheel, target)
     return sorted(chosen.values(), key=lambda w: w.name)
 
 
