@@ -11,7 +11,13 @@ tests/test_results.py, fails when either page differs from what the records rend
 A headline record is a :mod:`record` record plus ``source`` (the raw file or log page its figures
 come from), ``log`` (``page`` and ``section`` of the lab notes in ``benchmarks/log/``) and
 ``rows``: each a ``figure`` label and a ``value`` template naming figures, ``"{ratio} ({a} vs {b})"``.
-Records render in file-name order.
+A row with ``readme`` (its own short ``figure`` and ``value``) is also one of README's at most
+:data:`README_ROWS` rows; ``charts`` entries put figures on the charts (:mod:`charts`), written as
+SVG to ``docs/assets/charts/``. Records render in file-name order.
+
+The docs site publishes the lab notes as pages under ``lab/`` (``docs/hooks/lab_notes.py``), so the
+Benchmarks page links them there, with the anchors the site gives their headings; README links
+the Benchmarks page and the notes as the repository holds them.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from charts import entry_problems, render_charts  # noqa: E402
 from record import problems  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +38,9 @@ HEADLINE = ROOT / "benchmarks" / "results" / "headline"
 LOG = ROOT / "benchmarks" / "log"
 README = ROOT / "README.md"
 DOCS = ROOT / "docs" / "benchmarks.md"
+CHARTS = ROOT / "docs" / "assets" / "charts"
+#: README's table: at most this many rows, each line at most this many characters
+README_ROWS, README_WIDTH = 8, 120
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 #: headline fields beyond a run record's
 HEADLINE_FIELDS = ("source", "log", "rows")
@@ -46,12 +56,14 @@ def load(directory: Path = HEADLINE) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def slug(heading: str) -> str:
-    """GitHub's anchor for a heading (the log pages are read on GitHub, not on the docs site)."""
+    """GitHub's anchor for a heading, which the docs site gives too (mkdocs.yml: pymdownx.slugs'
+    lowercase slugify) except for a repeated heading's suffix (:func:`anchor`)."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def anchor(page: Path, section: str) -> str:
-    """The anchor of ``section`` on ``page``, with GitHub's ``-1``, ``-2`` for repeated headings."""
+def anchor(page: Path, section: str, site: bool = False) -> str:
+    """The anchor of ``section`` on ``page``, with GitHub's ``-1``, ``-2`` for repeated headings
+    (``site``: the docs site's ``_1``, ``_2``, as Python-Markdown's toc numbers them)."""
     seen: dict[str, int] = {}
     for line in page.read_text(encoding="utf-8").splitlines():
         if line.startswith("#"):
@@ -60,7 +72,7 @@ def anchor(page: Path, section: str) -> str:
             count = seen.get(base, 0)
             seen[base] = count + 1
             if text == section:
-                return base if count == 0 else f"{base}-{count}"
+                return base if count == 0 else f"{base}{'_' if site else '-'}{count}"
     raise LookupError(f"no heading {section!r} in {page}")
 
 
@@ -80,10 +92,13 @@ def headline_problems(data: Mapping[str, Any]) -> list[str]:
         except LookupError as error:
             found.append(str(error))
     for row in data.get("rows") or []:
-        if not row.get("figure") or not row.get("value"):
-            found.append(f"row {row!r} needs a figure label and a value")
-        missing = set(PLACEHOLDER.findall(row.get("value", ""))) - set(data.get("figures") or {})
-        found += [f"row names unknown figure {name!r}" for name in sorted(missing)]
+        for form in [row, *([row["readme"]] if "readme" in row else [])]:
+            if not form.get("figure") or not form.get("value"):
+                found.append(f"row {row!r} needs a figure label and a value")
+            missing = set(PLACEHOLDER.findall(form.get("value", ""))) - set(data.get("figures") or {})
+            found += [f"row names unknown figure {name!r}" for name in sorted(missing)]
+    for entry in data.get("charts") or []:
+        found += entry_problems(entry, data.get("figures") or {})
     return found
 
 
@@ -109,34 +124,65 @@ def cpu_name(data: Mapping[str, Any]) -> str:
     return cpu.get("label") or f"{cpu['model']}, {data.get('cores')} cores"
 
 
+def cpu_short(data: Mapping[str, Any]) -> str:
+    """The CPU in a few words for README: its name before the details, and whether it has AMX."""
+    name = cpu_name(data).split(" (")[0].split(",")[0]
+    return name + (" (AMX)" if data["cpu"].get("flags", {}).get("amx") else "")
+
+
 def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def table(records: list[tuple[Path, dict[str, Any]]], link: Callable[[str], str]) -> str:
-    """The headline table; ``link`` turns a repository path into the URL the page can use."""
+def value_of(template: str, figures: Mapping[str, Any]) -> str:
+    return PLACEHOLDER.sub(lambda m: show(figures[m.group(1)]), template)
+
+
+def table(records: list[tuple[Path, dict[str, Any]]], link: Callable[[str, str], str]) -> str:
+    """The headline table; ``link(page, section)`` is the URL of a log section on the page rendered."""
     lines = ["| figure | value | CPU | date | log |", "|---|---|---|---|---|"]
     for _, data in records:
         page = ROOT / data["log"]["page"]
-        target = f"{link(data['log']['page'])}#{anchor(page, data['log']['section'])}"
+        target = link(data["log"]["page"], data["log"]["section"])
         figures = data["figures"]
         for row in data["rows"]:
-            value = PLACEHOLDER.sub(lambda m: show(figures[m.group(1)]), row["value"])
-            lines.append(f"| {cell(row['figure'])} | {cell(value)} | {cell(cpu_name(data))} | "
+            lines.append(f"| {cell(row['figure'])} | {cell(value_of(row['value'], figures))} | {cell(cpu_name(data))} | "
                          f"{data['date'][:10]} | [{page.stem}]({target}) |")
     return "\n".join(lines) + "\n"
 
 
-def readme(current: str, records: list[tuple[Path, dict[str, Any]]]) -> str:
-    """README.md with the table between the markers (the rest untouched)."""
+def readme_table(records: list[tuple[Path, dict[str, Any]]]) -> str:
+    """README's short table: the rows marked ``readme``, in their short words."""
+    lines = ["| figure | value | CPU |", "|---|---|---|"]
+    for _, data in records:
+        for row in data["rows"]:
+            if "readme" in row:
+                short = row["readme"]
+                lines.append(f"| {cell(short['figure'])} | {cell(value_of(short['value'], data['figures']))} | {cell(cpu_short(data))} |")
+    if len(lines) - 2 > README_ROWS:
+        raise SystemExit(f"README's table would have {len(lines) - 2} rows, over {README_ROWS}: mark fewer rows readme")
+    wide = [line for line in lines if len(line) > README_WIDTH]
+    if wide:
+        raise SystemExit(f"README's table has lines over {README_WIDTH} characters: {wide[0]!r}")
+    return "\n".join(lines) + "\n"
+
+
+def readme(current: str, records: list[tuple[Path, dict[str, Any]]], charts: Mapping[str, str]) -> str:
+    """README.md with the short table and the charts between the markers (the rest untouched)."""
     if current.count(START) != 1 or current.count(END) != 1 or current.index(START) > current.index(END):
         raise SystemExit(f"README.md needs one {START} ... {END} pair")
     head, rest = current.split(START)
     _, tail = rest.split(END)
-    body = ("Current headline figures, each with the CPU and the date it was measured on (how they are "
-            "measured, and the dated lab notes: [docs/benchmarks.md](docs/benchmarks.md)).\n\n"
-            + table(records, lambda path: path))
+    pictures = "".join(f"![{CHART_TITLES[name]}](docs/assets/charts/{name})\n" for name in charts)
+    body = ("Headline figures: speed ratios measured interleaved; served rows at 16 x 128 / 1 x 32 / many clients;\n"
+            "cos: the worst cosine to fp32. Every figure's date, exact configuration and lab notes:\n"
+            "[docs/benchmarks.md](docs/benchmarks.md).\n\n"
+            + readme_table(records) + "\n" + pictures)
     return f"{head}{START}\n{body}{END}{tail}"
+
+
+#: alt text of each chart
+CHART_TITLES = {"peers.svg": "kvembed against its peers, per workload", "fidelity.svg": "Speed against fidelity, per precision"}
 
 
 def log_pages() -> list[tuple[str, str]]:
@@ -145,12 +191,12 @@ def log_pages() -> list[tuple[str, str]]:
     return re.findall(r"^## \[(.+)\]\((.+\.md)\)$", index, flags=re.MULTILINE)
 
 
-def docs_page(records: list[tuple[Path, dict[str, Any]]]) -> str:
-    """docs/benchmarks.md. The log pages live outside docs/, so links to them are
-    repository-root paths (``/benchmarks/log/...``): GitHub resolves them, and ``mkdocs build
-    --strict`` reports absolute links without failing."""
-    link = lambda path: "/" + path  # noqa: E731
-    pages = "\n".join(f"- [{title}]({link('benchmarks/log/' + name)})" for title, name in log_pages())
+def docs_page(records: list[tuple[Path, dict[str, Any]]], charts: Mapping[str, str]) -> str:
+    """docs/benchmarks.md: every row, the charts, and links to the lab notes as the site publishes
+    them (``lab/PAGE.md``, docs/hooks/lab_notes.py), with the site's anchors."""
+    link = lambda page, section: f"lab/{Path(page).name}#{anchor(ROOT / page, section, site=True)}"  # noqa: E731
+    pages = "\n".join(f"- [{title}](lab/{name})" for title, name in log_pages())
+    pictures = "\n".join(f"![{CHART_TITLES[name]}](assets/charts/{name})" for name in charts)
     return f"""# Benchmarks
 
 <!-- Rendered by `python benchmarks/render_results.py` from benchmarks/results/headline/*.json: edit those. -->
@@ -158,6 +204,12 @@ def docs_page(records: list[tuple[Path, dict[str, Any]]]) -> str:
 The figures that are current, each with the CPU and the date it was measured on. Each row comes
 from one JSON record in `benchmarks/results/headline/` that also holds the command, the versions
 and the raw file or log page it was transcribed from.
+
+{pictures}
+
+sentence-transformers has no bar: its ONNX and OpenVINO backends gave no faithful embedder of
+these decoder models ([peers](lab/peers.md)), so there is no speed of theirs to compare at equal
+vectors.
 
 {table(records, link)}
 ## How the figures are measured
@@ -180,19 +232,22 @@ and source, and `python benchmarks/render_results.py` renders this page and the 
 ## The log
 
 The dated lab notes behind these figures, with every run's machine, command and what was changed
-because of it ([index]({link('benchmarks/log/README.md')})):
+because of it ([index](lab/README.md)):
 
 {pages}
 """
 
 
-def render(readme_path: Path = README, docs_path: Path = DOCS) -> dict[Path, str]:
-    """What the README and the Benchmarks page should hold (the README's text outside the markers kept)."""
+def render(readme_path: Path = README, docs_path: Path = DOCS, charts_dir: Path = CHARTS) -> dict[Path, str]:
+    """What the README, the Benchmarks page and the charts should hold (the README's text outside
+    the markers kept)."""
     records = load()
     bad = {path.name: found for path, data in records if (found := headline_problems(data))}
     if bad:
         raise SystemExit("headline records with problems:\n" + "\n".join(f"  {name}: {'; '.join(p)}" for name, p in bad.items()))
-    return {readme_path: readme(readme_path.read_text(encoding="utf-8"), records), docs_path: docs_page(records)}
+    charts = render_charts(records)
+    return {readme_path: readme(readme_path.read_text(encoding="utf-8"), records, charts), docs_path: docs_page(records, charts),
+            **{charts_dir / name: svg for name, svg in charts.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,14 +255,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if README.md or docs/benchmarks.md differ from the rendering")
     parser.add_argument("--readme", type=Path, default=README, help="the README to render into (default: the repository's)")
     parser.add_argument("--docs", type=Path, default=DOCS, help="the Benchmarks page to write (default: docs/benchmarks.md)")
+    parser.add_argument("--charts", type=Path, default=CHARTS, help="the charts' folder (default: docs/assets/charts)")
     args = parser.parse_args(argv)
     stale = []
-    for path, text in render(args.readme, args.docs).items():
+    for path, text in render(args.readme, args.docs, args.charts).items():
         if path.exists() and path.read_text(encoding="utf-8") == text:
             continue
         if args.check:
             stale.append(str(path))
         else:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
             print(f"wrote {path}")
     if stale:

@@ -17,7 +17,9 @@ import os
 import re
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -78,15 +80,69 @@ def test_every_marker_says_why_and_the_marked_set_stays_small() -> None:
 
 
 def test_mkdocs_build_strict(tmp_path: Path) -> None:
-    """The site builds with every warning an error: broken links, a missing page, a docstring or
-    command that mkdocstrings / mkdocs-click cannot render."""
+    """The site builds with every warning an error (a broken link or anchor in Markdown, a missing
+    page, a docstring mkdocstrings cannot render); then every link and anchor of the built HTML
+    resolves, the lab notes and charts are published, and no page shows a raw reST role."""
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
-    assert "--int8-recipe" in cli and "embed-corpus" in cli, "the CLI reference lacks export's options"
+    assert "embed-corpus" in cli and "triton build" in cli, "the CLI reference lacks commands"
+    export = (tmp_path / "site" / "reference" / "cli" / "export" / "index.html").read_text(encoding="utf-8")
+    assert "--int8-recipe" in export, "export's page lacks its options"
+    corpus = (tmp_path / "site" / "reference" / "cli" / "embed-corpus" / "index.html").read_text(encoding="utf-8")
+    assert 'id="examples"' in corpus and "--threads-per-worker" in corpus, "embed-corpus's page lacks its examples"
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text(encoding="utf-8")
     assert 'id="kvembed.runtime.embedder.Embedder.load"' in api
+    site = tmp_path / "site"
+    assert dead_links(site) == []
+    assert (site / "lab" / "peers" / "index.html").is_file() and (site / "assets" / "charts" / "peers.svg").is_file()
+    roles = {page.relative_to(site).as_posix(): sorted(set(ROLE.findall(page.read_text(encoding="utf-8"))))
+             for page in site.rglob("*.html") if "lab" not in page.parts}
+    assert {page: found for page, found in roles.items() if found} == {}, "raw reST roles on the site"
+
+
+#: a reST role as a page would show it raw (``:meth:`Embedder.load```)
+ROLE = re.compile(r":(?:meth|class|func|attr|mod|data|exc|obj|ref|doc):(?:`|<code>)")
+
+
+class _Page(HTMLParser):
+    """A built page's link targets (``href`` and ``src``) and element ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if name == "id" and value:
+                self.ids.add(value)
+            elif name in ("href", "src") and value:
+                self.links.append(value)
+
+
+def dead_links(site: Path) -> list[str]:
+    """Every internal link of the built site that names no file or no anchor there: ``PAGE -> TARGET``."""
+    pages: dict[Path, _Page] = {}
+    for page in site.rglob("*.html"):
+        parsed = _Page()
+        parsed.feed(page.read_text(encoding="utf-8"))
+        pages[page.resolve()] = parsed
+    dead = []
+    for page, parsed in pages.items():
+        for link in parsed.links:
+            if re.match(r"^[a-z][a-z0-9+.-]*:", link) or link.startswith("//"):
+                continue  # another site's (or mailto:, data:)
+            path, _, fragment = unquote(link).partition("#")
+            target = page if not path else (site / path.lstrip("/") if path.startswith("/") else page.parent / path).resolve()
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.is_file():
+                dead.append(f"{page.relative_to(site.resolve())} -> {link}")
+            elif fragment and target.suffix == ".html" and fragment not in pages[target].ids:
+                dead.append(f"{page.relative_to(site.resolve())} -> {link} (no such anchor)")
+    return sorted(set(dead))
 
 
 def test_the_cli_reference_is_the_command_tree() -> None:
@@ -168,3 +224,14 @@ def test_the_guide_runs_on_the_demo_model(page: Path, started: Path, tmp_path: P
         pytest.skip(f"{page_id(page)}: every command is marked or setup (see its '# not run in tests:' reasons)")
     beside(started, tmp_path)
     run_page(page, tmp_path)
+
+
+def test_the_api_page_lists_every_route_of_the_server() -> None:
+    """The Python API page's route table is the app's routes (method and path), no more, no less."""
+    from kvembed.serve import ServeConfig, create_app
+
+    app = create_app(ServeConfig(artifacts=(("m", ROOT / "no-such-artifact"),)))
+    served = {(method, route.path) for route in app.routes for method in getattr(route, "methods", None) or ()
+              if method != "HEAD"}
+    listed = set(re.findall(r"^\| `(GET|POST) (/[^`]*)` \|", (DOCS / "reference" / "api.md").read_text(encoding="utf-8"), re.MULTILINE))
+    assert listed == served

@@ -60,11 +60,12 @@ def test_check_fails_on_stale_pages_and_rendering_mends_them(tmp_path: Path) -> 
     readme, docs = tmp_path / "README.md", tmp_path / "benchmarks.md"
     readme.write_text("# x\n\n<!-- results:start -->\nold\n<!-- results:end -->\n\nkept\n", encoding="utf-8")
     docs.write_text("# Benchmarks\n", encoding="utf-8")
-    paths = ["--readme", str(readme), "--docs", str(docs)]
+    paths = ["--readme", str(readme), "--docs", str(docs), "--charts", str(tmp_path / "charts")]
     assert render_results.main(["--check", *paths]) == 1
     assert docs.read_text(encoding="utf-8") == "# Benchmarks\n"
     assert render_results.main(paths) == 0
     assert render_results.main(["--check", *paths]) == 0
     text = readme.read_text(encoding="utf-8")
     assert "old" not in text and text.startswith("# x\n") and text.endswith("\n\nkept\n")
-    assert "| figure | value | CPU | date | log |" in text
+    assert "| figure | value | CPU |" in text and "docs/assets/charts/peers.svg" in text
+    assert (tmp_path / "charts" / "peers.svg").read_text(encoding="utf-8").startswith("<svg ")

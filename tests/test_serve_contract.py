@@ -87,7 +87,7 @@ def test_the_document_declares_every_response(contract_server):
     error = {"$ref": "#/components/schemas/ErrorBody"}
     for path in ("/v1/embeddings", "/embeddings"):
         responses = paths[path]["post"]["responses"]
-        assert set(responses) == {"200", "400", "401", "404", "413", "422", "429", "500", "503"}
+        assert set(responses) == {"200", "400", "401", "404", "408", "413", "422", "429", "500", "503", "504"}
         for status in set(responses) - {"200"}:
             assert responses[status]["content"] == {"application/json": {"schema": error}}, status
     assert set(paths["/v1/models"]["get"]["responses"]) == {"200", "401", "503"}

@@ -20,6 +20,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     **dict.fromkeys(("mteb", "sentence_transformers"), "eval"),
     "openvino": "openvino",
     "packaging": "bundle",
+    "model_signing": "sign",
 }
 
 

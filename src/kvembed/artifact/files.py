@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InvalidInput
-from .layout import ENGINE_JSON, MANIFEST, MODEL, PLAN
+from .layout import ENGINE_JSON, MANIFEST, MODEL, PLAN, TOKENIZER
 from .manifest import FileRecord, Manifest, load_manifest, manifest_of
 
 
@@ -39,20 +40,67 @@ def file_records(directory: Path) -> dict[str, dict[str, Any]]:
 
 
 def check_records(directory: str | os.PathLike[str], files: Mapping[str, FileRecord]) -> list[str]:
-    """Problems with ``files`` in ``directory`` (missing, wrong size or hash); empty when all is well.
-    The size is compared first: it costs nothing and catches a truncated copy without hashing."""
+    """Problems with ``files`` in ``directory`` (missing, not a regular file, a link out of the
+    folder, wrong size or hash); empty when all is well. The size is compared first: it costs nothing
+    and catches a truncated copy without hashing. Only files inside the folder are ever measured, so
+    no message tells anything about a file elsewhere."""
     directory = Path(directory)
     problems = []
     for name, record in files.items():
-        path = directory / name
-        if not path.is_file():
-            problems.append(f"{name} is missing")
+        path, problem = _inside(directory, name)
+        if problem is not None:
+            problems.append(problem)
             continue
         size = path.stat().st_size
         if size != record.size:
             problems.append(f"{name} has {size} bytes, manifest says {record.size}")
         elif sha256_file(path) != record.sha256:
             problems.append(f"{name} does not match its sha256 in the manifest")
+    return problems
+
+
+def _inside(directory: Path, name: str) -> tuple[Path, str | None]:
+    """``directory / name`` and None when it is a regular file inside the folder (a link is
+    followed only when it stays inside), else the problem in words."""
+    path = directory / name
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return path, f"{name} is missing"
+    except OSError as err:
+        return path, f"{name} cannot be read ({err.strerror})"
+    if stat.S_ISLNK(mode):
+        if not _within(path.resolve(), directory.resolve()):
+            return path, f"{name} is a link out of the artifact folder"
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            return path, f"{name} is a broken link"
+    if not stat.S_ISREG(mode):
+        return path, f"{name} is not a regular file"
+    return path, None
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def folder_problems(directory: str | os.PathLike[str]) -> list[str]:
+    """Entries that would let a reader leave the artifact folder, wherever they are in it: links
+    that resolve outside, and devices, pipes and sockets (a graph's external data may name any file
+    of the folder, so listed or not, none may point away)."""
+    root = Path(directory).resolve()
+    problems = []
+    for folder, subfolders, names in os.walk(root):
+        for name in [*subfolders, *names]:
+            path = Path(folder) / name
+            relative = path.relative_to(root).as_posix()
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                if not _within(path.resolve(), root):
+                    problems.append(f"{relative} is a link out of the artifact folder")
+            elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                problems.append(f"{relative} is not a regular file")
     return problems
 
 
@@ -80,9 +128,9 @@ def engine_problems(directory: str | os.PathLike[str], manifest: Manifest, recor
     if graph and built_from and graph != built_from:
         problems.append(f"{ENGINE_JSON}'s plan was built from a {MODEL} with sha256 {built_from[:12]}..., {MANIFEST} "
                         f"describes one with {graph[:12]}... (files of two exports mixed)")
-    plan = directory / PLAN
-    if not plan.is_file():
-        problems.append(f"{PLAN} is missing")
+    plan, problem = _inside(directory, PLAN)
+    if problem is not None:
+        problems.append(problem)
     elif record.get("plan_sha256") and sha256_file(plan) != record["plan_sha256"]:
         problems.append(f"{PLAN} does not match its sha256 in {ENGINE_JSON}")
     return problems
@@ -101,6 +149,13 @@ def check_intact(source: Manifest | str | os.PathLike[str], engine: Mapping[str,
         problems, what, fix = check_records(directory, manifest.files), "artifact", "re-export it"
     else:
         problems, what, fix = engine_problems(directory, manifest, engine), "engine directory", "rebuild it with kvembed build-engine"
+    problems += [p for p in folder_problems(directory) if p not in problems]
+    unlisted = [name for name in (TOKENIZER, *(manifest.graph_file(b) for b in manifest.graphs)) if name not in manifest.files]
+    if engine is None and MODEL not in manifest.files:
+        unlisted.insert(0, MODEL)
+    if manifest.context_encoder is not None and manifest.context_encoder.tokenizer not in manifest.files:
+        unlisted.append(manifest.context_encoder.tokenizer)
+    problems += [f"{name} is read but not listed in the manifest's files" for name in dict.fromkeys(unlisted)]
     if problems:
         raise DamagedArtifact(f"{what} {str(directory)!r} is damaged: {'; '.join(problems)}; {fix}")
     return manifest

@@ -11,6 +11,9 @@ from pathlib import Path
 
 #: the manifest: what the graph computes, how to tokenise for it, and every file's sha256
 MANIFEST = "kvembed.json"
+#: the signature of the whole folder (``kvembed sign``: every file, the manifest included, but
+#: itself), an OpenSSF model-signing bundle; a loader given a trust key checks it
+SIGNATURE = "kvembed.sig"
 #: the ONNX graph (its weights in ``model.onnx.data`` beside it once they pass the 2 GB protobuf limit)
 MODEL = "model.onnx"
 #: the graph's external weights
@@ -27,6 +30,23 @@ ENCODER_TOKENIZER = "encoder_tokenizer.json"
 PLAN, ENGINE_JSON = "engine.plan", "engine.json"
 #: for messages: what an artifact directory holds and what writes it
 ARTIFACT_FILES = f"{MANIFEST}, {MODEL} and {TOKENIZER}, written by kvembed-export"
+#: the longest file name a manifest may list (most filesystems' own limit)
+LONGEST_NAME = 255
+
+
+def name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a file of an artifact, or None when it can: an artifact is one closed
+    folder, so every file it lists is a plain name in that folder (no separator, no ``..``, no
+    absolute path, no control character). Every reader gets this through the manifest's parse."""
+    if not isinstance(name, str) or not name:
+        return "is not a file name"
+    if len(name) > LONGEST_NAME:
+        return f"is longer than {LONGEST_NAME} characters"
+    if "/" in name or "\\" in name or name in (".", ".."):
+        return "is a path, not a file name in the artifact folder"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "holds a control character"
+    return None
 
 
 def is_artifact(path: str | os.PathLike[str] | None) -> bool:

@@ -22,9 +22,9 @@ from typing import Any, Mapping
 from ..methods.spec import ResolvedMethod
 from .certificates import Certificate, certificates_of
 from .jsonform import field_keys, json_value, over_raw
-from .layout import ARTIFACT_FILES, MANIFEST, MODEL
+from .layout import ARTIFACT_FILES, MANIFEST, MODEL, name_problem
 from .staging import write_text_atomic
-from ..errors import InvalidInput
+from ..errors import InvalidInput, shown
 
 SCHEMA_VERSION = 1
 
@@ -52,6 +52,14 @@ REQUIRED_KEYS = (
 DEFAULTS: Mapping[str, Any] = {"created": None, "layer_selection": None, "context_encoder": None, "also": {}, "certified": [],
                                  "graphs": {}}
 PADDING_SIDES = ("left", "right")
+
+
+def _plain(name: Any, what: str) -> None:
+    """Refuse a file name that is not a plain name inside the artifact folder (:func:`~.layout.name_problem`)."""
+    problem = name_problem(name)
+    if problem is not None:
+        raise InvalidInput(f"{what} {problem}: an artifact lists only plain file names in its own folder; "
+                           "this one was not written by kvembed-export")
 
 
 def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, optional: bool = False) -> Any:
@@ -124,7 +132,9 @@ class ContextEncoder:
     def from_dict(cls, data: Any, where: str) -> "ContextEncoder":
         if not isinstance(data, Mapping):
             raise InvalidInput(f"{where} must be an object, got {data!r}")
-        return cls(_field(data, "tokenizer", str, where), _field(data, "max_length", int, where), _field(data, "pad_id", int, where))
+        tokenizer = _field(data, "tokenizer", str, where)
+        _plain(tokenizer, f"{where}: tokenizer {shown(tokenizer)}")
+        return cls(tokenizer, _field(data, "max_length", int, where), _field(data, "pad_id", int, where))
 
     def to_dict(self) -> dict[str, Any]:
         return over_raw(self, field_keys(ContextEncoder), lambda d: ContextEncoder.from_dict(d, "context_encoder"))
@@ -313,9 +323,12 @@ class Manifest:
         parity = _field(data, "parity", dict, where)
         held_out = parity.get("held_out")
         graphs = _field(data, "graphs", dict, where, optional=True) or {}
+        for name in files:
+            _plain(name, f"{where}: files entry {shown(name)}")
         for backend, name in graphs.items():
-            if not isinstance(name, str) or not name.endswith(".onnx") or Path(name).name != name or "\\" in name:
-                raise InvalidInput(f"{where}: graphs[{backend!r}] must be an .onnx file name in the artifact, got {name!r}")
+            _plain(name, f"{where}: graphs[{shown(backend)}] {shown(name)}")
+            if not name.endswith(".onnx"):
+                raise InvalidInput(f"{where}: graphs[{shown(backend)}] must be an .onnx file name in the artifact, got {shown(name)}")
         return cls(
             schema_version=version,
             kvembed_version=str(data["kvembed_version"]),

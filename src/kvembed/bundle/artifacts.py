@@ -1,7 +1,7 @@
-"""Artifacts into the bundle: each file its manifest lists (plus the manifest), hard-linked when
-source and bundle share a filesystem (a large graph costs no copy), else copied, and every copy
-re-hashed against the artifact's own manifest, so a bundle never carries a file that differs from
-what the exporter certified."""
+"""Artifacts into the bundle: each file its manifest lists (plus the manifest, and a signed
+artifact's ``kvembed.sig``), hard-linked when source and bundle share a filesystem (a large graph
+costs no copy), else copied, and every copy re-hashed against the artifact's own manifest, so a
+bundle never carries a file that differs from what the exporter certified."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..artifact import MANIFEST, Manifest, load_manifest, sha256_file
+from ..artifact import MANIFEST, SIGNATURE, Manifest, load_manifest, sha256_file
 from ..errors import InvalidInput
 
 #: model names end up in file paths, shell scripts and a systemd unit: keep them plain
@@ -36,7 +36,7 @@ def parse_artifact_argument(value: str) -> tuple[str, Path, Manifest]:
 def link_or_copy(source: Path, dest: Path) -> str:
     """Hard-link ``source`` at ``dest`` if the filesystem allows it, else copy; says which."""
     try:
-        os.link(source, dest)
+        os.link(source.resolve(), dest)  # a link inside the artifact: its file, not the link itself
         return "linked"
     except OSError as err:
         if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
@@ -64,10 +64,13 @@ def add_artifact(source: Path, dest: Path, manifest: Manifest) -> dict[str, Any]
             raise InvalidInput(f"{origin} does not match the sha256 in its manifest: the artifact was changed after "
                              "export; re-export it (or restore the file)")
         files[name] = record.to_dict()
-    shutil.copy2(source / MANIFEST, dest / MANIFEST)
-    files[MANIFEST] = {"sha256": sha256_file(dest / MANIFEST), "bytes": (dest / MANIFEST).stat().st_size}
+    signed = (source / SIGNATURE).is_file() and not (source / SIGNATURE).is_symlink()
+    carried = [MANIFEST, *([SIGNATURE] if signed else [])]  # kvembed sign's signature travels
+    for name in carried:
+        shutil.copy2(source / name, dest / name)
+        files[name] = {"sha256": sha256_file(dest / name), "bytes": (dest / name).stat().st_size}
     return {
         "path": f"artifacts/{dest.name}", "method": manifest.method.name, "precision": manifest.precision,
         "dim": manifest.dim, "max_length": manifest.max_length, "kvembed_version": manifest.kvembed_version,
-        "copy": "+".join(sorted(how)) or "none", "files": files,
+        "copy": "+".join(sorted(how)) or "none", "signed": SIGNATURE in files, "files": files,
     }

@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import sys
 import tarfile
 import uuid
@@ -33,6 +34,8 @@ EDITABLE = frozenset({"kvembed.env", "kvembed.service"})
 #: --with NAME -> the kvembed extra it adds to the wheelhouse (serve is always in)
 WITH_EXTRAS = {"openvino": "openvino", "triton": "triton"}
 DEFAULT_PREFIX = "/opt/kvembed"
+#: a bundle built with ``--trust-key``: the public key its install.sh checks every artifact's signature with
+TRUST_KEY = "trust.pem"
 
 Progress = Callable[[str], None]
 
@@ -44,11 +47,13 @@ class BundleResult:
     manifest: dict[str, Any]
 
 
-def extras_for(with_: list[str]) -> list[str]:
+def extras_for(with_: list[str], signed: bool = False) -> list[str]:
+    """The kvembed extras of the wheelhouse: serve, those of ``--with``, and sign for a bundle
+    built with a trust key (its install.sh checks the signatures)."""
     unknown = sorted(set(with_) - set(WITH_EXTRAS))
     if unknown:
         raise InvalidInput(f"--with takes {' or '.join(WITH_EXTRAS)}, got {', '.join(map(repr, unknown))}")
-    return ["serve", *sorted({WITH_EXTRAS[name] for name in with_})]
+    return ["serve", *sorted({WITH_EXTRAS[name] for name in with_} | ({"sign"} if signed else set()))]
 
 
 def tarball_path(out: Path) -> Path:
@@ -57,11 +62,16 @@ def tarball_path(out: Path) -> Path:
 
 def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: Sequence[str] = (), tar: bool = False,
                  force: bool = False, prefix: str = DEFAULT_PREFIX, kvembed_wheel: Path | None = None,
-                 progress: Progress | None = None) -> BundleResult:
-    """Write the bundle for ``target`` at ``out`` (and ``out.tar.gz`` with ``tar``)."""
+                 progress: Progress | None = None, trust_key: Path | None = None) -> BundleResult:
+    """Write the bundle for ``target`` at ``out`` (and ``out.tar.gz`` with ``tar``).
+
+    ``trust_key``: a PEM public key every artifact must be signed with (``kvembed sign``): each
+    bundled copy is checked with it, the key travels as ``trust.pem``, the wheelhouse gets the
+    ``sign`` extra, and ``install.sh`` checks every artifact's signature with the installed kvembed."""
     say = progress or (lambda message: None)
     import packaging.requirements  # noqa: F401  (without the bundle extra: fail now, naming it, not after the download)
 
+    from ..artifact.signing import verify_signature
     from ..artifact.staging import staged
 
     if not artifacts:
@@ -70,7 +80,7 @@ def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: Sequ
     names = [name for name, _, _ in named]
     if len(set(names)) != len(names):
         raise InvalidInput(f"two artifacts are named {sorted({n for n in names if names.count(n) > 1})[0]!r}: name them NAME=DIR")
-    extras = extras_for(list(with_))
+    extras = extras_for(list(with_), signed=trust_key is not None)
     if not re.fullmatch(r"/[A-Za-z0-9._/-]*", prefix):
         raise InvalidInput(f"--prefix must be an absolute path of plain characters, got {prefix!r}")
     out = Path(out).expanduser()
@@ -89,7 +99,16 @@ def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: Sequ
             records = {}
             for name, directory, manifest in named:  # first: a damaged artifact fails before any download
                 say(f"adding artifact {name} ({directory})")
+                if trust_key is not None:  # before any download
+                    verify_signature(directory, trust_key)
                 records[name] = add_artifact(directory, staging / "artifacts" / name, manifest)
+                if trust_key is not None:  # and the copy that ships
+                    try:
+                        verify_signature(staging / "artifacts" / name, trust_key)
+                    except InvalidInput as err:
+                        raise InvalidInput(f"artifact {str(directory)!r} changed while it was bundled: {err}") from None
+            if trust_key is not None:
+                shutil.copyfile(trust_key, staging / TRUST_KEY)
             wheelhouse = staging / "wheelhouse"
             wheelhouse.mkdir()
             say("building kvembed's wheel")
@@ -102,7 +121,7 @@ def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: Sequ
             values = template_values(
                 models=names, target_platform=target.platform, machine=target.machine, python=target.python,
                 target=target.describe(), prefix=prefix, bundle_name=out.name, kvembed_version=__version__,
-                extras=extras, wheel_count=len(wheels), wheelhouse_bytes=wheelhouse_bytes)
+                extras=extras, wheel_count=len(wheels), wheelhouse_bytes=wheelhouse_bytes, signed=trust_key is not None)
             written = write_templates(staging, values)
             manifest = {
                 "schema": BUNDLE_SCHEMA, "kvembed_version": __version__,
@@ -110,6 +129,7 @@ def build_bundle(artifacts: list[str], out: Path, target: Target, *, with_: Sequ
                 "target": target.as_json(), "extras": extras, "prefix": prefix,
                 "built_with": {"python": platform.python_version(), "pip": pip_version, "machine": platform.machine()},
                 "artifacts": records, "wheels": wheel_records, "wheelhouse_bytes": wheelhouse_bytes,
+                "trust_key": None if trust_key is None else {"file": TRUST_KEY, "sha256": sha256_file(staging / TRUST_KEY)},
                 "files": written,
             }
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")

@@ -31,7 +31,7 @@ def fill(text: str, values: Mapping[str, str]) -> str:
 
 def template_values(*, models: list[str], target_platform: str, machine: str, python: str, target: str,
                     prefix: str, bundle_name: str, kvembed_version: str, extras: list[str],
-                    wheel_count: int, wheelhouse_bytes: int) -> dict[str, str]:
+                    wheel_count: int, wheelhouse_bytes: int, signed: bool = False) -> dict[str, str]:
     """Every placeholder's text. Model names are plain (``[A-Za-z0-9._-]``), so they need no quoting."""
     entrypoint = ["kvembed", "serve", *[f"/opt/kvembed/artifacts/{m}" for m in models], "--host", "0.0.0.0", "--port", "8080"]
     return {
@@ -42,6 +42,7 @@ def template_values(*, models: list[str], target_platform: str, machine: str, py
         "ARTIFACTS_SH": " ".join(f'"$HERE/artifacts/{m}"' for m in models),
         "ARTIFACTS_UNIT": " ".join(f"{prefix}/artifacts/{m}" for m in models),
         "DOCKER_ENTRYPOINT": json.dumps(entrypoint),
+        "SIGNED": "yes" if signed else "no",
     }
 
 

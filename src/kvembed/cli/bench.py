@@ -50,12 +50,13 @@ def parse_names(option: str, text: str | None, choices: Sequence[str]) -> tuple[
 
 
 def print_cells(cells: Sequence[Any]) -> None:
-    """The measured cells: results.md's table, one row per line when piped (or when it fits);
-    on a narrower terminal, stacked tables that fit it, every number whole."""
+    """The measured cells: results.md's table where it fits the console (a pipe's is 80 columns
+    unless COLUMNS says otherwise), else stacked tables that fit it, every number whole (results.md
+    in --out keeps the one wide table)."""
     from ..bench.report import COLUMNS, markdown_table, table_rows
 
     text = markdown_table(cells)
-    if not console.is_terminal or max(len(line) for line in text.splitlines()) <= console.width:
+    if max(len(line) for line in text.splitlines()) <= console.width:
         console.print(text, markup=False, highlight=False, soft_wrap=True)
         return
     keys = 4  # backend, precision, batch, seq: what identifies a cell

@@ -24,6 +24,9 @@ def bundle_command(
     prefix: str = typer.Option("/opt/kvembed", "--prefix", help="Where the bundle will live on the host (the systemd unit's paths)."),
     kvembed_wheel: Optional[Path] = typer.Option(None, "--kvembed-wheel", help="Use this kvembed wheel instead of building one from the checkout."),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out (and its .tar.gz)."),
+    trust_key: Optional[Path] = typer.Option(None, "--trust-key", help="PEM public key every artifact must be signed with "
+                                             "(kvembed sign): checked now, carried as trust.pem, and checked again by "
+                                             "install.sh with the installed kvembed (adds the sign extra's wheels)."),
 ) -> None:
     """Write an air-gapped bundle: artifacts, a wheelhouse resolved by pip for the target, install.sh,
     run.sh, a systemd unit, a Dockerfile, README.md and bundle.json. Needs the package index while it
@@ -37,7 +40,7 @@ def bundle_command(
     with sigterm_as_interrupt():  # a scheduler's stop cleans up the staging directory, as Ctrl-C does
         result = build_bundle(
             artifacts, out, target, with_=list(with_ or []), tar=tar, force=force, prefix=prefix,
-            kvembed_wheel=kvembed_wheel, progress=lambda message: errors.print(f"kvembed bundle: {message}", highlight=False, soft_wrap=True),
+            kvembed_wheel=kvembed_wheel, trust_key=trust_key, progress=lambda message: errors.print(f"kvembed bundle: {message}", highlight=False, soft_wrap=True),
         )
     wheels = result.manifest["wheels"]
     console.print(

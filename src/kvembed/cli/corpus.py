@@ -15,6 +15,7 @@ from ..corpus.options import CorpusOptions
 from ..signals import sigterm_as_interrupt
 from . import options as opt
 from .status import print_corpus_runtime
+from .sign import TrustKey, check_trusted
 from .support import fail, interrupted, run_guarded
 
 console = Console()
@@ -26,6 +27,7 @@ def embed_corpus_command(
     input: Optional[list[str]] = typer.Option(None, "--input", "-i", show_default=False, help="Input file, directory or glob (repeatable); .parquet, .jsonl or .txt (with --resume: the recorded ones)."),
     output: Path = typer.Option(..., "--output", "-o", help="Directory for the Parquet shards, _manifest.json and _SUCCESS."),
     settings: opt.Given = opt.GIVEN,
+    trust_key: TrustKey = None,
 ) -> None:
     """Embed a corpus (Parquet, JSONL or TXT files) into Parquet shards of (id, embedding).
 
@@ -60,6 +62,7 @@ def embed_corpus_command(
             if missing:
                 raise fail(f"give {' and '.join(missing)} (or --resume to finish the run recorded in --output)")
             options = CorpusOptions(**given, output=output, overwrite=overwrite, progress=progress)
+        check_trusted(options.artifact, trust_key)  # the artifact given or recorded, before any worker loads it
         try:
             with sigterm_as_interrupt():  # a scheduler's stop is handled like Ctrl-C
                 return embed_corpus(options)
@@ -79,3 +82,8 @@ def embed_corpus_command(
         f"{seconds:.1f}s",
         highlight=False, soft_wrap=True,
     )
+    repeated = manifest.get("duplicate_ids") or {}
+    if repeated.get("count"):
+        examples = ", ".join(repr(value) for value in repeated["examples"])
+        typer.echo(f"warning: {repeated['count']:,} ids are on more than one row ({repeated['rows']:,} rows in all; e.g. "
+                   f"{examples}): --id-column is not unique in the input", err=True)

@@ -15,6 +15,7 @@ from ..errors import InvalidInput
 from ..status import waiting
 from . import options as opt
 from .status import runtime_of
+from .sign import TrustKey, check_trusted, trusted
 from .tables import fitted_tables
 
 console = Console()
@@ -35,6 +36,7 @@ def eval_command(
     batch_size: int = typer.Option(32, help="Texts per encode batch."),
     provider: str = typer.Option("auto", help=f"Runtime provider for artifacts: {PROVIDER_HELP}."),
     threads: Optional[int] = typer.Option(None, help="Runtime intra-op threads for artifacts."),
+    trust_key: TrustKey = None,
 ) -> None:
     """Score artifacts or models on local tasks (STS, retrieval, classification) with mteb.
 
@@ -56,6 +58,8 @@ def eval_command(
     if threads is not None and threads < 1:
         raise InvalidInput(f"--threads must be >= 1, got {threads}")
     local = load_tasks(list(task or []))  # bad task files fail here, before any model or mteb loads
+    if trusted(trust_key) is not None:  # every source a signed artifact, checked before its manifest is read
+        _check_trusted_sources([plans.split_label(value)[1] for value in sources or []], list(baseline or []), trust_key)
     configurations = plans.plan(list(sources or []), list(config or []), method, options, max_length, list(baseline or []))
     plans.preflight(configurations)
     if out.exists() and not out.is_dir():
@@ -103,6 +107,20 @@ def eval_command(
                       highlight=False, soft_wrap=True)
     console.print(f"wrote {paths['json']}, {paths['markdown']}, {paths['chart']} and mteb's result files in {out / 'mteb'}",
                   highlight=False, soft_wrap=True)
+
+
+def _check_trusted_sources(sources: list[str], baselines: list[str], trust_key: Optional[str]) -> None:
+    """Under a trust key: each source an artifact whose signature verifies (a model or a baseline
+    carries no kvembed signature: refused)."""
+    from ..artifact import TRUST_KEY_ENV, is_artifact
+
+    admits = f"--trust-key (or {TRUST_KEY_ENV}) admits only signed artifacts"
+    if baselines:
+        raise InvalidInput(f"{admits}; --baseline {baselines[0]!r} is a sentence-transformers model")
+    for source in sources:
+        if not is_artifact(source):
+            raise InvalidInput(f"{admits}; {source!r} is not an artifact directory (a model carries no kvembed signature)")
+        check_trusted(source, trust_key)
 
 
 def _is_demo_model(config: Any) -> bool:

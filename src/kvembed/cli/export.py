@@ -17,12 +17,13 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-export needs typer and rich: {install_hint('export')} ({err})")
 
-from ..artifact import MANIFEST, Manifest
+from ..artifact import MANIFEST, SIGNATURE, Manifest
 from ..export.gate.targets import VERIFY_TARGETS
 from ..backends.cpu import HINT_NEEDS
 from ..status import waiting
 from . import options as opt
 from .status import Waits
+from .sign import TrustKey, check_trusted
 from .tables import fitted_tables
 from .support import DEBUG_HELP, EXIT_FAILED, default_command_group, guard_app, run_app
 
@@ -279,10 +280,16 @@ def verify_command(
     backends: opt.Backends = "auto",
     no_compare: opt.NoCompare = False,
     record: opt.Record = False,
+    trust_key: TrustKey = None,
 ) -> None:
     """Re-run the parity check of an existing artifact against a freshly built PyTorch reference,
-    then compare the graph across the backends present (polygraphy); --record keeps what passed."""
+    then compare the graph across the backends present (polygraphy); --record keeps what passed.
+    With --trust-key the artifact's signature is checked first."""
+    check_trusted(directory, trust_key)  # before the slow part: an untrusted artifact is not verified
     report_result = run_verify(directory, backends=backends, compare=not no_compare, record=record)
+    if record and (directory / SIGNATURE).is_file():
+        errors.print(f"note: {SIGNATURE} does not cover what --record adds to {MANIFEST}: a trust key refuses the "
+                     f"artifact until it is signed again (kvembed sign {directory} --private-key KEY.pem)", highlight=False, soft_wrap=True)
     if not report_result.passed:
         raise typer.Exit(EXIT_FAILED)
 

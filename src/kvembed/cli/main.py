@@ -25,6 +25,7 @@ from ..status import waiting
 from ..errors import InvalidInput
 from . import options as opt
 from .status import STATUS_HELP, runtime_of
+from .sign import TRUST_KEY_ENV, TrustKey, check_trusted, trusted
 from .support import DEBUG_HELP, errors, guard_app, run_app, version_option
 from .tables import fitted_tables
 
@@ -74,6 +75,7 @@ def embed(
     threads: Optional[int] = typer.Option(None, help="Runtime intra-op threads."),
     similarity: bool = typer.Option(False, "--similarity", help="Print the cosine similarity matrix."),
     use: Optional[str] = typer.Option(None, "--use", help="Artifact output to embed with: an --also label (default: the main method)."),
+    trust_key: TrustKey = None,
 ) -> None:
     """Embed texts with an exported artifact (torch-free runtime) or a model's PyTorch reference.
 
@@ -91,6 +93,9 @@ def embed(
     else:
         source = check_artifact_argument(items.pop(0) if items else None)
     artifact = is_artifact(source)
+    if not artifact and trusted(trust_key) is not None:
+        raise InvalidInput(f"--trust-key (or {TRUST_KEY_ENV}) admits only signed artifacts; {source!r} is not an "
+                           "artifact directory (a PyTorch model carries no kvembed signature)")
     if (input is None) == (not items):
         raise InvalidInput("give texts as arguments or one --input file (not both, not neither)")
     if input is not None:
@@ -102,6 +107,7 @@ def embed(
     if artifact:
         from ..artifact import check_artifact_options, load_manifest
 
+        check_trusted(source, trust_key)  # before the manifest is read: an untrusted artifact is not parsed
         manifest = load_manifest(source)  # read once: every step below is handed it
         check_artifact_options(manifest, method, options, max_length)
         from ..runtime import Embedder
@@ -185,6 +191,7 @@ SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("build-engine", "kvembed.cli.engine", "build_engine_command"),
     ("causal2vec", "kvembed.cli.causal2vec", "app"),
     ("bundle", "kvembed.cli.bundle", "bundle_command"),
+    ("sign", "kvembed.cli.sign", "sign_command"),
 )
 
 

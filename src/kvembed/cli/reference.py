@@ -1,7 +1,7 @@
 """The ``kvembed`` command tree as a click command, for the docs site's CLI reference.
 
-mkdocs-click documents a click command; typer builds one from the app. Generating the reference
-from the command tree itself means the docs cannot drift from ``kvembed --help``.
+typer builds a click command from the app; the docs site's hook (``docs/hooks/cli_pages.py``)
+writes a page per command from it, so the docs cannot drift from ``kvembed --help``.
 ``kvembed-export`` and ``kvembed-layers`` are the very apps ``kvembed export`` and ``kvembed
 layers`` run, so this one tree documents them too.
 """
@@ -43,9 +43,5 @@ def documented(command: Any) -> Any:
 
 
 def kvembed_command() -> Any:
-    """The ``kvembed`` tree (what ``kvembed --help`` prints), as mkdocs-click reads it."""
+    """The ``kvembed`` tree (what ``kvembed --help`` prints), as the docs' hook reads it."""
     return documented(typer.main.get_command(app))
-
-
-#: read by mkdocs-click (``:command: command`` in docs/reference/cli.md)
-command = kvembed_command()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -27,7 +27,7 @@ def serve_command(
     settings: opt.Given = opt.GIVEN,
     ov_precision: opt.OvPrecision = None,
     keep_alive: float = typer.Option(60.0, help="Seconds an idle kept-alive connection stays open (uvicorn's default, 5, races busy clients reusing it)."),
-    graceful_timeout: Optional[float] = typer.Option(None, help="On SIGTERM, cancel requests still running after this many seconds (default: wait)."),
+    graceful_timeout: float = typer.Option(30.0, help="On SIGTERM, cancel requests still running after this many seconds (0: wait for them)."),
     access_log: bool = typer.Option(False, "--access-log/--no-access-log", help="Log every request."),
     log_level: str = typer.Option("info", help="uvicorn log level."),
 ) -> None:
@@ -75,14 +75,14 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float | None, access_log: bool, log_level: str, keep_alive: float = 60.0) -> None:
+def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float, access_log: bool, log_level: str, keep_alive: float = 60.0) -> None:
     """Check the artifacts, bind, load them in the background, say where it serves once they are
     ready, serve until SIGTERM/SIGINT; a damaged artifact, a taken port or a failed load exits 2."""
     import uvicorn
 
     from ..serve.app import create_app, load_embedders, log
     from ..serve.preflight import check_artifacts
-    from ..serve.server import DrainingServer
+    from ..serve.server import DrainingServer, header_deadline
 
     with waiting(f"checking the sha256 of the files of {len(config.artifacts)} artifact(s)"):
         manifests = check_artifacts(config)  # before the bind: a broken artifact never starts a server
@@ -111,7 +111,8 @@ def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float | N
     state = app.state.kvembed
     uvicorn_config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, access_log=access_log,
-        timeout_graceful_shutdown=graceful_timeout, timeout_keep_alive=keep_alive, lifespan="on",
+        timeout_graceful_shutdown=graceful_timeout or None, timeout_keep_alive=keep_alive, lifespan="on",
+        http=header_deadline(config.read_timeout, state.metrics.timeouts.labels("headers").inc),
     )
 
     def on_signal() -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .options import DEFAULT_ID_COLUMN, FORMATS, CorpusError
+from ..runtime.encoding import unicode_problem
 
 SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "txt"}
 #: rows read (and embedded) at a time inside a shard: bounds memory, whatever the shard size
@@ -225,7 +226,7 @@ def _json_sample(file: InputFile, count: int) -> list[Any]:
             if line.strip():
                 try:
                     records.append(json.loads(line))
-                except (ValueError, UnicodeDecodeError):
+                except (ValueError, UnicodeDecodeError, RecursionError):
                     records.append(None)
                 if len(records) == count:
                     break
@@ -338,8 +339,11 @@ def _parse_line(file: InputFile, at: int, raw: bytes, columns: Columns, policy: 
     except json.JSONDecodeError as err:
         policy.bad(file, at, f"not valid JSON ({err.msg} at column {err.colno})")
         return None
+    except RecursionError:
+        policy.bad(file, at, "arrays or objects nested too deeply to parse")
+        return None
     if isinstance(item, str) and columns.id is None:
-        return file.row_id(at), item
+        return _unicode_checked(file, at, file.row_id(at), item, policy)
     if not isinstance(item, dict):
         policy.bad(file, at, f"expected a JSON object with a {columns.text!r} string, got {type(item).__name__}")
         return None
@@ -351,12 +355,25 @@ def _parse_line(file: InputFile, at: int, raw: bytes, columns: Columns, policy: 
         policy.bad(file, at, f"{columns.text!r} is {_json_type(text)}, expected a string")
         return None
     if columns.id is None:
-        return file.row_id(at), text
+        return _unicode_checked(file, at, file.row_id(at), text, policy)
     ident = item.get(columns.id)
     if isinstance(ident, bool) or not isinstance(ident, (str, int)):
         policy.bad(file, at, f"id {columns.id!r} is {_json_type(ident) if columns.id in item else 'missing'}, expected a string or an integer")
         return None
-    return str(ident), text
+    if isinstance(ident, str) and unicode_problem(ident) is not None:
+        policy.bad(file, at, f"id {columns.id!r} {unicode_problem(ident)}")
+        return None
+    return _unicode_checked(file, at, str(ident), text, policy)
+
+
+def _unicode_checked(file: InputFile, at: int, ident: Any, text: str, policy: RecordPolicy) -> tuple[Any, str] | None:
+    """The record, or None (counted under ``--on-error``) when its text is not Unicode text: JSON's
+    ``"\\ud800"`` escape decodes to a lone surrogate, which no tokenizer or Parquet file takes."""
+    problem = unicode_problem(text)
+    if problem is not None:
+        policy.bad(file, at, f"the text {problem}")
+        return None
+    return ident, text
 
 
 def _json_type(value: Any) -> str:

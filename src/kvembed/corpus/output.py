@@ -193,3 +193,22 @@ def _write_record(output: Path, record: dict[str, Any]) -> None:
 def _short(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+#: repeated ids a summary names by value
+DUPLICATE_EXAMPLES = 5
+
+
+def duplicate_ids(output: Path, shards: list[str]) -> dict[str, Any]:
+    """Ids that more than one row of the output carries (``--id-column`` names a column its author
+    meant to be unique; nothing else checks): how many ids, how many rows, a few examples. Reads
+    the id column only, one shard at a time."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    ids = pa.concat_arrays([chunk for name in shards for chunk in pq.read_table(output / name, columns=["id"]).column("id").chunks])
+    counts = pc.value_counts(ids) if len(ids) else pa.array([], pa.struct([("values", ids.type), ("counts", pa.int64())]))
+    repeated = [item for item in counts.to_pylist() if item["counts"] > 1]
+    return {"count": len(repeated), "rows": sum(item["counts"] for item in repeated),
+            "examples": [item["values"] for item in repeated[:DUPLICATE_EXAMPLES]]}

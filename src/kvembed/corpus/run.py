@@ -11,7 +11,7 @@ from ..errors import MissingDependency
 from ..extras import install_hint
 from .inputs import check_first_records
 from .options import CorpusError, CorpusOptions
-from .output import abandon_output, check_output, start_output
+from .output import abandon_output, check_output, duplicate_ids, start_output
 from .plan import Plan, Shard, make_plan, read_artifact
 from .progress import CorpusProgress
 from .shards import read_stats
@@ -49,6 +49,8 @@ def embed_corpus(options: CorpusOptions) -> dict[str, Any]:
             raise CorpusError(f"{err} (then rerun with --resume to keep the {_count(kept)}, or --overwrite to start again)") from err
         raise
     summary = build_summary(options, plan, artifact, sha256, stats, resumed, replaced, time.monotonic() - started)
+    if plan.columns.id is not None:  # ids from the input: nothing made them unique
+        summary["duplicate_ids"] = duplicate_ids(options.output, [shard.name for shard in plan.shards])
     write_summary(options.output, summary)
     return summary
 

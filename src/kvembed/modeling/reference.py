@@ -26,7 +26,7 @@ from ..errors import InvalidInput
 class TorchEmbedder:
     """Embeds texts with a patched Hugging Face model, one method at a time.
 
-    Build it with :meth:`from_pretrained`. ``encode`` returns float32 rows in input order.
+    Build it with `from_pretrained`. ``encode`` returns float32 rows in input order.
     """
 
     def __init__(
@@ -98,14 +98,14 @@ class TorchEmbedder:
         ValueError naming the valid ones. The architecture is checked before weights load.
 
         ``layers="auto"`` (kv-embedding) picks the re-routing set by intrinsic dimension
-        (:mod:`kvembed.modeling.layers`): the first ``num_calibration_texts`` texts of ``calibration`` (a
+        (`kvembed.modeling.layers`): the first ``num_calibration_texts`` texts of ``calibration`` (a
         list of texts, a file with one per line, or ``None`` for the built-in set) go through the
         plain model once, at load time; nothing is cached. The curve and the set are kept in
         ``embedder.layer_selection`` (a JSON-ready dict; ``None`` without ``auto``).
 
         ``also`` adds other methods read from the same forward pass (``"va"``,
         ``"va:layers=8-12"``, ``"last=kv-embedding:pooling=last"``; see
-        :mod:`kvembed.methods.sharing`); ``encode(..., output=label)`` returns theirs.
+        `kvembed.methods.sharing`); ``encode(..., output=label)`` returns theirs.
         """
         if get_method(method).contextual:  # a Causal2Vec checkpoint folder, not a bare model
             if also:
@@ -154,7 +154,7 @@ class TorchEmbedder:
         cls, path: str | os.PathLike[str], method: str, *, max_length: int | None, padding_side: str,
         dtype: torch.dtype | str, **options: Any,
     ) -> "TorchEmbedder":
-        """Load a Causal2Vec checkpoint (:mod:`kvembed.modeling.causal2vec`): its LLM (adapter merged),
+        """Load a Causal2Vec checkpoint (`kvembed.modeling.causal2vec`): its LLM (adapter merged),
         encoder, projector and prompts; ``options`` override the checkpoint's ``causal2vec.json``."""
         import hashlib
 
@@ -275,7 +275,7 @@ class ContextParts:
     pad_id: int
 
     def encoder_kwargs(self) -> dict[str, Any]:
-        """The :class:`TextEncoder` arguments for this context encoder (a copy of the tokenizer:
+        """The `TextEncoder` arguments for this context encoder (a copy of the tokenizer:
         the encoder sets truncation on it)."""
         return {
             "context_tokenizer": Tokenizer.from_str(self.tokenizer.to_str()),

@@ -17,7 +17,7 @@ from ..backends.protocol import Session
 from ..status import waiting
 from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
-from ..artifact import Manifest, manifest_of
+from ..artifact import Manifest, manifest_of, verify_signature
 from .artifact import encoder_from_manifest
 from .batching import CPU_CALL_TOKENS, BatchPolicy, run_batches, run_in_slices
 from .encoding import EncodedText, TextEncoder, check_padding_side, check_texts
@@ -36,11 +36,11 @@ log = logging.getLogger("kvembed.runtime")
 class Embedder:
     """Embeds texts with an exported kvembed artifact, exactly as the PyTorch reference does.
 
-    Build it with :meth:`load`. It is safe to call :meth:`encode` from several threads at once
+    Build it with `load`. It is safe to call `encode` from several threads at once
     (onnxruntime sessions and tokenizers are thread-safe; no state is shared between calls).
     Every embedding method runs the runtime's one batching loop
-    (:func:`~kvembed.runtime.batching.run_batches`) under a
-    :class:`~kvembed.runtime.batching.BatchPolicy`, by default :attr:`policy`.
+    (`run_batches`) under a
+    `BatchPolicy`, by default `policy`.
     """
 
     def __init__(
@@ -50,9 +50,9 @@ class Embedder:
         choice: Choice | None = None,
     ) -> None:
         self.directory = directory
-        #: what the provider chose and why (:func:`~kvembed.backends.catalogue.choose_backend`)
+        #: what the provider chose and why (`choose_backend`)
         self.choice = choice
-        #: the manifest, typed (:class:`~kvembed.artifact.Manifest`), as the load read it; :attr:`manifest` is its JSON
+        #: the manifest, typed (`Manifest`), as the load read it; `manifest` is its JSON
         self.artifact: Manifest = Manifest.of(manifest)
         self.encoder = encoder
         self.session = session
@@ -60,7 +60,7 @@ class Embedder:
         self._renormalise = session.renormalise
         cpu = session.on_cpu
         #: the default batching policy of every embedding method: the call budget and call cost
-        #: given to :meth:`load` ("auto": :data:`CPU_CALL_TOKENS` on the CPU and OpenVINO, none on
+        #: given to `load` ("auto": `CPU_CALL_TOKENS` on the CPU and OpenVINO, none on
         #: GPUs; the session's own ``call_cost``), 32 rows per batch, no padded-token limit per batch
         self.policy = BatchPolicy(
             max_call_tokens=(CPU_CALL_TOKENS if cpu else None) if _auto(max_call_tokens) else max_call_tokens,  # type: ignore[arg-type]
@@ -85,9 +85,10 @@ class Embedder:
         max_call_tokens: int | None | str = "auto",
         call_cost: int | None | str = "auto",
         options: Any = None,
+        trust_key: str | os.PathLike[str] | None = None,
         **backend_keywords: Any,
     ) -> "Embedder":
-        """Open an artifact directory (or its manifest, as :func:`~kvembed.artifact.load_manifest`
+        """Open an artifact directory (or its manifest, as `load_manifest`
         read it: the load reads no file twice).
 
         ``provider``: ``"auto"`` (CUDA when onnxruntime-gpu sees a GPU, else CPU; OpenVINO for a
@@ -96,9 +97,9 @@ class Embedder:
         ``trt_fp16`` lets TensorRT use fp16 kernels). ``verify`` checks every file's sha256
         against the manifest first (a corrupted or altered file is named in the error).
         ``memory_arena=False`` returns activation memory after each call (see
-        :func:`kvembed.backends.onnxruntime.session_options`). ``prepacking=False`` leaves the weights as
+        `kvembed.backends.onnxruntime.session_options`). ``prepacking=False`` leaves the weights as
         the artifact's memory-mapped file (one copy shared by the processes that load it, slower
-        calls; see :func:`~kvembed.backends.onnxruntime.session_options`).
+        calls; see `session_options`).
 
         ``provider="openvino"`` runs the graph with OpenVINO's CPU plugin instead of onnxruntime
         (``pip install 'kvembed[openvino]'``): ``ov_precision`` is its
@@ -107,24 +108,24 @@ class Embedder:
         ``$KVEMBED_CACHE_DIR/openvino``, i.e. ``~/.cache/kvembed/openvino``; False: none), so a second
         load imports the compiled blob instead of compiling, several times faster.
         ``"auto"`` picks OpenVINO only for a bf16, fp16 or int8 artifact certified there, under the
-        certified hint this CPU runs fastest (:func:`~kvembed.backends.catalogue.choose_backend`); :attr:`backend` and
-        :attr:`choice` say what it picked and why, and one INFO line on the ``kvembed.runtime`` logger.
+        certified hint this CPU runs fastest (`choose_backend`); `backend` and
+        `choice` say what it picked and why, and one INFO line on the ``kvembed.runtime`` logger.
         ``threads`` sets its inference threads; ``device_id``, ``trt_*``, ``memory_arena`` and ``prepacking`` do not apply.
 
         ``options``: instead of those flat keywords, the backend's own options dataclass
-        (:class:`~kvembed.backends.onnxruntime.OnnxRuntimeOptions`,
-        :class:`~kvembed.backends.openvino.OpenVINOOptions`,
-        :class:`~kvembed.backends.tensorrt.TensorRTOptions`; see :mod:`kvembed.backends.catalogue`).
+        (`OnnxRuntimeOptions`,
+        `OpenVINOOptions`,
+        `TensorRTOptions`; see `kvembed.backends.catalogue`).
         ``backend_keywords``: the flat keyword of any other field of a backend's options
-        (:func:`~kvembed.backends.catalogue.flat_keywords`); an unknown one is a TypeError.
+        (`flat_keywords`); an unknown one is a TypeError.
 
         ``max_call_tokens``: padded tokens per graph call; a bigger padded batch runs in slices of
-        whole rows (at least one). ``"auto"``: :data:`CPU_CALL_TOKENS` on the CPU and OpenVINO
+        whole rows (at least one). ``"auto"``: `CPU_CALL_TOKENS` on the CPU and OpenVINO
         (less memory and faster there), None (one call) on GPUs. Vectors do not depend on it.
 
-        ``call_cost``: padded tokens one more batch is worth when :meth:`encode` plans texts into
+        ``call_cost``: padded tokens one more batch is worth when `encode` plans texts into
         batches: sorted texts are cut where the padding saved is worth more (see
-        :func:`~kvembed.runtime.batching.plan_batches`). ``"auto"``: the session's own (a few dozen
+        `plan_batches`). ``"auto"``: the session's own (a few dozen
         tokens on onnxruntime's CPU provider, more on OpenVINO, whose calls cost more), None (cut
         every ``batch_size`` rows) on GPUs.
 
@@ -132,7 +133,18 @@ class Embedder:
         artifact's tokenizer and manifest) runs its plan with TensorRT (``provider`` ``"auto"`` or
         ``"tensorrt"``): batches are padded and cut to its profiles' sequence range and split to its
         largest batch. TensorRT and the GPU check are needed only when the first batch runs.
+
+        ``trust_key``: the PEM public key of the key that signed the artifact (``kvembed sign``);
+        before anything else is read, the signature ``kvembed.sig`` must verify with it and cover
+        every file in the folder as it is (`verify_signature`; needs
+        ``pip install 'kvembed[sign]'``): an unsigned artifact, one signed by another key, or one
+        with a file changed, added or removed since signing raises
+        `UntrustedArtifact`, also when the manifest's hashes were
+        rewritten to match. None (the default): no signature is checked, and model-signing is not
+        imported. ``verify=False`` does not skip it.
         """
+        if trust_key is not None:
+            verify_signature(directory.artifact_directory() if isinstance(directory, Manifest) else directory, trust_key)
         manifest = manifest_of(directory)
         path = manifest.artifact_directory()
         choice = choose_backend(path, provider, manifest, options)
@@ -160,7 +172,7 @@ class Embedder:
 
     @property
     def manifest(self) -> dict[str, Any]:
-        """The manifest's JSON form (a copy), for callers that read it as a dict; :attr:`artifact` is the typed one."""
+        """The manifest's JSON form (a copy), for callers that read it as a dict; `artifact` is the typed one."""
         return self.artifact.to_dict()
 
     @property
@@ -202,11 +214,11 @@ class Embedder:
     def backend(self) -> str:
         """What runs the graph, named as ``kvembed verify --backends`` names it: ``onnxruntime-cpu``,
         ``onnxruntime-cuda``, ``onnxruntime-tensorrt``, ``openvino-bf16`` / ``openvino-f32`` (the
-        precision OpenVINO reports it runs) or ``tensorrt``; :attr:`choice` says why."""
+        precision OpenVINO reports it runs) or ``tensorrt``; `choice` says why."""
         return self.session.name
 
     def runtime_line(self) -> str:
-        """:func:`runtime_line` of this artifact as loaded: what runs it and why."""
+        """`runtime_line` of this artifact as loaded: what runs it and why."""
         return runtime_line(self.backend, self.artifact.precision, self.choice)
 
     @property
@@ -220,7 +232,7 @@ class Embedder:
 
     @property
     def max_call_tokens(self) -> int | None:
-        """Padded tokens per graph call (:attr:`policy`'s; None: a padded batch runs as one call)."""
+        """Padded tokens per graph call (`policy`'s; None: a padded batch runs as one call)."""
         return self.policy.max_call_tokens
 
     @max_call_tokens.setter
@@ -229,7 +241,7 @@ class Embedder:
 
     @property
     def call_cost(self) -> int | None:
-        """Padded tokens one more batch is worth when inputs are planned (:attr:`policy`'s)."""
+        """Padded tokens one more batch is worth when inputs are planned (`policy`'s)."""
         return self.policy.call_cost
 
     @call_cost.setter
@@ -241,13 +253,13 @@ class Embedder:
     def run(self, batch: Mapping[str, np.ndarray], output: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Run one padded batch (``TextEncoder.pad`` output); returns ``(embedding, pooled)`` of
         the main method, or of the extra method ``output``. Rows run in slices of
-        :meth:`rows_per_call` (rows are independent: the vectors do not change)."""
+        `rows_per_call` (rows are independent: the vectors do not change)."""
         embedding, pooled = self.run_outputs(batch, output_names(self._label(output)))
         return embedding, pooled
 
     def run_outputs(self, batch: Mapping[str, np.ndarray], names: Sequence[str], policy: BatchPolicy | None = None) -> list[np.ndarray]:
         """The loop's run step: the graph outputs ``names`` of one padded batch, in graph calls of
-        at most :meth:`rows_per_call` rows under ``policy`` (default :attr:`policy`)."""
+        at most `rows_per_call` rows under ``policy`` (default `policy`)."""
         feeds = {name: batch[name] for name in self._inputs}
         width = next(iter(feeds.values())).shape[1]
         values = run_in_slices(feeds, self.rows_per_call(width, policy), lambda part: self.session.run(part, list(names)))
@@ -280,9 +292,9 @@ class Embedder:
 
         Texts are sorted by length and batched by at most ``batch_size`` rows and ``max_batch_tokens``
         padded tokens; each batch runs in graph calls of at most
-        :attr:`max_call_tokens` padded tokens. A single str gives a 1-D vector. Over-long texts are
+        `max_call_tokens` padded tokens. A single str gives a 1-D vector. Over-long texts are
         cut (the prompt template stays whole) and named in one warning. ``output`` picks an extra
-        method of an artifact exported with ``--also`` (see :attr:`outputs`). ``first_index`` is the
+        method of an artifact exported with ``--also`` (see `outputs`). ``first_index`` is the
         position of ``texts[0]`` in a longer stream: errors and warnings name items by that index.
         """
         label = self._label(output)
@@ -295,11 +307,11 @@ class Embedder:
 
     def token_inputs(self, ids: Sequence[Sequence[int]], kind: str = "document") -> list[EncodedText]:
         """Pre-tokenised inputs as the graph takes them: each row is the whole model input, fed verbatim
-        (cut to :attr:`max_length` and flagged ``truncated`` when longer).
+        (cut to `max_length` and flagged ``truncated`` when longer).
 
         Only methods that embed raw text (template ``{text}``, no clean-up, no placeholder, no pool
         span: ``va``, ``last-token``, ``mean``) accept ids: for them ``tokenizer.encode(text).ids`` gives
-        exactly :meth:`encode`'s input. Prompt methods raise ValueError: wrapping ids in a prompt at the
+        exactly `encode`'s input. Prompt methods raise ValueError: wrapping ids in a prompt at the
         token level would not reproduce the ids of the prompted text (merges across the boundary).
         """
         method = self.method
@@ -328,7 +340,7 @@ class Embedder:
         normalize: bool = True,
         output: str | None = None,
     ) -> np.ndarray:
-        """Embed pre-tokenised rows (see :meth:`token_inputs`): float32 ``(n, dim)`` in input order."""
+        """Embed pre-tokenised rows (see `token_inputs`): float32 ``(n, dim)`` in input order."""
         policy = BatchPolicy.from_options(self.policy, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
         return self.embed_encoded(self.token_inputs(ids, kind), output, policy=policy, normalize=normalize)
 
@@ -342,8 +354,8 @@ class Embedder:
         show_progress_bar: bool | None = False,
         on_batch: Callable[[list[int], Mapping[str, np.ndarray]], None] | None = None,
     ) -> np.ndarray:
-        """Embed already-encoded inputs (:meth:`TextEncoder.encode`, :meth:`token_inputs`, a server's
-        queue) under ``policy`` (default :attr:`policy`): float32 ``(n, dim)`` in input order, the
+        """Embed already-encoded inputs (`TextEncoder.encode`, `token_inputs`, a server's
+        queue) under ``policy`` (default `policy`): float32 ``(n, dim)`` in input order, the
         normalised embedding of ``output`` (or its pooled vector with ``normalize=False``).
         ``on_batch(indices, padded_batch)`` follows every batch. The servers' entry point."""
         name = output_names(self._label(output))[0 if normalize else 1]
@@ -359,7 +371,7 @@ class Embedder:
         on_batch: Callable[[list[int], Mapping[str, np.ndarray]], None] | None = None,
     ) -> dict[str, np.ndarray]:
         """The graph outputs ``names`` (e.g. ``embedding`` and ``embedding.<label>``) of encoded
-        inputs in one pass: the batching loop with :meth:`TextEncoder.pad` and :meth:`run_outputs`."""
+        inputs in one pass: the batching loop with `TextEncoder.pad` and `run_outputs`."""
         policy = policy or self.policy
         outputs = {name: np.zeros((len(items), self._width(name)), dtype=np.float32) for name in names}
         with _progress(len(items), show_progress_bar) as advance:
@@ -423,7 +435,7 @@ def runtime_line(backend: str, precision: str, choice: Choice | None = None, sub
     """One line naming what computes the vectors and why, e.g. ``runtime: openvino-bf16 running the
     bf16 artifact (provider auto: certified on OpenVINO (...), this CPU has ...)``: the commands
     print it (embed, serve, eval, embed-corpus) so a user knows which backend and precision
-    answered, and why ``auto`` took it (:func:`~kvembed.backends.catalogue.choose_backend`)."""
+    answered, and why ``auto`` took it (`choose_backend`)."""
     head = f"runtime: {backend} running the {precision} {subject}"
     if choice is None:
         return head

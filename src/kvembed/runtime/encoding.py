@@ -45,6 +45,36 @@ def format_prompt(template: str, text: str) -> tuple[str, tuple[int, int]]:
     return head + text + parts[-1], (len(head), len(head) + len(text))
 
 
+def unicode_problem(text: str) -> str | None:
+    """Why ``text`` is not Unicode text a tokenizer takes, or None: a lone surrogate (``"\\ud800"``
+    in JSON, or a file read with ``surrogateescape``) cannot be encoded as UTF-8. Such input is
+    refused, never silently changed (the same rule in ``embed``, ``serve`` and ``embed-corpus``)."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return (f"holds a lone surrogate U+{ord(text[err.start]):04X} at character {err.start}, which is not Unicode text "
+                "(send UTF-8, or a surrogate pair as JSON's \\ud83d\\ude00 escapes)")
+    return None
+
+
+class TokenizerFailed(InvalidInput):
+    """The artifact's tokenizer failed on one text (a Rust panic in ``tokenizers``, caught as what
+    it is: it derives from BaseException, so ``except Exception`` would let it through)."""
+
+
+def tokenize(tokenizer: Tokenizer, text: str) -> Any:
+    """``tokenizer.encode(text)`` with its special tokens; a panic becomes :class:`TokenizerFailed`."""
+    try:
+        return tokenizer.encode(text, add_special_tokens=True)
+    except BaseException as err:  # noqa: B036 - pyo3's PanicException is a BaseException
+        if type(err).__name__ != "PanicException":
+            raise
+        detail = " ".join(str(err).split())[:200]
+        raise TokenizerFailed(f"the artifact's tokenizer failed on this text ({detail}); the tokenizer.json is at fault") from None
+
+
 def check_texts(texts: Any, first_index: int = 0) -> list[str]:
     """Validate user input: a list (or tuple, or iterable) of str. ``None`` / non-str -> TypeError naming
     the index (counted from ``first_index``: the position of ``texts[0]`` in a longer stream)."""
@@ -122,6 +152,8 @@ class TextEncoder:
             self.placeholder_id = add_placeholder(tokenizer)
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
+        #: characters of the vocabulary's longest token (a byte-level token's characters are its bytes)
+        self.longest_token = max((len(token) for token in tokenizer.get_vocab(with_added_tokens=True)), default=1) or 1
         self.context_tokenizer = context_tokenizer
         self.context_id: int | None = None
         self.context_pad_id = int(context_pad_id)
@@ -154,9 +186,14 @@ class TextEncoder:
             start = template.index(CONTEXT)  # before {text}: the prompt up to it does not depend on the text
             context_span = (start, start + len(placeholder))
             template = template.replace(CONTEXT, placeholder)
+        problem = unicode_problem(text)
+        if problem is not None:
+            raise InvalidInput(f"the text {problem}")
         if self.method.preprocess:
             text = preprocess_text(text)
-        encoding, span = self._encode(template, text)
+        encoding, span = self._encode(template, self._head(text))
+        if len(encoding.ids) <= self.max_length and span[1] - span[0] < len(text):
+            encoding, span = self._encode(template, text)  # the head fit (a normaliser shrank it): the whole text decides
         truncated = len(encoding.ids) > self.max_length
         if truncated:
             keep = self._fit(template, text, encoding)
@@ -183,7 +220,7 @@ class TextEncoder:
         if context_span is not None:
             pool = [self._context_position(encoding, context_span)]
             assert self.context_tokenizer is not None
-            context = tuple(self.context_tokenizer.encode(text, add_special_tokens=True).ids) or (self.context_pad_id,)
+            context = tuple(tokenize(self.context_tokenizer, text).ids) or (self.context_pad_id,)
         return EncodedText(tuple(ids), None if pool is None else tuple(pool), truncated, context)
 
     def _context_position(self, encoding: Any, span: tuple[int, int]) -> int:
@@ -201,7 +238,12 @@ class TextEncoder:
         ``first_index``, the position of ``texts[0]`` in a longer stream)."""
         if kind not in self.method.templates:
             raise InvalidInput(f"kind must be one of {', '.join(self.method.templates)}, got {kind!r}")
-        encoded = [self.encode_one(text, kind) for text in texts]
+        encoded = []
+        for index, text in enumerate(texts):
+            try:
+                encoded.append(self.encode_one(text, kind))
+            except InvalidInput as err:
+                raise type(err)(f"texts[{first_index + index}]: {err}") from None
         cut = [first_index + i for i, item in enumerate(encoded) if item.truncated]
         if cut:
             warnings.warn(truncation_message(cut, len(encoded), self.max_length), stacklevel=3)
@@ -209,7 +251,15 @@ class TextEncoder:
 
     def _encode(self, template: str, text: str) -> tuple[Any, tuple[int, int]]:
         prompt, span = format_prompt(template, text)
-        return self.tokenizer.encode(prompt, add_special_tokens=True), span
+        return tokenize(self.tokenizer, prompt), span
+
+    def _head(self, text: str) -> str:
+        """The start of ``text`` that surely holds more than :attr:`max_length` tokens, or all of
+        it: no token covers more than :attr:`longest_token` characters, so twice that per token
+        is ample. Tokenising holds the GIL, so a megabyte of input cut here costs what its first
+        tokens cost, not a stall of every other request (and ``/health``)."""
+        head = 2 * (self.max_length + 1) * self.longest_token
+        return text if len(text) <= head else text[:head]
 
     def _fit(self, template: str, text: str, encoding: Any) -> int:
         """The longest prefix of ``text`` (in characters) whose prompt fits in ``max_length`` tokens."""

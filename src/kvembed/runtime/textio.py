@@ -18,6 +18,7 @@ from typing import IO, Any, Iterable, Iterator
 import numpy as np
 
 from ..errors import InvalidInput
+from .encoding import unicode_problem
 
 INPUT_SUFFIXES = (".txt", ".jsonl")
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
@@ -84,9 +85,14 @@ def _parse_jsonl(line: str, name: str, number: int) -> tuple[str, Any]:
         item = json.loads(line)
     except json.JSONDecodeError as err:
         raise InvalidInput(f"{name}:{number} is not valid JSON ({err.msg})") from None
+    except RecursionError:
+        raise InvalidInput(f"{name}:{number} nests arrays or objects too deeply to parse") from None
     text = item.get("text") if isinstance(item, dict) else item
     if not isinstance(text, str):
         raise InvalidInput(f'{name}:{number}: expected a JSON string or an object with a "text" string')
+    problem = unicode_problem(text)
+    if problem is not None:
+        raise InvalidInput(f"{name}:{number}: the text {problem}")
     ident = item.get("id") if isinstance(item, dict) else None
     return text, ident
 

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from ..artifact import Manifest
+from ..errors import shown
 from ..runtime import Embedder
 from ..runtime.encoding import EncodedText
 from .config import ServeConfig
@@ -44,10 +45,12 @@ INLINE_LIMIT = 16384
 def load_embedders(config: ServeConfig, verify: bool = True, manifests: Mapping[str, Manifest] | None = None) -> dict[str, Embedder]:
     """Open every artifact with the configured provider and threads (``verify``: sha256-check its
     files first; the CLI has done that before binding, see :mod:`.preflight`, and hands on the
-    ``manifests`` it read there, so none is read again)."""
+    ``manifests`` it read there, so none is read again; it checked the signatures as well under
+    ``config.trust_key``)."""
     manifests = manifests or {}
     return {name: Embedder.load(manifests.get(name, path), provider=config.provider, threads=config.threads_per_call,
-                                ov_precision=config.ov_precision, verify=verify)
+                                ov_precision=config.ov_precision, verify=verify,
+                                trust_key=config.trust_key if verify else None)  # verify=False: preflight checked both
             for name, path in config.artifacts}
 
 
@@ -82,7 +85,9 @@ def create_app(
         for served in state.models.values():
             await served.lanes.stop()
 
-    app = FastAPI(title="kvembed", summary="OpenAI-compatible embeddings", lifespan=lifespan)
+    # no /docs or /redoc: their pages load scripts from a CDN (blank on an air-gapped host) and would
+    # be open without a key; /openapi.json is the document, for any viewer the operator trusts
+    app = FastAPI(title="kvembed", summary="OpenAI-compatible embeddings", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.kvembed = state
     if config.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
@@ -95,7 +100,7 @@ def create_app(
     request_schema = {"requestBody": {"required": True, "content": {"application/json": {"schema": _request_schema(state)}}}}
     embedding_responses = {
         200: {"description": "The embeddings", "content": {"application/json": {"schema": EMBEDDING_RESPONSE_SCHEMA}}},
-        **error_responses(400, 401, 404, 413, 422, 429, 500, 503),
+        **error_responses(400, 401, 404, 408, 413, 422, 429, 500, 503, 504),
     }
 
     async def embeddings(request: Request) -> Response:
@@ -225,38 +230,30 @@ async def _serve_embeddings(state: ServerState, request: Request) -> Response:
     start = perf_counter()
     model, status = NO_MODEL, 200
     admitted = False
+    config = state.config
     try:
         _check_auth(state, request)
         _check_ready(state)
-        if state.in_flight >= state.config.max_concurrent_requests:
-            raise ApiError(429, f"the server is at its limit of {state.config.max_concurrent_requests} concurrent requests; retry later")
+        body = await _read_body(request, config.payload_limit, config.read_timeout, state.metrics)
+        if state.in_flight >= config.max_concurrent_requests:  # counted once the body is in: a slow sender holds no slot
+            raise ApiError(429, f"the server is at its limit of {config.max_concurrent_requests} concurrent requests; retry later")
         state.in_flight += 1
         admitted = True
         state.metrics.in_flight.set(state.in_flight)
-        body = await _read_body(request, state.config.payload_limit)
         spec = parse_request(body)
         served = state.models.get(spec.model)
         if served is None:
-            raise ApiError(404, f"model {spec.model!r} is not served here; served: {', '.join(state.models)}", param="model")
+            raise ApiError(404, f"model {shown(spec.model)} is not served here; served: {', '.join(state.models)}", param="model")
         model = spec.model
-        inputs = parse_input(spec.input)
-        if len(inputs) > state.config.max_client_batch_size:
-            # 400 as OpenAI answers it: the document's maxItems says so, unlike a body over --payload-limit (413)
-            raise ApiError(400, f"{len(inputs)} inputs in one request, over the limit of {state.config.max_client_batch_size}; split the request",
-                           param="input", code="too_many_inputs")
-        _check_output(served.embedder, spec)
-        truncate = state.config.auto_truncate if spec.truncate is None else spec.truncate
-        with served.lanes.arriving():
-            items = await _offload(inputs.size > INLINE_LIMIT, _tokenize, served, inputs, spec.input_type, truncate)
-        vectors = truncate_dimensions(await served.lanes.embed(items, spec.output), spec.dimensions)
-        tokens = sum(len(item.ids) for item in items)
-        payload = await _offload(vectors.size > INLINE_LIMIT, embedding_response, vectors, spec.model, tokens, spec.encoding_format)
-        state.metrics.texts.labels(model).inc(len(items))
-        state.metrics.tokens.labels(model).inc(tokens)
-        return Response(payload, media_type="application/json")
+        try:
+            return await asyncio.wait_for(_embed(state, served, spec), config.request_timeout or None)
+        except asyncio.TimeoutError:
+            state.metrics.timeouts.labels("request").inc()
+            raise ApiError(504, f"the request was not served within {config.request_timeout:g} s (--request-timeout); "
+                           "send fewer or shorter inputs per request") from None
     except ApiError as err:
         status = err.status
-        return err.response()
+        return err.response(headers={"Connection": "close"} if status == 408 else None)
     except Exception as err:  # a bug or a failed graph call: answer in OpenAI's shape, keep serving
         log.exception("embeddings request failed")
         status = 500
@@ -267,6 +264,26 @@ async def _serve_embeddings(state: ServerState, request: Request) -> Response:
             state.metrics.in_flight.set(state.in_flight)
         state.metrics.requests.labels(model, str(status)).inc()
         state.metrics.latency.labels(model).observe(perf_counter() - start)
+
+
+async def _embed(state: ServerState, served: ServedModel, spec: EmbeddingRequest) -> Response:
+    """The admitted request, parsed: tokenise, embed in the model's lanes, answer."""
+    model = spec.model
+    inputs = parse_input(spec.input)
+    if len(inputs) > state.config.max_client_batch_size:
+        # 400 as OpenAI answers it: the document's maxItems says so, unlike a body over --payload-limit (413)
+        raise ApiError(400, f"{len(inputs)} inputs in one request, over the limit of {state.config.max_client_batch_size}; split the request",
+                       param="input", code="too_many_inputs")
+    _check_output(served.embedder, spec)
+    truncate = state.config.auto_truncate if spec.truncate is None else spec.truncate
+    with served.lanes.arriving():
+        items = await _offload(inputs.size > INLINE_LIMIT, _tokenize, served, inputs, spec.input_type, truncate)
+    vectors = truncate_dimensions(await served.lanes.embed(items, spec.output), spec.dimensions)
+    tokens = sum(len(item.ids) for item in items)
+    payload = await _offload(vectors.size > INLINE_LIMIT, embedding_response, vectors, model, tokens, spec.encoding_format)
+    state.metrics.texts.labels(model).inc(len(items))
+    state.metrics.tokens.labels(model).inc(tokens)
+    return Response(payload, media_type="application/json")
 
 
 async def _offload(heavy: bool, job: Callable[..., T], *args: Any) -> T:
@@ -293,18 +310,30 @@ def _check_ready(state: ServerState) -> None:
         raise ApiError(503, "the server is still loading its artifacts; retry shortly", code="loading")
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it passes ``limit`` bytes (Content-Length or streamed)."""
+async def _read_body(request: Request, limit: int, timeout: float, metrics: Metrics) -> bytes:
+    """The body, refused with 413 as soon as it passes ``limit`` bytes (Content-Length or streamed),
+    and with 408 when it has not all arrived ``timeout`` seconds after its headers."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {int(declared)} bytes is over the payload limit of {limit} bytes (--payload-limit)")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"request body is over the payload limit of {limit} bytes (--payload-limit)")
-        chunks.append(chunk)
-    return b"".join(chunks)
+
+    async def read() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"request body is over the payload limit of {limit} bytes (--payload-limit)")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    metrics.reading.inc()
+    try:
+        return await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        metrics.timeouts.labels("body").inc()
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s (--read-timeout)") from None
+    finally:
+        metrics.reading.dec()
 
 
 def _check_output(embedder: Embedder, spec: EmbeddingRequest) -> None:
@@ -320,13 +349,18 @@ def _tokenize(served: ServedModel, inputs: Inputs, input_type: str, truncate: bo
     """Inputs -> the runtime's encoded rows (its own tokenizer and prompts), cut at the model's
     per-input cap; an input over it -> 413 unless ``truncate``."""
     embedder = served.embedder
-    try:
-        if inputs.texts is not None:
-            items = [embedder.encoder.encode_one(text, input_type) for text in inputs.texts]
-        else:
+    if inputs.texts is not None:
+        items = []
+        for index, text in enumerate(inputs.texts):
+            try:
+                items.append(embedder.encoder.encode_one(text, input_type))
+            except ValueError as err:  # not Unicode text, a tokenizer panic, a placeholder typed by the user
+                raise ApiError(400, f"input[{index}]: {err}", param="input") from None
+    else:
+        try:
             items = embedder.token_inputs(inputs.ids or [], input_type)
-    except ValueError as err:
-        raise ApiError(400, str(err).replace("ids[", "input["), param="input") from None
+        except ValueError as err:
+            raise ApiError(400, str(err).replace("ids[", "input["), param="input") from None
     if not truncate:
         cut = [index for index, item in enumerate(items) if item.truncated]
         if cut:
@@ -349,6 +383,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         message = f"{request.method} {request.url.path}: {exc.detail}"
         error = ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None)
         return error.response(headers=dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> Response:
+        """A kvembed bug anywhere outside the embeddings route's own handler: JSON like every other answer."""
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return ApiError(500, f"internal error: {type(exc).__name__} (a kvembed bug; the server's log has the traceback)").response()
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:

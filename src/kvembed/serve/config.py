@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..artifact import MANIFEST
+from ..artifact import MANIFEST, TRUST_KEY_ENV, trust_key_path
 from ..backends.catalogue import PROVIDER_HELP
 from ..errors import InvalidInput
 from ..flagfields import flag
@@ -29,6 +29,12 @@ DEFAULT_LONG_INPUT_TOKENS = 128
 #: which then slow long inputs down the more the higher it is: 5 keeps most of the short requests'
 #: gain at a small cost there (benchmarks/log/serve.md compares 0, 5, 10 and 19, quiet and loaded).
 DEFAULT_LONG_LANE_NICE = 5
+#: ``--read-timeout``'s default: ample for a body of --payload-limit on a slow link; a client that
+#: trickles its bytes (a slow-loris) holds a socket for no longer than this, and never a request slot
+DEFAULT_READ_TIMEOUT = 30.0
+#: ``--request-timeout``'s default: past any batch a request of --max-client-batch-size inputs
+#: needs on a small CPU, short of a client's own patience
+DEFAULT_REQUEST_TIMEOUT = 600.0
 
 
 def parse_call_cost(value: str) -> int | None | str:
@@ -60,7 +66,8 @@ class ServeConfig:
 
     artifacts: tuple[tuple[str, Path], ...]
     """(served model name, artifact directory), in the order given."""
-    api_key: str | None = flag(None, "Require 'Authorization: Bearer KEY' (env KVEMBED_API_KEY).", envvar="KVEMBED_API_KEY")
+    api_key: str | None = flag(None, "Require 'Authorization: Bearer KEY'. Prefer the environment variable KVEMBED_API_KEY: "
+                               "a key on the command line shows in ps.", envvar="KVEMBED_API_KEY")
     max_batch_tokens: int = flag(SERVICE_BATCH_TOKENS, "Padded tokens (rows x longest row) per batch; the runtime runs a batch in graph "
                                  f"calls of at most its per-call budget ({CPU_CALL_TOKENS} padded tokens on the CPU and OpenVINO, the "
                                  "whole batch on GPUs).")
@@ -70,7 +77,11 @@ class ServeConfig:
         "auto", "Padded tokens one more batch is worth: batches are cut where padding costs more (auto: "
         "what the backend's calls cost, a few dozen tokens on the CPU, none on GPUs; none: cut only at "
         "--batch-size).", parse=parse_call_cost)
-    max_concurrent_requests: int = flag(512, "Requests served at once; more get 429.")
+    max_concurrent_requests: int = flag(512, "Requests served at once, counted once a body is read; more get 429.")
+    read_timeout: float = flag(DEFAULT_READ_TIMEOUT, "Seconds a client has to send a request's headers, and again its body: "
+                               "a connection still sending its headers is closed, a body late gets 408.")
+    request_timeout: float = flag(DEFAULT_REQUEST_TIMEOUT, "Seconds a request may take from its body read to its answer; "
+                                  "later gets 504 (0: no limit).")
     max_client_batch_size: int = flag(2048, "Inputs per request; more get 400 (as OpenAI answers).")
     payload_limit: int = flag("2MB", "Largest request body (e.g. 2MB, 512KiB); larger get 413.", parse=parse_size)
     max_input_tokens: int = flag(
@@ -94,10 +105,14 @@ class ServeConfig:
     ov_precision: str | None = None
     cors_origins: tuple[str, ...] = flag((), "Allow browser calls from this origin (repeatable; default: no CORS).",
                                          flags=("--cors-origin",), many=True)
+    trust_key: Path | None = flag(None, "PEM public key: serve only artifacts that kvembed sign signed with its private key, "
+                                  "every file as signed (checked before the port is bound; needs the sign extra).",
+                                  envvar=TRUST_KEY_ENV)
 
     def __post_init__(self) -> None:
         if self.api_key == "":  # an empty key could never be sent: it means none (an empty KVEMBED_API_KEY)
             object.__setattr__(self, "api_key", None)
+        object.__setattr__(self, "trust_key", trust_key_path(self.trust_key))  # an empty KVEMBED_TRUST_KEY: none
         for name in ("max_batch_tokens", "batch_size", "max_concurrent_requests", "max_client_batch_size", "payload_limit",
                      "max_input_tokens"):
             if getattr(self, name) < 1:
@@ -113,6 +128,10 @@ class ServeConfig:
         if self.call_cost != "auto" and self.call_cost is not None and (not isinstance(self.call_cost, int) or self.call_cost < 0):
             raise InvalidInput(f"call-cost must be auto, none or an integer >= 0 (tokens), got {self.call_cost!r}")
         BatchPolicy(self.batch_size, self.max_batch_tokens, call_cost=None if self.call_cost == "auto" else self.call_cost)
+        if not self.read_timeout > 0:
+            raise InvalidInput(f"read-timeout must be > 0 seconds, got {self.read_timeout}")
+        if not self.request_timeout >= 0:
+            raise InvalidInput(f"request-timeout must be >= 0 seconds (0: no limit), got {self.request_timeout}")
         if self.max_wait_ms < 0:
             raise InvalidInput(f"max-wait-ms must be >= 0, got {self.max_wait_ms}")
         if not self.artifacts:

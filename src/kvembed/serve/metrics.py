@@ -30,6 +30,11 @@ class Metrics:
         )
         self.queue_depth = Gauge("kvembed_queue_depth", "Inputs waiting for the graph", ["model"], registry=r)
         self.calls_running = Gauge("kvembed_graph_calls_running", "Graph calls running now (at most --workers per lane)", ["model"], registry=r)
+        self.timeouts = Counter(
+            "kvembed_timeouts", "Requests ended by a timeout, by stage: headers (--read-timeout: connection closed), "
+            "body (--read-timeout: 408), request (--request-timeout: 504)", ["stage"], registry=r)
+        self.reading = Gauge("kvembed_request_bodies_reading", "Request bodies being received (they hold no request slot yet)",
+                             registry=r)
         self.in_flight = Gauge("kvembed_requests_in_flight", "Embedding requests being served", registry=r)
         self.inference = Histogram("kvembed_inference_seconds", "Time of one batch (its graph calls)", ["model"], buckets=_LATENCY, registry=r)
         self.latency = Histogram("kvembed_request_seconds", "Time from request to response", ["model"], buckets=_LATENCY, registry=r)

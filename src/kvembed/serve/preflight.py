@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..artifact import DamagedArtifact, Manifest, check_intact, load_manifest
+from ..artifact import DamagedArtifact, Manifest, UntrustedArtifact, check_intact, load_manifest, verify_signature
 from ..backends.tensorrt import is_engine_dir, read_engine_json
 from ..runtime.artifact import encoder_from_manifest
 from .config import ServeConfig
@@ -31,7 +31,12 @@ def check_artifacts(config: ServeConfig) -> dict[str, Manifest]:
 
 def check_artifact(name: str, directory: Path, config: ServeConfig) -> Manifest:
     """One artifact (or TensorRT engine directory): intact, tokenizer readable, room for text under
-    the cap; its manifest, as read once and checked."""
+    the cap; its manifest, as read once and checked. Under a trust key its signature first."""
+    if config.trust_key is not None:
+        try:
+            verify_signature(directory, config.trust_key)
+        except UntrustedArtifact as err:
+            raise UntrustedArtifact(f"model {name!r}: {err}") from None
     manifest = load_manifest(directory)
     engine = None
     if is_engine_dir(directory):

@@ -169,6 +169,9 @@ def parse_request(body: bytes) -> EmbeddingRequest:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
         raise ApiError(400, f"the request body is not valid JSON ({err}); send a JSON object") from None
+    except RecursionError:  # arrays or objects nested past the parser's depth: no request needs that
+        raise ApiError(400, "the request body nests arrays or objects too deeply to parse; send a flat JSON object",
+                       code="too_deeply_nested") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
     try:

@@ -1,7 +1,9 @@
-"""Run the app under uvicorn with a graceful SIGTERM: stop accepting, drain, exit 0."""
+"""Run the app under uvicorn with a graceful SIGTERM (stop accepting, drain, exit 0), and a
+deadline for each request's headers, which uvicorn itself does not have."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 from types import FrameType
@@ -37,3 +39,51 @@ class DrainingServer(uvicorn.Server):
         finally:
             for sig, handler in original.items():
                 signal.signal(sig, handler)
+
+
+def header_deadline(seconds: float, on_timeout: Callable[[], None]) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools where installed, else h11) with a deadline for headers:
+    a connection that has not sent a whole request head within ``seconds`` of opening, or of the
+    first byte of its next request, is closed (``on_timeout`` is told). Without it, a client that
+    trickles its headers a byte at a time holds a socket for ever; an idle kept-alive connection
+    is left to ``--keep-alive``. The body has its own deadline in the app (:mod:`.app`)."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    base: Any = AutoHTTPProtocol
+
+    class HeaderDeadline(base):  # type: ignore[misc, valid-type]
+        _timer: asyncio.TimerHandle | None = None
+        _seen: Any = None  # the request cycle whose headers were complete when last looked at
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._timer is None and (self.cycle is None or self.cycle.response_complete):
+                self._arm()  # the first bytes of the next request on a kept-alive connection
+            super().data_received(data)
+            if self.cycle is not None and self.cycle is not self._seen:  # a request's head is complete
+                self._seen = self.cycle
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._timer = self.loop.call_later(seconds, self._expired)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _expired(self) -> None:
+            self._timer = None
+            if not self.transport.is_closing():
+                on_timeout()
+                self.transport.close()
+
+    return HeaderDeadline

@@ -220,7 +220,7 @@ def place_file(source: Path, target: Path) -> bool:
         shutil.copy2(source, target)
         return True
     try:
-        os.link(source, target)
+        os.link(source.resolve(), target)  # a link inside the artifact: its file, not the link itself
         return True
     except OSError as err:
         if err.errno not in _NO_LINK:

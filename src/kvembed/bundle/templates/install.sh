@@ -30,4 +30,17 @@ fi
 "$VENV/bin/python" -m pip install --no-index --find-links "$HERE/wheelhouse" --require-hashes \
     --disable-pip-version-check --no-input -r "$HERE/wheelhouse/requirements.txt"
 "$VENV/bin/kvembed" serve --help >/dev/null
+# built with kvembed bundle --trust-key: every artifact must be signed by that key, checked by the
+# installed kvembed (KVEMBED_TRUST_KEY=FILE: check with your own copy of the key instead of trust.pem)
+SIGNED=@@SIGNED@@
+if [ "$SIGNED" = yes ] || [ -n "${KVEMBED_TRUST_KEY:-}" ]; then
+    KEY=${KVEMBED_TRUST_KEY:-$HERE/trust.pem}
+    echo "install.sh: checking the signature of every artifact with $KEY"
+    for artifact in "$HERE"/artifacts/*; do
+        if ! "$VENV/bin/kvembed" embed "$artifact" "signature check" --trust-key "$KEY" >/dev/null; then
+            echo "install.sh: refusing $artifact: its signature does not verify with $KEY (see the line above)" >&2
+            exit 2
+        fi
+    done
+fi
 echo "install.sh: installed kvembed @@KVEMBED_VERSION@@ in $VENV; start the server with $HERE/run.sh"
