@@ -16,7 +16,7 @@ from mkdocs.structure.files import File, Files
 
 PAGES = "reference/cli"
 MARKER = "<!-- commands -->"
-WIDTH = 100
+WIDTH = 80
 #: a line of a docstring that is (the start of) an example command
 EXAMPLE = re.compile(r"^(\| )?(kvembed(-export|-layers)?|python|pip|curl) ")
 

@@ -1,10 +1,11 @@
 """Exceptions that carry a message meant for the user (the standard library only: every layer can
 raise them), and :func:`did_you_mean` for their messages.
 
-The command line prints these as one line on stderr (:attr:`KvembedError.lines`): :class:`CheckFailed` exits 1 (a check ran
-and failed), every other :class:`KvembedError` exits 2 (the input or the environment is wrong).
-Any other exception is a bug, and the command line says so. Bad input raises :class:`InvalidInput`,
-which is also a ``ValueError``, so callers' ``except ValueError`` keeps catching it.
+The command line prints these as one line on stderr (a few where :attr:`KvembedError.lines` says
+so): :class:`CheckFailed` exits 1 (a check ran and failed), every other :class:`KvembedError`
+exits 2 (the input or the environment is wrong). Any other exception is a bug, and the command
+line says so. Bad input raises :class:`InvalidInput`, which is also a ``ValueError``, so callers'
+``except ValueError`` keeps catching it.
 """
 
 from __future__ import annotations
@@ -72,4 +73,4 @@ def did_you_mean(name: object, choices: Iterable[str]) -> str:
         return ""
     folded = {option.lower().replace("_", "-"): option for option in options}
     found = difflib.get_close_matches(text, list(folded), n=1, cutoff=0.6)
-    return f"did you mean {folded[found[0]]!r}?" if found and found[0] != text else ""
+    return f"did you mean {folded[found[0]]!r}?" if found else ""

@@ -23,7 +23,7 @@ from ..artifact import MODEL, Certificate, Manifest, check_intact, load_manifest
 from ..artifact.certificates import precision_name
 from .cpu import HINT_NEEDS, cpu_features
 from .protocol import BackendUnavailableError, Session
-from ..errors import InvalidInput
+from ..errors import InvalidInput, did_you_mean
 from ..status import waiting
 
 __all__ = [
@@ -102,7 +102,8 @@ def _claimant(directory: Path) -> Backend | None:
 def check_provider(provider: str) -> None:
     """A ValueError naming the valid providers, for a name that is not one."""
     if provider not in providers():
-        raise InvalidInput(f"provider must be one of {', '.join(providers())}, got {provider!r}")
+        close = did_you_mean(provider, providers())
+        raise InvalidInput(f"provider must be one of {', '.join(providers())}, got {provider!r}{'; ' + close if close else ''}")
 
 
 def backend_for(directory: str | os.PathLike[str], provider: str = "auto") -> str:

@@ -18,6 +18,7 @@ except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-export needs typer and rich: {install_hint('export')} ({err})")
 
 from ..artifact import MANIFEST, SIGNATURE, Manifest
+from ..methods.registry import DEFAULT_METHOD
 from ..export.gate.targets import VERIFY_TARGETS
 from ..backends.cpu import HINT_NEEDS
 from ..status import waiting
@@ -176,7 +177,7 @@ def _size(n: int) -> str:
 @opt.method_flags
 def export_command(
     model: str = typer.Option(..., "--model", "-m", help="Model folder, alias (stories260k, qwen3-4b) or hub id."),
-    method: str = typer.Option(..., "--method", help=f"Embedding method: {opt.METHOD_NAMES}."),
+    method: Optional[str] = typer.Option(None, "--method", help=f"Embedding method: {opt.METHOD_NAMES} (default {DEFAULT_METHOD})."),
     out: Path = typer.Option(..., "--out", "-o", help="Artifact directory to create (must be empty unless --force)."),
     options: opt.MethodOptions = opt.METHOD_FLAGS,
     also: Optional[list[str]] = typer.Option(
@@ -205,6 +206,8 @@ def export_command(
 ) -> None:
     """Export MODEL computing METHOD as an ONNX artifact in OUT, gated on parity with PyTorch."""
     from ..export.request import ExportRequest
+
+    defaulted, method = method is None, method or DEFAULT_METHOD
 
     def preflight() -> ExportRequest:  # cheap checks before importing torch or loading weights: the request, checked once
         from ..methods import get_method
@@ -273,6 +276,17 @@ def export_command(
         f"exported in {time.monotonic() - start:.1f}s",
         highlight=False,
     )
+    console.print(method_line(manifest.method.name, defaulted), highlight=False, soft_wrap=True)
+
+
+def method_line(method: str, defaulted: bool) -> str:
+    """The summary's last line: the method the artifact computes and, when ``--method`` was left
+    out, that it was the default and how to choose another."""
+    if not defaulted:
+        return f"method: {method}"
+    others = ", ".join(name for name in opt.METHOD_NAMES.split(", ") if name != method)
+    return (f"method: {method} (the default; --method chooses another: {others}; "
+            f"kvembed export --help lists them and their options)")
 
 
 def verify_command(

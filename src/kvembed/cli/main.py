@@ -139,7 +139,8 @@ def embed(
             chunks = embedder.encode_stream(records, kind=kind, batch_size=batch_size, show_progress_bar=bar, **extra)
         else:
             chunks = (embedder.encode(chunk, kind=kind, batch_size=batch_size) for chunk in _chunked(records, 4096))
-        with nullcontext() if bar else waiting(f"embedding the texts of {input}"):
+        lines = "" if total is None else f"{total:,} lines of "
+        with nullcontext() if bar else waiting(f"embedding the {lines}{input}"):
             rows, dim = write_embeddings(target, chunks, embedder.dim_of(use), ids=records)
         read = "standard input" if total is None else f"{total} input lines"
         console.print(f"{title}: wrote {rows} x {dim} float32 embeddings of {read} to {target}", highlight=False)

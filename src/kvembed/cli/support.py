@@ -1,5 +1,7 @@
 """What every kvembed command shares: one-line errors, exit codes, ``--debug``, readable warnings.
 
+(One line, or the few an error class asks for: :attr:`kvembed.errors.KvembedError.lines`.)
+
 Expected failures (bad input, missing files or packages, refused options) print one line on
 stderr and exit 2; a check that ran and failed exits 1; Ctrl-C exits 130, and SIGTERM, where a
 command takes it like Ctrl-C (:func:`kvembed.signals.sigterm_as_interrupt`), cleans up the same
@@ -25,7 +27,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from ..errors import CheckFailed, KvembedError
+from ..errors import MAX_LINES, CheckFailed, KvembedError
 from ..extras import missing_extra_message
 from ..signals import Terminated, die_by_signal
 from ..version import __version__
@@ -78,6 +80,17 @@ def one_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
+def user_message(err: BaseException) -> str:
+    """What the command line prints of a user error: :func:`one_line`, or for a
+    :class:`~kvembed.errors.KvembedError` whose fix takes lines of its own, its first ``lines``
+    (:attr:`~kvembed.errors.KvembedError.lines`) lines, the later ones indented as written."""
+    lines = [line.rstrip() for line in str(err).splitlines() if line.strip()]
+    count = min(int(getattr(err, "lines", 1)), MAX_LINES) if isinstance(err, KvembedError) else 1
+    if count <= 1 or len(lines) <= 1:
+        return one_line(err)
+    return "\n".join([lines[0].strip(), *lines[1:count]])
+
+
 def fail(message: str, code: int = EXIT_USER) -> typer.Exit:
     """Print ``error: message`` on stderr and return the ``typer.Exit`` to raise."""
     errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
@@ -117,7 +130,7 @@ def run_guarded(job: Callable[[], Any]) -> Any:
                 raise fail(f"unexpected {one_line(err)} (a broken install? rerun with {DEBUG_FLAG} for the traceback)", EXIT_FAILED) from None
             raise fail(message, EXIT_USER) from None
         except USER_ERRORS as err:
-            raise fail(one_line(err), EXIT_USER) from None
+            raise fail(user_message(err), EXIT_USER) from None
         except KeyboardInterrupt as err:
             raise interrupted(err) from None
         except Exception as err:  # a bug: say so in one line, and how to see more

@@ -34,6 +34,7 @@ import numpy as np
 import ray
 
 from ..backends.catalogue import session_memory
+from ..status import waiting
 from .options import CorpusError
 from .plan import Shard
 from .progress import CorpusProgress
@@ -144,7 +145,8 @@ def ray_session(address: str | None) -> Iterator[None]:
         try:
             # Ray's warnings on a healthy run (token auth on by default, Ray Data's progress bars
             # off) are not the user's business; its errors, and the workers' output, still show
-            ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, configure_logging=True)
+            with waiting("starting a local Ray" if address is None else f"connecting to the Ray cluster at {address}"):
+                ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, configure_logging=True)
         except ConnectionError as err:
             raise CorpusError(
                 f"cannot connect to a Ray cluster at --ray-address {address} ({err}); start one with `ray start --head` "

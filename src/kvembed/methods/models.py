@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..cache import cache_root
-from ..errors import ModelNotFound
+from ..errors import ModelNotFound, did_you_mean
 
 DEMO_MODEL = "stories260k"
 
@@ -162,6 +162,15 @@ def resolve_model(model: str | Path) -> tuple[str, str | None]:
             return str(demo_model_path()), DEMO_MODEL
         return hub_id, hub_id
     return text, match_preset_id(text)
+
+
+def alias_hint(model: str | Path) -> str:
+    """``did you mean 'qwen3-4b'?`` when what a user typed, found nowhere, is close to an alias
+    (:data:`ALIASES`, :data:`PACKAGED`), else ``""``: for the messages of a model that is not there."""
+    text = str(model).strip()
+    if text.lower() in ALIASES or text.lower() in PACKAGED or any(c in text for c in "/\\~"):
+        return ""  # an alias itself, or a path or an org/name hub id (no alias holds these): no typo of one
+    return did_you_mean(text, [*ALIASES, *PACKAGED])
 
 
 def match_preset_id(model: str | Path) -> str | None:

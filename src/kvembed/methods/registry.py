@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, did_you_mean
 from .layers import AUTO, parse_layers
 from .models import presets_for
 from .spec import CONTEXT, KINDS, PLACEHOLDER, MethodSpec, OptionSpec, ResolveContext, ResolvedMethod
@@ -308,6 +308,9 @@ register(
     )
 )
 
+#: the method ``kvembed export`` and ``kvembed embed --model`` use without ``--method``
+DEFAULT_METHOD = "kv-embedding"
+
 #: Names reserved for later issues, so users get a precise message instead of "unknown".
 PLANNED: Mapping[str, str] = {}
 
@@ -318,7 +321,8 @@ def get_method(name: str) -> MethodSpec:
         return METHODS[key]
     if key in PLANNED:
         raise InvalidInput(f"method {name!r}: {PLANNED[key]}; available methods: {', '.join(METHODS)}")
-    raise InvalidInput(f"unknown method {name!r}; available methods: {', '.join(METHODS)}")
+    close = did_you_mean(key, METHODS)
+    raise InvalidInput(f"unknown method {name!r}; {close + ' ' if close else ''}available methods: {', '.join(METHODS)}")
 
 
 def resolve(

@@ -20,8 +20,9 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import urlparse
 
 from ..artifact.layout import is_artifact
-from ..errors import InvalidInput, ModelNotFound
+from ..errors import LINE_WIDTH, InvalidInput, ModelNotFound, ModelNotLocal, shown
 from ..methods import get_method, resolve, resolve_model
+from ..methods.models import alias_hint
 from ..methods.architectures import architecture_of
 from ..methods.layers import AUTO
 
@@ -133,22 +134,46 @@ def locate_model(model: str | os.PathLike[str], revision: str | None = None) -> 
     if path.exists():
         raise ModelNotFound(f"{text!r} is a file, not a model folder; pass the folder holding config.json and the weights")
     if looks_like_path(text) and location == text:
-        raise ModelNotFound(f"no model folder at {text!r}; {_HOW_TO}")
+        hint = alias_hint(text)
+        raise ModelNotFound(f"no model folder at {text!r}; {hint + ' ' if hint else ''}{_HOW_TO}")
     cached = cached_snapshot(location, revision)
     if cached is not None:
         return ModelSource(text, cached, preset_id)
-    named = text if location == text else f"{text!r} ({location})"
     if hub_offline():
-        raise ModelNotFound(
-            f"{named} is not a local folder and not in the hub cache, and HF_HUB_OFFLINE is set; {_HOW_TO}"
-        )
+        raise not_local(text, location, "HF_HUB_OFFLINE is set")
     reason = hub_unreachable()
     if reason is not None:
-        raise ModelNotFound(
-            f"{named} is not a local folder or a cached model, and the Hugging Face hub cannot be reached "
-            f"({reason}); {_HOW_TO}, or set HF_HUB_OFFLINE=1 to use only the local cache"
-        )
+        raise not_local(text, location, "the hub cannot be reached", reason)
     return ModelSource(text, location, preset_id)
+
+
+#: how the first line of an error begins on the command line (``error: ``), within its width
+_PREFIX = len("error: ")
+
+
+def _fitted(variants: Sequence[str], width: int = LINE_WIDTH) -> str:
+    """The first of ``variants`` (longest, most telling first) that fits ``width``, else the last cut to it."""
+    for variant in variants:
+        if len(variant) <= width:
+            return variant
+    return variants[-1][: width - 3] + "..."
+
+
+def not_local(text: str, location: str, why: str, reason: str | None = None) -> ModelNotLocal:
+    """The error of a model that is not local, not in the hub cache, and the hub out of reach
+    (``why``; ``reason``: the probe's words, kept where they fit): what failed on one line, then the
+    fixes on two, each within :data:`~kvembed.errors.LINE_WIDTH` as the command line prints them."""
+    names = [f"{shown(text)} ({location})", shown(text)] if location != text else [shown(text)]
+    failed = [f"{name} is not local or in the hub cache, and {why}" for name in [*names, f"{text[:24]!r}..."]]
+    first = _fitted([*(f"{failed[0]} ({reason})" for _ in [reason] if reason), *failed], LINE_WIDTH - _PREFIX)
+    hint = alias_hint(text)
+    path = "pass a local model folder or a .gguf file: --model /path/to/folder-or-file.gguf"
+    fix = _fitted([f"  fix: {hint} Or pass a model folder or a .gguf file: --model /path/to/it",
+                   f"  fix: {hint} Or --model /path/to/folder-or-file.gguf"] if hint else [f"  fix: {path}"])
+    then = "keep HF_HUB_OFFLINE=1" if hub_offline() else "set HF_HUB_OFFLINE=1"
+    cache = _fitted([f"  or: hf download {location} elsewhere, copy the hub cache here and {then}",
+                     f"  or: hf download it elsewhere, copy the hub cache here and {then}"])
+    return ModelNotLocal("\n".join((first, fix, cache)))
 
 
 def model_config(source: ModelSource, revision: str | None = None) -> Mapping[str, Any]:
@@ -161,7 +186,9 @@ def model_config(source: ModelSource, revision: str | None = None) -> Mapping[st
     try:
         path = hf_hub_download(source.location, "config.json", revision=revision)
     except Exception as err:
-        raise ModelNotFound(f"cannot get config.json of {source.location!r} from the hub ({type(err).__name__}: {err})") from None
+        hint = alias_hint(source.requested)
+        raise ModelNotFound(f"cannot get config.json of {source.location!r} from the hub ({type(err).__name__}: {err})"
+                            f"{'; ' + hint if hint else ''}") from None
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
