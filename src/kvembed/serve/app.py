@@ -40,6 +40,10 @@ T = TypeVar("T")
 
 #: characters (or token ids) of input, or floats of output, above which the work leaves the event loop
 INLINE_LIMIT = 16384
+#: what a refusal of token ids adds: the clients that send ids unasked tokenize for OpenAI's models
+TIKTOKEN_HINT = ("clients that count tokens for OpenAI's models send tiktoken ids, not this model's (LangChain's "
+                 "OpenAIEmbeddings does by default): send text instead, e.g. OpenAIEmbeddings(..., "
+                 "check_embedding_ctx_length=False)")
 
 
 def load_embedders(config: ServeConfig, verify: bool = True, manifests: Mapping[str, Manifest] | None = None) -> dict[str, Embedder]:
@@ -360,7 +364,7 @@ def _tokenize(served: ServedModel, inputs: Inputs, input_type: str, truncate: bo
         try:
             items = embedder.token_inputs(inputs.ids or [], input_type)
         except ValueError as err:
-            raise ApiError(400, str(err).replace("ids[", "input["), param="input") from None
+            raise ApiError(400, f"{str(err).replace('ids[', 'input[')}; {TIKTOKEN_HINT}", param="input") from None
     if not truncate:
         cut = [index for index, item in enumerate(items) if item.truncated]
         if cut:
