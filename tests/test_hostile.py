@@ -93,16 +93,17 @@ def test_every_reader_refuses_a_name_outside_the_artifact_without_telling_its_si
 
 
 def test_the_commands_refuse_it_in_one_line(climbing, tmp_path):
-    """embed, verify, serve (before it binds), embed-corpus and bundle: one line each, exit 2,
+    """embed, verify, serve (before it binds), embed-corpus, bundle and eval: one line each, exit 2,
     naming the entry, and no file's size in it."""
     texts = tmp_path / "in.txt"
     texts.write_text("one\ntwo\n")
     for args in (["embed", str(climbing), "a text"], ["verify", str(climbing)], ["serve", str(climbing), "--port", "0"],
                  ["embed-corpus", str(climbing), "-i", str(texts), "-o", str(tmp_path / "corpus")],
-                 ["bundle", str(climbing), "--out", str(tmp_path / "bundle")]):
+                 ["bundle", str(climbing), "--out", str(tmp_path / "bundle")],
+                 ["eval", str(climbing), "--task", "sample-sts", "--out", str(tmp_path / "eval")]):
         line = _one_line(_cli(*args))
         assert "'../model.py'" in line and "bytes" not in line, (args, line)
-    assert not (tmp_path / "corpus").exists() and not (tmp_path / "bundle").exists()
+    assert not any((tmp_path / name).exists() for name in ("corpus", "bundle", "eval"))
 
 
 def test_a_link_out_of_the_folder_is_refused_listed_or_not(stories_artifact, tmp_path):
