@@ -149,7 +149,7 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(tmp_path):
         ("kvembed.cli", ["embed", "--no-such-flag", "x"], "No such option: --no-such-flag (see kvembed embed --help)"),
         ("kvembed.cli", ["embed", "--batch-size", "many", "x"], "'--batch-size'"),
         ("kvembed.cli", ["no-such-command"], "No such command"),
-        ("kvembed.cli.export", ["--model", "stories260k"], "Missing option '--method'"),
+        ("kvembed.cli.export", ["--model", "stories260k"], "Missing option '--out'"),  # --method defaults
     ],
 )
 def test_usage_errors_are_one_line_too(module, args, words):
@@ -194,18 +194,17 @@ def test_offline_mode_says_so(tmp_path):
     assert result.returncode == 2 and "HF_HUB_OFFLINE is set" in result.stderr
 
 
-# -- item 4: empty input -> (0, dim) --------------------------------------------------------------
+# -- item 4: empty input: the command refuses it (issue 58), the API gives (0, dim) ------------------
 
 
-def test_empty_input_file_gives_zero_rows_of_the_right_width(kv_artifact, tmp_path):
+def test_empty_input_file_is_refused_and_the_api_gives_zero_rows_of_the_right_width(kv_artifact, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("", encoding="utf-8")
     out = tmp_path / "e.npy"
     result = run("embed", str(kv_artifact), "--input", str(empty), "--output", str(out))
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 2 and "is empty" in " ".join(result.output.split()), result.output
+    assert not out.exists()
     dim = json.loads((kv_artifact / "kvembed.json").read_text())["dim"]
-    said = " ".join(result.output.split())  # rich wraps the line where the path makes it long
-    assert np.load(out).shape == (0, dim) and f"0 x {dim}" in said
     assert Embedder.load(kv_artifact).encode([]).shape == (0, dim)
 
 

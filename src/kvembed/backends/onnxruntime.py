@@ -4,7 +4,8 @@
 
 GPU paths are written against onnxruntime-gpu's real provider options and guarded: asking for
 them where onnxruntime-gpu (or its CUDA/TensorRT libraries) is missing raises a RuntimeError that
-names the fix, and ``"auto"`` falls back to the CPU.
+names the fix, and ``"auto"`` falls back to the CPU. Both onnxruntime builds installed side by side
+(:func:`wheel_clash`: the CPU one usually owns the module then) is a warning at load, with the fix.
 """
 
 from __future__ import annotations
@@ -32,6 +33,27 @@ CPU, CUDA, TENSORRT = "CPUExecutionProvider", "CUDAExecutionProvider", "Tensorrt
 #: onnxruntime's execution providers by the runtime provider names they serve
 EXECUTION_PROVIDERS = {CPU: "cpu", CUDA: "cuda", TENSORRT: "tensorrt"}
 GPU_HINT = install_hint("gpu")
+#: the two distributions that install the module ``onnxruntime``: the CPU build (kvembed's dependency)
+#: and the GPU build; side by side, whichever was unpacked last owns the module's files
+CPU_WHEEL, GPU_WHEEL = "onnxruntime", "onnxruntime-gpu"
+#: the fix for both installed: the GPU build alone
+ONE_WHEEL = f"pip uninstall -y {CPU_WHEEL} {GPU_WHEEL} && pip install {GPU_WHEEL}"
+
+
+def wheel_clash() -> str | None:
+    """Why this onnxruntime may not be the GPU build asked for, when both the ``onnxruntime`` and the
+    ``onnxruntime-gpu`` distributions are installed (the ``gpu`` extra beside the core dependency),
+    with the one-line fix; None when only one is."""
+    from importlib import metadata
+
+    try:
+        for name in (CPU_WHEEL, GPU_WHEEL):
+            metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return None
+    won = ("the CPU build's files won: no CUDA or TensorRT provider" if CUDA not in ort.get_available_providers()
+           else "either one's reinstall can leave the CPU build in place")
+    return f"{CPU_WHEEL} and {GPU_WHEEL} are both installed and share the module onnxruntime ({won}); fix: {ONE_WHEEL}"
 
 
 @dataclass(frozen=True)
@@ -62,9 +84,10 @@ def provider_problem(provider: str) -> str | None:
     """Why onnxruntime's provider for ``provider`` (a runtime provider name) is absent here, or None."""
     available = ort.get_available_providers()
     if provider == "cuda" and CUDA not in available:
-        return f"this onnxruntime has no CUDAExecutionProvider ({GPU_HINT})"
+        return f"this onnxruntime has no CUDAExecutionProvider ({wheel_clash() or GPU_HINT})"
     if provider == "tensorrt" and TENSORRT not in available:
-        return f"this onnxruntime has no TensorrtExecutionProvider ({GPU_HINT}, plus TensorRT's libraries from NVIDIA)"
+        fix = wheel_clash() or f"{GPU_HINT}, plus TensorRT's libraries from NVIDIA"
+        return f"this onnxruntime has no TensorrtExecutionProvider ({fix})"
     return None
 
 
@@ -86,6 +109,9 @@ def provider_chain(
     if provider == "auto":
         return [cuda, CPU]
     needed = CUDA if provider == "cuda" else TENSORRT
+    clash = wheel_clash() if needed not in available else None
+    if clash is not None:
+        raise MissingDependency(f"provider {provider!r} needs onnxruntime's {needed}: {clash}")
     if needed not in available:
         raise MissingDependency(
             f"provider {provider!r} needs onnxruntime's {needed}, which this onnxruntime does not have "
@@ -219,7 +245,13 @@ def weight_factor(precision: str, options: OnnxRuntimeOptions | None = None) -> 
 
 
 def load_warning(directory: Path, session: OnnxRuntimeSession, precision: str) -> str | None:
-    """The caveat of an fp16 artifact on the CPU provider, which has no fp16 MatMul, or None."""
+    """The caveat of both onnxruntime builds installed (:func:`wheel_clash`), then that of an fp16
+    artifact on the CPU provider, which has no fp16 MatMul; or None."""
+    caveats = [wheel_clash(), _fp16_caveat(directory, session, precision)]
+    return "; also, ".join(c for c in caveats if c) or None
+
+
+def _fp16_caveat(directory: Path, session: OnnxRuntimeSession, precision: str) -> str | None:
     if precision != "fp16" or not session.on_cpu:
         return None
     return (f"{str(directory)!r} is an fp16 artifact on onnxruntime's CPU provider, which has no fp16 MatMul: it "

@@ -276,7 +276,7 @@ def export_command(
         f"exported in {time.monotonic() - start:.1f}s",
         highlight=False,
     )
-    console.print(method_line(manifest.method.name, defaulted), highlight=False, soft_wrap=True)
+    console.print(method_line(manifest.method.name, defaulted), highlight=False)
 
 
 def method_line(method: str, defaulted: bool) -> str:

@@ -1,7 +1,7 @@
 """The torch-free runtime: load an exported artifact and embed text with onnxruntime.
 
-Importing this package never imports torch or transformers (a test proves it); a plain
-``pip install kvembed`` brings only numpy, onnxruntime and tokenizers. The embedder and the
+Importing this package never imports torch or transformers (a test proves it); kvembed
+installed without extras brings only numpy, onnxruntime and tokenizers. The embedder and the
 encoder load on first use of their names, so a command line reading the batching defaults
 (``kvembed.runtime.batching``) does not import onnxruntime.
 """

@@ -39,6 +39,15 @@ def check_input_path(path: Path) -> None:
         raise IsADirectoryError(f"--input {str(path)!r} is a directory; give a .txt or .jsonl file")
     if not path.is_file():
         raise FileNotFoundError(f"no input file at {str(path)!r}")
+    with open(path, "rb") as handle:
+        if not any(line.strip() for line in handle):  # stops at the first text
+            raise no_texts(str(path), empty=path.stat().st_size == 0)
+
+
+def no_texts(name: str, empty: bool) -> InvalidInput:
+    """The error of an input holding no text to embed (an empty file, or blank lines only)."""
+    what = "is empty" if empty else "holds only blank lines"
+    return InvalidInput(f"--input {name} {what}: no texts to embed (one text per line, or JSON Lines)")
 
 
 @dataclass
@@ -55,8 +64,10 @@ class TextRecords:
         name = "<stdin>" if is_stdin(self.path) else str(self.path)
         jsonl = not is_stdin(self.path) and self.path.suffix == ".jsonl"
         handle: IO[bytes] = sys.stdin.buffer if is_stdin(self.path) else open(self.path, "rb")
+        read = texts = 0  # lines read, lines holding text: an input without text is refused at its end
         try:
             for number, raw in enumerate(handle, start=1):
+                read, texts = number, texts + bool(raw.strip())
                 try:
                     line = raw.decode("utf-8").rstrip("\n").rstrip("\r")
                 except UnicodeDecodeError as err:
@@ -75,6 +86,8 @@ class TextRecords:
                 if self.track_ids:
                     self.ids.append(ident)
                 yield text
+            if not texts:
+                raise no_texts("- (standard input)" if is_stdin(self.path) else name, empty=read == 0)
         finally:
             if handle is not sys.stdin.buffer:
                 handle.close()
