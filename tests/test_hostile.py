@@ -175,6 +175,30 @@ def test_embed_corpus_skips_and_counts_rows_that_are_not_text(stories_artifact, 
     assert summary["skipped"]["count"] == 2 and summary["duplicate_ids"]["count"] == 0, summary
 
 
+def _panicking(artifact: Path, where: Path) -> Path:
+    """A copy of ``artifact`` whose tokenizer panics on a run of "a" (its hash rewritten to match)."""
+    panic = _copy(artifact, where)
+    tokenizer = json.loads((panic / TOKENIZER).read_text())
+    tokenizer["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": PANIC_PATTERN}, "behavior": "Isolated", "invert": False}
+    (panic / TOKENIZER).write_text(json.dumps(tokenizer))
+    _list(panic, TOKENIZER, _sha(panic / TOKENIZER))
+    return panic
+
+
+def test_embed_corpus_skips_and_counts_a_row_the_tokenizer_panics_on(stories_artifact, tmp_path):
+    panic = _panicking(stories_artifact("kv-embedding"), tmp_path / "panic")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"id": f"r{i}", "text": t}) + "\n" for i, t in enumerate(["fine", PANIC_TEXT, "also fine"])))
+    strict = _cli("embed-corpus", str(panic), "-i", str(rows), "-o", str(tmp_path / "strict"), "--id-column", "id")
+    assert strict.returncode == 2 and "Traceback" not in strict.stderr, strict.stderr
+    refused = strict.stderr.strip().splitlines()[-1]  # after the Rust panic's own report, which tokenizers prints
+    assert refused.startswith("error: ") and "rows.jsonl:2" in refused and "tokenizer failed" in refused, refused
+    done = _cli("embed-corpus", str(panic), "-i", str(rows), "-o", str(tmp_path / "out"), "--id-column", "id", "--on-error", "skip")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert summary["rows"] == 2 and summary["skipped"]["count"] == 1, summary
+
+
 def test_embed_names_the_text_that_is_not_unicode(stories_artifact, tmp_path):
     art = stories_artifact("kv-embedding")
     with pytest.raises(ValueError, match=r"texts\[1\]: the text holds a lone surrogate U\+DC80 at character 1"):
@@ -189,11 +213,7 @@ def hostile_server(stories_artifact, tmp_path_factory):
     """kv (the demo model) and panic (the same with a tokenizer that panics on a run of "a"), two
     request slots and short timeouts, so slow clients show within seconds."""
     root = tmp_path_factory.mktemp("hostile")
-    panic = _copy(stories_artifact("kv-embedding"), root / "panic")
-    tokenizer = json.loads((panic / TOKENIZER).read_text())
-    tokenizer["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": PANIC_PATTERN}, "behavior": "Isolated", "invert": False}
-    (panic / TOKENIZER).write_text(json.dumps(tokenizer))
-    _list(panic, TOKENIZER, _sha(panic / TOKENIZER))
+    panic = _panicking(stories_artifact("kv-embedding"), root / "panic")
     args = [f"kv={stories_artifact('kv-embedding')}", f"panic={panic}", "--max-concurrent-requests", "2",
             "--read-timeout", str(READ_TIMEOUT), "--graceful-timeout", "3", "--host", "127.0.0.1"]
     process = ServerProcess(args, root / "serve.log")

@@ -67,6 +67,8 @@ class Rows:
     ids: list[Any] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     span: int = 0
+    #: each record's row in its file (for messages about it, as RecordPolicy names rows)
+    rows: list[int] = field(default_factory=list)
 
 
 class RecordPolicy:
@@ -294,6 +296,7 @@ def _read_parquet(file: InputFile, start: int, stop: int, columns: Columns, poli
                 else:
                     chunk.texts.append(text)
                     chunk.ids.append(ids[k] if ids is not None else file.row_id(at))
+                    chunk.rows.append(at)
             yield chunk
         row += batch.num_rows
         if row >= stop:
@@ -315,6 +318,7 @@ def _read_lines(
             if record is not None:
                 chunk.ids.append(record[0])
                 chunk.texts.append(record[1])
+                chunk.rows.append(at)
             if chunk.span >= CHUNK_ROWS:
                 yield chunk
                 chunk = Rows()

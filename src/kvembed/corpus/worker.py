@@ -17,7 +17,8 @@ import numpy as np
 
 from ..runtime import Embedder
 from ..runtime.batching import BatchPolicy
-from .inputs import Columns, InputFile, RecordPolicy, read_rows
+from ..errors import InvalidInput
+from .inputs import Columns, InputFile, RecordPolicy, Rows, read_rows
 from .plan import Shard
 from .shards import ShardWriter
 
@@ -51,11 +52,23 @@ class ShardWorker:
         budget = job.max_batch_tokens
         self.policy = BatchPolicy.from_options(self.embedder.policy, batch_size=budget, max_batch_tokens=budget)
 
-    def embed(self, texts: list[str], progress: Progress) -> tuple[np.ndarray, int, int]:
-        """``(vectors, tokens, truncated)`` of ``texts``, vectors in input order."""
+    def encode_records(self, file: Any, chunk: Rows, policy: RecordPolicy) -> tuple[list[Any], list[Any]]:
+        """The chunk's ids and encoded texts, without the records the tokenizer refuses (a panic on
+        that text): each is an ``--on-error`` bad record, named by its file and row."""
+        ids, encoded = [], []
         with warnings.catch_warnings():  # truncation is counted in the manifest instead
             warnings.simplefilter("ignore", UserWarning)
-            encoded = self.embedder.encoder.encode(texts, self.job.kind)
+            for ident, text, row in zip(chunk.ids, chunk.texts, chunk.rows):
+                try:
+                    encoded.append(self.embedder.encoder.encode_one(text, self.job.kind))
+                except InvalidInput as err:
+                    policy.bad(file, row, str(err))
+                    continue
+                ids.append(ident)
+        return ids, encoded
+
+    def embed(self, encoded: list[Any], progress: Progress) -> tuple[np.ndarray, int, int]:
+        """``(vectors, tokens, truncated)`` of the encoded texts, vectors in input order."""
         lengths = [len(item.ids) for item in encoded]
         vectors = self.embedder.embed_encoded(
             encoded, policy=self.policy, on_batch=lambda batch, _: progress(len(batch), sum(lengths[i] for i in batch)))
@@ -69,10 +82,11 @@ class ShardWorker:
         rows = tokens = truncated = 0
         try:
             for chunk in read_rows(file, shard.start, shard.stop, shard.byte_start, self.job.columns, policy):
-                vectors, chunk_tokens, chunk_truncated = self.embed(chunk.texts, progress)
-                writer.write(chunk.ids, vectors)
-                progress(chunk.span - len(chunk.texts), 0)
-                rows, tokens, truncated = rows + len(chunk.texts), tokens + chunk_tokens, truncated + chunk_truncated
+                ids, encoded = self.encode_records(file, chunk, policy)
+                vectors, chunk_tokens, chunk_truncated = self.embed(encoded, progress)
+                writer.write(ids, vectors)
+                progress(chunk.span - len(ids), 0)
+                rows, tokens, truncated = rows + len(ids), tokens + chunk_tokens, truncated + chunk_truncated
             stats = {
                 "shard": shard.name, "input": file.path, "start": shard.start, "stop": shard.stop, "rows": rows,
                 "tokens": tokens, "truncated": truncated, "skipped": policy.count, "skip_examples": policy.examples,
