@@ -174,7 +174,8 @@ def test_a_corpus_worker_embeds_through_the_loop_with_encodes_vectors(kv, loop_c
     worker = ShardWorker(job)
     texts = random_texts(40, seed=7)
     counted: list[tuple[int, int]] = []
-    vectors, tokens, truncated = worker.embed(texts, lambda rows, tokens: counted.append((rows, tokens)))
+    encoded = [worker.embedder.encoder.encode_one(text, "document") for text in texts]
+    vectors, tokens, truncated = worker.embed(encoded, lambda rows, tokens: counted.append((rows, tokens)))
     assert loop_calls == [40] and sum(rows for rows, _ in counted) == 40 and sum(t for _, t in counted) == tokens
     np.testing.assert_allclose(vectors, Embedder.load(kv, provider="cpu").encode(texts), atol=1e-5)
 
