@@ -47,6 +47,9 @@ WINDOW_BATCHES = 4
 
 log = logging.getLogger("uvicorn.error")  # shown with uvicorn's own messages
 
+#: what a window's rows share: the output label and whether the vectors are normalised
+_Output = tuple[str | None, bool]
+
 
 def lower_priority(nice: int) -> None:
     """Raise the calling thread's niceness by ``nice`` (Linux: niceness is per thread), so that under
@@ -67,6 +70,7 @@ class _Job:
 
     items: Sequence[EncodedText]
     label: str | None
+    normalize: bool
     out: np.ndarray
     future: asyncio.Future
     next: int = 0
@@ -137,11 +141,11 @@ class Batcher:
             self._arriving -= 1
             self._wake.set()
 
-    async def embed(self, items: Sequence[EncodedText], label: str | None) -> np.ndarray:
-        """The normalised embeddings of ``items`` (output ``label``), in order."""
+    async def embed(self, items: Sequence[EncodedText], label: str | None, normalize: bool = True) -> np.ndarray:
+        """The embeddings of ``items`` (output ``label``; ``normalize=False``: the pooled vectors), in order."""
         loop = asyncio.get_running_loop()
         out = np.empty((len(items), self.embedder.dim_of(label)), dtype=np.float32)
-        job = _Job(items, label, out, loop.create_future(), left=len(items))
+        job = _Job(items, label, normalize, out, loop.create_future(), left=len(items))
         if not items:
             return out
         self._jobs.append(job)
@@ -171,8 +175,8 @@ class Batcher:
                 continue
             await self._free.acquire()  # the window is taken when a worker can start on it
             await self._fill(loop)
-            label, window = self._take_window() if self._jobs else (None, [])
-            await self._run_window(loop, label, window)
+            key, window = self._take_window() if self._jobs else ((None, True), [])
+            await self._run_window(loop, key, window)
 
     async def _fill(self, loop: asyncio.AbstractEventLoop) -> None:
         deadline = loop.time() + self.max_wait
@@ -190,9 +194,9 @@ class Batcher:
         tokens = self.policy.max_batch_tokens
         return self._queued_items >= self.policy.batch_size or (tokens is not None and self._queued_tokens >= tokens)
 
-    def _take_window(self) -> tuple[str | None, list[tuple[_Job, int]]]:
+    def _take_window(self) -> tuple[_Output, list[tuple[_Job, int]]]:
         """Up to a window of inputs, ``quantum`` per request per turn, from requests of the head's output."""
-        label = self._jobs[0].label
+        label = (self._jobs[0].label, self._jobs[0].normalize)
         max_items = self.policy.batch_size * WINDOW_BATCHES
         max_tokens = math.inf if self.policy.max_batch_tokens is None else self.policy.max_batch_tokens * WINDOW_BATCHES
         window: list[tuple[_Job, int]] = []
@@ -201,7 +205,7 @@ class Batcher:
         while progress:
             progress = False
             for job in self._jobs:
-                if job.label != label:
+                if (job.label, job.normalize) != label:
                     continue
                 for _ in range(self.quantum):
                     if job.next >= len(job.items):
@@ -215,7 +219,7 @@ class Batcher:
                     progress = True
         return self._taken(label, window, tokens)
 
-    def _taken(self, label: str | None, window: list[tuple[_Job, int]], tokens: int) -> tuple[str | None, list[tuple[_Job, int]]]:
+    def _taken(self, label: _Output, window: list[tuple[_Job, int]], tokens: int) -> tuple[_Output, list[tuple[_Job, int]]]:
         self._count(-len(window), -tokens)
         head = self._jobs[0]
         self._jobs = deque(job for job in self._jobs if job.next < len(job.items))
@@ -223,7 +227,7 @@ class Batcher:
             self._jobs.rotate(-1)
         return label, window
 
-    async def _run_window(self, loop: asyncio.AbstractEventLoop, label: str | None, window: list[tuple[_Job, int]]) -> None:
+    async def _run_window(self, loop: asyncio.AbstractEventLoop, label: _Output, window: list[tuple[_Job, int]]) -> None:
         """Dispatch the window's batches, each as soon as a worker is free; the caller holds
         one free worker already (released here if the window turns out empty)."""
         lengths = [len(job.items[index].ids) for job, index in window]
@@ -242,7 +246,7 @@ class Batcher:
         if held:
             self._free.release()
 
-    async def _call(self, loop: asyncio.AbstractEventLoop, label: str | None, rows: list[tuple[_Job, int]]) -> None:
+    async def _call(self, loop: asyncio.AbstractEventLoop, key: _Output, rows: list[tuple[_Job, int]]) -> None:
         """One planned batch on a worker thread, through the runtime's batching loop; its rows go
         back to their requests."""
         try:
@@ -250,7 +254,8 @@ class Batcher:
             start = perf_counter()
             with self.metrics.calls_running.labels(self.name).track_inprogress():
                 embedding = await loop.run_in_executor(
-                    self._executor, partial(self.embedder.embed_encoded, items, label, policy=self.policy, on_batch=self._observe))
+                    self._executor, partial(self.embedder.embed_encoded, items, key[0], policy=self.policy, normalize=key[1],
+                                            on_batch=self._observe))
             self.metrics.inference.labels(self.name).observe(perf_counter() - start)
         except Exception as err:  # a failed graph call fails its requests, never the worker
             log.exception("graph call of %s failed", self.name)

@@ -90,6 +90,9 @@ class ServeConfig:
         "--auto-truncate).")
     auto_truncate: bool = flag(False, "Cut over-long inputs of requests that do not say 'truncate' (default: 413, as TEI "
                                "does).", flags=("--auto-truncate/--no-auto-truncate",))
+    windows: bool = flag(False, "Embed an input over --max-input-tokens as windows of the cap, one vector from them (requests "
+                         "that do not say 'windows'; default off: 413 or truncate).",
+                         flags=("--windows/--no-windows",))
     long_input_tokens: int | None = flag(
         str(DEFAULT_LONG_INPUT_TOKENS), "Inputs of more tokens are embedded in a lane of their own, beside short inputs "
         "rather than ahead of them (none: one lane for all).", parse=parse_long_input_tokens)

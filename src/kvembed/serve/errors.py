@@ -60,9 +60,9 @@ _DESCRIPTIONS: dict[int, str] = {
 }
 
 
-def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """FastAPI ``responses=`` declaring ``statuses`` with OpenAI's error body."""
-    return {status: {"model": ErrorBody, "description": _DESCRIPTIONS[status]} for status in statuses}
+def error_responses(*statuses: int, body: Any = None) -> dict[int | str, dict[str, Any]]:
+    """FastAPI ``responses=`` declaring ``statuses`` with the error ``body`` model (OpenAI's by default)."""
+    return {status: {"model": body or ErrorBody, "description": _DESCRIPTIONS[status]} for status in statuses}
 
 
 class ApiError(Exception):

@@ -58,16 +58,16 @@ class Lanes:
     def is_long(self, item: EncodedText) -> bool:
         return self.long_tokens is not None and len(item.ids) > self.long_tokens
 
-    async def embed(self, items: Sequence[EncodedText], label: str | None) -> np.ndarray:
+    async def embed(self, items: Sequence[EncodedText], label: str | None, normalize: bool = True) -> np.ndarray:
         """The embeddings of ``items`` (output ``label``) in order, each input embedded in its lane."""
         long = [index for index, item in enumerate(items) if self.is_long(item)]
         if not long or self.long is None:
-            return await self.short.embed(items, label)
+            return await self.short.embed(items, label, normalize)
         if len(long) == len(items):
-            return await self.long.embed(items, label)
+            return await self.long.embed(items, label, normalize)
         taken = set(long)
         short = [index for index in range(len(items)) if index not in taken]
-        jobs = [asyncio.ensure_future(lane.embed([items[i] for i in indices], label))
+        jobs = [asyncio.ensure_future(lane.embed([items[i] for i in indices], label, normalize))
                 for lane, indices in ((self.short, short), (self.long, long))]
         try:
             short_rows, long_rows = await asyncio.gather(*jobs)
