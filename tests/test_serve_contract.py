@@ -74,43 +74,59 @@ def test_the_server_keeps_its_openapi_contract(contract_server):
           f"{dict(cases)}, checks run {dict(checks)}, {len(failures)} failures, {len(errors)} errors")
     assert not errors, "\n\n".join(errors)
     assert not failures, "\n\n".join(dict.fromkeys(failures))  # the same failure, once
-    operations = {"POST /v1/embeddings", "POST /embeddings", "GET /v1/models", "GET /health", "GET /metrics"}
+    operations = {"POST /v1/embeddings", "POST /embeddings", "GET /v1/models", "GET /health", "GET /metrics",
+                  "POST /embed", "POST /", "POST /tokenize", "POST /decode", "GET /info", "POST /v2/embed", "POST /v2/rerank"}
     assert set(cases) == operations, cases
-    assert cases["POST /v1/embeddings"] >= MAX_EXAMPLES and cases["POST /embeddings"] >= MAX_EXAMPLES, cases
+    assert all(cases[op] >= MAX_EXAMPLES for op in operations if op.startswith("POST")), cases
     assert checks["not_a_server_error"] and checks["response_schema_conformance"] and checks["unsupported_method"], checks
 
 
 def test_the_document_declares_every_response(contract_server):
-    """The statuses, bodies and content types the server really answers with are in the document."""
+    """The statuses, bodies and content types the server really answers with are in the document,
+    each dialect's error body its own."""
     document = httpx.get(f"{contract_server.url}/openapi.json", timeout=10).json()
     paths = document["paths"]
-    error = {"$ref": "#/components/schemas/ErrorBody"}
-    for path in ("/v1/embeddings", "/embeddings"):
+    bodies = {"/v1/embeddings": "ErrorBody", "/embeddings": "ErrorBody", "/embed": "TeiError", "/": "TeiError",
+              "/tokenize": "TeiError", "/decode": "TeiError", "/v2/embed": "CohereError", "/v2/rerank": "CohereError"}
+    for path, body in bodies.items():
         responses = paths[path]["post"]["responses"]
-        assert set(responses) == {"200", "400", "401", "404", "408", "413", "422", "429", "500", "503", "504"}
+        assert set(responses) == {"200", "400", "401", "404", "408", "413", "422", "429", "500", "503", "504"}, path
         for status in set(responses) - {"200"}:
-            assert responses[status]["content"] == {"application/json": {"schema": error}}, status
+            assert responses[status]["content"] == {"application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}}, status
     assert set(paths["/v1/models"]["get"]["responses"]) == {"200", "401", "503"}
+    assert set(paths["/info"]["get"]["responses"]) == {"200", "401", "503"}
     assert set(paths["/health"]["get"]["responses"]) == {"200", "503"}
     metrics = httpx.get(f"{contract_server.url}/metrics", timeout=10)
     assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == [metrics.headers["content-type"]]
-    body = document["components"]["schemas"]["ErrorDetail"]
-    assert set(body["required"]) == {"message", "type", "param", "code"}
+    assert set(document["components"]["schemas"]["ErrorDetail"]["required"]) == {"message", "type", "param", "code"}
+    assert set(document["components"]["schemas"]["TeiError"]["required"]) == {"error", "error_type"}
+    assert set(document["components"]["schemas"]["CohereError"]["required"]) == {"message"}
     request = paths["/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    variants = {(v["properties"]["model"]["const"], tuple(v["properties"].get("truncate", {}).get("enum", ()))): v["properties"]
-                for v in request["anyOf"]}
-    assert set(variants) == {("kv", ()), ("va", (True,)), ("va", (False, None))}  # va takes token ids: cut or not
+    enum = lambda props, name: tuple(props.get(name, {}).get("enum", ()))  # noqa: E731
+    variants: dict[tuple, list[dict]] = {}
+    for v in request["anyOf"]:
+        props = v["properties"]
+        variants.setdefault((props["model"]["const"], enum(props, "truncate"), enum(props, "windows")), []).append(props)
+    # va takes token ids: a row over the cap is cut (truncate), windowed, or refused (neither: rows bounded)
+    assert set(variants) == {("kv", (), ()), ("va", (True,), ()), ("va", (), (True,)), ("va", (False, None), (False, None))}
     models = httpx.get(f"{contract_server.url}/v1/models", timeout=10).json()["data"]
-    for card in models:
-        for (name, _), props in variants.items():
-            if name == card["id"]:
-                assert props["output"]["enum"] == [None, *card["outputs"]]
-                assert props["dimensions"]["anyOf"][0]["maximum"] == card["dim"]
-    forms = {name: [form.get("items", {}) for form in props["input"]["anyOf"]] for (name, _), props in variants.items()}
-    assert forms["kv"] == [{}, {"type": "string"}]  # a prompt method takes no token ids
-    uncut = variants[("va", (False, None))]["input"]["anyOf"]
-    assert uncut[2]["maxItems"] == next(card["max_input_tokens"] for card in models if card["id"] == "va")
-    assert uncut[2]["items"]["maximum"] > 0 and "maxItems" not in variants[("va", (True,))]["input"]["anyOf"][2]
+    cap = next(card["max_input_tokens"] for card in models if card["id"] == "va")
+    for (name, truncate, windows), group in variants.items():
+        card = next(card for card in models if card["id"] == name)
+        assert len(group) == 2  # int8/uint8 at full width, or any width without them
+        full, narrow = sorted(group, key=lambda props: len(props["embedding_types"]["anyOf"][0]["enum"]), reverse=True)
+        assert full["dimensions"]["anyOf"][0]["minimum"] == card["dim"] and narrow["dimensions"]["anyOf"][0]["minimum"] == 1
+        assert full["embedding_types"]["anyOf"][0]["enum"] == ["float", "int8", "uint8", "binary", "ubinary"]
+        assert narrow["embedding_types"]["anyOf"][0]["enum"] == ["float", "binary", "ubinary"]
+        for props in group:
+            assert props["output"]["enum"] == [None, *card["outputs"]]
+            assert props["dimensions"]["anyOf"][0]["maximum"] == card["dim"]
+            forms = props["input"]["anyOf"]
+            if name == "kv":
+                assert [form.get("items", {}) for form in forms] == [{}, {"type": "string"}]  # a prompt method takes no token ids
+            else:
+                assert forms[2]["items"]["maximum"] > 0
+                assert forms[2].get("maxItems") == (cap if (truncate, windows) == ((False, None), (False, None)) else None)
 
 
 @pytest.mark.parametrize(("method", "path", "allow"), [

@@ -94,8 +94,6 @@ def check(state: ServerState, served: ServedModel, request: EmbedRequest) -> Non
         raise ApiError(400, str(err), param="output") from None
     if request.dimensions is not None and request.dimensions > dim:
         raise ApiError(400, f"dimensions={request.dimensions} is over this model's {dim}; ask for at most {dim}", param="dimensions")
-    if (state.config.windows if request.windows is None else request.windows) and not request.normalize:
-        raise ApiError(400, "windows put normalised window vectors together: ask for them with normalize=true", param="normalize")
     ranged = [kind for kind in request.vector_types if kind in RANGED]
     if ranged and request.dimensions is not None and request.dimensions < dim:
         raise ApiError(400, f"{ranged[0]} vectors use ranges calibrated on this model's full {dim} values; ask for them "
@@ -118,7 +116,7 @@ async def embed_encoded(served: ServedModel, encoded: Encoded, output: str | Non
     rows = await served.lanes.embed(encoded.items, output, normalize)
     if all(count == 1 for count in encoded.counts):
         return rows
-    return aggregate(rows, encoded.counts, window_weights(encoded.items))
+    return aggregate(rows, encoded.counts, window_weights(encoded.items), normalize)
 
 
 def _encode(served: ServedModel, inputs: Inputs, kind: str, truncate: bool, windows: bool, field: str) -> Encoded:

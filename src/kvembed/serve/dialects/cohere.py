@@ -92,6 +92,8 @@ async def embed(state: ServerState, body: bytes, name: Callable[[str], None]) ->
     name(spec.model)
     if not spec.texts:
         raise ApiError(400, "texts must hold at least one text", param="texts")
+    if spec.embedding_types == []:
+        raise ApiError(400, "embedding_types must name at least one type (or be left out: float)", param="embedding_types")
     asked = tuple(dict.fromkeys(spec.embedding_types or ["float"]))
     types = tuple(dict.fromkeys("float" if kind == "base64" else kind for kind in asked))
     request = EmbedRequest(
@@ -143,7 +145,7 @@ async def rerank(state: ServerState, body: bytes, name: Callable[[str], None]) -
 
 
 SHAPE = Shape(
-    input="texts", ids=False, kind=None, kind_values=list, dimensions="output_dimension", truncate="truncate",
+    input="texts", ids=False, single=False, kind=None, kind_values=list, dimensions="output_dimension", truncate="truncate",
     truncate_values=lambda cut: ["END" if cut else "NONE"], truncate_default=True, types="embedding_types",
     types_schema=lambda types: {"anyOf": [{"type": "array", "items": {"enum": [*types, *(["base64"] if "float" in types else [])]},
                                             "minItems": 1}, {"type": "null"}]},

@@ -50,10 +50,12 @@ def model_facts(name: str, embedder: Any, max_input_tokens: int) -> ModelFacts:
     return ModelFacts(name, outputs, tuple(id_kinds), vocab, max_input_tokens)
 
 
-def input_forms(max_items: int, vocab: int | None, max_tokens: int | None, ids: bool = True) -> list[dict[str, Any]]:
-    """An input field's forms: texts, and (``ids``; ``vocab`` 0: none) token ids below ``vocab``,
-    rows of at most ``max_tokens`` ids when given (an input that must not be cut)."""
-    texts: list[dict[str, Any]] = [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": max_items}]
+def input_forms(max_items: int, vocab: int | None, max_tokens: int | None, ids: bool = True, single: bool = True) -> list[dict[str, Any]]:
+    """An input field's forms: texts (``single``: a bare string too), and (``ids``; ``vocab`` 0: none)
+    token ids below ``vocab``, rows of at most ``max_tokens`` ids when given (an input that must not be cut)."""
+    texts: list[dict[str, Any]] = [{"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": max_items}]
+    if single:
+        texts.insert(0, {"type": "string"})
     if not ids or vocab == 0:
         return texts
     token: dict[str, Any] = {"type": "integer", "minimum": 0, **({"maximum": vocab - 1} if vocab else {})}
@@ -84,6 +86,8 @@ class Shape:
     output: str | None = None
     #: the field asking windows (absent or null: the server's --windows)
     windows: str = "windows"
+    #: the input may be one bare string
+    single: bool = True
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,8 @@ def variants(base: dict[str, Any], shape: Shape, model: ModelFacts, server: Serv
                     props, required = dict(props0), [name for name in base.get("required", [])]
                     props[shape.input] = {"description": props0[shape.input].get("description", ""),
                                           "anyOf": input_forms(server.max_items, model.vocab if ids else 0,
-                                                               model.max_input_tokens if limit == "whole" else None, shape.ids)}
+                                                               model.max_input_tokens if limit == "whole" else None, shape.ids,
+                                                               shape.single)}
                     if shape.kind:
                         props[shape.kind] = _values(props0[shape.kind], shape.kind_values(kinds))
                         if "document" not in kinds:  # absent means document: another variant's
