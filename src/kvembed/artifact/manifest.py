@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 from ..methods.spec import ResolvedMethod
 from .certificates import Certificate, certificates_of
+from .ranges import VectorRange, vector_ranges_of
 from .jsonform import field_keys, json_value, over_raw
 from .layout import ARTIFACT_FILES, MANIFEST, MODEL, name_problem
 from .staging import write_text_atomic
@@ -50,7 +51,7 @@ REQUIRED_KEYS = (
 )
 #: keys added since, with the value an artifact without them computed
 DEFAULTS: Mapping[str, Any] = {"created": None, "layer_selection": None, "context_encoder": None, "also": {}, "certified": [],
-                                 "graphs": {}}
+                                 "graphs": {}, "vector_ranges": {}}
 PADDING_SIDES = ("left", "right")
 
 
@@ -290,6 +291,8 @@ class Manifest:
     held_out: HeldOut | None = None
     #: backend -> the graph file it runs where that is not ``model.onnx`` (:data:`~.layout.OPENVINO_MODEL`)
     graphs: Mapping[str, str] = field(default_factory=dict)
+    #: output name -> its vectors' per-dimension ranges (:mod:`.ranges`); none before they were measured
+    vector_ranges: Mapping[str, VectorRange] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: the artifact directory it was read from (:func:`load_manifest`); None for one built in code
     directory: Path | None = field(default=None, repr=False, compare=False)
@@ -325,6 +328,7 @@ class Manifest:
         graphs = _field(data, "graphs", dict, where, optional=True) or {}
         for name in files:
             _plain(name, f"{where}: files entry {shown(name)}")
+        outputs = tuple(TensorSpec.from_dict(item, f"{where}: outputs[{i}]") for i, item in enumerate(data["outputs"]))
         for backend, name in graphs.items():
             _plain(name, f"{where}: graphs[{shown(backend)}] {shown(name)}")
             if not name.endswith(".onnx"):
@@ -343,7 +347,7 @@ class Manifest:
             pad_id=_field(data, "pad_id", int, where),
             fallback_id=_field(data, "fallback_id", int, where),
             inputs=tuple(TensorSpec.from_dict(item, f"{where}: inputs[{i}]") for i, item in enumerate(data["inputs"])),
-            outputs=tuple(TensorSpec.from_dict(item, f"{where}: outputs[{i}]") for i, item in enumerate(data["outputs"])),
+            outputs=outputs,
             graph=GraphFacts.from_dict(data["graph"], f"{where}: graph"),
             files={name: FileRecord.from_dict(record, f"{where}: files[{name!r}]") for name, record in files.items()},
             parity=parity,
@@ -355,6 +359,7 @@ class Manifest:
             extra={key: value for key, value in data.items() if key not in KNOWN_KEYS},
             held_out=None if held_out is None else HeldOut.from_dict(held_out, f"{where}: parity.held_out"),
             graphs=dict(graphs),
+            vector_ranges=vector_ranges_of(data.get("vector_ranges"), f"{where}: vector_ranges", outputs),
             raw=data,
             directory=None if directory is None else Path(directory),
         )

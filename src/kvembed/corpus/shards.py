@@ -1,4 +1,5 @@
-"""Parquet shards: ``id`` and ``embedding`` (a fixed-size list of float32/float16), written atomically.
+"""Parquet shards: ``id`` and ``embedding`` (a fixed-size list of float32/float16, or of the int8 /
+uint8 values of a quantized vector type: ``ceil(dim / 8)`` bytes for binary and ubinary), written atomically.
 
 A shard is written to a ``.partial-*`` file, one row group per chunk, and renamed into place
 when complete; its statistics (rows, tokens, truncated, skipped) ride in the Parquet footer's
@@ -17,14 +18,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..runtime.quantize import width_of
 from .plan import PARTIAL_MARK
 
 STATS_KEY = "kvembed.corpus"
 
 
+#: ``--output-dtype`` -> the Arrow type of the embedding's values
+VALUE_TYPES = {"float32": pa.float32(), "float16": pa.float16(), "int8": pa.int8(), "uint8": pa.uint8(),
+               "binary": pa.int8(), "ubinary": pa.uint8()}
+
+
+def row_width(dim: int, dtype: str) -> int:
+    """Values per embedding for ``dtype``: ``dim``, or its packed bytes for binary and ubinary."""
+    return dim if dtype.startswith("float") else width_of(dtype, dim)
+
+
 def shard_schema(id_type: str, dim: int, dtype: str) -> pa.Schema:
-    value = pa.float16() if dtype == "float16" else pa.float32()
-    return pa.schema([("id", pa.int64() if id_type == "int64" else pa.string()), ("embedding", pa.list_(value, dim))])
+    value = VALUE_TYPES[dtype]
+    return pa.schema([("id", pa.int64() if id_type == "int64" else pa.string()), ("embedding", pa.list_(value, row_width(dim, dtype)))])
 
 
 class ShardWriter:
@@ -32,7 +44,7 @@ class ShardWriter:
 
     def __init__(self, path: Path, id_type: str, dim: int, dtype: str) -> None:
         self.path = Path(path)
-        self.dim, self.dtype = dim, np.dtype(dtype)
+        self.dim, self.dtype = row_width(dim, dtype), np.dtype(VALUE_TYPES[dtype].to_pandas_dtype())
         self.partial = self.path.with_name(f"{self.path.name}{PARTIAL_MARK}{uuid.uuid4().hex[:8]}")
         self.schema = shard_schema(id_type, dim, dtype)
         self.writer = pq.ParquetWriter(self.partial, self.schema)

@@ -50,7 +50,8 @@ def build_summary(
             # what provider auto (or the one given) ran it on, in every worker (shards older than this say nothing)
             "backends": sorted({item["backend"] for item in shards if item.get("backend")}),
         },
-        "embedding": {"dim": artifact.dim, "dtype": options.output_dtype, "kind": options.kind, "normalized": True},
+        "embedding": {"dim": artifact.dim, "dtype": options.output_dtype, "kind": options.kind, "normalized": True,
+                      **vector_type_record(options.output_dtype, artifact)},
         "options": options.record(),
         "columns": asdict(plan.columns),
         "inputs": [
@@ -64,12 +65,35 @@ def build_summary(
         "rows": sum(item["rows"] for item in shards),
         "tokens": sum(item["tokens"] for item in shards),
         "truncated": sum(item["truncated"] for item in shards),
+        # inputs over max_length embedded whole as windows (--windows; truncated counts those cut instead)
+        "windowed": sum(item.get("windowed", 0) for item in shards),
         "skipped": {"count": sum(item["skipped"] for item in shards), "empty_files": len(plan.empty_files), "examples": examples},
         "worker_peak_rss_mb": max((item.get("worker_peak_rss_mb") or 0 for item in shards), default=0),
         "shards_resumed": resumed,
         "shards_replaced": replaced,
         "wall_time_s": round(wall_time, 3),
     }
+
+
+def vector_type_record(dtype: str, artifact: Manifest) -> dict[str, Any]:
+    """What a quantized ``--output-dtype`` wrote (:mod:`kvembed.runtime.quantize`): values per row,
+    how bits are packed, and for int8 / uint8 the ranges the levels are of, or where they came from."""
+    if dtype.startswith("float"):
+        return {}
+    from ..runtime.quantize import PACKED, RANGED, width_of
+
+    record: dict[str, Any] = {"vector_type": dtype, "width": width_of(dtype, artifact.dim)}
+    if dtype in PACKED:
+        record["packing"] = ("numpy.packbits: one bit per dimension, set where the value is positive, the first dimension "
+                             "in the highest bit, the last byte padded with zero bits" + ("; binary is each byte - 128 as int8"
+                                                                                          if dtype == "binary" else ""))
+    if dtype in RANGED:
+        stored = artifact.vector_ranges.get("embedding")
+        record["ranges"] = ({"from": "the artifact's manifest (vector_ranges.embedding)", **stored.to_dict()} if stored else
+                            {"from": "measured at load by each worker on the bundled calibration texts (the artifact's "
+                                     "manifest has none: re-export it to store them; Embedder.vector_ranges() on the same "
+                                     "backend measures them again)"})
+    return record
 
 
 def write_summary(output: Path, summary: Mapping[str, Any]) -> None:

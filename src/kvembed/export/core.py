@@ -31,7 +31,7 @@ from .graph.checks import check_graph
 from ..artifact.external_data import keep_external, settle_layout
 from .graph.trace import ExportError, resolve_attention
 from .graph.trace import trace as trace_graph
-from .manifest import build_manifest
+from .manifest import build_manifest, measured_ranges
 from .source import load_embedder, source_record
 from .graph.openvino_graph import write_openvino_graph
 from .gate.parity import ParityReport, held_out_record, held_out_texts, model_gate_texts, parity_reports, reference_runs, run_parity
@@ -320,12 +320,16 @@ class Exporter:
             advisory, advised = self._advise(staging, draft, precision, reference)
             if advisory:
                 parity["advisory"] = advisory
+            # the vectors' ranges (int8 / uint8 vectors are their levels), from the graph that passed
+            self.progress("ranges", "measuring the vector ranges on the calibration texts")
+            vector_ranges = measured_ranges(staging, draft)
             self.progress("write", f"writing {out}")
             graph = draft.to_dict()["graph"]
             if tried:
                 graph["precision_conversion"]["recipes_tried"] = tried
             files = file_records(staging)
-            manifest = draft.updated(graph=graph, parity=parity, certified=certified + advised, files=files)
+            manifest = draft.updated(graph=graph, parity=parity, certified=certified + advised, files=files,
+                                     vector_ranges=vector_ranges)
             manifest.write(staging)
         return ExportResult(out, manifest, report, files)
 

@@ -83,3 +83,16 @@ def build_manifest(
         "parity": {},
         **({"graphs": dict(graphs)} if graphs else {}),
     })
+
+
+
+def measured_ranges(directory: Any, manifest: Manifest) -> dict[str, Any]:
+    """The manifest's ``vector_ranges``: the per-dimension ranges of every output's normalised vectors
+    on the bundled calibration texts (:func:`~kvembed.runtime.quantize.measure_ranges`), computed by
+    the graph in ``directory`` that ``manifest`` (its draft) describes, on the runtime's CPU provider."""
+    from ..runtime import Embedder
+    from ..runtime.quantize import calibration_texts, measure_ranges, ranges_record
+
+    texts = calibration_texts()
+    embedder = Embedder.load(Manifest.from_dict(manifest.to_dict(), directory=directory), provider="cpu", verify=False)
+    return ranges_record(measure_ranges(embedder, texts), len(texts))

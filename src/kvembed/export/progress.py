@@ -12,7 +12,7 @@ Progress = Callable[[str, str], None]
 #: pipeline stages, in order, as reported to ``progress(stage, detail)`` ("reference" and "release"
 #: only where the exporter frees the PyTorch weights after the trace:
 #: :func:`~kvembed.export.core.export_result`)
-STAGES = ("load", "reference", "trace", "release", "optimize", "convert", "check", "parity", "write")
+STAGES = ("load", "reference", "trace", "release", "optimize", "convert", "check", "parity", "ranges", "write")
 
 
 def silent(stage: str, detail: str) -> None:

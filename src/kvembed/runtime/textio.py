@@ -2,8 +2,9 @@
 
 Input: ``.txt`` (one text per line), ``.jsonl`` (a JSON string, or an object with ``"text"`` and
 an optional ``"id"``, per line), or ``-`` for standard input (one text per line). Output:
-``.npy`` (one ``(n, dim)`` float32 array) or ``.jsonl`` (``{"index", "id"?, "embedding"}`` per
-line; ``id`` is carried through from a JSONL input that has one).
+``.npy`` (one ``(n, dim)`` float32 array; int8 or uint8 rows of a quantized vector type) or
+``.jsonl`` (``{"index", "id"?, "embedding"}`` per line, integers for a quantized type; ``id`` is
+carried through from a JSONL input that has one).
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def write_embeddings(
                         ident = ids.ids.popleft() if ids is not None and ids.ids else None
                         if ident is not None:
                             row["id"] = ident
-                        row["embedding"] = [round(float(x), 7) for x in vector]
+                        row["embedding"] = vector.tolist() if vector.dtype.kind in "iu" else [round(float(x), 7) for x in vector]
                         handle.write(json.dumps(row, ensure_ascii=False) + "\n")
                         rows += 1
         else:
