@@ -76,8 +76,9 @@ def embed_corpus_command(
     seconds = manifest["wall_time_s"]
     resumed = f", {manifest['shards_resumed']} shards from an earlier run" if manifest["shards_resumed"] else ""
     resumed += f", {manifest['shards_replaced']} shards of an earlier run deleted" if manifest["shards_replaced"] else ""
+    windowed = f"{manifest['windowed']:,} as windows, " if manifest.get("windowed") else ""
     console.print(
-        f"embedded {manifest['rows']:,} rows ({manifest['tokens']:,} tokens, {manifest['truncated']:,} truncated, "
+        f"embedded {manifest['rows']:,} rows ({manifest['tokens']:,} tokens, {windowed}{manifest['truncated']:,} truncated, "
         f"{manifest['skipped']['count']:,} skipped) into {len(manifest['shards'])} shards in {output}{resumed}; "
         f"{seconds:.1f}s",
         highlight=False, soft_wrap=True,

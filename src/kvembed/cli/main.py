@@ -76,6 +76,8 @@ def embed(
     similarity: bool = typer.Option(False, "--similarity", help="Print the cosine similarity matrix."),
     use: Optional[str] = typer.Option(None, "--use", help="Artifact output to embed with: an --also label (default: the main method)."),
     trust_key: TrustKey = None,
+    windows: bool = typer.Option(False, "--windows", help="Embed a text longer than the artifact's max_length whole, as windows that each fit, averaged into one vector (default: cut it, with a warning)."),
+    precision: str = typer.Option("float32", "--precision", help="Vector type, as sentence-transformers names it: float32, int8 or uint8 (levels of the artifact's vector ranges), binary or ubinary (one bit per dimension, packed into bytes)."),
 ) -> None:
     """Embed texts with an exported artifact (torch-free runtime) or a model's PyTorch reference.
 
@@ -84,10 +86,14 @@ def embed(
     """
     import numpy as np
 
+    from ..runtime.quantize import check_vector_type, width_of
     from ..runtime.textio import TextRecords, check_input_path, check_output_path, count_lines, is_stdin, write_embeddings
 
     items = list(texts or [])
     opt.check_ov_precision(provider, ov_precision)
+    vector_type = check_vector_type(precision, "--precision")
+    if vector_type != "float" and similarity:
+        raise InvalidInput("--similarity prints the cosines of float vectors: leave out --precision")
     if model is not None:
         source = model
     else:
@@ -118,6 +124,10 @@ def embed(
     else:
         if use is not None:
             raise InvalidInput("--use picks an output of an artifact exported with --also; give the artifact directory")
+        if windows:
+            raise InvalidInput("--windows runs with an artifact (the torch-free runtime); give the artifact directory")
+        if vector_type != "float":
+            raise InvalidInput("--precision runs with an artifact (its vector ranges are in its manifest); give the artifact directory")
         from ..modeling.sources import preflight
 
         preflight(source, method or "kv-embedding", options)  # a bad option fails now, not after loading
@@ -127,7 +137,12 @@ def embed(
             embedder = TorchEmbedder.from_pretrained(source, method or "kv-embedding", max_length=max_length, **options)
         errors.print(escape(runtime_of(embedder, f"reference of {source}")), highlight=False, soft_wrap=True)
     title = f"{use or embedder.method.name} on {source}"
-    extra = {} if use is None else {"output": use}
+    extra: dict[str, Any] = {} if use is None else {"output": use}
+    if windows:
+        extra["windows"] = True
+    dtype = "float32" if vector_type == "float" else vector_type
+    if vector_type != "float":
+        extra["precision"] = vector_type
     if input is not None:
         target = output if output is not None else input.with_suffix(".npy")
         if output is None:
@@ -141,15 +156,15 @@ def embed(
             chunks = (embedder.encode(chunk, kind=kind, batch_size=batch_size) for chunk in _chunked(records, 4096))
         lines = "" if total is None else f"{total:,} lines of "
         with nullcontext() if bar else waiting(f"embedding the {lines}{input}"):
-            rows, dim = write_embeddings(target, chunks, embedder.dim_of(use), ids=records)
+            rows, dim = write_embeddings(target, chunks, width_of(vector_type, embedder.dim_of(use)), ids=records)
         read = "standard input" if total is None else f"{total} input lines"
-        console.print(f"{title}: wrote {rows} x {dim} float32 embeddings of {read} to {target}", highlight=False)
+        console.print(f"{title}: wrote {rows} x {dim} {dtype} embeddings of {read} to {target}", highlight=False)
         return
     with waiting(f"embedding {len(items)} text(s)"):
         vectors = embedder.encode(items, kind=kind, batch_size=batch_size, **extra)
     if output is not None:
         rows, dim = write_embeddings(output, [vectors], vectors.shape[1])
-        console.print(f"wrote {rows} x {dim} float32 to {output}")
+        console.print(f"wrote {rows} x {dim} {dtype} to {output}")
     table = Table(title=f"{title}: {vectors.shape[0]} x {vectors.shape[1]}")
     table.add_column("#", justify="right")
     table.add_column("text")
@@ -157,7 +172,10 @@ def embed(
     table.add_column("first values")
     for i, (text, vector) in enumerate(zip(items, vectors)):
         short = text if len(text) <= 40 else text[:37] + "..."
-        table.add_row(str(i), short, f"{np.linalg.norm(vector):.4f}", " ".join(f"{x:+.4f}" for x in vector[:6]))
+        if vector.dtype.kind == "f":
+            table.add_row(str(i), short, f"{np.linalg.norm(vector):.4f}", " ".join(f"{x:+.4f}" for x in vector[:6]))
+        else:  # a quantized vector type: integers, no norm to speak of
+            table.add_row(str(i), short, "-", " ".join(f"{int(x):+d}" for x in vector[:8]))
     console.print(table)
     if similarity:
         sim = vectors @ vectors.T

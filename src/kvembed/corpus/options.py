@@ -16,11 +16,13 @@ FORMATS = ("parquet", "jsonl", "txt")
 RUNNERS = ("local", "ray")
 DEFAULT_RUNNER = "local"
 KINDS = ("document", "query")
-OUTPUT_DTYPES = ("float32", "float16")
+#: float vectors, or one of the quantized vector types (:mod:`kvembed.runtime.quantize`)
+OUTPUT_DTYPES = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
 ON_ERROR = ("fail", "skip")
 DEFAULT_ID_COLUMN = "id"
 #: the options that decide what the shards hold: a ``--resume`` given another value is refused
-RESUME_FIXED = ("artifact", "inputs", "format", "text_column", "id_column", "kind", "rows_per_file", "output_dtype", "on_error")
+RESUME_FIXED = ("artifact", "inputs", "format", "text_column", "id_column", "kind", "rows_per_file", "output_dtype", "on_error",
+                "windows")
 #: the options that say where and how fast the work runs: a resume may change them (another runner, more workers)
 RESUME_FREE = ("runner", "ray_address", "workers", "threads", "provider", "max_batch_tokens")
 #: the options ``_run.json`` records and ``--resume`` reads back (all but output, resume, overwrite, progress)
@@ -72,8 +74,11 @@ class CorpusOptions:
     resume: bool = flag(False, "Finish an interrupted run in --output: finished shards are kept, and the options its "
                         "_run.json records are used (an option given again must not change what the shards hold).")
     overwrite: bool = flag(False, "Delete an earlier run in --output (its shards and records) and start again.")
-    output_dtype: str = flag("float32", "float32 or float16 vectors.")
+    output_dtype: str = flag("float32", "float32 or float16 vectors, or quantized: int8 or uint8 (levels of the artifact's "
+                             "vector ranges), binary or ubinary (one bit per dimension, packed into bytes).")
     on_error: str = flag("fail", "fail on the first bad record, or skip and count bad records in the manifest.")
+    windows: bool = flag(False, "Embed a text longer than the artifact's max_length whole, as windows that each fit, "
+                         "averaged into one vector (default: cut it; the manifest counts both).")
     progress: bool | None = flag(None, "Progress bar (default: when stderr is a terminal).",
                                  flags=("--progress/--no-progress",))
 

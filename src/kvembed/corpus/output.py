@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .options import CorpusError, CorpusOptions
-from .plan import MANIFEST, PARTIAL_MARK, RUN_FILE, SHARD_GLOB, SUCCESS
+from .plan import CONTENT_DEFAULTS, MANIFEST, PARTIAL_MARK, RUN_FILE, SHARD_GLOB, SUCCESS
 from .shards import read_stats
 
 #: a run that only ever failed on records: its finished shards hold no bad record, so resuming
@@ -95,7 +95,7 @@ def resume_problem(previous: dict[str, Any], current: dict[str, Any], finished_i
     ``--on-error fail`` may become ``skip``.
     """
     for key, value in current.items():
-        before = previous.get(key)
+        before = previous.get(key, CONTENT_DEFAULTS.get(key))
         if key == "inputs":
             problem = _inputs_problem(before or [], value, finished_inputs)
         elif before == value or (key == "on_error" and (before, value) == ON_ERROR_RELAXED):

@@ -26,7 +26,9 @@ SUCCESS = "_SUCCESS"
 SHARD_GLOB = "part-*.parquet"
 PARTIAL_MARK = ".partial-"
 #: options that change what the shards hold: a resume must repeat them
-CONTENT_OPTIONS = ("kind", "text_column", "rows_per_file", "output_dtype", "on_error")
+CONTENT_OPTIONS = ("kind", "text_column", "rows_per_file", "output_dtype", "on_error", "windows")
+#: content options newer than some run records, with the value a record without them ran with
+CONTENT_DEFAULTS = {"windows": False}
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ def _job(options: CorpusOptions, plan: Plan) -> Job:
         artifact=str(Path(options.artifact).resolve()), threads=options.threads_per_worker, kind=options.kind,
         max_batch_tokens=options.max_batch_tokens, output_dtype=options.output_dtype, on_error=options.on_error,
         columns=plan.columns, files=tuple(plan.files), output=str(Path(options.output).resolve()), provider=options.provider,
+        windows=options.windows,
     )
 
 

@@ -17,6 +17,8 @@ import numpy as np
 
 from ..runtime import Embedder
 from ..runtime.batching import BatchPolicy
+from ..runtime.quantize import RANGED, quantize
+from ..runtime.windows import aggregate, window_weights
 from ..errors import InvalidInput
 from .inputs import Columns, InputFile, RecordPolicy, Rows, read_rows
 from .plan import Shard
@@ -40,6 +42,7 @@ class Job:
     files: tuple[InputFile, ...]
     output: str
     provider: str = "auto"
+    windows: bool = False
 
 
 class ShardWorker:
@@ -52,44 +55,64 @@ class ShardWorker:
         budget = job.max_batch_tokens
         self.policy = BatchPolicy.from_options(self.embedder.policy, batch_size=budget, max_batch_tokens=budget)
 
-    def encode_records(self, file: Any, chunk: Rows, policy: RecordPolicy) -> tuple[list[Any], list[Any]]:
-        """The chunk's ids and encoded texts, without the records the tokenizer refuses (a panic on
-        that text): each is an ``--on-error`` bad record, named by its file and row."""
-        ids, encoded = [], []
+    def encode_records(self, file: Any, chunk: Rows, policy: RecordPolicy) -> tuple[list[Any], list[Any], list[int]]:
+        """The chunk's ids, encoded texts and how many items each record became (one, or with
+        ``--windows`` its windows), without the records the tokenizer refuses (a panic on that
+        text): each is an ``--on-error`` bad record, named by its file and row."""
+        ids, encoded, counts = [], [], []
+        encoder = self.embedder.encoder
         with warnings.catch_warnings():  # truncation is counted in the manifest instead
             warnings.simplefilter("ignore", UserWarning)
             for ident, text, row in zip(chunk.ids, chunk.texts, chunk.rows):
                 try:
-                    encoded.append(self.embedder.encoder.encode_one(text, self.job.kind))
+                    items = encoder.encode_windows(text, self.job.kind) if self.job.windows else [encoder.encode_one(text, self.job.kind)]
                 except InvalidInput as err:
                     policy.bad(file, row, str(err))
                     continue
                 ids.append(ident)
-        return ids, encoded
+                encoded.extend(items)
+                counts.append(len(items))
+        return ids, encoded, counts
 
-    def embed(self, encoded: list[Any], progress: Progress) -> tuple[np.ndarray, int, int]:
-        """``(vectors, tokens, truncated)`` of the encoded texts, vectors in input order."""
+    def embed(self, encoded: list[Any], progress: Progress, counts: list[int] | None = None) -> tuple[np.ndarray, int, int]:
+        """``(vectors, tokens, truncated)`` of the encoded texts, vectors in input order; with
+        ``counts`` (a record's windows each, `encode_records`) one vector per record, aggregated."""
         lengths = [len(item.ids) for item in encoded]
-        vectors = self.embedder.embed_encoded(
-            encoded, policy=self.policy, on_batch=lambda batch, _: progress(len(batch), sum(lengths[i] for i in batch)))
+        windowed = counts is not None and len(counts) != len(encoded)
+        vectors = self.embedder.embed_encoded(  # windows are not rows of the input: rows are counted once aggregated
+            encoded, policy=self.policy,
+            on_batch=lambda batch, _: progress(0 if windowed else len(batch), sum(lengths[i] for i in batch)))
+        if windowed:
+            assert counts is not None
+            vectors = aggregate(vectors, counts, window_weights(encoded))
+            progress(len(counts), 0)
         return vectors, sum(lengths), sum(item.truncated for item in encoded)
+
+    def typed(self, vectors: np.ndarray) -> np.ndarray:
+        """``vectors`` as ``--output-dtype`` stores them: floats as they are (the writer casts them),
+        a vector type quantized (int8 / uint8: levels of `Embedder.vector_ranges`)."""
+        dtype = self.job.output_dtype
+        if dtype.startswith("float"):
+            return vectors
+        return quantize(vectors, dtype, self.embedder.vector_ranges() if dtype in RANGED else None)
 
     def run(self, shard: Shard, progress: Progress) -> dict[str, Any]:
         """Embed ``shard`` and publish it; returns its statistics (also stored in the shard)."""
         file = self.job.files[shard.file]
         policy = RecordPolicy(self.job.on_error)
         writer = ShardWriter(Path(self.job.output) / shard.name, self.job.columns.id_type, self.embedder.dim, self.job.output_dtype)
-        rows = tokens = truncated = 0
+        rows = tokens = truncated = windowed = 0
         try:
             for chunk in read_rows(file, shard.start, shard.stop, shard.byte_start, self.job.columns, policy):
-                ids, encoded = self.encode_records(file, chunk, policy)
-                vectors, chunk_tokens, chunk_truncated = self.embed(encoded, progress)
-                writer.write(ids, vectors)
+                ids, encoded, counts = self.encode_records(file, chunk, policy)
+                vectors, chunk_tokens, chunk_truncated = self.embed(encoded, progress, counts)
+                windowed += sum(count > 1 for count in counts)
+                writer.write(ids, self.typed(vectors))
                 progress(chunk.span - len(ids), 0)
                 rows, tokens, truncated = rows + len(ids), tokens + chunk_tokens, truncated + chunk_truncated
             stats = {
                 "shard": shard.name, "input": file.path, "start": shard.start, "stop": shard.stop, "rows": rows,
-                "tokens": tokens, "truncated": truncated, "skipped": policy.count, "skip_examples": policy.examples,
+                "tokens": tokens, "truncated": truncated, "windowed": windowed, "skipped": policy.count, "skip_examples": policy.examples,
                 "worker_peak_rss_mb": peak_rss_mb(), "backend": self.embedder.backend,
             }
             writer.commit(stats)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +23,8 @@ from .artifact import encoder_from_manifest
 from .batching import CPU_CALL_TOKENS, BatchPolicy, run_batches, run_in_slices
 from .encoding import EncodedText, TextEncoder, check_padding_side, check_texts
 from .vectors import unit_rows
+from .windows import aggregate, encode_all, id_windows, special_ends, window_weights
+from . import quantize as vector_types
 from ..errors import InvalidInput
 from ..extras import install_hint
 
@@ -58,6 +61,8 @@ class Embedder:
         self.session = session
         self._inputs = list(session.input_names)
         self._renormalise = session.renormalise
+        self._ranges: dict[str, np.ndarray] = {}  # output name -> its vector ranges (`vector_ranges`)
+        self._ranges_lock = threading.Lock()
         cpu = session.on_cpu
         #: the default batching policy of every embedding method: the call budget and call cost
         #: given to `load` ("auto": `CPU_CALL_TOKENS` on the CPU and OpenVINO, none on
@@ -287,6 +292,8 @@ class Embedder:
         output: str | None = None,
         *,
         first_index: int = 0,
+        precision: str = "float32",
+        windows: bool = False,
     ) -> np.ndarray:
         """Embed ``texts`` as ``kind`` (``"query"``/``"document"``): float32 ``(n, dim)`` in input order.
 
@@ -296,13 +303,33 @@ class Embedder:
         cut (the prompt template stays whole) and named in one warning. ``output`` picks an extra
         method of an artifact exported with ``--also`` (see `outputs`). ``first_index`` is the
         position of ``texts[0]`` in a longer stream: errors and warnings name items by that index.
+        ``precision`` (sentence-transformers' word for the vector type, `quantize`): ``"float32"``
+        (or ``"float"``), ``"int8"`` or ``"uint8"`` (levels of `vector_ranges`; normalised vectors
+        only), ``"binary"`` or ``"ubinary"`` (one bit per dimension, packed).
+        ``windows=True``: a text over `max_length` is embedded whole instead of cut, as windows
+        that each fit, batched with the other inputs, whose vectors `aggregate` makes its one
+        vector (`kvembed.runtime.windows`; normalised vectors only).
         """
         label = self._label(output)
+        kind_of_vector = vector_types.check_vector_type(precision, "precision")
+        if kind_of_vector in vector_types.RANGED and not normalize:
+            raise InvalidInput(f"precision={precision!r} needs normalize=True: the ranges are those of normalised vectors")
         single = isinstance(texts, str)
         items = check_texts([texts] if single else texts, first_index)
-        encoded = self.encoder.encode(items, kind, first_index)
+        if windows and not normalize:
+            raise InvalidInput("windows=True aggregates normalised window vectors: it needs normalize=True")
+        counts = None
+        if windows:  # no text is cut: an over-long one becomes windows
+            encoded, counts = encode_all(self.encoder, items, kind, first_index)
+        else:
+            encoded = self.encoder.encode(items, kind, first_index)
         policy = BatchPolicy.from_options(self.policy, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
         out = self.embed_encoded(encoded, label, policy=policy, normalize=normalize, show_progress_bar=show_progress_bar)
+        if counts is not None:
+            out = aggregate(out, counts, window_weights(encoded))
+        if kind_of_vector != "float":
+            ranges = self.vector_ranges(output) if kind_of_vector in vector_types.RANGED else None
+            out = vector_types.quantize(out, kind_of_vector, ranges)
         return out[0] if single else out
 
     def token_inputs(self, ids: Sequence[Sequence[int]], kind: str = "document") -> list[EncodedText]:
@@ -330,6 +357,20 @@ class Embedder:
                 raise InvalidInput(f"ids[{index}] must be a non-empty list of token ids in [0, {vocab}), got {str(row)[:60]}")
             rows.append(EncodedText(tuple(row[: self.max_length]), None, len(row) > self.max_length))
         return rows
+
+    def token_windows(self, ids: Sequence[Sequence[int]], kind: str = "document") -> tuple[list[EncodedText], list[int]]:
+        """Pre-tokenised rows (raw-text methods only, checked as `token_inputs` checks them) with every
+        row over `max_length` split into windows of at most `max_length` ids (`id_windows`: the
+        tokenizer's special tokens around a row, such as a BOS, repeated around each window):
+        the items, flat and in order, and per row how many it became (for `aggregate`)."""
+        items: list[EncodedText] = []
+        counts: list[int] = []
+        ends = special_ends(self.encoder)
+        for row, item in zip(ids, self.token_inputs(ids, kind)):
+            parts = id_windows(row, self.max_length, ends) if item.truncated else [item]
+            items.extend(parts)
+            counts.append(len(parts))
+        return items, counts
 
     def encode_ids(
         self,
@@ -390,6 +431,28 @@ class Embedder:
         shapes = {o.name: o.shape for o in self.artifact.outputs}
         shape = shapes.get(name) or shapes.get(name.replace("pooled", "embedding", 1))
         return self.dim if not shape else int(shape[-1])
+
+    def vector_ranges(self, output: str | None = None) -> np.ndarray:
+        """``(2, dim)`` float32: the per-dimension minimum (row 0) and maximum (row 1) of ``output``'s
+        normalised vectors, which int8 and uint8 vectors are levels of (`quantize`): the manifest's
+        ``vector_ranges``, measured by the export. An artifact exported before them has none: they are
+        measured once, on the bundled calibration texts through this embedder, kept, and a warning
+        says so (re-exporting stores them)."""
+        name = output_names(self._label(output))[0]
+        with self._ranges_lock:
+            if not self._ranges:
+                stored = self.artifact.vector_ranges
+                if stored:
+                    self._ranges = {key: np.array([item.min, item.max], dtype=np.float32) for key, item in stored.items()}
+                else:
+                    warnings.warn(f"{self.directory}: the manifest has no vector_ranges (exported before them); measuring "
+                                  "them on the bundled calibration texts at load (re-export the artifact to store them)",
+                                  stacklevel=2)
+                    self._ranges = vector_types.measure_ranges(self)
+            if name not in self._ranges:
+                raise InvalidInput(f"{self.directory}: the manifest's vector_ranges has none for output {name!r}; "
+                                   "re-export the artifact to measure them")
+            return self._ranges[name].copy()
 
     def encode_query(self, texts: Sequence[str] | str, **kwargs: Any) -> np.ndarray:
         return self.encode(texts, kind="query", **kwargs)

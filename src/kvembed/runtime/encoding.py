@@ -8,7 +8,7 @@ identical token ids for identical text.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -87,6 +87,9 @@ def check_texts(texts: Any, first_index: int = 0) -> list[str]:
     return items
 
 
+#: tokens a window leaves free beside the prompt for merges where the text meets the prompt
+WINDOW_MARGIN = 4
+
 #: a truncation warning names the cut texts by index when there are at most this many
 NAMED_TRUNCATIONS = 10
 
@@ -110,6 +113,9 @@ class EncodedText:
     truncated: bool
     context: tuple[int, ...] | None = None
     """The context encoder's token ids of the text (Causal2Vec), else None."""
+    text_tokens: int | None = None
+    """A window's share of its text (`TextEncoder.encode_windows`): how many tokens of the bare
+    text's tokenisation it holds, prompt and special tokens not counted; None for a whole input."""
 
 
 class TextEncoder:
@@ -233,6 +239,57 @@ class TextEncoder:
             f"the prompt; use a special token of the LLM's tokenizer (e.g. its BOS) as the placeholder"
         )
 
+    def encode_windows(self, text: str, kind: str = "document") -> list[EncodedText]:
+        """``text`` as :meth:`encode_one` gives it when it fits in :attr:`max_length` tokens (one
+        item); otherwise its *windows*, in order: the (cleaned) text cut at token boundaries into
+        consecutive pieces, none left out and none repeated (no overlap), each encoded by
+        :meth:`encode_one` with the prompt around it and at most :attr:`max_length` tokens,
+        ``truncated`` False and ``text_tokens`` its share of the text's tokens. The bare text is
+        tokenised once; a window holds the tokens that fit beside the prompt's own (each copy of the
+        text counted, as echo repeats it) less :data:`WINDOW_MARGIN` for merges at its edges, and a
+        window the prompt's merges still push over is shortened until it fits."""
+        if kind not in self.method.templates:
+            raise InvalidInput(f"kind must be one of {', '.join(self.method.templates)}, got {kind!r}")
+        problem = unicode_problem(text)
+        if problem is not None:
+            raise InvalidInput(f"the text {problem}")
+        template = self.method.templates[kind]
+        if self.method.contextual:
+            template = template.replace(CONTEXT, str(self.method.options["placeholder"]))
+        cleaned = preprocess_text(text) if self.method.preprocess else text
+        if self._fits(template, cleaned):
+            return [self.encode_one(text, kind)]
+        encoding = tokenize(self.tokenizer, cleaned)
+        starts = [a for (a, _), special in zip(encoding.offsets, encoding.special_tokens_mask) if not special]
+        prompt = len(self._encode(template, "")[0].ids)
+        room = (self.max_length - prompt - WINDOW_MARGIN) // template.count(TEXT)
+        if room < 1:
+            raise InvalidInput(f"the prompt template leaves no room for a window in max_length={self.max_length} tokens; "
+                               "raise max_length or use a shorter prompt")
+        windows: list[EncodedText] = []
+        first = begin = 0  # the window's first token and its first character
+        while first < len(starts) and begin < len(cleaned):
+            size = min(room, len(starts) - first)
+            while True:
+                stop = _window_stop(starts, first, size, begin)
+                end = len(cleaned) if stop == len(starts) else starts[stop]
+                if size == 1 or self._fits(template, cleaned[begin:end], clean=True):
+                    break
+                size = max(1, min(size, stop - first) - max(WINDOW_MARGIN, size // 16))
+            windows.append(replace(self.encode_one(cleaned[begin:end], kind), text_tokens=stop - first))
+            first, begin = stop, end
+        return windows
+
+    def _fits(self, template: str, text: str, clean: bool = False) -> bool:
+        """Whether ``text`` (cleaned already; ``clean``: clean it as :meth:`encode_one` will) fits
+        in :attr:`max_length` tokens with the prompt around it, tokenising no more than fits."""
+        if clean and self.method.preprocess:
+            text = preprocess_text(text)
+        head = self._head(text)
+        if len(self._encode(template, head)[0].ids) > self.max_length:
+            return False
+        return head == text or len(self._encode(template, text)[0].ids) <= self.max_length
+
     def encode(self, texts: Sequence[str], kind: str = "document", first_index: int = 0) -> list[EncodedText]:
         """Encode ``texts``; over-long ones are cut and named in one warning (indices counted from
         ``first_index``, the position of ``texts[0]`` in a longer stream)."""
@@ -316,6 +373,21 @@ class TextEncoder:
             ids[row, : len(item.context)] = item.context
             mask[row, : len(item.context)] = 1
         return {"encoder_input_ids": ids, "encoder_attention_mask": mask}
+
+
+def _window_stop(starts: Sequence[int], first: int, size: int, begin: int) -> int:
+    """Where a window of at most ``size`` tokens from token ``first`` ends: the last token index
+    up to ``first + size`` at which a new character begins (tokens of one character, as a byte-level
+    tokenizer splits a multi-byte one, stay together), else the first one after (or the end)."""
+    def cut(k: int) -> bool:
+        return k == len(starts) or (starts[k] > starts[k - 1] and starts[k] > begin)
+
+    stop = min(first + size, len(starts))
+    while stop > first + 1 and not cut(stop):
+        stop -= 1
+    while not cut(stop):
+        stop += 1
+    return stop
 
 
 def check_padding_side(side: str) -> str:
