@@ -83,8 +83,8 @@ def test_tei_errors_keep_tei_shape(server):
     too_long = httpx.post(url, json={"inputs": LONG}, headers=headers(), timeout=30)
     assert too_long.status_code == 413 and set(too_long.json()) == {"error", "error_type"}
     assert too_long.json()["error_type"] == "Validation" and "windows=true" in too_long.json()["error"]
-    left = httpx.post(url, json={"inputs": "a", "truncation_direction": "left"}, headers=headers(), timeout=30)
-    assert left.status_code == 422 and "truncation_direction" in left.json()["error"]
+    sideways = httpx.post(url, json={"inputs": "a", "truncation_direction": "up"}, headers=headers(), timeout=30)
+    assert sideways.status_code == 422 and "truncation_direction" in sideways.json()["error"]
     keyless = httpx.post(url, json={"inputs": "a"}, timeout=30)
     assert keyless.status_code == 401 and keyless.json()["error_type"] == "Unauthorized"
     with pytest.raises(Exception, match="413"):
@@ -106,6 +106,22 @@ def test_tokenize_decode_and_info(server, artifacts):
     assert bad.status_code == 400 and "ids[0]" in bad.json()["error"]
     info = httpx.get(f"{server.url}/info", headers=headers(), timeout=30).json()
     assert info["model_id"] == "kv" and info["max_input_length"] == CAP and info["models"] == ["kv", "va"]
+
+
+def test_left_truncation_keeps_the_end(server, oracle):
+    """TEI's ``truncation_direction: left`` and Cohere's ``truncate: START`` keep the longest end of
+    the text that fits: found here by trying every start in turn."""
+    start = next(i for i in range(len(LONG)) if not oracle["kv"].encoder.encode_one(LONG[i:]).truncated)
+    expected = oracle["kv"].encode([LONG[start:]])
+    tei = httpx.post(f"{server.url}/embed", json={"inputs": LONG, "truncate": True, "truncation_direction": "Left"},
+                     headers=headers(), timeout=30)
+    assert_rows(tei.json(), expected)
+    answer = cohere_client(server).embed(texts=[LONG], model="kv", input_type="search_document", truncate="START")
+    assert_rows(answer.embeddings.float_, expected)
+    ids = [[5, 7, 9, 11] * 40]
+    cut = httpx.post(f"{server.url}/embed", json={"model": "va", "inputs": ids, "truncate": True, "truncation_direction": "left"},
+                     headers=headers(), timeout=30)
+    assert_rows(cut.json(), oracle["va"].encode_ids([ids[0][-CAP:]]))
 
 
 # -- Cohere ---------------------------------------------------------------------------------------

@@ -280,6 +280,26 @@ class TextEncoder:
             first, begin = stop, end
         return windows
 
+    def encode_tail(self, text: str, kind: str = "document") -> EncodedText:
+        """``text`` as :meth:`encode_one` encodes it, but cut at its start when over the cap: its
+        longest end that fits with the prompt (TEI's ``truncation_direction: left``, Cohere's
+        ``truncate: START``); flagged ``truncated``."""
+        item = self.encode_one(text, kind)
+        if not item.truncated:
+            return item
+        template = self.method.templates[kind]
+        if self.method.contextual:
+            template = template.replace(CONTEXT, str(self.method.options["placeholder"]))
+        tail = text[-2 * (self.max_length + 1) * self.longest_token :]  # as _head: surely more than fits
+        lo, hi = 0, len(tail)
+        while lo < hi:  # tokens shrink as the start moves right: binary search the first start that fits
+            mid = (lo + hi) // 2
+            if self._fits(template, tail[mid:], clean=True):
+                hi = mid
+            else:
+                lo = mid + 1
+        return replace(self.encode_one(tail[lo:], kind), truncated=True)
+
     def _fits(self, template: str, text: str, clean: bool = False) -> bool:
         """Whether ``text`` (cleaned already; ``clean``: clean it as :meth:`encode_one` will) fits
         in :attr:`max_length` tokens with the prompt around it, tokenising no more than fits."""

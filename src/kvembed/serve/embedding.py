@@ -108,7 +108,9 @@ async def encode_inputs(state: ServerState, served: ServedModel, inputs: Inputs,
     config = state.config
     truncate = config.auto_truncate if request.truncate is None else request.truncate
     windows = config.windows if request.windows is None else request.windows
-    return await offload(inputs.size > INLINE_LIMIT, _encode, served, inputs, request.kind, truncate, windows, request.field)
+    from_start = truncate and request.truncate_from == "start"
+    return await offload(inputs.size > INLINE_LIMIT, _encode, served, inputs, request.kind, truncate, windows, request.field,
+                         from_start)
 
 
 async def embed_encoded(served: ServedModel, encoded: Encoded, output: str | None, normalize: bool = True) -> np.ndarray:
@@ -119,16 +121,18 @@ async def embed_encoded(served: ServedModel, encoded: Encoded, output: str | Non
     return aggregate(rows, encoded.counts, window_weights(encoded.items), normalize)
 
 
-def _encode(served: ServedModel, inputs: Inputs, kind: str, truncate: bool, windows: bool, field: str) -> Encoded:
-    """Inputs -> the runtime's encoded rows, cut or windowed at the model's per-input cap; an
-    input over it -> 413 unless ``truncate`` or ``windows``."""
+def _encode(served: ServedModel, inputs: Inputs, kind: str, truncate: bool, windows: bool, field: str,
+            from_start: bool = False) -> Encoded:
+    """Inputs -> the runtime's encoded rows, cut (at their end, or ``from_start``) or windowed at
+    the model's per-input cap; an input over it -> 413 unless ``truncate`` or ``windows``."""
     embedder = served.embedder
+    one = embedder.encoder.encode_tail if from_start else embedder.encoder.encode_one
     items: list[EncodedText] = []
     counts: list[int] = []
     if inputs.texts is not None:
         for index, text in enumerate(inputs.texts):
             try:
-                rows = embedder.encoder.encode_windows(text, kind) if windows else [embedder.encoder.encode_one(text, kind)]
+                rows = embedder.encoder.encode_windows(text, kind) if windows else [one(text, kind)]
             except ValueError as err:  # not Unicode text, a tokenizer panic, a placeholder typed by the user
                 raise ApiError(400, f"{field}[{index}]: {err}", param=field) from None
             items.extend(rows)
@@ -138,7 +142,9 @@ def _encode(served: ServedModel, inputs: Inputs, kind: str, truncate: bool, wind
             if windows:
                 items, counts = embedder.token_windows(inputs.ids or [], kind)
             else:
-                items = embedder.token_inputs(inputs.ids or [], kind)
+                cap = embedder.max_length
+                rows = [row[-cap:] for row in inputs.ids or []] if from_start else inputs.ids or []
+                items = embedder.token_inputs(rows, kind)
                 counts = [1] * len(items)
         except ValueError as err:
             raise ApiError(400, f"{str(err).replace('ids[', f'{field}[')}; {TIKTOKEN_HINT}", param=field) from None

@@ -47,6 +47,8 @@ class EmbedRequest:
     output: str | None = None
     #: None: the server's --auto-truncate
     truncate: bool | None = None
+    #: where a cut input loses its tokens: its end (``end``) or its start (``start``: TEI's left)
+    truncate_from: str = "end"
     #: None: the server's --windows
     windows: bool | None = None
     dimensions: int | None = None

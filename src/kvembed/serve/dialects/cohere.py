@@ -3,8 +3,8 @@
 What ``cohere.ClientV2(base_url=...)`` sends. ``input_type`` picks the method's prompt
 (``search_query``: query; ``search_document``, ``classification``, ``clustering``: document);
 ``embedding_types`` answers several vector types at once (``base64``: the float32 bytes);
-``truncate`` is ``END`` (cut an input's end, Cohere's default) or ``NONE`` (413); ``START`` is
-refused. Rerank embeds the query and the documents (cut at the cap, as Cohere cuts documents) and
+``truncate`` is ``END`` (cut an input's end, Cohere's default), ``START`` (cut its start) or
+``NONE`` (413). Rerank embeds the query and the documents (cut at the cap, as Cohere cuts documents) and
 ranks the documents by the cosine of their vectors with the query's, highest first:
 ``relevance_score`` is that cosine, not a cross-encoder's probability. Errors are Cohere's
 ``{"message"}``.
@@ -59,7 +59,8 @@ class EmbedBody(_Body):
     input_type: Literal["search_document", "search_query", "classification", "clustering"] = Field(
         "search_document", description="search_query: the method's query prompt; the others: its document prompt")
     embedding_types: list[CohereType] | None = Field(None, description="the vector types to answer; unset: float")
-    truncate: Literal["NONE", "END"] = Field("END", description="END cuts an input over the cap at its end; NONE answers 413")
+    truncate: Literal["NONE", "START", "END"] = Field(
+        "END", description="END cuts an input over the cap at its end, START at its start; NONE answers 413")
     output_dimension: StrictInt | None = Field(None, ge=1, description="keep the first N values and re-normalise")
 
     @model_validator(mode="before")
@@ -98,7 +99,8 @@ async def embed(state: ServerState, body: bytes, name: Callable[[str], None]) ->
     types = tuple(dict.fromkeys("float" if kind == "base64" else kind for kind in asked))
     request = EmbedRequest(
         model=spec.model, inputs=Inputs(texts=list(spec.texts)), field="texts", kind=KIND_OF[spec.input_type],
-        truncate=spec.truncate == "END", windows=spec.windows, dimensions=spec.output_dimension, vector_types=types,
+        truncate=spec.truncate != "NONE", truncate_from="start" if spec.truncate == "START" else "end",
+        windows=spec.windows, dimensions=spec.output_dimension, vector_types=types,
     )
     done = await embed_request(state, served, request)
     payload = await offload(len(done) * len(asked) > 64, _embed_answer, done.vectors, asked, spec.texts, done.tokens)
@@ -146,7 +148,7 @@ async def rerank(state: ServerState, body: bytes, name: Callable[[str], None]) -
 
 SHAPE = Shape(
     input="texts", ids=False, single=False, kind=None, kind_values=list, dimensions="output_dimension", truncate="truncate",
-    truncate_values=lambda cut: ["END" if cut else "NONE"], truncate_default=True, types="embedding_types",
+    truncate_values=lambda cut: ["END", "START"] if cut else ["NONE"], truncate_default=True, types="embedding_types",
     types_schema=lambda types: {"anyOf": [{"type": "array", "items": {"enum": [*types, *(["base64"] if "float" in types else [])]},
                                             "minItems": 1}, {"type": "null"}]},
 )

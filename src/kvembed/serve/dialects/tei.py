@@ -6,8 +6,8 @@ What TEI's clients send (``huggingface_hub.InferenceClient.feature_extraction``,
 ``truncate``, ``truncation_direction``, ``prompt_name``, ``dimensions``; the answer is the bare
 list of vectors. TEI serves one model; here the first artifact given answers, another is named
 by kvembed's ``model`` field. ``prompt_name`` picks the method's prompt (``query`` or
-``document``; unset: ``document``: every method wraps its text in a prompt). Cutting keeps an
-input's start (``truncation_direction`` right); ``left`` is refused. Errors are TEI's
+``document``; unset: ``document``: every method wraps its text in a prompt). A cut input loses
+its end (``truncation_direction`` right, TEI's default) or its start (left). Errors are TEI's
 ``{"error", "error_type"}``.
 """
 
@@ -59,7 +59,8 @@ class EmbedBody(_Request):
     inputs: Any = Field(description="str | list[str] | list[int] | list[list[int]] (token ids: raw-text methods only)")
     normalize: StrictBool = Field(True, description="false: the pooled vectors, not unit length")
     truncate: StrictBool | None = Field(None, description="true cuts an input over max_input_length; unset: the server's --auto-truncate")
-    truncation_direction: Literal["right", "Right"] = Field("right", description="where an input is cut: its end (right)")
+    truncation_direction: Literal["right", "Right", "left", "Left"] = Field(
+        "right", description="where a cut input loses its tokens: its end (right) or its start (left)")
     prompt_name: Literal["query", "document"] | None = Field(None, description="the method's prompt; unset: document")
     dimensions: StrictInt | None = Field(None, ge=1, description="keep the first N values (re-normalised with normalize)")
     encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32 bytes")
@@ -98,6 +99,7 @@ async def embed(state: ServerState, body: bytes, name: Callable[[str], None]) ->
     request = EmbedRequest(
         model=served.name, inputs=parse_input(spec.inputs, "inputs"), field="inputs", kind=spec.prompt_name or "document",
         truncate=spec.truncate, windows=spec.windows, dimensions=spec.dimensions, normalize=spec.normalize,
+        truncate_from="start" if spec.truncation_direction.lower() == "left" else "end",
     )
     rows = (await embed_request(state, served, request)).vectors["float"]
     if spec.encoding_format == "base64":
