@@ -212,3 +212,18 @@ def test_openai_route_quantized_vectors(server, oracle):
     narrow = httpx.post(url, json={"model": "kv", "input": "a", "embedding_types": "int8", "dimensions": 8},
                         headers=headers(), timeout=30)
     assert narrow.status_code == 400 and narrow.json()["error"]["param"] == "embedding_types"
+
+
+@pytest.mark.parametrize(("path", "body", "shape"), [
+    ("/embed", '{"inputs": "a \\ud800 b"}', {"error", "error_type"}),
+    ("/tokenize", '{"inputs": ["ok", "a \\ud800 b"]}', {"error", "error_type"}),
+    ("/v2/embed", '{"model": "kv", "texts": ["a \\ud800 b"]}', {"message"}),
+    ("/v2/rerank", '{"model": "kv", "query": "\\udfff", "documents": ["a"]}', {"message"}),
+    ("/embed", "[" * 100000 + "]" * 100000, {"error", "error_type"}),
+    ("/v2/embed", '{"model": "kv", "texts": ["a"], "images": ["x"]}', {"message"}),
+])
+def test_hostile_bodies_get_a_4xx_in_the_dialects_shape(server, path, body, shape):
+    response = httpx.post(f"{server.url}{path}", content=body.encode(), headers={**headers(), "Content-Type": "application/json"},
+                          timeout=30)
+    assert response.status_code == 400, response.text
+    assert set(response.json()) == shape
