@@ -7,7 +7,10 @@ here, so a directory is an artifact for all of them or for none.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from ..errors import InvalidInput
 
 #: the manifest: what the graph computes, how to tokenise for it, and every file's sha256
 MANIFEST = "kvembed.json"
@@ -32,6 +35,9 @@ PLAN, ENGINE_JSON = "engine.plan", "engine.json"
 ARTIFACT_FILES = f"{MANIFEST}, {MODEL} and {TOKENIZER}, written by kvembed-export"
 #: the longest file name a manifest may list (most filesystems' own limit)
 LONGEST_NAME = 255
+#: a name given to an artifact (``NAME=DIR``, or its folder's name): it ends up in URLs, metrics
+#: labels, result files, shell scripts and systemd units, so it stays plain
+ARTIFACT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
 def name_problem(name: object) -> str | None:
@@ -55,3 +61,28 @@ def is_artifact(path: str | os.PathLike[str] | None) -> bool:
     Only the manifest's presence is tested, so this is cheap enough to decide how to read an
     argument; :func:`kvembed.artifact.load_manifest` then checks what it says."""
     return path is not None and (Path(path).expanduser() / MANIFEST).is_file()
+
+
+def split_name(value: str) -> tuple[str | None, str]:
+    """``NAME=DIR`` -> (NAME, DIR); anything else -> (None, value): a value that exists as a path
+    is never split, nor one whose head is no plain name (a path holding ``=``)."""
+    head, sep, tail = value.partition("=")
+    if sep and tail and ARTIFACT_NAME.fullmatch(head) and not Path(value).expanduser().exists():
+        return head, tail
+    return None, value
+
+
+def named_directory(value: str) -> tuple[str, Path]:
+    """The one ``DIR`` or ``NAME=DIR`` rule (serve, bundle, eval): a directory named ``NAME``, or
+    after its folder; a name that is not plain is refused in one line."""
+    name, path = split_name(value)
+    head, sep, _ = value.partition("=")
+    if name is None and sep and head and not Path(value).expanduser().exists():
+        raise InvalidInput(f"model name {head!r} (from {value!r}) must be letters, digits, '.', '_', '+' or '-': use NAME=DIR")
+    directory = Path(path).expanduser()
+    if name is None:
+        name = directory.resolve().name
+        if not ARTIFACT_NAME.fullmatch(name):
+            raise InvalidInput(f"the folder name {name!r} of {value!r} is no plain model name (letters, digits, "
+                               "'.', '_', '+', '-'): name it with NAME=DIR")
+    return name, directory

@@ -7,27 +7,20 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from ..artifact import MANIFEST, SIGNATURE, Manifest, load_manifest, sha256_file
+from ..artifact.layout import named_directory
 from ..errors import InvalidInput
 
-#: model names end up in file paths, shell scripts and a systemd unit: keep them plain
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def parse_artifact_argument(value: str) -> tuple[str, Path, Manifest]:
     """``DIR`` (named after its folder, as ``kvembed serve`` names it) or ``NAME=DIR``, with its
     manifest (read here, once: one line if it is not an artifact)."""
-    name, sep, path = value.partition("=")
-    directory = Path(path if sep else value).expanduser()
-    if not sep:
-        name = directory.resolve().name
-    if not NAME.fullmatch(name):
-        raise InvalidInput(f"model name {name!r} (from {value!r}) must be letters, digits, '.', '_' or '-': use NAME=DIR")
+    name, directory = named_directory(value)
     if (directory / "engine.json").is_file():
         raise InvalidInput(f"{value!r} is a TensorRT engine directory (GPU-bound): bundle the ONNX artifact it was built from")
     return name, directory, load_manifest(directory)

@@ -18,16 +18,13 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..artifact import check_artifact_options, is_artifact, load_manifest
-from .runner import LABEL, Configuration
+from ..artifact.layout import split_name
+from .runner import Configuration
 from ..errors import InvalidInput
 
 
-def split_label(value: str) -> tuple[str | None, str]:
-    """``LABEL=SOURCE`` -> (LABEL, SOURCE); a value that exists as a path is never split."""
-    head, sep, tail = value.partition("=")
-    if sep and tail and LABEL.match(head) and not Path(value).expanduser().exists():
-        return head, tail
-    return None, value
+#: ``LABEL=SOURCE`` -> (LABEL, SOURCE): the artifact contract's NAME=DIR rule
+split_label = split_name
 
 
 def parse_config(text: str) -> tuple[str | None, str, dict[str, Any]]:

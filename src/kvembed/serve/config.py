@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..artifact import MANIFEST, TRUST_KEY_ENV, trust_key_path
+from ..artifact.layout import named_directory
 from ..backends.catalogue import PROVIDER_HELP
 from ..errors import InvalidInput
 from ..flagfields import flag
@@ -162,13 +163,9 @@ class ServeConfig:
 
 
 def parse_artifact(value: str) -> tuple[str, Path]:
-    """``DIR`` (served as the directory's name) or ``NAME=DIR``; the directory must hold a manifest."""
-    name, sep, path = value.partition("=")
-    directory = Path(path if sep else value)
-    if not sep:
-        name = directory.resolve().name
-    if not name:
-        raise InvalidInput(f"empty model name in {value!r}; use NAME=DIR")
+    """``DIR`` (served as the directory's name) or ``NAME=DIR`` (:func:`kvembed.artifact.named_directory`);
+    the directory must hold a manifest."""
+    name, directory = named_directory(value)
     if not (directory / MANIFEST).is_file():
         raise FileNotFoundError(f"{str(directory)!r} is not a kvembed artifact (no {MANIFEST}); export one with kvembed-export")
     return name, directory
