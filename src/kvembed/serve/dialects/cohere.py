@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 from starlette.responses import Response
 
-from ..embedding import Encoded, check, embed_encoded, embed_request, encode_inputs, offload
+from ..embedding import INLINE_LIMIT, Encoded, check, embed_encoded, embed_request, encode_inputs, offload
 from ..errors import ApiError
 from ..request import EmbedRequest, Inputs, integral, validated
 from ..state import ServerState
@@ -103,7 +103,8 @@ async def embed(state: ServerState, body: bytes, name: Callable[[str], None]) ->
         windows=spec.windows, dimensions=spec.output_dimension, vector_types=types,
     )
     done = await embed_request(state, served, request)
-    payload = await offload(len(done) * len(asked) > 64, _embed_answer, done.vectors, asked, spec.texts, done.tokens)
+    size = sum(vectors.size for vectors in done.vectors.values())
+    payload = await offload(size > INLINE_LIMIT, _embed_answer, done.vectors, asked, spec.texts, done.tokens)
     return Response(payload, media_type="application/json")
 
 
