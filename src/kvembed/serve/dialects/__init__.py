@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable
 from starlette.responses import Response
 
 from ..errors import ApiError
+from ..model import ServedModel
 from ..state import ServerState
 
 #: a POST route's work: the state, the body, the metrics' model label setter -> the answer
@@ -41,3 +42,10 @@ class Route:
     error: Callable[[ApiError], Response] = field(default=lambda err: err.response())
     #: the error body's pydantic model, for the document
     error_body: Any = None
+
+
+def serving(state: ServerState, model: str | None, name: Callable[[str], None]) -> ServedModel:
+    """The served model a request names (None: the default), its name handed to the metrics."""
+    served = state.model(model)
+    name(served.name)
+    return served

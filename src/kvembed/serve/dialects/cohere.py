@@ -23,10 +23,11 @@ from starlette.responses import Response
 
 from ..embedding import INLINE_LIMIT, Encoded, check, embed_encoded, embed_request, encode_inputs, offload
 from ..errors import ApiError
+from ..model import ServedModel
 from ..request import EmbedRequest, Inputs, integral, validated
 from ..state import ServerState
-from . import Route
-from .schema import Server, Shape, model_facts, variants
+from . import Route, serving
+from .schema import Shape, per_model
 
 #: Cohere's input types -> the method's prompt kinds
 KIND_OF = {"search_query": "query", "search_document": "document", "classification": "document", "clustering": "document"}
@@ -87,12 +88,17 @@ def _meta(tokens: int) -> dict[str, Any]:
     return {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}}
 
 
+def _serving(state: ServerState, spec: _Body, texts: list[str], field: str, name: Callable[[str], None]) -> ServedModel:
+    """The named model, once the texts are known not to be empty."""
+    served = serving(state, spec.model, name)
+    if not texts:
+        raise ApiError(400, f"{field} must hold at least one text", param=field)
+    return served
+
+
 async def embed(state: ServerState, body: bytes, name: Callable[[str], None]) -> Response:
     spec = validated(EmbedBody, body)
-    served = state.model(spec.model)
-    name(spec.model)
-    if not spec.texts:
-        raise ApiError(400, "texts must hold at least one text", param="texts")
+    served = _serving(state, spec, spec.texts, "texts", name)
     if spec.embedding_types == []:
         raise ApiError(400, "embedding_types must name at least one type (or be left out: float)", param="embedding_types")
     asked = tuple(dict.fromkeys(spec.embedding_types or ["float"]))
@@ -122,10 +128,7 @@ def _embed_answer(vectors: dict[str, np.ndarray], asked: tuple[str, ...], texts:
 
 async def rerank(state: ServerState, body: bytes, name: Callable[[str], None]) -> Response:
     spec = validated(RerankBody, body)
-    served = state.model(spec.model)
-    name(spec.model)
-    if not spec.documents:
-        raise ApiError(400, "documents must hold at least one text", param="documents")
+    served = _serving(state, spec, spec.documents, "documents", name)
     documents = EmbedRequest(model=spec.model, inputs=Inputs(texts=list(spec.documents)), field="documents",
                              truncate=True, windows=spec.windows)
     query = EmbedRequest(model=spec.model, inputs=Inputs(texts=[spec.query]), field="query", kind="query",
@@ -164,15 +167,7 @@ def embed_schema(state: ServerState) -> dict[str, Any]:
     props = schema["properties"]
     props["model"] = {**props["model"], "enum": _names(state)}
     props["texts"] = {**props["texts"], "minItems": 1, "maxItems": state.config.max_client_batch_size}
-    if not state.ready:
-        return schema
-    config = state.config
-    server = Server(config.max_client_batch_size, config.auto_truncate, config.windows)
-    out = []
-    for name, served in state.models.items():
-        base = {**schema, "properties": {**props, "model": {"const": name}}}
-        out.extend(variants(base, SHAPE, model_facts(name, served.embedder, served.max_input_tokens), server, name))
-    return {"title": schema["title"], "anyOf": out}
+    return per_model(state, schema, SHAPE, lambda name: ({"const": name}, False))
 
 
 def rerank_schema(state: ServerState) -> dict[str, Any]:

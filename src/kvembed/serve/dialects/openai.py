@@ -20,8 +20,8 @@ from ..embedding import INLINE_LIMIT, embed_request, offload
 from ..errors import ApiError
 from ..request import EmbedRequest, integral, parse_input, validated
 from ..state import ServerState
-from . import Route
-from .schema import Server, Shape, input_forms, model_facts, variants
+from . import Route, serving
+from .schema import Shape, input_forms, per_model
 
 VectorType = Literal["float", "int8", "uint8", "binary", "ubinary"]
 
@@ -71,14 +71,7 @@ def request_schema(state: ServerState) -> dict[str, Any]:
     props = schema["properties"]
     props["model"] = {**props["model"], "enum": [name for name, _ in config.artifacts]}
     props["input"] = {"description": props["input"].get("description", ""), "anyOf": input_forms(config.max_client_batch_size, None, None)}
-    if not state.ready:
-        return schema
-    server = Server(config.max_client_batch_size, config.auto_truncate, config.windows)
-    out = []
-    for name, served in state.models.items():
-        base = {**schema, "properties": {**props, "model": {"const": name}}}
-        out.extend(variants(base, SHAPE, model_facts(name, served.embedder, served.max_input_tokens), server, name))
-    return {"title": schema["title"], "description": schema.get("description", ""), "anyOf": out}
+    return per_model(state, schema, SHAPE, lambda name: ({"const": name}, False))
 
 
 def vector_types(value: str | list[str] | None) -> tuple[str, ...]:
@@ -107,8 +100,7 @@ def embedding_response(vectors: np.ndarray, model: str, prompt_tokens: int, enco
 
 async def embeddings(state: ServerState, body: bytes, name: Callable[[str], None]) -> Response:
     spec = validated(EmbeddingRequest, body)
-    served = state.model(spec.model)
-    name(spec.model)
+    served = serving(state, spec.model, name)
     request = EmbedRequest(
         model=spec.model, inputs=parse_input(spec.input), kind=spec.input_type, output=spec.output, truncate=spec.truncate,
         windows=spec.windows, dimensions=spec.dimensions, vector_types=vector_types(spec.embedding_types),

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..state import ServerState
+
 #: the prompt kinds of every method
 KINDS: tuple[str, ...] = ("query", "document")
 #: what the dialects call the vector types (kvembed.runtime.quantize.VECTOR_TYPES) and the ranged ones
@@ -165,3 +167,21 @@ def _limit(props: dict[str, Any], required: list[str], props0: dict[str, Any], s
 
 def _values(prop: dict[str, Any], values: list[Any]) -> dict[str, Any]:
     return {"enum": list(values), "description": prop.get("description", "")}
+
+
+def per_model(state: ServerState, schema: dict[str, Any], shape: Shape,
+              model_field: Callable[[str], tuple[dict[str, Any], bool]]) -> dict[str, Any]:
+    """``schema`` as the document gives it: as it is until the models load, then one ``anyOf`` of
+    every loaded model's :func:`variants`; ``model_field(name)`` is that model's ``model``
+    property and whether a request must name it."""
+    if not state.ready:
+        return schema
+    config = state.config
+    server = Server(config.max_client_batch_size, config.auto_truncate, config.windows)
+    out = []
+    for name, served in state.models.items():
+        prop, required = model_field(name)
+        base = {**schema, "properties": {**schema["properties"], "model": prop},
+                "required": [*schema.get("required", []), *(["model"] if required else [])]}
+        out.extend(variants(base, shape, model_facts(name, served.embedder, served.max_input_tokens), server, name))
+    return {"title": schema["title"], "description": schema.get("description", ""), "anyOf": out}

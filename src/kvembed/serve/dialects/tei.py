@@ -26,8 +26,8 @@ from ..embedding import INLINE_LIMIT, embed_request, offload
 from ..errors import ApiError
 from ..request import EmbedRequest, integral, parse_input, validated
 from ..state import ServerState
-from . import Route
-from .schema import Server, Shape, input_forms, model_facts, variants
+from . import Route, serving
+from .schema import Shape, input_forms, per_model
 
 #: TEI's error_type per status
 _ERROR_TYPES = {400: "Validation", 401: "Unauthorized", 404: "Validation", 408: "Validation", 413: "Validation",
@@ -87,15 +87,9 @@ class DecodeBody(_Request):
     skip_special_tokens: StrictBool = Field(True, description="leave special tokens out of the text")
 
 
-def _model(state: ServerState, spec: _Request, name: Callable[[str], None]) -> Any:
-    served = state.model(spec.model)
-    name(served.name)
-    return served
-
-
 async def embed(state: ServerState, body: bytes, name: Callable[[str], None]) -> Response:
     spec = validated(EmbedBody, body)
-    served = _model(state, spec, name)
+    served = serving(state, spec.model, name)
     request = EmbedRequest(
         model=served.name, inputs=parse_input(spec.inputs, "inputs"), field="inputs", kind=spec.prompt_name or "document",
         truncate=spec.truncate, windows=spec.windows, dimensions=spec.dimensions, normalize=spec.normalize,
@@ -116,7 +110,7 @@ def _json(answer: Any) -> bytes:
 
 async def tokenize(state: ServerState, body: bytes, name: Callable[[str], None]) -> Response:
     spec = validated(TokenizeBody, body)
-    served = _model(state, spec, name)
+    served = serving(state, spec.model, name)
     inputs = parse_input(spec.inputs, "inputs", ids=False)
     if len(inputs) > state.config.max_client_batch_size:
         raise ApiError(400, f"{len(inputs)} inputs in one request, over the limit of {state.config.max_client_batch_size}",
@@ -154,7 +148,7 @@ def _tokens(encoder: Any, texts: list[str], template: str | None, special: bool)
 
 async def decode(state: ServerState, body: bytes, name: Callable[[str], None]) -> Response:
     spec = validated(DecodeBody, body)
-    served = _model(state, spec, name)
+    served = serving(state, spec.model, name)
     inputs = parse_input(spec.ids, "ids")
     if inputs.ids is None:
         raise ApiError(400, "ids must be a list of token ids or a list of token-id lists", param="ids")
@@ -203,16 +197,8 @@ def embed_schema(state: ServerState) -> dict[str, Any]:
     schema, props = _bodies(EmbedBody, state)
     config = state.config
     props["inputs"] = {"description": props["inputs"].get("description", ""), "anyOf": input_forms(config.max_client_batch_size, None, None)}
-    if not state.ready:
-        return schema
-    server = Server(config.max_client_batch_size, config.auto_truncate, config.windows)
-    out = []
-    for name, served in state.models.items():
-        model = {"enum": [name, None]} if name == state.default_model else {"const": name}
-        base = {**schema, "properties": {**props, "model": model}, "required": [*schema.get("required", []),
-                                                                                 *([] if name == state.default_model else ["model"])]}
-        out.extend(variants(base, SHAPE, model_facts(name, served.embedder, served.max_input_tokens), server, name))
-    return {"title": schema["title"], "anyOf": out}
+    default = state.default_model
+    return per_model(state, schema, SHAPE, lambda name: ({"enum": [name, None]}, False) if name == default else ({"const": name}, True))
 
 
 def tokenize_schema(state: ServerState) -> dict[str, Any]:
