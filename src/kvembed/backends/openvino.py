@@ -5,52 +5,38 @@ made, so the runtime imports without it. :class:`OpenVINOSession` implements the
 :class:`~kvembed.backends.protocol.Session` protocol. Dynamic batch and sequence dimensions stay
 dynamic (the model is compiled as exported, never reshaped).
 
-OpenVINO 2026.4's ONNX frontend reads the opset-23 ``Attention`` op but gives its output the head
-count of K/V, so grouped-query graphs (fewer K/V heads than query heads: every modern LLM) fail to
-compile. :func:`repeat_kv_heads` mends the model OpenVINO read, before compiling: each attention
-node gets K and V with their heads repeated to the query's count, which is what grouped-query
-attention means, so the function is unchanged and OpenVINO compiles it. (Rewriting the ONNX graph
-instead would not do: OpenVINO refuses external data outside the directory of the graph it reads.)
-
-An fp16 graph under the bf16 hint (a CPU with BF16 but no FP16: Zen 4 and 5, Cooper Lake) is compiled
-from a copy retyped to bf16 (:func:`write_bf16_graph`). The plugin cannot keep fp16 weights as they
-are there: it converts an fp16 graph's constants through f32 while compiling (twice the weights,
-then its bf16 copy), and its weight-decompression kernels take integer weights only; a graph whose
-weights and activations are bf16 already compiles with its weights as they are
-(benchmarks/log/fp16-on-cpu.md). fp16 to bf16 keeps the range and loses mantissa bits (10 to 7): weights
-that came from a bf16 checkpoint, as 4B-8B models ship, come back exactly; how close the outputs
-come is what the export's advisory check on ``openvino-bf16`` measures.
+Its helpers live in :mod:`kvembed.backends.openvino_support`, one job a module, and their public
+names are importable from here too: the compiled-model cache (:class:`CompiledCache`,
+:func:`default_cache_dir`), reading and paging a compiled blob (:func:`payload_offset`,
+:func:`pages_released_meanwhile`) and the graph rewrites made before compiling
+(:func:`repeat_kv_heads`, which mends grouped-query attention for OpenVINO's ONNX frontend, and
+:func:`write_bf16_graph`, an fp16 graph retyped to bf16 for the bf16 hint; why each is needed is
+said in :mod:`~kvembed.backends.openvino_support.rewrites`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import hashlib
-import json
 import mmap
 import os
-import re
 import shutil
-import sys
-import tempfile
 import threading
 import warnings
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..artifact.external_data import Scratch, stream_initializers, tensor_bytes
-from ..artifact.layout import MODEL
-from ..artifact.staging import write_bytes_atomic, write_text_atomic
-from ..cache import cache_root
 from ..errors import InvalidInput, MissingDependency
 from ..extras import install_hint
 from .cpu import cpu_features
 from ..status import waiting
+# the helpers' public names stay importable from here (the names this module does not use: re-exported)
+from .openvino_support.blob import MADV_PAGEOUT, pages_released_meanwhile, payload_offset, release_pages  # noqa: F401
+from .openvino_support.compiled_cache import MEND_VERSION, STAGING_PREFIX, CompiledCache, default_cache_dir  # noqa: F401
+from .openvino_support.rewrites import DISK_MARGIN, fp16_graph, repeat_kv_heads, write_bf16_graph
 
 NAME = "openvino"
 OPENVINO = "OpenVINO"
@@ -58,7 +44,6 @@ PRECISIONS = ("f32", "bf16", "f16")
 #: the hints that may compute the graph's final normalisation in 16-bit floats (:attr:`OpenVINOSession.renormalise`)
 HALF_PRECISIONS = frozenset({"f16", "bf16"})
 INSTALL = install_hint("openvino")
-MEND_VERSION = 2  # bump when what is compiled changes (repeat_kv_heads, the bf16 graph): kept blobs are then rebuilt
 #: resident bytes per byte of graph files at the first load, which compiles from the ONNX and holds
 #: the weights read and their converted copy at once (later loads import the blob and hold about
 #: one copy: benchmarks/log/export-memory-4b.md). An int8 artifact's weights stay int8 (and the blob streams to
@@ -110,40 +95,6 @@ def import_openvino() -> Any:
     return openvino
 
 
-def repeat_kv_heads(model: Any) -> int:
-    """Give every ``ScaledDotProductAttention`` of ``model`` (an ``openvino.Model`` read from ONNX,
-    changed in place) K and V with as many heads as Q; return how many nodes were changed.
-
-    [B, Hkv, S, D] -> Unsqueeze(2) -> Broadcast [B, Hkv, Hq/Hkv, S, D] -> Reshape [B, Hq, S, D]:
-    head ``h`` of the result is K/V head ``h // (Hq/Hkv)``, the grouping of grouped-query
-    attention. Head counts are read at run time (Q's is dynamic after the ONNX frontend); where
-    they are equal the group is 1 and the result is K/V unchanged. Nodes of another rank are left."""
-    from openvino import opset13 as ops
-
-    def pick(shape: Any, *dims: int) -> Any:
-        return ops.gather(shape, ops.constant(np.array(dims, dtype=np.int64)), ops.constant(np.int64(0)))
-
-    changed = 0
-    for node in model.get_ordered_ops():
-        if node.get_type_name() != "ScaledDotProductAttention":
-            continue
-        ranks = [node.input_value(i).get_partial_shape().rank for i in range(3)]
-        if not all(rank.is_static and rank.get_length() == 4 for rank in ranks):
-            continue
-        q_heads = pick(ops.shape_of(node.input_value(0)), 1)
-        for slot in (1, 2):
-            source = node.input_value(slot)
-            shape = ops.shape_of(source)
-            group = ops.divide(q_heads, pick(shape, 1))
-            grouped = ops.concat([pick(shape, 0, 1), group, pick(shape, 2, 3)], 0)
-            repeated = ops.concat([pick(shape, 0), q_heads, pick(shape, 2, 3)], 0)
-            widened = ops.broadcast(ops.unsqueeze(source, ops.constant(np.int64(2))), grouped)
-            node.input(slot).replace_source_output(ops.reshape(widened, repeated, special_zero=False).output(0))
-        changed += 1
-    if changed:
-        model.validate_nodes_and_infer_types()
-    return changed
-
 
 def default_precision(core: Any = None) -> str:
     """``"bf16"`` when this CPU has BF16 (:func:`~kvembed.backends.cpu.cpu_features`: its flags,
@@ -169,156 +120,6 @@ def ran_precision(compiled: Any, fallback: str) -> str:
         return fallback
 
 
-class CompiledCache:
-    """Compiled models kept on disk, so a second load skips reading, mending and compiling the ONNX.
-
-    One slot per (model file, precision): ``<dir>/<slot>.blob`` is the compiled model as OpenVINO
-    exports it and ``<slot>.json`` the fingerprint it was made from (OpenVINO's version, the
-    precision, size and mtime of every ``model*`` file beside the graph, external data included); a
-    stale slot is rebuilt in place, so the cache grows with the number of models, not of
-    re-exports. The blob is imported from a memory map (the weights stay file-backed pages).
-
-    The blob is written by OpenVINO's own ``CACHE_DIR`` into a fresh folder (:meth:`staging`) and
-    then moved into its slot (:meth:`adopt`): OpenVINO streams it to the file as it exports, where
-    ``export_model()`` would hold all of it in memory, once more the weights. ``CACHE_DIR`` is not
-    used to look blobs up: it keys them by a hash of the model, which costs a read of every weight
-    (no faster than compiling, benchmarks/log/openvino.md), where the fingerprint costs a ``stat``."""
-
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = Path(directory).expanduser()
-
-    def fingerprint(self, model_path: Path, precision: str, version: str) -> dict[str, Any]:
-        # every model.* file: an int8 artifact's OpenVINO graph reads model.onnx.data, not a file of its own
-        base = model_path.name.split(".")[0]
-        files = sorted(p for p in model_path.parent.iterdir() if p.is_file() and p.name.split(".")[0] == base)
-        return {
-            "model": str(model_path.resolve()),
-            "openvino": version,
-            "precision": precision,
-            "mend": MEND_VERSION,
-            "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files],
-        }
-
-    def slot(self, fingerprint: Mapping[str, Any]) -> Path:
-        key = hashlib.sha256(f"{fingerprint['model']}|{fingerprint['precision']}".encode()).hexdigest()[:20]
-        return self.directory / key
-
-    def load(self, fingerprint: Mapping[str, Any]) -> Path | None:
-        """The blob made from exactly ``fingerprint``, or None."""
-        slot = self.slot(fingerprint)
-        try:
-            if json.loads(slot.with_suffix(".json").read_text()) == fingerprint and slot.with_suffix(".blob").is_file():
-                return slot.with_suffix(".blob")
-        except (OSError, ValueError):
-            pass
-        return None
-
-    def store(self, fingerprint: Mapping[str, Any], compiled: Any) -> None:
-        """Write ``compiled``'s blob from memory, then its fingerprint (each by atomic rename:
-        readers never see half of one); the fallback where :meth:`staging` wrote no blob."""
-        slot = self.slot(fingerprint)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(slot.with_suffix(".blob"), compiled.export_model().getbuffer())
-        write_text_atomic(slot.with_suffix(".json"), json.dumps(fingerprint))
-
-    def staging(self) -> Path:
-        """A fresh folder in the cache directory for OpenVINO's ``CACHE_DIR`` to write one blob into
-        (on the cache's filesystem, so :meth:`adopt` is a rename). Folders left by processes that
-        died while compiling (a partial blob each, as big as the weights) are removed first."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        for left in self.directory.glob(f"{STAGING_PREFIX}*"):
-            if not _alive(left.name[len(STAGING_PREFIX):].split("-", 1)[0]):
-                shutil.rmtree(left, ignore_errors=True)
-        return Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=self.directory))
-
-    def adopt(self, fingerprint: Mapping[str, Any], blob: Path) -> None:
-        """Move ``blob`` (written by OpenVINO into :meth:`staging`) into ``fingerprint``'s slot, then
-        write the fingerprint: a reader sees the old slot, no slot, or the new one whole."""
-        slot = self.slot(fingerprint)
-        slot.with_suffix(".json").unlink(missing_ok=True)  # the old fingerprint never names the new blob
-        os.replace(blob, slot.with_suffix(".blob"))
-        write_text_atomic(slot.with_suffix(".json"), json.dumps(fingerprint))
-
-
-#: the cache's staging folders: ``.compiling-<pid>-<random>``
-STAGING_PREFIX = ".compiling-"
-
-
-def _alive(pid: str) -> bool:
-    """Whether the process ``pid`` (a string from a folder name) runs; a name that is no pid is not."""
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-#: OpenVINO's ``CACHE_DIR`` blobs begin with one XML header line before what ``export_model()`` writes
-_HEADER = re.compile(rb"<\?xml[^\n]*?<compiled_blob[^\n]*?/>\n")
-_ALIGNMENT = re.compile(rb'header_size_alignment="(\d+)"')
-
-
-def payload_offset(blob: bytes | mmap.mmap) -> int:
-    """Where the compiled model starts in ``blob``: after the header line OpenVINO's ``CACHE_DIR``
-    writes, which OpenVINO pads with zeros to a multiple of its ``header_size_alignment`` where that
-    is not 0 (``CompiledBlobHeader``'s writer); 0 for a blob without the header (``export_model()``)."""
-    head = bytes(blob[:4096])
-    match = _HEADER.match(head)
-    if match is None:
-        return 0
-    alignment = _ALIGNMENT.search(match.group(0))
-    step = int(alignment.group(1)) if alignment else 0
-    end = match.end()
-    return -(-end // step) * step if step > 1 else end
-
-
-#: Linux's MADV_PAGEOUT (5.4+; Python 3.11's mmap module does not name it)
-MADV_PAGEOUT = getattr(mmap, "MADV_PAGEOUT", 21 if sys.platform.startswith("linux") else None)
-
-
-def release_pages(mapped: mmap.mmap) -> bool:
-    """Ask the kernel to reclaim ``mapped``'s resident pages; True when it accepted.
-
-    Importing a blob reads every constant once, and the CPU plugin keeps its own repacked copy of
-    the matmul weights; the blob's pages stay resident (counted in RSS) though most are not read
-    again. ``MADV_PAGEOUT`` only reclaims: a page still needed is read back from the file on its
-    next touch, so this is safe whatever OpenVINO maps where; a later call reads back only the
-    small part of the blob it touches."""
-    if MADV_PAGEOUT is None or not hasattr(mapped, "madvise"):
-        return False
-    try:
-        mapped.madvise(MADV_PAGEOUT)
-    except OSError:  # EINVAL before Linux 5.4
-        return False
-    return True
-
-
-@contextlib.contextmanager
-def pages_released_meanwhile(mapped: mmap.mmap, interval: float = 0.05) -> Iterator[None]:
-    """Release ``mapped``'s pages every ``interval`` seconds while the body runs, and once after.
-
-    OpenVINO's import reads the whole blob (every constant, as f32) while it builds
-    its own, smaller copy; released only at the end, both are resident at once and set the
-    process's peak. Released as the import goes, the peak is the plugin's copy plus what was read
-    in the last ``interval``."""
-    done = threading.Event()
-
-    def pager() -> None:
-        while not done.wait(interval):
-            release_pages(mapped)
-
-    thread = threading.Thread(target=pager, name="kvembed-ov-pageout", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
-        release_pages(mapped)
-
-
 #: compile properties beyond the precision hint: none, so threads stay pinned (OpenVINO's default), faster
 #: on a quiet server than unpinned, which only help beside other busy processes (benchmarks/log/openvino.md)
 RUN_PROPERTIES: dict[str, Any] = {}
@@ -327,11 +128,6 @@ RUN_PROPERTIES: dict[str, Any] = {}
 CALL_COST = 128  # (benchmarks/log/openvino.md, "Short inputs")
 #: the first calls of an imported model, during which the blob's pages are released (:meth:`OpenVINOSession._paging`)
 PAGED_CALLS = 2
-
-
-def default_cache_dir() -> Path:
-    """``KVEMBED_CACHE_DIR``/openvino (default ``~/.cache/kvembed/openvino``)."""
-    return cache_root() / "openvino"
 
 
 class OpenVINOSession:
@@ -457,7 +253,7 @@ class OpenVINOSession:
             if workdir is None:
                 workdir = CompiledCache(default_cache_dir()).staging()
                 weakref.finalize(self, shutil.rmtree, workdir, True)  # the compiled model reads it while it lives
-            return write_bf16_graph(model, self.model_path, workdir)
+            return write_bf16_graph(model, self.model_path, workdir, margin=DISK_MARGIN)
         except (OSError, ValueError) as err:
             raise InvalidInput(
                 f"OpenVINO bf16 runs {self.model_path.name}'s fp16 weights from a bf16 copy, which was not written ({err}); "
@@ -541,60 +337,3 @@ def open_graph(model_path: str | os.PathLike[str], provider: str = NAME, options
     """``model_path`` compiled for OpenVINO's CPU plugin with ``options`` (``provider`` is always ``"openvino"``)."""
     o = options or OpenVINOOptions()
     return OpenVINOSession(model_path, o.threads, o.precision, o.cache_dir)
-
-
-# -- an fp16 graph retyped to bf16 (see the module docstring) -------------------------------------
-
-#: free disk the bf16 graph's data file may not leave less than, beyond its own bytes
-DISK_MARGIN = 256 * 1024**2
-
-
-def fp16_graph(source: Path) -> Any:
-    """The graph at ``source`` (an ``onnx.ModelProto`` without its external data) when it has fp16
-    weights, else None."""
-    import onnx
-
-    model = onnx.load(str(source), load_external_data=False)
-    return model if any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer) else None
-
-
-def write_bf16_graph(model: Any, source: Path, folder: Path) -> Path:
-    """Write ``model`` (:func:`fp16_graph` of ``source``) with every fp16 type bf16 as
-    ``folder``/model.onnx, its weights in ``model.onnx.data`` there, and return that path: the
-    initializers converted one tensor at a time on their way to the data file (as the exporter
-    streams them), the ``Cast`` targets, the constants in node attributes and the value types; the
-    fp16 graph's fp32 islands stay fp32. An OSError when ``folder``'s disk lacks the room (the
-    weights' bytes plus :data:`DISK_MARGIN`) or the write fails; a ValueError for a graph with
-    subgraphs (kvembed's exporter writes none)."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    graph = model.graph
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node for a in n.attribute):
-        raise ValueError(f"{source.name} has subgraphs, which the bf16 retyping does not cover")
-    needed = sum(tensor_bytes(t) for t in graph.initializer) + DISK_MARGIN
-    free = shutil.disk_usage(folder).free
-    if free < needed:
-        raise OSError(errno.ENOSPC, f"a bf16 copy of {source.name}'s weights needs {needed / 1e9:.1f} GB free in {folder}, "
-                                    f"there are {free / 1e9:.1f} GB")
-    bf16 = helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.INT and attribute.name in ("to", "dtype") and attribute.i == TensorProto.FLOAT16:
-                attribute.i = TensorProto.BFLOAT16
-            elif attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == TensorProto.FLOAT16:
-                attribute.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attribute.t).astype(bf16), attribute.t.name))
-    for value in (*graph.input, *graph.output, *graph.value_info):
-        if value.type.tensor_type.elem_type == TensorProto.FLOAT16:
-            value.type.tensor_type.elem_type = TensorProto.BFLOAT16
-
-    def to_bf16(tensor: Any, values: np.ndarray | None, scratch: Scratch) -> np.ndarray | None:
-        if values is None or tensor.data_type != TensorProto.FLOAT16:
-            return None
-        out = scratch.array("bf16", values.shape, bf16)
-        out[...] = values  # fp16 -> bf16, rounded to nearest even
-        return out
-
-    target = folder / MODEL
-    stream_initializers(model, source.parent, target, to_bf16)
-    return target
