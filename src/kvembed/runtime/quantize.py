@@ -42,7 +42,7 @@ DTYPES = {"float": np.dtype(np.float32), "int8": np.dtype(np.int8), "uint8": np.
           "binary": np.dtype(np.int8), "ubinary": np.dtype(np.uint8)}
 #: how many texts of the bundled calibration set the ranges are measured on (each as every kind:
 #: query and document prompts)
-RANGE_TEXTS = 256
+RANGE_TEXTS = 64
 #: significant digits a manifest keeps of a range's ends
 RANGE_DIGITS = 6
 CALIBRATION_FILE = Path(__file__).resolve().parents[1] / "data" / "calibration.txt"
