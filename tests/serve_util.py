@@ -146,3 +146,15 @@ def wait_for(condition: Any, timeout: float = 30, what: str = "condition") -> No
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+def oracle_embedders(artifacts: Mapping[str, Path], cap: int | None = None) -> dict[str, Any]:
+    """In-process embedders of a server's artifacts (the tests' oracle), cut at ``cap`` tokens per
+    input when the server is capped, as its own embedders are."""
+    from kvembed.runtime import Embedder
+
+    embedders = {name: Embedder.load(path, provider="cpu") for name, path in artifacts.items()}
+    if cap is not None:
+        for embedder in embedders.values():
+            embedder.cap_input_tokens(cap)
+    return embedders

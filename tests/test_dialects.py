@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from huggingface_hub import InferenceClient
 from langchain_huggingface import HuggingFaceEndpointEmbeddings
-from serve_util import ServerProcess
+from serve_util import ServerProcess, oracle_embedders
 from tokenizers import Tokenizer
 
 from kvembed.runtime import Embedder
@@ -43,10 +43,7 @@ def server(artifacts, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def oracle(artifacts) -> dict[str, Embedder]:
-    embedders = {name: Embedder.load(path, provider="cpu") for name, path in artifacts.items()}
-    for embedder in embedders.values():
-        embedder.cap_input_tokens(CAP)
-    return embedders
+    return oracle_embedders(artifacts, CAP)
 
 
 def headers() -> dict[str, str]:

@@ -26,6 +26,7 @@ from serve_util import (
     kvembed_command,
     metric,
     metrics,
+    oracle_embedders,
     thread_nices,
     wait_for,
 )
@@ -127,10 +128,7 @@ def capped(artifacts, tmp_path_factory):
 @pytest.fixture(scope="module")
 def capped_oracles(artifacts) -> dict[str, Embedder]:
     """In-process embedders whose encoder cuts at CAP tokens, as the capped server's do."""
-    embedders = {name: Embedder.load(path, provider="cpu") for name, path in artifacts.items()}
-    for embedder in embedders.values():
-        embedder.cap_input_tokens(CAP)
-    return embedders
+    return oracle_embedders(artifacts, CAP)
 
 
 @pytest.fixture()
