@@ -18,7 +18,7 @@ import numpy as np
 from ..runtime import Embedder
 from ..runtime.batching import BatchPolicy
 from ..runtime.quantize import RANGED, quantize
-from ..runtime.windows import aggregate, window_weights
+from ..runtime.windows import per_input
 from ..errors import InvalidInput
 from .inputs import Columns, InputFile, RecordPolicy, Rows, read_rows
 from .plan import Shard
@@ -84,7 +84,7 @@ class ShardWorker:
             on_batch=lambda batch, _: progress(0 if windowed else len(batch), sum(lengths[i] for i in batch)))
         if windowed:
             assert counts is not None
-            vectors = aggregate(vectors, counts, window_weights(encoded))
+            vectors = per_input(vectors, encoded, counts)
             progress(len(counts), 0)
         return vectors, sum(lengths), sum(item.truncated for item in encoded)
 

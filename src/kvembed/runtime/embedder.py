@@ -23,7 +23,7 @@ from .artifact import encoder_from_manifest
 from .batching import CPU_CALL_TOKENS, BatchPolicy, run_batches, run_in_slices
 from .encoding import EncodedText, TextEncoder, check_padding_side, check_texts
 from .vectors import unit_rows
-from .windows import aggregate, encode_all, id_windows, special_ends, window_weights
+from .windows import encode_all, id_windows, per_input, special_ends
 from . import quantize as vector_types
 from ..errors import InvalidInput
 from ..extras import install_hint
@@ -308,7 +308,7 @@ class Embedder:
         only), ``"binary"`` or ``"ubinary"`` (one bit per dimension, packed).
         ``windows=True``: a text over `max_length` is embedded whole instead of cut, as windows
         that each fit, batched with the other inputs, whose vectors `aggregate` makes its one
-        vector (`kvembed.runtime.windows`; normalised vectors only).
+        vector (`kvembed.runtime.windows`).
         """
         label = self._label(output)
         kind_of_vector = vector_types.check_vector_type(precision, "precision")
@@ -316,8 +316,6 @@ class Embedder:
             raise InvalidInput(f"precision={precision!r} needs normalize=True: the ranges are those of normalised vectors")
         single = isinstance(texts, str)
         items = check_texts([texts] if single else texts, first_index)
-        if windows and not normalize:
-            raise InvalidInput("windows=True aggregates normalised window vectors: it needs normalize=True")
         counts = None
         if windows:  # no text is cut: an over-long one becomes windows
             encoded, counts = encode_all(self.encoder, items, kind, first_index)
@@ -326,7 +324,7 @@ class Embedder:
         policy = BatchPolicy.from_options(self.policy, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
         out = self.embed_encoded(encoded, label, policy=policy, normalize=normalize, show_progress_bar=show_progress_bar)
         if counts is not None:
-            out = aggregate(out, counts, window_weights(encoded))
+            out = per_input(out, encoded, counts, normalize)
         if kind_of_vector != "float":
             ranges = self.vector_ranges(output) if kind_of_vector in vector_types.RANGED else None
             out = vector_types.quantize(out, kind_of_vector, ranges)

@@ -64,10 +64,10 @@ class TokenizerFailed(InvalidInput):
     it is: it derives from BaseException, so ``except Exception`` would let it through)."""
 
 
-def tokenize(tokenizer: Tokenizer, text: str) -> Any:
-    """``tokenizer.encode(text)`` with its special tokens; a panic becomes :class:`TokenizerFailed`."""
+def tokenize(tokenizer: Tokenizer, text: str, add_special_tokens: bool = True) -> Any:
+    """``tokenizer.encode(text)`` (with its special tokens unless told); a panic becomes :class:`TokenizerFailed`."""
     try:
-        return tokenizer.encode(text, add_special_tokens=True)
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
     except BaseException as err:  # noqa: B036 - pyo3's PanicException is a BaseException
         if type(err).__name__ != "PanicException":
             raise

@@ -117,9 +117,9 @@ def id_windows(row: Sequence[int], cap: int, ends: tuple[Sequence[int], Sequence
             for i in range(0, len(body), room)]
 
 
-def embed_windows(embedder: Any, items: Sequence[EncodedText], counts: Sequence[int], **options: Any) -> np.ndarray:
-    """``embedder.embed_encoded(items, **options)`` aggregated per input (:func:`aggregate`)."""
-    vectors = embedder.embed_encoded(items, **options)
+def per_input(vectors: np.ndarray, items: Sequence[EncodedText], counts: Sequence[int], normalize: bool = True) -> np.ndarray:
+    """One row per input from the rows of ``items`` (``counts[i]`` rows for input ``i``): as they
+    are when no input became windows, else :func:`aggregate` with :func:`window_weights`."""
     if len(counts) == len(items):
         return vectors
-    return aggregate(vectors, counts, window_weights(items))
+    return aggregate(vectors, counts, window_weights(items), normalize)

@@ -18,7 +18,7 @@ import numpy as np
 from ..runtime.encoding import EncodedText
 from ..runtime.quantize import quantize
 from ..runtime.vectors import unit_rows
-from ..runtime.windows import aggregate, window_weights
+from ..runtime.windows import per_input
 from .errors import ApiError
 from .model import ServedModel
 from .request import EmbedRequest, Inputs
@@ -115,10 +115,7 @@ async def encode_inputs(state: ServerState, served: ServedModel, inputs: Inputs,
 
 async def embed_encoded(served: ServedModel, encoded: Encoded, output: str | None, normalize: bool = True) -> np.ndarray:
     """One row per input: its row from the lanes, or its windows' rows put together."""
-    rows = await served.lanes.embed(encoded.items, output, normalize)
-    if all(count == 1 for count in encoded.counts):
-        return rows
-    return aggregate(rows, encoded.counts, window_weights(encoded.items), normalize)
+    return per_input(await served.lanes.embed(encoded.items, output, normalize), encoded.items, encoded.counts, normalize)
 
 
 def _encode(served: ServedModel, inputs: Inputs, kind: str, truncate: bool, windows: bool, field: str,

@@ -20,7 +20,8 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 from starlette.responses import JSONResponse, Response
 
-from ...runtime.encoding import format_prompt
+from ...runtime.encoding import TokenizerFailed, format_prompt, unicode_problem
+from ...runtime.encoding import tokenize as tokenize_text
 from ...version import __version__
 from ..embedding import INLINE_LIMIT, embed_request, offload
 from ..errors import ApiError
@@ -124,8 +125,6 @@ async def tokenize(state: ServerState, body: bytes, name: Callable[[str], None])
 def _tokens(encoder: Any, texts: list[str], template: str | None, special: bool) -> list[list[dict[str, Any]]]:
     """TEI's tokens of each text: id, text, special, start and stop (character offsets of the text,
     or of the prompt around it with ``template``)."""
-    from ...runtime.encoding import unicode_problem
-
     out = []
     for index, text in enumerate(texts):
         problem = unicode_problem(text)
@@ -133,11 +132,9 @@ def _tokens(encoder: Any, texts: list[str], template: str | None, special: bool)
             raise ApiError(400, f"inputs[{index}]: the text {problem}", param="inputs")
         prompt = format_prompt(template, text)[0] if template else text
         try:
-            encoding = encoder.tokenizer.encode(prompt, add_special_tokens=special)
-        except BaseException as err:  # noqa: B036 - pyo3's PanicException is a BaseException
-            if type(err).__name__ != "PanicException":
-                raise
-            raise ApiError(400, f"inputs[{index}]: the artifact's tokenizer failed on this text", param="inputs") from None
+            encoding = tokenize_text(encoder.tokenizer, prompt, special)
+        except TokenizerFailed as err:
+            raise ApiError(400, f"inputs[{index}]: {err}", param="inputs") from None
         out.append([
             {"id": token, "text": prompt[start:stop], "special": bool(mask), "start": None if mask else start,
              "stop": None if mask else stop}
