@@ -13,7 +13,7 @@ from typing import Sequence
 
 from kvembed.export.engine import choose_precision, engine_record, parse_shapes
 from kvembed.artifact import sha256_file
-from kvembed.backends.tensorrt import ENGINE_JSON, PLAN
+from kvembed.artifact.engine import ENGINE_JSON, PLAN
 
 STAND_IN_PLAN = b"stand-in plan: TensorRT cannot run on this machine"
 #: two profiles: short sequences up to 4 rows, long ones up to 2

@@ -1,4 +1,5 @@
-"""Adding a backend is one file and one catalogue entry: this file is that backend.
+"""Adding a backend is one file and its registry entries (a catalogue entry, its targets, the
+provider name that stands for them): this file is that backend.
 
 It is a backend module as :class:`~kvembed.backends.protocol.BackendModule` describes one
 (``NAME``, ``probe``, an options dataclass, ``open_graph``, ``weight_factor``), with a real session
@@ -18,7 +19,7 @@ import numpy as np
 import onnxruntime
 import pytest
 
-from kvembed.backends import catalogue
+from kvembed.backends import catalogue, targets
 from kvembed.backends.protocol import Limits, Session
 from kvembed.runtime import Embedder
 
@@ -52,8 +53,6 @@ class StandInSession:
 
     backend = NAME
     name = f"{NAME}-cpu"
-    on_cpu = True
-    call_cost = 32
     limits = LIMITS
     renormalise = True
 
@@ -87,8 +86,11 @@ def open_graph(path: os.PathLike[str], provider: str, options: StandInOptions) -
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    """This file registered as a backend: one catalogue entry, nothing else."""
-    monkeypatch.setitem(catalogue.BACKENDS, NAME, catalogue.Backend(NAME, __name__, "StandInOptions", (NAME,)))
+    """This file registered as a backend: its catalogue entry, its one target, and the provider name
+    that is an alias of it; nothing else."""
+    monkeypatch.setitem(catalogue.BACKENDS, NAME, catalogue.Backend(NAME, __name__, "StandInOptions"))
+    monkeypatch.setitem(targets.TARGETS, f"{NAME}-cpu", targets.Target(f"{NAME}-cpu", NAME))
+    monkeypatch.setitem(targets.PROVIDER_TARGETS, NAME, (f"{NAME}-cpu",))
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +103,7 @@ def test_an_artifact_loads_and_embeds_on_a_registered_backend(stand_in, artifact
     session = embedder.session
     assert isinstance(session, StandInSession) and isinstance(session, Session)
     assert session.options == StandInOptions(threads=1, spin=True)  # flat keywords reach the backend's options
-    assert embedder.backend == "stand-in-cpu" and embedder.providers == ["StandIn", "f32"]
+    assert embedder.target == "stand-in-cpu" and embedder.providers == ["StandIn", "f32"]
     assert embedder.runtime_line() == "runtime: stand-in-cpu running the fp32 artifact (provider stand-in, as asked)"
     assert embedder.max_length == LIMITS.max_sequence  # the session's limits reach the encoder
     got = embedder.encode(TEXTS, batch_size=8)

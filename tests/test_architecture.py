@@ -120,6 +120,27 @@ def test_sub_rooms_import_one_way() -> None:
     assert not wrong, "imports against the sub-rooms of docs/architecture.md:\n" + "\n".join(sorted(wrong))
 
 
+#: what code outside backends/ may import from it: the registry (the catalogue of backends and the
+#: target registry), the session contract, and the CPU's facts; never a backend's own file
+BACKENDS_FACADE = {"kvembed.backends", "kvembed.backends.catalogue", "kvembed.backends.targets",
+                   "kvembed.backends.protocol", "kvembed.backends.cpu"}
+
+
+def test_backend_files_are_reached_through_the_registry_only() -> None:
+    wrong = [f"{module} imports {target}" for module, path in modules() if room_of(module) != "backends"
+             for target in imported(module, path) if room_of(target) == "backends" and target not in BACKENDS_FACADE]
+    assert not wrong, "imports of backend files from outside backends/ (take them from BACKENDS[name].load()):\n" + "\n".join(sorted(wrong))
+
+
+def test_a_backend_file_import_from_outside_is_found(tmp_path: Path) -> None:
+    """The rule above fails where it should: a planted module importing onnxruntime.py's file."""
+    planted = tmp_path / "kvembed" / "serve" / "planted.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("from ..backends.onnxruntime import session_options\nfrom ..backends.catalogue import BACKENDS\n")
+    found = imported("kvembed.serve.planted", planted, tmp_path)
+    assert {t for t in found if room_of(t) == "backends" and t not in BACKENDS_FACADE} == {"kvembed.backends.onnxruntime"}
+
+
 def test_every_sub_room_exists_and_is_documented() -> None:
     doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     for room, levels in SUB_LEVELS.items():

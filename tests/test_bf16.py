@@ -64,9 +64,9 @@ def test_auto_runs_a_bf16_artifact_on_openvino_bf16_and_fp32_on_onnxruntime(bf16
     with caplog.at_level(logging.INFO, logger="kvembed.runtime"):
         fast = Embedder.load(bf16)
         plain = Embedder.load(fp32)
-    assert fast.backend == "openvino-bf16" and fast.providers == ["OpenVINO", "bf16"]
+    assert fast.target == "openvino-bf16" and fast.providers == ["OpenVINO", "bf16"]
     assert fast.choice.certificate is not None and "certified on OpenVINO" in fast.choice.reason
-    assert plain.backend == "onnxruntime-cpu" and plain.choice.certificate is None
+    assert plain.target == "onnxruntime-cpu" and plain.choice.certificate is None
     lines = [r.getMessage() for r in caplog.records if r.name == "kvembed.runtime"]
     assert len(lines) == 2 and "runs on openvino-bf16" in lines[0] and "runs on onnxruntime-cpu" in lines[1]
     # texts outside the gate, against the independent oracle: within bf16's bar
@@ -82,11 +82,11 @@ def test_without_bf16_auto_loads_what_it_loads_today(bf16, fp32, monkeypatch):
     reason says why), giving provider='cpu''s vectors exactly; the fp32 artifact is untouched."""
     monkeypatch.setenv("KVEMBED_CPU_FEATURES", NO_BF16)
     fallback = Embedder.load(bf16)
-    assert fallback.backend == "onnxruntime-cpu" and "no BF16" in fallback.choice.reason and "fp32 graph" in fallback.choice.reason
+    assert fallback.target == "onnxruntime-cpu" and "no BF16" in fallback.choice.reason and "fp32 graph" in fallback.choice.reason
     np.testing.assert_array_equal(fallback.encode(TEXTS), Embedder.load(bf16, provider="cpu").encode(TEXTS))
-    assert Embedder.load(fp32).backend == "onnxruntime-cpu"
+    assert Embedder.load(fp32).target == "onnxruntime-cpu"
     # OpenVINO asked for bf16 there runs f32, as on such a CPU, and says so
-    assert Embedder.load(bf16, provider="openvino", ov_precision="bf16", ov_cache_dir=False).backend == "openvino-f32"
+    assert Embedder.load(bf16, provider="openvino", ov_precision="bf16", ov_cache_dir=False).target == "openvino-f32"
 
 
 def test_manifests_without_certificates_load_and_pick_as_before(bf16, fp32, tmp_path):
@@ -97,7 +97,7 @@ def test_manifests_without_certificates_load_and_pick_as_before(bf16, fp32, tmp_
         (copy / "kvembed.json").write_text(json.dumps(data))
         assert load_manifest(copy).certified == () and check_files(copy) == []
         embedder = Embedder.load(copy)
-        assert embedder.backend == "onnxruntime-cpu"
+        assert embedder.target == "onnxruntime-cpu"
     assert "no certificate of OpenVINO" in embedder.choice.reason  # the bf16 one says why
 
 
@@ -124,7 +124,7 @@ def test_emulated_certificate_then_verify_record_on_a_bf16_cpu(traces, tmp_path,
         "openvino-bf16", "fp32", "bf16", True, "KVEMBED_CPU_FEATURES")
     monkeypatch.delenv("KVEMBED_CPU_FEATURES")
     before = Embedder.load(out)
-    assert before.backend == "onnxruntime-cpu" and "bf16 did not run" in before.choice.reason
+    assert before.target == "onnxruntime-cpu" and "bf16 did not run" in before.choice.reason
 
     result = CliRunner().invoke(app, ["verify", str(out), "--backends", "openvino-bf16", "--record"])
     assert result.exit_code == 0, result.output
@@ -134,7 +134,7 @@ def test_emulated_certificate_then_verify_record_on_a_bf16_cpu(traces, tmp_path,
     assert ("openvino-bf16", "bf16", "pytorch") in recorded and ("openvino-bf16", "bf16", "onnxruntime-cpu") in recorded
     assert ("openvino-bf16", "fp32", "pytorch") in recorded  # the emulated one stays: other CPU flags
     assert check_files(out) == []
-    assert Embedder.load(out).backend == "openvino-bf16"
+    assert Embedder.load(out).target == "openvino-bf16"
 
 
 def test_v1_models_says_what_each_model_runs_on(bf16, fp32):
@@ -151,5 +151,5 @@ def test_v1_models_says_what_each_model_runs_on(bf16, fp32):
 
             time.sleep(0.1)
         cards = {card["id"]: card for card in client.get("/v1/models").json()["data"]}
-    assert cards["fast"]["backend"] == "openvino-bf16" and "certified" in cards["fast"]["backend_reason"]
-    assert cards["plain"]["backend"] == "onnxruntime-cpu"
+    assert cards["fast"]["target"] == "openvino-bf16" and "certified" in cards["fast"]["backend_reason"]
+    assert cards["plain"]["target"] == "onnxruntime-cpu"

@@ -135,7 +135,7 @@ def test_embed_announces_each_wait_and_names_the_runtime_on_stderr_only(kv_artif
     done = kvembed("embed", str(kv_artifact), "A cat sat on the mat.", "A kitten sat on a rug.")
     assert done.returncode == 0, done.stderr
     in_order(done.stderr, f"checking the sha256 of the files of {kv_artifact} ...",
-             f"opening the graph of {kv_artifact} on onnxruntime ...",
+             f"opening the graph of {kv_artifact} on onnxruntime-cpu ...",
              "runtime: onnxruntime-cpu running the fp32 artifact (provider auto)\n", "embedding 2 text(s) ...")
     assert "runtime:" not in done.stdout and " ..." not in done.stdout  # stdout: the table only
     assert "kv-embedding on" in done.stdout
@@ -184,7 +184,7 @@ def test_serve_start_up_announces_its_waits_and_the_runtime(kv_artifact, tmp_pat
     finally:
         server.stop()
     in_order(log, "loading the server (FastAPI, uvicorn) ...", "checking the sha256 of the files of 1 artifact(s) ...",
-             f"opening the graph of {kv_artifact} on onnxruntime ...",
+             f"opening the graph of {kv_artifact} on onnxruntime-cpu ...",
              "kvembed serve: kv: runtime: onnxruntime-cpu running the fp32 artifact (provider auto)",
              "kvembed serve: serving 1 model(s)")
 

@@ -28,9 +28,8 @@ from kvembed.export.graph.trace import min_tensorrt
 from kvembed.export.graph.ops import version_key
 from kvembed.artifact import sha256_file
 from engine_util import STAND_IN_PLAN, make_engine_dir
-from kvembed.backends.tensorrt import (
-    ENGINE_JSON, ENGINE_KEYS, EngineSession, check_engine_matches, check_feeds_fit, engine_limits, read_engine_json,
-)
+from kvembed.artifact.engine import ENGINE_JSON, ENGINE_KEYS, engine_limits, read_engine_json
+from kvembed.backends.tensorrt import EngineSession, check_engine_matches, check_feeds_fit
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

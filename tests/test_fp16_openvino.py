@@ -90,7 +90,7 @@ def test_the_export_certifies_the_alternative_this_cpu_runs_fastest_and_auto_tak
     assert ov.decided_by["held_out"]["worst_cosine"] >= 0.999
     assert advisory[f"openvino-{other}"] == {"skipped": f"not needed: openvino-{hint} certified"}  # the first passed: no second pass
     fast = Embedder.load(fp16, ov_cache_dir=False)
-    assert fast.backend == f"openvino-{hint}" and "fp16 artifact certified on OpenVINO" in fast.choice.reason
+    assert fast.target == f"openvino-{hint}" and "fp16 artifact certified on OpenVINO" in fast.choice.reason
     assert_close_to_oracle(fast, oracle)
 
 
@@ -123,7 +123,7 @@ def test_without_fp16_the_bf16_check_certifies_the_artifact_retyped_and_auto_run
     assert ov is not None and ov.target == "openvino-bf16" and ov.hint == "bf16" and ov.raw["graph"] == "model.onnx"
     assert 0.999 <= ov.worst_cosine <= 1.0 and list(ov.decided_by) == ["gate", "held_out"]  # as at export
     fast = Embedder.load(copy, ov_cache_dir=tmp_path / "cache")
-    assert fast.backend == "openvino-bf16" and "fp16 artifact certified on OpenVINO (openvino-bf16" in fast.choice.reason
+    assert fast.target == "openvino-bf16" and "fp16 artifact certified on OpenVINO (openvino-bf16" in fast.choice.reason
     assert_close_to_oracle(fast, oracle)
     assert len(list((tmp_path / "cache").glob("*.blob"))) == 1 and not list((tmp_path / "cache").glob(".compiling-*"))
 
@@ -150,10 +150,10 @@ def test_auto_takes_the_certified_hint_the_cpu_runs_fastest_and_says_why_it_take
 def test_without_fp16_or_bf16_auto_stays_on_onnxruntime_and_the_hints_run_f32(fp16, monkeypatch):
     monkeypatch.setenv("KVEMBED_CPU_FEATURES", "avx2,avx512f")
     stated = Embedder.load(fp16)
-    assert stated.backend == "onnxruntime-cpu" and "twice the memory" in stated.choice.reason
+    assert stated.target == "onnxruntime-cpu" and "twice the memory" in stated.choice.reason
     for hint in ("f16", "bf16"):
         asked = Embedder.load(fp16, provider="openvino", ov_precision=hint, ov_cache_dir=False)
-        assert asked.backend == "openvino-f32"  # as OpenVINO itself runs these hints on such a CPU
+        assert asked.target == "openvino-f32"  # as OpenVINO itself runs these hints on such a CPU
 
 
 CHILD = textwrap.dedent("""

@@ -48,7 +48,7 @@ def test_the_gate_opens_its_session_through_the_backend_entry_with_lean_options(
     weights, no arena or memory pattern, no spinning); the runtime takes the same settings as flat keywords."""
     artifact = stories_artifact("mean")
     gate = gate_session(CPU, artifact / "model.onnx")
-    assert isinstance(gate, OnnxRuntimeSession) and gate.on_cpu
+    assert isinstance(gate, OnnxRuntimeSession) and gate.name == "onnxruntime-cpu"
     options = gate.get_session_options()
     assert options.get_session_config_entry(DISABLE_PREPACKING) == "1"
     assert options.get_session_config_entry(ALLOW_SPINNING) == "0"

@@ -82,7 +82,7 @@ def test_the_advisory_check_certifies_openvino_and_auto_takes_it(int8, oracle):
     assert advisory["held_out"]["backend"] == "openvino-bf16" and advisory["held_out"]["rows"] > 0
     assert ov.raw["held_out_worst_cosine"] == advisory["held_out"]["worst_cosine"] != manifest.held_out.worst_cosine
     fast = Embedder.load(int8)
-    assert fast.backend == "openvino-bf16" and "int8 artifact certified on OpenVINO" in fast.choice.reason
+    assert fast.target == "openvino-bf16" and "int8 artifact certified on OpenVINO" in fast.choice.reason
     assert fast.session.model_path.name == "model.openvino.onnx"
     stories = oracle("stories260k")
     plain = Embedder.load(int8, provider="cpu")
@@ -97,7 +97,7 @@ def test_the_advisory_check_certifies_openvino_and_auto_takes_it(int8, oracle):
 def test_without_bf16_or_an_openvino_graph_auto_stays_on_onnxruntime(int8, tmp_path, monkeypatch):
     monkeypatch.setenv("KVEMBED_CPU_FEATURES", NO_BF16)
     stated = Embedder.load(int8)
-    assert stated.backend == "onnxruntime-cpu" and "no BF16" in stated.choice.reason
+    assert stated.target == "onnxruntime-cpu" and "no BF16" in stated.choice.reason
     np.testing.assert_array_equal(stated.encode(TEXTS), Embedder.load(int8, provider="cpu").encode(TEXTS))
     monkeypatch.delenv("KVEMBED_CPU_FEATURES")
     old = shutil.copytree(int8, tmp_path / "old")  # as exported before int8 had an OpenVINO graph
@@ -107,7 +107,7 @@ def test_without_bf16_or_an_openvino_graph_auto_stays_on_onnxruntime(int8, tmp_p
     (old / "kvembed.json").write_text(json.dumps(data))
     assert check_files(old) == [] and load_manifest(old).graph_file("openvino") == "model.onnx"
     embedder = Embedder.load(old)
-    assert embedder.backend == "onnxruntime-cpu" and embedder.choice.reason == "int8 artifact: onnxruntime"
+    assert embedder.target == "onnxruntime-cpu" and embedder.choice.reason == "int8 artifact: onnxruntime"
 
 
 def test_exported_where_bf16_cannot_run_then_recorded_by_verify(traces, tmp_path, monkeypatch):
@@ -131,14 +131,14 @@ def test_exported_where_bf16_cannot_run_then_recorded_by_verify(traces, tmp_path
     # OpenVINO f32 is not offered a dynamic recipe: onnxruntime's integer kernels are the faster path
     assert "dynamic int8 recipe" in manifest.parity["advisory"]["openvino-f32"]["skipped"]
     monkeypatch.delenv("KVEMBED_CPU_FEATURES")
-    assert Embedder.load(out).backend == "onnxruntime-cpu"
+    assert Embedder.load(out).target == "onnxruntime-cpu"
 
     result = CliRunner().invoke(app, ["verify", str(out), "--record"])
     assert result.exit_code == 0, result.output
     assert "advisory openvino-bf16 on model.openvino.onnx: worst cosine" in result.output
     assert "recorded: openvino-bf16 ran bf16" in result.output
     assert load_manifest(out).certificate("openvino", "bf16", bar="int8").raw["graph"] == "model.openvino.onnx"
-    assert check_files(out) == [] and Embedder.load(out).backend == "openvino-bf16"
+    assert check_files(out) == [] and Embedder.load(out).target == "openvino-bf16"
 
 
 def test_a_graph_kvembed_did_not_quantise_is_refused(tmp_path):

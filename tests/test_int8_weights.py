@@ -200,7 +200,7 @@ def test_on_a_cpu_without_bf16_openvino_f32_is_certified_and_auto_takes_it(trace
     certificate = manifest.certificate("openvino", "fp32", bar="int8")
     assert certificate is not None and certificate.raw["graph"] == "model.onnx" and certificate.min_cosine == 0.99
     embedder = Embedder.load(out)
-    assert embedder.backend == "openvino-f32" and "int8 artifact certified on OpenVINO" in embedder.choice.reason
+    assert embedder.target == "openvino-f32" and "int8 artifact certified on OpenVINO" in embedder.choice.reason
     assert_matches_oracle(embedder.encode, oracle("stories260k"), "kv-embedding", TEXTS, precision="int8",
                           layers=STORIES_LAYERS)
 
@@ -215,6 +215,6 @@ def test_exported_where_bf16_runs_it_is_ready_for_a_cpu_without(artifact, monkey
 
     manifest = load_manifest(artifact)
     assert [c.target for c in manifest.certified] == ["onnxruntime-cpu", "openvino-bf16", "openvino-f32"]
-    assert Embedder.load(artifact).backend == "openvino-bf16"
+    assert Embedder.load(artifact).target == "openvino-bf16"
     monkeypatch.setenv("KVEMBED_CPU_FEATURES", NO_BF16)
-    assert Embedder.load(artifact).backend == "openvino-f32"
+    assert Embedder.load(artifact).target == "openvino-f32"

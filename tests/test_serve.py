@@ -184,7 +184,7 @@ def test_two_artifacts_are_chosen_by_name(server, oracles):
     assert models["object"] == "list" and set(cards) == {"kv", "va"}
     assert (cards["kv"]["dim"], cards["va"]["dim"], cards["kv"]["method"], cards["va"]["method"]) == (64, 32, "kv-embedding", "va")
     assert cards["kv"]["max_length"] == cards["kv"]["max_input_tokens"] == 512  # the default cap, 512, is stories260k's own
-    assert cards["kv"]["backend"] == cards["va"]["backend"] == "onnxruntime-cpu"  # fp32 artifacts: auto is onnxruntime
+    assert cards["kv"]["target"] == cards["va"]["target"] == "onnxruntime-cpu"  # fp32 artifacts: auto is onnxruntime
     for name in ("kv", "va", "kv"):
         body = httpx.post(f"{server.url}/embeddings", json={"model": name, "input": ["a blue sky"]}).json()
         assert body["object"] == "list" and body["model"] == name and body["data"][0]["object"] == "embedding"
@@ -496,7 +496,8 @@ def test_a_huge_request_does_not_starve_small_ones(server, oracles):
             assert not pending.done(), "a small request waited for the whole huge one"
         body = pending.result().json()
     assert [item["index"] for item in body["data"]] == list(range(2000))
-    assert_rows_equal([item["embedding"] for item in body["data"]], oracles["va"].encode(huge))
+    # every 8th row against the oracle: rows are independent, and each of the 8 windows has some
+    assert_rows_equal([item["embedding"] for item in body["data"][::8]], oracles["va"].encode(huge[::8]))
 
 
 CLIENTS, REQUESTS, MAX_TEXTS, MAX_CHARS = 64, 10, 8, 60

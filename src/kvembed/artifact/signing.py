@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import json
 import os
 import re
 import sys
@@ -30,7 +29,8 @@ from typing import Any
 
 from ..errors import InvalidInput, MissingDependency
 from ..extras import install_hint
-from .layout import ENGINE_JSON, MANIFEST, SIGNATURE, is_artifact
+from .engine import is_engine_dir, read_engine_json
+from .layout import MANIFEST, SIGNATURE, is_artifact
 
 __all__ = ["TRUST_KEY_ENV", "UntrustedArtifact", "sign_artifact", "trust_key_path", "verify_signature"]
 
@@ -120,12 +120,7 @@ def _check_folder(directory: Path) -> Any:
 
     if not is_artifact(directory):
         raise InvalidInput(f"no kvembed artifact at {str(directory)!r} (no {MANIFEST})")
-    engine = None
-    if (directory / ENGINE_JSON).is_file():
-        try:
-            engine = json.loads((directory / ENGINE_JSON).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise InvalidInput(f"{str(directory / ENGINE_JSON)!r} cannot be read: {err}") from None
+    engine = read_engine_json(directory) if is_engine_dir(directory) else None
     return check_intact(load_manifest(directory), engine)
 
 

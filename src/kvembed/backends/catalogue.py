@@ -3,10 +3,12 @@ each opens an artifact's graph with its own options, and what ``"auto"`` picks.
 
 Adding a backend is one file beside this one (a :class:`~kvembed.backends.protocol.BackendModule`:
 ``NAME``, ``probe()``, an options dataclass, ``open_graph(path, provider, options)`` returning a
-:class:`~kvembed.backends.protocol.Session`, ``weight_factor(precision, options)``) and one entry in
-:data:`BACKENDS`; the runtime (``Embedder``) reads backends only through this module, and the
-runtime's provider names and the CLIs' help texts are read from here. Backend modules are imported
-only when an entry is used, so reading the names costs nothing (the CLIs build their help from them).
+:class:`~kvembed.backends.protocol.Session`, ``weight_factor(precision, options)``), one entry in
+:data:`BACKENDS`, and its targets in :mod:`.targets`. This module and :mod:`.targets` are the
+registry: nothing outside ``backends/`` imports a backend's file (a caller that needs one of its
+functions takes the module from its entry, ``BACKENDS[name].load()``). Backend modules are
+imported only when an entry is used, so reading the names costs nothing (the CLIs build their help
+from them).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -21,15 +24,20 @@ from typing import Any
 
 from ..artifact import MODEL, Certificate, Manifest, check_intact, load_manifest, manifest_of
 from ..artifact.certificates import precision_name
+from ..artifact.engine import CLAIMED
 from .cpu import HINT_NEEDS, cpu_features
 from .protocol import BackendUnavailableError, Session
-from ..errors import InvalidInput, did_you_mean
+from .targets import (
+    CPU, CUDA, PROVIDER_HELP, PROVIDER_TARGETS, PROVIDERS, REFERENCE_BACKEND, TARGETS, check_provider, openvino_target,
+    providers, reference_problem,
+)
+from ..errors import InvalidInput
 from ..status import waiting
 
 __all__ = [
     "BACKENDS", "PROVIDERS", "PROVIDER_HELP", "Backend", "BackendUnavailableError", "Choice", "backend_for",
-    "backend_options", "choose_backend", "flat_keywords", "load_warning", "open_session", "options_for",
-    "provider_problem", "session_memory", "verify_files",
+    "backend_options", "check_provider", "choose_backend", "providers", "flat_keywords", "load_warning", "open_session",
+    "open_artifact", "open_target", "options_for", "provider_problem", "session_memory", "target_problem", "verify_files",
 ]
 
 #: the metadata key an options dataclass's field names its flat ``Embedder.load`` keyword under,
@@ -39,13 +47,17 @@ KEYWORD = "keyword"
 
 @dataclass(frozen=True)
 class Backend:
-    """One catalogue entry: the backend's module in this room, its options dataclass and the
-    runtime providers it serves."""
+    """One catalogue entry: the backend's module in this room and its options dataclass; its
+    targets (:data:`~.targets.TARGETS`) say which runtime providers it serves."""
 
     name: str
     module: str
     options: str
-    providers: tuple[str, ...]
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        """The runtime provider names with a target on this backend (:data:`~.targets.PROVIDER_TARGETS`)."""
+        return tuple(p for p, names in PROVIDER_TARGETS.items() if any(TARGETS[t].backend == self.name for t in names))
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -71,24 +83,10 @@ class Backend:
 
 #: every backend, by name; ``tensorrt`` runs engine directories (``kvembed build-engine``)
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("onnxruntime", "kvembed.backends.onnxruntime", "OnnxRuntimeOptions", ("cpu", "cuda", "tensorrt")),
-    Backend("openvino", "kvembed.backends.openvino", "OpenVINOOptions", ("openvino",)),
-    Backend("tensorrt", "kvembed.backends.tensorrt", "TensorRTOptions", ("tensorrt",)),
+    Backend("onnxruntime", "kvembed.backends.onnxruntime", "OnnxRuntimeOptions"),
+    Backend("openvino", "kvembed.backends.openvino", "OpenVINOOptions"),
+    Backend("tensorrt", "kvembed.backends.tensorrt", "TensorRTOptions"),
 )}
-
-
-def providers() -> tuple[str, ...]:
-    """The runtime's provider names: ``"auto"``, then every entry's, in catalogue order."""
-    return ("auto", *dict.fromkeys(p for b in BACKENDS.values() for p in b.providers))
-
-
-#: the runtime's provider names (``Embedder.load(provider=...)``, every CLI's ``--provider``).
-#: ``"auto"``: :func:`choose_backend` (an engine directory's plan on TensorRT; a bf16 artifact
-#: certified on OpenVINO at bf16 on OpenVINO's CPU plugin where the CPU has BF16; else onnxruntime,
-#: on CUDA when onnxruntime-gpu sees a GPU and on the CPU otherwise)
-PROVIDERS: tuple[str, ...] = providers()
-#: the provider names as the CLIs' ``--provider`` help lists them
-PROVIDER_HELP = ", ".join(PROVIDERS)
 #: what a session holds beyond its weights after calls of the runtime's CPU token budget at a
 #: mid-sized LLM's widths: the arena's high-water mark, scratch, the interpreter
 SESSION_OVERHEAD = int(1.5 * 1024**3)
@@ -97,13 +95,6 @@ SESSION_OVERHEAD = int(1.5 * 1024**3)
 def _claimant(directory: Path) -> Backend | None:
     """The backend whose own format ``directory`` is, or None (an artifact)."""
     return next((b for b in BACKENDS.values() if b.claims(directory)), None)
-
-
-def check_provider(provider: str) -> None:
-    """A ValueError naming the valid providers, for a name that is not one."""
-    if provider not in providers():
-        close = did_you_mean(provider, providers())
-        raise InvalidInput(f"provider must be one of {', '.join(providers())}, got {provider!r}{'; ' + close if close else ''}")
 
 
 def backend_for(directory: str | os.PathLike[str], provider: str = "auto") -> str:
@@ -117,7 +108,7 @@ def backend_for(directory: str | os.PathLike[str], provider: str = "auto") -> st
         if provider not in ("auto", *owner.providers):
             served = " or ".join(repr(p) for p in owner.providers)
             raise InvalidInput(
-                f"{str(path)!r} is {owner.load().CLAIMED}: it runs with provider {served} (or 'auto'); "
+                f"{str(path)!r} is {CLAIMED}: it runs with provider {served} (or 'auto'); "
                 f"for provider {provider!r} load the artifact it was built from"
             )
         return owner.name
@@ -177,6 +168,39 @@ class Choice:
     certificate: Certificate | None = None
     auto: bool = False
 
+    @property
+    def target(self) -> str:
+        """The target this choice opens (:func:`target_of`); the session's ``name`` is what ran."""
+        return target_of(self.backend, self.provider, self.ov_precision)
+
+
+def target_of(backend: str, provider: str, ov_precision: str | None = None) -> str:
+    """The target ``backend`` opens for runtime ``provider``: onnxruntime's execution provider
+    (``auto``: CUDA where this onnxruntime has it, else the CPU), OpenVINO's precision hint as it
+    runs on this CPU (None: the CPU's default); another backend's first target (TensorRT's plan)."""
+    if backend == "onnxruntime":
+        if provider == "auto":
+            return CUDA if BACKENDS[backend].probe("cuda") is None else CPU
+        return f"{backend}-{provider}"
+    if backend == "openvino":
+        return openvino_target(BACKENDS[backend].load().hint_for(ov_precision))
+    return next((t.name for t in TARGETS.values() if t.backend == backend), backend)
+
+
+def open_target(target: str, path: str | os.PathLike[str], options: Any = None, **flat: Any) -> Session:
+    """The graph file ``path`` opened on ``target`` (:data:`~.targets.TARGETS`) with its backend's
+    ``options`` (or :func:`options_for`'s flat keywords) and the target's setting: onnxruntime's
+    provider, OpenVINO's precision hint. What the parity gate and verify open; the runtime opens
+    through :func:`open_session`, which also reads the manifest's graph file."""
+    spec = TARGETS.get(target)
+    if spec is None or spec.backend not in BACKENDS:
+        raise InvalidInput(f"no backend opens target {target!r}; one of {', '.join(t for t in TARGETS if TARGETS[t].backend in BACKENDS)}")
+    built = options_for(spec.backend, options, **flat)
+    if spec.backend == "openvino":
+        built = dataclasses.replace(built, precision=spec.setting)
+    provider = spec.setting if spec.backend == "onnxruntime" else spec.backend
+    return BACKENDS[spec.backend].load().open_graph(path, provider, built)
+
 
 #: artifact precision -> what ``auto`` says when it keeps the artifact on onnxruntime instead of
 #: the certified OpenVINO path
@@ -227,7 +251,7 @@ def choose_backend(
     owner = _claimant(path)
     if provider != "auto" or owner is not None:
         backend = backend_for(path, provider)
-        why = owner.load().CLAIMED if owner is not None and provider == "auto" else f"provider {provider!r} asked for"
+        why = CLAIMED if owner is not None and provider == "auto" else f"provider {provider!r} asked for"
         return Choice(backend, provider, reason=why, auto=provider == "auto")
     typed = load_manifest(path) if manifest is None else manifest
     kind = typed.precision
@@ -290,6 +314,25 @@ def open_session(directory: str | os.PathLike[str], provider: str = "auto", opti
     return entry.load().open_graph(target, choice.provider, built)
 
 
+def open_artifact(manifest: Manifest, provider: str = "auto", options: Any = None, *, verify: bool = True,
+                  **flat: Any) -> tuple[Session, Choice]:
+    """The one way an artifact (or engine directory) is opened: the session of ``manifest``'s
+    artifact where :func:`choose_backend` runs it for ``provider``, with the backend's ``options``
+    (or the flat keywords), after :func:`verify_files` of what that backend reads (``verify``), with
+    the backend's caveat as a warning; and the choice, which says why."""
+    path = manifest.artifact_directory()
+    choice = choose_backend(path, provider, manifest, options)
+    built = backend_options(choice, options, **flat)
+    if verify:
+        verify_files(manifest, choice.backend)
+    with waiting(f"opening the graph of {path} on {choice.target}"):
+        session = open_session(path, provider, built, choice, manifest)
+    caveat = load_warning(path, session, manifest.precision)
+    if caveat is not None:
+        warnings.warn(caveat, stacklevel=3)
+    return session, choice
+
+
 def verify_files(manifest: Manifest, backend: str) -> None:
     """Check the files ``backend`` will read in the artifact of ``manifest`` (as
     :func:`~kvembed.artifact.load_manifest` read it) against their records: the backend's own
@@ -312,12 +355,19 @@ def load_warning(directory: str | os.PathLike[str], session: Session, precision:
 
 
 def provider_problem(provider: str) -> str | None:
-    """Why the runtime provider ``provider`` cannot run here, or None (``auto`` always can: it falls back to the CPU)."""
-    check_provider(provider)
-    if provider == "auto":
-        return None
-    entry = next(b for b in BACKENDS.values() if provider in b.providers)  # the first serving it: "tensorrt" is onnxruntime's EP
-    return entry.probe(provider)
+    """Why the runtime provider ``provider`` cannot run here, or None (``auto`` always can: it falls
+    back to the CPU): the problem of the first target it is an alias of (``tensorrt``: onnxruntime's
+    TensorRT execution provider; ``openvino``: OpenVINO itself)."""
+    names = PROVIDER_TARGETS[check_provider(provider)]
+    return target_problem(names[0]) if names else None
+
+
+def target_problem(target: str) -> str | None:
+    """Why ``target`` (:data:`~.targets.TARGETS`) cannot run here (and what to install), or None."""
+    spec = TARGETS[target]
+    if spec.backend == REFERENCE_BACKEND:
+        return reference_problem()
+    return BACKENDS[spec.backend].probe(spec.setting or None)
 
 
 def session_memory(artifact: Manifest | str | os.PathLike[str], provider: str = "cpu") -> int:

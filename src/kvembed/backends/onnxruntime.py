@@ -133,11 +133,6 @@ def provider_chain(
     return [(TENSORRT, trt_options), cuda, CPU]
 
 
-#: padded tokens one more graph call is worth on the CPU provider (a session's ``call_cost``): a
-#: call's fixed cost is small there, so splitting a batch pays off once it saves a few rows of
-#: padding. GPU providers, where launches cost more, cut greedily instead (benchmarks/log/serve.md).
-CPU_CALL_COST = 32
-
 #: onnxruntime's session config key that turns weight pre-packing off
 DISABLE_PREPACKING = "session.disable_prepacking"
 #: onnxruntime's session config key that lets idle intra-op threads spin
@@ -252,7 +247,7 @@ def load_warning(directory: Path, session: OnnxRuntimeSession, precision: str) -
 
 
 def _fp16_caveat(directory: Path, session: OnnxRuntimeSession, precision: str) -> str | None:
-    if precision != "fp16" or not session.on_cpu:
+    if precision != "fp16" or session.providers[0] != CPU:
         return None
     return (f"{str(directory)!r} is an fp16 artifact on onnxruntime's CPU provider, which has no fp16 MatMul: it "
             "holds fp32 copies of the weights (twice the artifact's size) and runs at fp32 speed; "
@@ -295,14 +290,6 @@ class OnnxRuntimeSession:
         """``onnxruntime-`` and the execution provider it runs on: ``cpu``, ``cuda``, ``tensorrt``."""
         first = self.ort.get_providers()[0]
         return f"{NAME}-{EXECUTION_PROVIDERS.get(first, first)}"
-
-    @property
-    def on_cpu(self) -> bool:
-        return self.ort.get_providers()[0] == CPU
-
-    @property
-    def call_cost(self) -> int | None:
-        return CPU_CALL_COST if self.on_cpu else None
 
     def max_rows(self, width: int) -> int | None:
         return None

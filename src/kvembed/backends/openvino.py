@@ -124,8 +124,6 @@ def ran_precision(compiled: Any, fallback: str) -> str:
 #: on a quiet server than unpinned, which only help beside other busy processes (benchmarks/log/openvino.md)
 RUN_PROPERTIES: dict[str, Any] = {}
 
-#: a session's ``call_cost``: each call streams every weight, so a split must save more padding than on onnxruntime
-CALL_COST = 128  # (benchmarks/log/openvino.md, "Short inputs")
 #: the first calls of an imported model, during which the blob's pages are released (:meth:`OpenVINOSession._paging`)
 PAGED_CALLS = 2
 
@@ -282,8 +280,6 @@ class OpenVINOSession:
 
     backend = NAME
     limits = None  # any shape
-    on_cpu = True
-    call_cost = CALL_COST
 
     @property
     def name(self) -> str:

@@ -9,23 +9,15 @@ sessions; the catalogue (:mod:`~kvembed.backends.catalogue`) lists them and is a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
+from ..artifact.engine import Limits
 from ..errors import MissingDependency
 
 if TYPE_CHECKING:
     import os
 
     import numpy as np
-
-
-class Limits(NamedTuple):
-    """The shapes a session takes, over all its shapes' ranges: rows per call and padded sequence
-    length (a TensorRT plan's profiles; a session without limits has ``limits`` None)."""
-
-    max_batch_size: int
-    min_sequence: int
-    max_sequence: int
 
 
 @runtime_checkable
@@ -51,18 +43,6 @@ class Session(Protocol):
         """What it runs on, most specific first: onnxruntime's provider chain
         (``["CUDAExecutionProvider", "CPUExecutionProvider"]``), ``["OpenVINO", precision]`` or
         ``["TensorRT", precision]``."""
-        ...
-
-    @property
-    def on_cpu(self) -> bool:
-        """Whether it computes on the host's CPU: the runtime then cuts calls to its CPU token
-        budget (on a GPU, one call per batch is fastest)."""
-        ...
-
-    @property
-    def call_cost(self) -> int | None:
-        """Padded tokens one more graph call is worth here: the runtime's default batch plan cuts
-        sorted rows where that saves more padding; None: cut only at the batch size (a GPU)."""
         ...
 
     @property
@@ -95,7 +75,7 @@ class BackendModule(Protocol):
     (each field is also a flat ``Embedder.load`` keyword: its name, or its ``keyword`` metadata) and
     the runtime providers it serves. Optional, each read only where present:
 
-    - ``claims(directory) -> bool`` with ``CLAIMED`` (what such a directory is, in messages): the
+    - ``claims(directory) -> bool`` (:func:`~kvembed.artifact.engine.is_engine_dir`, the one engine rule): the
       directory is this backend's own format (a TensorRT engine directory), runs nowhere else, and
       is what ``open_graph`` gets;
     - ``verify_files(directory, manifest)``: its own check of the files it reads, raising with the

@@ -1,15 +1,14 @@
-"""TensorRT backend: engine directories (``kvembed build-engine``), reading ``engine.json`` and running ``engine.plan``.
+"""TensorRT backend: engine directories (``kvembed build-engine``), running ``engine.plan``.
 
 Here "engine" always means a TensorRT plan. The loader's half of the TensorRT path, torch-free
-like the rest of the runtime: the record's schema and checks (same TensorRT, same GPU, shapes
-inside a profile) and :class:`EngineSession`, which runs the plan with polygraphy's
+like the rest of the runtime: the record's checks (same TensorRT, same GPU, shapes inside a
+profile; the record itself and the engine rule are :mod:`kvembed.artifact.engine`) and :class:`EngineSession`, which runs the plan with polygraphy's
 ``TrtRunner``. The builder's half is :mod:`kvembed.export.engine`. tensorrt and polygraphy are imported only when a plan first runs;
 none of the GPU path has run on this project's CPU-only machines (README says so).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import threading
@@ -21,13 +20,8 @@ import numpy as np
 
 from ..errors import InvalidInput, MissingDependency
 from ..artifact import Manifest, check_intact
-from ..artifact.layout import ENGINE_JSON, PLAN
-from .protocol import Limits
+from ..artifact.engine import PLAN, describe_profiles, engine_limits, is_engine_dir, read_engine_json
 
-ENGINE_SCHEMA_VERSION = 1
-#: keys every engine.json has (loaders and the Triton generator rely on them)
-ENGINE_KEYS = ("schema_version", "tensorrt_version", "gpu", "profiles", "precision", "strongly_typed",
-               "source", "build", "inputs")
 INSTALL_HINT = "pip install tensorrt polygraphy (TensorRT >= 10 with an NVIDIA GPU and driver)"
 #: where TensorRT itself comes from (PyPI's tensorrt is a stub without it)
 TENSORRT_HINT = "install TensorRT from NVIDIA, https://developer.nvidia.com/tensorrt"
@@ -59,31 +53,8 @@ def weight_factor(precision: str, options: TensorRTOptions | None = None) -> flo
     return 1.0
 
 
-def is_engine_dir(directory: str | os.PathLike[str]) -> bool:
-    return (Path(directory) / ENGINE_JSON).is_file()
-
-
-#: what the directories this backend claims are, in messages
-CLAIMED = "a TensorRT engine directory"
 #: an engine directory runs here and nowhere else (the catalogue asks before it picks a backend)
 claims = is_engine_dir
-
-
-def read_engine_json(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """``engine.json`` of ``directory``, checked for every key of :data:`ENGINE_KEYS` and the schema."""
-    path = Path(directory) / ENGINE_JSON
-    if not path.is_file():
-        raise FileNotFoundError(f"{directory} has no {ENGINE_JSON}: not an engine directory (kvembed build-engine makes one)")
-    try:
-        record = json.loads(path.read_text())
-    except ValueError as err:
-        raise InvalidInput(f"{path} is not valid JSON ({err}): rebuild the engine with kvembed build-engine") from None
-    for key in ENGINE_KEYS:
-        if key not in record:
-            raise InvalidInput(f"{path} lacks {key}: rebuild the engine with kvembed build-engine")
-    if record["schema_version"] != ENGINE_SCHEMA_VERSION:
-        raise InvalidInput(f"{path} has schema_version {record['schema_version']!r}; this kvembed reads {ENGINE_SCHEMA_VERSION}")
-    return record
 
 
 def verify_files(directory: Path, manifest: Manifest) -> None:
@@ -101,18 +72,6 @@ def check_engine_matches(record: Mapping[str, Any], tensorrt_version: str, gpu_n
     if str(built["compute_capability"]) != str(compute_capability) or built["name"] != gpu_name:
         raise InvalidInput(f"engine built for {built['name']} (compute capability {built['compute_capability']}), "
                          f"this GPU is {gpu_name} ({compute_capability}): rebuild it here with kvembed build-engine")
-
-
-def engine_limits(record: Mapping[str, Any]) -> Limits:
-    """:class:`Limits` of the record's profiles: what the Embedder batches, pads and cuts to (and
-    Triton's max_batch_size: the largest profile batch)."""
-    profiles = record["profiles"]
-    return Limits(max(p["max"][0] for p in profiles), min(p["min"][1] for p in profiles), max(p["max"][1] for p in profiles))
-
-
-def describe_profiles(record: Mapping[str, Any]) -> str:
-    """``"1x16..32x512, 1x8..1x64"``: each profile's min and max batch x sequence."""
-    return ", ".join(f"{p['min'][0]}x{p['min'][1]}..{p['max'][0]}x{p['max'][1]}" for p in record["profiles"])
 
 
 def check_feeds_fit(record: Mapping[str, Any], shape: tuple[int, int]) -> int:
@@ -181,9 +140,7 @@ class EngineSession:
 
     backend = NAME
     name = NAME
-    #: a plan's weights and arithmetic live on the GPU; its normalisation runs as built
-    on_cpu = False
-    call_cost = None
+    #: a plan's normalisation runs as built
     renormalise = False
 
     @property

@@ -321,7 +321,7 @@ class AutoBackend(RuntimeBackend):
     def __init__(self, artifact: str | os.PathLike[str], threads: int) -> None:
         _first_load_elsewhere(artifact, "auto")  # compiles and keeps the blob if OpenVINO is the pick
         super().__init__(artifact, threads)
-        self.precision = f"{self.precision}/{self.embedder.backend}"
+        self.precision = f"{self.precision}/{self.embedder.target}"
 
 
 class TorchBackend(Backend):

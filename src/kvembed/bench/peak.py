@@ -45,7 +45,9 @@ def matmuls_call(
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from ..backends.onnxruntime import session_options
+    from ..backends.catalogue import BACKENDS
+
+    session_options = BACKENDS["onnxruntime"].load().session_options
 
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")

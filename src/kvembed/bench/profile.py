@@ -27,7 +27,9 @@ def op_breakdown(
     """
     import onnxruntime as ort
 
-    from ..backends.onnxruntime import session_options
+    from ..backends.catalogue import BACKENDS
+
+    session_options = BACKENDS["onnxruntime"].load().session_options
 
     if runs < 1:
         raise InvalidInput(f"runs must be >= 1, got {runs}")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifact import MANIFEST, SIGNATURE, Manifest, load_manifest, sha256_file
+from ..artifact.engine import is_engine_dir
 from ..artifact.layout import named_directory
 from ..errors import InvalidInput
 
@@ -21,7 +22,7 @@ def parse_artifact_argument(value: str) -> tuple[str, Path, Manifest]:
     """``DIR`` (named after its folder, as ``kvembed serve`` names it) or ``NAME=DIR``, with its
     manifest (read here, once: one line if it is not an artifact)."""
     name, directory = named_directory(value)
-    if (directory / "engine.json").is_file():
+    if is_engine_dir(directory):
         raise InvalidInput(f"{value!r} is a TensorRT engine directory (GPU-bound): bundle the ONNX artifact it was built from")
     return name, directory, load_manifest(directory)
 

@@ -29,7 +29,7 @@ def build_engine_command(
     """Build a TensorRT engine (polygraphy) from ARTIFACT into OUT; needs tensorrt and an NVIDIA GPU."""
     from rich.console import Console
 
-    from ..backends.tensorrt import engine_limits
+    from ..artifact.engine import engine_limits
     from ..export.engine import build_engine
     from ..signals import sigterm_as_interrupt
     from .support import run_guarded

@@ -51,10 +51,9 @@ def eval_command(
         raise InvalidInput("give at least one --task FILE (or --task sample) or --mteb-task NAME")
     if batch_size < 1:
         raise InvalidInput(f"--batch-size must be >= 1, got {batch_size}")
-    from ..backends.catalogue import PROVIDERS
+    from ..backends.targets import check_provider
 
-    if provider not in PROVIDERS:  # the runtime checks again when an artifact loads, after mteb and the tasks
-        raise InvalidInput(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+    check_provider(provider, "--provider")  # here, before mteb and the tasks load
     if threads is not None and threads < 1:
         raise InvalidInput(f"--threads must be >= 1, got {threads}")
     local = load_tasks(list(task or []))  # bad task files fail here, before any model or mteb loads

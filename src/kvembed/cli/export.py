@@ -19,7 +19,7 @@ except ImportError as err:  # pragma: no cover - only without the cli extra
 
 from ..artifact import MANIFEST, SIGNATURE, Manifest
 from ..methods.registry import DEFAULT_METHOD
-from ..export.gate.targets import VERIFY_TARGETS
+from ..export.gate.targets import TARGETS
 from ..backends.cpu import HINT_NEEDS
 from ..status import waiting
 from . import options as opt
@@ -136,7 +136,7 @@ def advisory_line(target: str, advised: Any, graph: str | None, held_out_missed:
     ``held_out_missed``: the held-out texts' worst cosine where they decided and missed the bar."""
     if isinstance(advised, str):
         return f"advisory {target}: not run ({escape(advised)})"
-    needs = HINT_NEEDS.get(VERIFY_TARGETS[target].setting)
+    needs = HINT_NEEDS.get(TARGETS[target].setting)
     where = f"on a CPU with {needs.upper()}" if needs else "where no faster path is certified"
     verdict = ("[bold yellow]below the bar[/]: not certified" if not advised.passed else
                f"[bold yellow]below the bar on the held-out texts[/] ({held_out_missed:.5f}): not certified"
@@ -406,11 +406,11 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True, re
             if result.decided_by(target):
                 console.print(decided_line(target, result.decided_by(target)), highlight=False)
         if result.advisory:
-            from ..export.gate.targets import VERIFY_TARGETS
+            from ..export.gate.targets import TARGETS
 
             for target, advised in result.advisory.items():
                 held = result.held_out.get(target)
-                console.print(advisory_line(target, advised, manifest.graph_file(VERIFY_TARGETS[target].backend),
+                console.print(advisory_line(target, advised, manifest.graph_file(TARGETS[target].backend),
                                             held.worst_cosine if held is not None and not held.passed else None),
                               highlight=False)
         recorded = manifest.parity

@@ -148,7 +148,7 @@ def check_ov_precision(provider: str, ov_precision: Optional[str]) -> None:
         return
     if provider != "openvino":
         raise InvalidInput("--ov-precision applies to --provider openvino; add it or drop --ov-precision")
-    from ..backends.openvino import PRECISIONS
+    from ..backends.targets import OPENVINO_HINTS as PRECISIONS
 
     if ov_precision not in PRECISIONS:
         raise InvalidInput(f"--ov-precision must be one of {', '.join(PRECISIONS)}, got {ov_precision!r}")

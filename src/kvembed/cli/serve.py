@@ -36,7 +36,7 @@ def serve_command(
         with waiting("loading the server (FastAPI, uvicorn)"):
             from uvicorn.config import LOG_LEVELS
 
-            from ..backends.catalogue import PROVIDERS
+            from ..backends.targets import check_provider
             from ..serve.config import parse_artifact
             from ..serve.server import DrainingServer  # noqa: F401  (fail here, not later, without the serve extra)
     except ImportError as err:
@@ -46,8 +46,7 @@ def serve_command(
         raise MissingDependency(f"kvembed serve needs the serve extra: {install_hint('serve')} ({err})") from None
 
     provider = settings.get("provider", ServeConfig.provider)
-    if provider not in PROVIDERS:  # checked before binding (the artifacts load after)
-        raise InvalidInput(f"--provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+    check_provider(provider, "--provider")  # before binding (the artifacts load after)
     opt.check_ov_precision(provider, ov_precision)
     if log_level not in LOG_LEVELS:
         raise InvalidInput(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
@@ -99,7 +98,7 @@ def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float, ac
         server.should_exit = True
 
     def on_ready(state: "ServerState") -> None:
-        names = [f"{name} on {served.embedder.backend}" for name, served in state.models.items()]
+        names = [f"{name} on {served.embedder.target}" for name, served in state.models.items()]
         for name, served in state.models.items():
             log.info("kvembed serve: %s: %s", name, served.embedder.runtime_line())
         log.info("kvembed serve: serving %d model(s) (%s) on %s", len(names), ", ".join(names), url)

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..backends.catalogue import PROVIDER_HELP, PROVIDERS
+from ..backends.targets import PROVIDER_HELP, check_provider
 from ..errors import KvembedError
 from ..flagfields import flag
 from ..runtime.batching import SERVICE_BATCH_TOKENS
@@ -99,7 +99,10 @@ class CorpusOptions:
         if self.format is not None:
             _choice("--format", self.format, FORMATS)
         _choice("--runner", self.runner, RUNNERS)
-        _choice("--provider", self.provider, PROVIDERS)
+        try:
+            check_provider(self.provider, "--provider")
+        except ValueError as err:
+            raise CorpusError(str(err)) from None
         _choice("--output-dtype", self.output_dtype, OUTPUT_DTYPES)
         _choice("--on-error", self.on_error, ON_ERROR)
         _positive("--workers", self.workers)

@@ -113,7 +113,7 @@ class ShardWorker:
             stats = {
                 "shard": shard.name, "input": file.path, "start": shard.start, "stop": shard.stop, "rows": rows,
                 "tokens": tokens, "truncated": truncated, "windowed": windowed, "skipped": policy.count, "skip_examples": policy.examples,
-                "worker_peak_rss_mb": peak_rss_mb(), "backend": self.embedder.backend,
+                "worker_peak_rss_mb": peak_rss_mb(), "backend": self.embedder.target,
             }
             writer.commit(stats)
         except BaseException:

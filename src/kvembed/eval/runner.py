@@ -127,7 +127,7 @@ def precision_record(embedder: Any, config: Configuration) -> dict[str, Any]:
     held_out = None if manifest.held_out is None else manifest.held_out.worst_cosine
     if certified and certificate.raw.get("held_out_worst_cosine") is not None:  # an advisory check's own (int8 on OpenVINO)
         held_out = float(certificate.raw["held_out_worst_cosine"])
-    return {"precision": manifest.precision, "backend": embedder.backend, "gate_worst_cosine": gate, "held_out_worst_cosine": held_out}
+    return {"precision": manifest.precision, "backend": embedder.target, "gate_worst_cosine": gate, "held_out_worst_cosine": held_out}
 
 
 def mteb_tasks(tasks: Sequence[LocalTask], official: Sequence[str]) -> list[Any]:

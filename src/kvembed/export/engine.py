@@ -31,7 +31,8 @@ from typing import Any, Mapping, Sequence
 from ..errors import CheckFailed, InvalidInput
 from ..artifact import MANIFEST, MODEL, TOKENIZER, Manifest, load_manifest, sha256_file
 from ..artifact.staging import check_output, staged
-from ..backends.tensorrt import ENGINE_JSON, ENGINE_SCHEMA_VERSION, PLAN, gpu_identity, require_tensorrt  # the loader's half
+from ..artifact.engine import ENGINE_JSON, ENGINE_SCHEMA_VERSION, PLAN
+from ..backends.catalogue import BACKENDS
 from ..sizes import parse_size
 from .graph.ops import version_key
 from .gate.parity import ParityReport, compare_runs
@@ -201,10 +202,11 @@ def build_engine(
     if out.resolve() == artifact.resolve():
         raise InvalidInput(f"--out {str(out)!r} is the artifact itself: pick another directory "
                          f"(the engine directory gets copies of its {TOKENIZER} and {MANIFEST})")
-    trt, poly = require_tensorrt()
+    tensorrt = BACKENDS["tensorrt"].load()  # the loader's half: the same TensorRT checks
+    trt, poly = tensorrt.require_tensorrt()
     plan = choose_precision(precision, trt.__version__, manifest.graph_precision)  # a bf16 artifact's graph is fp32
     check_tensorrt_supports(manifest, trt.__version__)
-    gpu_name, capability = gpu_identity()
+    gpu_name, capability = tensorrt.gpu_identity()
 
     names = manifest.input_names
     profiles = []

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
+from ..backends.targets import ORT_CPU_CALL_COST, TARGETS
 from ..errors import InvalidInput
 
 #: padded tokens per graph call on the CPU and OpenVINO (the ``max_call_tokens`` default there):
@@ -24,6 +25,18 @@ CPU_CALL_TOKENS = 2048
 #: serve``'s and ``kvembed embed-corpus``' ``--max-batch-tokens`` default): the runtime runs such a
 #: batch in graph calls of at most its per-call budget, so this bounds a batch's memory, not a call's.
 SERVICE_BATCH_TOKENS = 16384
+
+
+
+def policy_defaults(target: str) -> tuple[int | None, int | None]:
+    """``(max_call_tokens, call_cost)`` a session of ``target`` is run under unless told otherwise:
+    :data:`CPU_CALL_TOKENS` and the target's call cost on the CPU (a target the registry does not
+    know counts as onnxruntime's CPU), one call per batch and greedy cuts on a GPU."""
+    spec = TARGETS.get(target)
+    if spec is None:
+        return CPU_CALL_TOKENS, ORT_CPU_CALL_COST
+    return (CPU_CALL_TOKENS, spec.call_cost) if spec.on_cpu else (None, None)
+
 
 Item = TypeVar("Item")
 Batch = TypeVar("Batch")

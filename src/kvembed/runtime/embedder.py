@@ -13,14 +13,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..backends.catalogue import Choice, backend_options, choose_backend, load_warning, open_session, verify_files
+from ..backends.catalogue import Choice, open_artifact
 from ..backends.protocol import Session
-from ..status import waiting
 from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
 from ..artifact import Manifest, manifest_of, verify_signature
 from .artifact import encoder_from_manifest
-from .batching import CPU_CALL_TOKENS, BatchPolicy, run_batches, run_in_slices
+from .batching import CPU_CALL_TOKENS, BatchPolicy, policy_defaults, run_batches, run_in_slices
 from .encoding import EncodedText, TextEncoder, check_padding_side, check_texts
 from .vectors import unit_rows
 from .windows import encode_all, id_windows, per_input, special_ends
@@ -63,13 +62,13 @@ class Embedder:
         self._renormalise = session.renormalise
         self._ranges: dict[str, np.ndarray] = {}  # output name -> its vector ranges (`vector_ranges`)
         self._ranges_lock = threading.Lock()
-        cpu = session.on_cpu
         #: the default batching policy of every embedding method: the call budget and call cost
-        #: given to `load` ("auto": `CPU_CALL_TOKENS` on the CPU and OpenVINO, none on
-        #: GPUs; the session's own ``call_cost``), 32 rows per batch, no padded-token limit per batch
+        #: given to `load` ("auto": the target's, `policy_defaults`), 32 rows per batch, no
+        #: padded-token limit per batch
+        calls, cost = policy_defaults(session.name)
         self.policy = BatchPolicy(
-            max_call_tokens=(CPU_CALL_TOKENS if cpu else None) if _auto(max_call_tokens) else max_call_tokens,  # type: ignore[arg-type]
-            call_cost=session.call_cost if _auto(call_cost) else call_cost,  # type: ignore[arg-type]
+            max_call_tokens=calls if _auto(max_call_tokens) else max_call_tokens,  # type: ignore[arg-type]
+            call_cost=cost if _auto(call_cost) else call_cost,  # type: ignore[arg-type]
         )
 
     @classmethod
@@ -152,25 +151,17 @@ class Embedder:
             verify_signature(directory.artifact_directory() if isinstance(directory, Manifest) else directory, trust_key)
         manifest = manifest_of(directory)
         path = manifest.artifact_directory()
-        choice = choose_backend(path, provider, manifest, options)
-        chosen = backend_options(  # the flat keywords, forwarded as they are: the catalogue knows which apply
-            choice, options, threads=threads, device_id=device_id, trt_cache_dir=trt_cache_dir, trt_fp16=trt_fp16,
-            memory_arena=memory_arena, prepacking=prepacking, ov_precision=ov_precision, ov_cache_dir=ov_cache_dir,
-            **backend_keywords,
+        session, choice = open_artifact(  # the flat keywords, forwarded as they are: the catalogue knows which apply
+            manifest, provider, options, verify=verify, threads=threads, device_id=device_id, trt_cache_dir=trt_cache_dir,
+            trt_fp16=trt_fp16, memory_arena=memory_arena, prepacking=prepacking, ov_precision=ov_precision,
+            ov_cache_dir=ov_cache_dir, **backend_keywords,
         )
-        if verify:
-            verify_files(manifest, choice.backend)
         encoder = encoder_from_manifest(path, manifest)
-        with waiting(f"opening the graph of {path} on {choice.backend}"):
-            session = open_session(path, provider, chosen, choice, manifest)
         if session.limits is not None:  # e.g. a TensorRT plan's profiles: inputs padded and cut to them
             encoder.cap_input_tokens(session.limits.max_sequence)
             encoder.pad_at_least(session.limits.min_sequence)
-        caveat = load_warning(path, session, manifest.precision)
-        if caveat is not None:
-            warnings.warn(caveat, stacklevel=2)
         embedder = cls(path, manifest, encoder, session, max_call_tokens, call_cost, choice)
-        log.info("kvembed: %s runs on %s (provider %s: %s)", path, embedder.backend, provider, choice.reason)
+        log.info("kvembed: %s runs on %s (provider %s: %s)", path, embedder.target, provider, choice.reason)
         return embedder
 
     # -- facts ---------------------------------------------------------------------------------
@@ -216,15 +207,22 @@ class Embedder:
         return list(self.session.providers)
 
     @property
-    def backend(self) -> str:
-        """What runs the graph, named as ``kvembed verify --backends`` names it: ``onnxruntime-cpu``,
-        ``onnxruntime-cuda``, ``onnxruntime-tensorrt``, ``openvino-bf16`` / ``openvino-f32`` (the
-        precision OpenVINO reports it runs) or ``tensorrt``; `choice` says why."""
+    def target(self) -> str:
+        """The target that runs the graph (`kvembed.backends.targets`), named as certificates and
+        ``kvembed verify --backends`` name it: ``onnxruntime-cpu``, ``onnxruntime-cuda``,
+        ``onnxruntime-tensorrt``, ``openvino-bf16`` / ``openvino-f32`` (the precision OpenVINO
+        reports it runs) or ``tensorrt``; `choice` says why."""
         return self.session.name
+
+    @property
+    def backend(self) -> str:
+        """Deprecated: `target` (this name meant the target, not the catalogue's backend)."""
+        warnings.warn("Embedder.backend is deprecated: use Embedder.target", DeprecationWarning, stacklevel=2)
+        return self.target
 
     def runtime_line(self) -> str:
         """`runtime_line` of this artifact as loaded: what runs it and why."""
-        return runtime_line(self.backend, self.artifact.precision, self.choice)
+        return runtime_line(self.target, self.artifact.precision, self.choice)
 
     @property
     def padding_side(self) -> str:

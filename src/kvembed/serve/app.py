@@ -162,7 +162,7 @@ async def _load(
     if on_ready is not None:
         on_ready(state)
     else:
-        log.info("kvembed serve: ready (%s)", ", ".join(f"{name} on {served.embedder.backend}" for name, served in state.models.items()))
+        log.info("kvembed serve: ready (%s)", ", ".join(f"{name} on {served.embedder.target}" for name, served in state.models.items()))
 
 
 async def _serve(state: ServerState, request: Request, route: Route) -> Response:

@@ -37,7 +37,7 @@ class ServedModel:
             "method": embedder.method.name, "dim": embedder.dim, "max_length": self.max_length,
             "max_input_tokens": self.max_input_tokens, "outputs": embedder.outputs,
             # what --provider (auto: kvembed.backends.catalogue.choose_backend) runs it on, and why
-            "backend": embedder.backend, "backend_reason": embedder.choice.reason if embedder.choice else "",
+            "target": embedder.target, "backend": embedder.session.backend, "backend_reason": embedder.choice.reason if embedder.choice else "",
         }
 
 

@@ -12,20 +12,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..artifact import DamagedArtifact, Manifest, UntrustedArtifact, check_intact, load_manifest, verify_signature
-from ..backends.tensorrt import is_engine_dir, read_engine_json
+from ..artifact.engine import is_engine_dir, read_engine_json
 from ..runtime.artifact import encoder_from_manifest
 from .config import ServeConfig
 from .model import input_cap
-from ..errors import InvalidInput
+from ..backends.catalogue import provider_problem
+from ..errors import InvalidInput, MissingDependency
 
 
 def check_artifacts(config: ServeConfig) -> dict[str, Manifest]:
     """Raise ValueError (FileNotFoundError, MissingDependency) naming the first model that cannot be
     served; model name -> its manifest, as read once and checked."""
-    if config.provider != "openvino" and not all(is_engine_dir(directory) for _, directory in config.artifacts):
-        from ..backends.onnxruntime import provider_chain
-
-        provider_chain(config.provider)  # a GPU provider this onnxruntime lacks: named here, not after the bind
+    if not all(is_engine_dir(directory) for _, directory in config.artifacts):
+        problem = provider_problem(config.provider)  # a GPU provider this onnxruntime lacks: named here, not after the bind
+        if problem is not None:
+            raise MissingDependency(f"--provider {config.provider}: {problem}")
     return {name: check_artifact(name, directory, config) for name, directory in config.artifacts}
 
 

@@ -15,7 +15,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..artifact import MODEL, Manifest
-from ..backends.tensorrt import engine_limits
+from ..artifact.engine import engine_limits
 from ..errors import InvalidInput
 from .options import ServingOptions
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..backends.catalogue import PROVIDER_HELP
-from ..backends.catalogue import PROVIDERS as PYTHON_PROVIDERS
+from ..backends.targets import PROVIDER_HELP, check_provider
 from ..errors import InvalidInput
 from ..flagfields import flag
 from ..runtime.batching import CPU_CALL_TOKENS
@@ -72,8 +71,7 @@ class ServingOptions:
             )
         if self.tensorrt_accelerator and self.backend != "onnxruntime":
             raise InvalidInput("--tensorrt-accelerator is an onnxruntime-backend option; add --backend onnxruntime")
-        if self.provider not in PYTHON_PROVIDERS:
-            raise InvalidInput(f"provider must be one of {', '.join(PYTHON_PROVIDERS)}, got {self.provider!r}")
+        check_provider(self.provider)
         if self.provider != "auto" and self.backend != "python":
             raise InvalidInput(f"--provider {self.provider} is a python-backend option (the {self.backend} backend picks its own); "
                              "drop it or add --backend python")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..version import __version__
-from ..backends.tensorrt import describe_profiles
+from ..artifact.engine import describe_profiles
 from .configs import ArtifactFacts, plan_build_command
 from .options import ServingOptions
 

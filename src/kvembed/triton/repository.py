@@ -24,7 +24,7 @@ from tritonclient.utils import serialize_byte_tensor
 
 from ..artifact import MANIFEST, MODEL, TOKENIZER, Manifest, check_intact, load_manifest
 from ..artifact.staging import check_output, staged
-from ..backends.tensorrt import PLAN, is_engine_dir, read_engine_json
+from ..artifact.engine import PLAN, is_engine_dir, read_engine_json
 from ..runtime.artifact import encoder_from_manifest
 from .configs import ArtifactFacts, ensemble_config, model_config, plan_build_command, tokenize_config, write_config
 from .options import ServingOptions

@@ -41,10 +41,10 @@ from typing import Any, Mapping
 from ...version import __version__
 from ...artifact import Manifest
 from ...artifact.certificates import PYTORCH, precision_name
-from ...backends.catalogue import BACKENDS, options_for
+from ...backends.catalogue import BACKENDS, open_target, target_problem
 from ...backends.cpu import cpu_features
 from ...errors import InvalidInput, MissingDependency
-from .targets import CPU, OV_BF16, OV_F16, OV_F32, VERIFY_TARGETS
+from .targets import CPU, OV_BF16, OV_F16, OV_F32, TARGETS
 
 #: artifact precision -> the gate's (verify target, tolerance precision), the artifact's own first
 GATES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -107,7 +107,7 @@ def advisory_checks(precision: str) -> list[tuple[str, str, int]]:
     that certifies is the one ``auto`` would rather run here."""
     rank = cpu_features().speed_rank
     return [(target, bar, group) for group, alternatives in enumerate(ADVISORY_GATES.get(precision, ()))
-            for target, bar in sorted(alternatives, key=lambda alternative: rank(VERIFY_TARGETS[alternative[0]].setting))]
+            for target, bar in sorted(alternatives, key=lambda alternative: rank(TARGETS[alternative[0]].setting))]
 
 
 def advisory_problem(target: str, manifest: Mapping[str, Any], passed: str | None = None) -> str | None:
@@ -117,12 +117,12 @@ def advisory_problem(target: str, manifest: Mapping[str, Any], passed: str | Non
     certified), or None."""
     if passed is not None:
         return f"not needed: {passed} certified"
-    spec, manifest = VERIFY_TARGETS[target], Manifest.of(manifest)
+    spec, manifest = TARGETS[target], Manifest.of(manifest)
     if manifest.precision in OWN_GRAPHS and spec.backend not in manifest.graphs:
         return f"the artifact names no graph for {spec.backend} (exported before it had one: re-export it)"
     if target == OV_F32 and manifest.precision == "int8" and not manifest.graph.weight_only:
         return "a dynamic int8 recipe: onnxruntime's integer kernels run it faster than OpenVINO f32"
-    problem = BACKENDS[spec.backend].probe()
+    problem = target_problem(target)
     features = cpu_features()
     if problem is None and not features.runs(spec.setting):
         problem = f"this CPU has {features.describe_hint(spec.setting)}: OpenVINO would run f32, which auto never picks"
@@ -132,7 +132,7 @@ def advisory_problem(target: str, manifest: Mapping[str, Any], passed: str | Non
 def gate_graph(directory: Path, manifest: Mapping[str, Any], target: str) -> Path:
     """The graph file ``target``'s backend runs in the artifact being gated in ``directory``
     (its own where the manifest's ``graphs`` names one, else ``model.onnx``)."""
-    return directory / Manifest.of(manifest).graph_file(VERIFY_TARGETS[target].backend)
+    return directory / Manifest.of(manifest).graph_file(TARGETS[target].backend)
 
 
 #: how the gate opens a graph on each backend (flat options, :func:`~kvembed.backends.catalogue.options_for`).
@@ -155,12 +155,7 @@ def gate_session(target: str, path: Path) -> Any:
     :data:`GATE_OPTIONS` and the target's setting (onnxruntime's provider, OpenVINO's precision hint)."""
     if target not in GATE_TARGETS:
         raise InvalidInput(f"the parity gate does not run on {target}")
-    spec = VERIFY_TARGETS[target]
-    flat = dict(GATE_OPTIONS[spec.backend])
-    if spec.backend == "openvino":
-        flat["ov_precision"] = spec.setting
-    provider = "cpu" if spec.backend == "onnxruntime" else spec.backend
-    return BACKENDS[spec.backend].load().open_graph(path, provider, options_for(spec.backend, **flat))
+    return open_target(target, path, **GATE_OPTIONS[TARGETS[target].backend])
 
 
 def ran_precision(session: Any, graph_precision: str) -> str:
@@ -187,7 +182,7 @@ def certificate(
     as the manifest's ``certified`` entry: which target, what ran, how close, on which CPU, and for
     a check against PyTorch which texts decided it (:func:`decided_by`; ``held_out``: the held-out
     texts' report where they decided too)."""
-    spec = VERIFY_TARGETS[target]
+    spec = TARGETS[target]
     versions = {}
     if spec.backend == "openvino":
         import openvino

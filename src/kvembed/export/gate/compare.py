@@ -64,7 +64,7 @@ import numpy as np
 
 from ...artifact import MODEL, Manifest, read_manifest
 from ...artifact.certificates import precision_name
-from .targets import CPU, OV_BF16, OV_F16, TARGET_ALIASES, TARGET_NAMES, VERIFY_TARGETS
+from .targets import CPU, OV_BF16, OV_F16, TARGET_ALIASES, TARGET_NAMES, TARGETS
 from ...backends.protocol import BackendUnavailableError
 from ...runtime.artifact import encoder_from_manifest
 from .parity import PADDING_SIDES, PARITY_TEXTS, cosine_rows
@@ -382,7 +382,7 @@ def compare_backends(
     runners, labels = [], []
     for name in names:
         try:
-            graph = directory / typed.graph_file(VERIFY_TARGETS[name].backend)  # an int8 artifact's OpenVINO graph
+            graph = directory / typed.graph_file(TARGETS[name].backend)  # an int8 artifact's OpenVINO graph
             runners.append(make_runner(name, graph, feeds=feeds, fp16=typed.graph_precision == "fp16"))
             labels.append(name)
         except Exception as err:

@@ -19,10 +19,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .targets import (
-    CPU, CUDA, ORT_TENSORRT, REFERENCE, TENSORRT, TARGET_NAMES, VERIFY_TARGETS, resolve_targets, target_problems,
+    CPU, CUDA, ORT_TENSORRT, REFERENCE, TENSORRT, TARGET_NAMES, TARGETS, resolve_targets, target_problems,
 )
 from ...artifact.external_data import load_with_weights
-from ...backends.onnxruntime import GPU_HINT
+from ...backends.catalogue import BACKENDS, open_target, target_problem
+from ...backends.targets import openvino_target
 from ...backends.protocol import BackendUnavailableError
 from ...errors import InvalidInput
 from ...extras import install_hint
@@ -35,11 +36,9 @@ except ImportError as _err:  # pragma: no cover - only without the export extra
     _BaseRunner = object  # type: ignore[assignment,misc]
     POLYGRAPHY_ERROR = f"polygraphy is not installed ({install_hint('export')}): {_err}"
 
-_ORT_PROVIDERS = {
-    CPU: ["CPUExecutionProvider"],
-    CUDA: ["CUDAExecutionProvider", "CPUExecutionProvider"],
-    ORT_TENSORRT: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
-}
+#: the onnxruntime targets polygraphy's own onnxruntime runner runs (the backend's provider chains)
+_ORT_TARGETS = (CPU, CUDA, ORT_TENSORRT)
+GPU_HINT = install_hint("gpu")
 
 
 def backend_problems(manifest: Mapping[str, Any] | None = None) -> dict[str, str]:
@@ -184,9 +183,7 @@ class OpenVINORunner(_BaseRunner):  # type: ignore[misc,valid-type]
         self.model_path, self.precision = str(model_path), precision
 
     def activate_impl(self) -> None:
-        from ...backends.openvino import OpenVINOSession
-
-        self._session = OpenVINOSession(self.model_path, precision=self.precision)
+        self._session = open_target(openvino_target(self.precision), self.model_path)
         self.ran = self._session.precision  # what OpenVINO runs (bf16 on a CPU without BF16 runs f32)
         self._outputs = [port.get_any_name() for port in self._session.compiled.outputs]
 
@@ -226,24 +223,25 @@ def make_runner(
         raise ImportError(POLYGRAPHY_ERROR)
     path = str(model_path)
     name = name or backend
-    if backend in _ORT_PROVIDERS:
+    if backend in _ORT_TARGETS:
         from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
 
-        providers = _ORT_PROVIDERS[backend]
+        providers = BACKENDS["onnxruntime"].load().provider_chain(TARGETS[backend].setting)
+        first = providers[0] if isinstance(providers[0], str) else providers[0][0]
         loader = SessionFromOnnx(path, providers=providers)
 
         def session() -> Any:  # onnxruntime falls back to the CPU silently: do not compare CPU with CPU
             sess = loader()
-            if sess.get_providers()[0] != providers[0]:
+            if sess.get_providers()[0] != first:
                 raise BackendUnavailableError(
-                    f"{backend}: onnxruntime could not start {providers[0]} (it fell back to {sess.get_providers()[0]}); "
+                    f"{backend}: onnxruntime could not start {first} (it fell back to {sess.get_providers()[0]}); "
                     f"check the CUDA/TensorRT libraries ({GPU_HINT})"
                 )
             return sess
 
         return OnnxrtRunner(session, name=name)
     if backend == TENSORRT:
-        problem = VERIFY_TARGETS[TENSORRT].problem()
+        problem = target_problem(TENSORRT)
         if problem is not None:
             raise BackendUnavailableError(f"backend tensorrt is not available here: {problem}")
         from polygraphy.backend.trt import CreateConfig, EngineFromNetwork, NetworkFromOnnxPath, Profile, TrtRunner
@@ -264,9 +262,9 @@ def make_runner(
             config = CreateConfig(fp16=fp16, profiles=[profile])
             engine = EngineFromNetwork(NetworkFromOnnxPath(path), config=config)
         return TrtRunner(engine, name=name)
-    target = VERIFY_TARGETS.get(backend)
+    target = TARGETS.get(backend)
     if target is not None and target.backend == "openvino":
-        problem = target.problem()
+        problem = target_problem(backend)
         if problem is not None:
             raise BackendUnavailableError(f"backend {backend} is not available here: {problem}")
         return OpenVINORunner(path, target.setting, name=name)

@@ -1,67 +1,31 @@
-"""Verify targets: what ``kvembed verify --backends`` and the parity gate run a graph on.
-
-A *target* is a backend of the catalogue (:mod:`kvembed.backends.catalogue`) with one setting
-(onnxruntime's provider, OpenVINO's precision hint), or ONNX's reference evaluator, e.g.
-``openvino-bf16``; a certificate's ``target`` names one. Targets are the export side's: the runtime
-picks backends and never reads this module.
+"""What ``kvembed verify --backends`` and the parity gate run a graph on: targets of the one
+registry (:mod:`kvembed.backends.targets`), chosen by name, by alias (``openvino``: its three) or
+``auto`` (every target this machine and this artifact's graph can run), with the reason for each
+one skipped.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ...artifact import MODEL, read_manifest
-from ...backends.catalogue import BACKENDS, provider_problem
+from ...backends.catalogue import target_problem
 from ...backends.cpu import cpu_features
 from ...backends.protocol import BackendUnavailableError
+from ...backends.targets import (
+    CPU, CUDA, ORT_TENSORRT, OV_BF16, OV_F16, OV_F32, REFERENCE, TARGET_NAMES, TARGETS, TENSORRT, Target,
+    reference_problem,
+)
 from ...errors import InvalidInput
-from ...extras import install_hint
 
 __all__ = [
     "CPU", "CUDA", "ORT_TENSORRT", "OV_BF16", "OV_F16", "OV_F32", "REFERENCE", "REFERENCE_AUTO_LIMIT", "TENSORRT",
-    "TARGET_ALIASES", "TARGET_NAMES", "TARGETS_HELP", "VERIFY_TARGETS", "VerifyTarget", "model_bytes",
-    "reference_problem", "resolve_targets", "target_problems",
+    "TARGET_ALIASES", "TARGET_NAMES", "TARGETS", "TARGETS_HELP", "Target", "model_bytes", "reference_problem",
+    "resolve_targets", "target_problems",
 ]
 
-
-@dataclass(frozen=True)
-class VerifyTarget:
-    """One thing ``kvembed verify --backends`` runs a graph on: a backend with one setting
-    (onnxruntime's provider, OpenVINO's precision hint), or ONNX's reference evaluator."""
-
-    name: str
-    backend: str
-    setting: str = ""
-
-    def problem(self) -> str | None:
-        """Why this target cannot run here, or None."""
-        if self.backend == "onnx-reference":
-            return reference_problem()
-        if self.backend == "onnxruntime":
-            return provider_problem(self.setting)
-        return BACKENDS[self.backend].probe()
-
-
-CPU, CUDA, ORT_TENSORRT, TENSORRT, OV_F32, OV_BF16, OV_F16, REFERENCE = (
-    "onnxruntime-cpu", "onnxruntime-cuda", "onnxruntime-tensorrt", "tensorrt", "openvino-f32", "openvino-bf16",
-    "openvino-f16", "onnx-reference",
-)
-#: every verify target, in the order they are run and reported (the first is the baseline)
-VERIFY_TARGETS: dict[str, VerifyTarget] = {t.name: t for t in (
-    VerifyTarget(CPU, "onnxruntime", "cpu"),
-    VerifyTarget(CUDA, "onnxruntime", "cuda"),
-    VerifyTarget(ORT_TENSORRT, "onnxruntime", "tensorrt"),
-    VerifyTarget(TENSORRT, "tensorrt"),
-    VerifyTarget(OV_F32, "openvino", "f32"),
-    VerifyTarget(OV_BF16, "openvino", "bf16"),
-    VerifyTarget(OV_F16, "openvino", "f16"),
-    VerifyTarget(REFERENCE, "onnx-reference"),
-)}
-TARGET_NAMES: tuple[str, ...] = tuple(VERIFY_TARGETS)
 #: names that stand for several targets
 TARGET_ALIASES: dict[str, tuple[str, ...]] = {"openvino": (OV_F32, OV_BF16, OV_F16)}
 #: ``auto`` offers onnx-reference only below this model size (model.onnx + external data): pure Python is slow
@@ -72,15 +36,6 @@ TARGETS_HELP = (
     f"models under {REFERENCE_AUTO_LIMIT // 1024 // 1024} MB) or names from {', '.join(TARGET_NAMES[:-1])} "
     f"(openvino: all three), {REFERENCE} (e.g. 'auto,{REFERENCE}'); each is compared with {CPU}."
 )
-
-
-def reference_problem() -> str | None:
-    """Why ONNX's reference evaluator cannot run here, or None."""
-    try:
-        importlib.import_module("onnx.reference")
-    except ImportError:
-        return f"onnx is not installed ({install_hint('export')})"
-    return None
 
 
 def model_bytes(path: str | os.PathLike[str]) -> int:
@@ -97,7 +52,7 @@ def _mb(n: int) -> str:
 def target_problems(manifest: Mapping[str, Any] | None = None) -> dict[str, str]:
     """``name -> why it cannot run here`` for every verify target this machine (or this artifact's
     graph: TensorRT's parser takes no int8 one) lacks; absent ones only."""
-    problems = {name: why for name, target in VERIFY_TARGETS.items() if (why := target.problem()) is not None}
+    problems = {name: why for name in TARGETS if (why := target_problem(name)) is not None}
     graph = (manifest or {}).get("graph", {})
     if TENSORRT not in problems and graph and not graph.get("tensorrt_ready", True):
         ops = ", ".join(graph.get("non_portable_ops", [])) or "int8 weights"  # the one graph whose ops pass but is not ready
@@ -131,7 +86,7 @@ def resolve_targets(
     names = [n for n in names if n]
     if not names:
         raise InvalidInput(f"--backends is empty; give 'auto' or a comma list of {', '.join(TARGET_NAMES)}")
-    unknown = [n for n in names if n != "auto" and n not in VERIFY_TARGETS and n not in TARGET_ALIASES]
+    unknown = [n for n in names if n != "auto" and n not in TARGETS and n not in TARGET_ALIASES]
     if unknown:
         raise InvalidInput(
             f"unknown backend{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
@@ -152,8 +107,8 @@ def resolve_targets(
                     f"model is {_mb(size)} (auto takes it below {_mb(REFERENCE_AUTO_LIMIT)}: pure Python is slow); "
                     f"ask for it with --backends auto,{REFERENCE}"
                 )
-            elif VERIFY_TARGETS[name].backend == "openvino" and name not in names and not features.runs(VERIFY_TARGETS[name].setting):
-                skipped[name] = (f"this CPU has {features.describe_hint(VERIFY_TARGETS[name].setting)}: OpenVINO would "
+            elif TARGETS[name].backend == "openvino" and name not in names and not features.runs(TARGETS[name].setting):
+                skipped[name] = (f"this CPU has {features.describe_hint(TARGETS[name].setting)}: OpenVINO would "
                                  f"run f32 again; ask for it with --backends auto,{name}")
             else:
                 chosen.add(name)

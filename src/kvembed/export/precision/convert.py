@@ -489,7 +489,10 @@ def to_int8(source: Path, target: Path, recipe: str | Int8Recipe = "plain",
 def weight_only_facts(block: int, counts: Mapping[str, Any], fp32_matmuls: int, tables: list[dict[str, Any]]) -> dict[str, Any]:
     """The manifest's ``precision_conversion`` of a weight-only graph: the storage, and the
     arithmetic onnxruntime is pinned to when it runs it (the gate's session and the runtime's alike)."""
-    from ...backends.onnxruntime import ACCURACY_LEVEL_KEY, WEIGHT_ONLY_ACCURACY
+    from ...backends.catalogue import BACKENDS
+
+    onnxruntime = BACKENDS["onnxruntime"].load()
+    ACCURACY_LEVEL_KEY, WEIGHT_ONLY_ACCURACY = onnxruntime.ACCURACY_LEVEL_KEY, onnxruntime.WEIGHT_ONLY_ACCURACY
 
     return {
         "method": "weight-only int8: blocked DequantizeLinear (opset 21, axis 0) feeding each float MatMul "

@@ -141,7 +141,7 @@ MODEL_LIST_SCHEMA: dict[str, Any] = {
     "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {
         "type": "object", "required": ["id", "object", "created", "owned_by"],
         "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
-                       "owned_by": {"type": "string"}, "backend": {"type": "string"}, "backend_reason": {"type": "string"}},
+                       "owned_by": {"type": "string"}, "target": {"type": "string"}, "backend": {"type": "string"}, "backend_reason": {"type": "string"}},
     }}},
 }
 

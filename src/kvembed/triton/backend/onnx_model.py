@@ -67,7 +67,7 @@ class TritonPythonModel:
         self.outputs = [tensor["name"] for tensor in config["output"]]
         pb_utils.Logger.log_info(f"{args['model_name']}: kvembed runtime from {Path(kvembed.version.__file__).parent}")
         choice = self.embedder.choice
-        pb_utils.Logger.log_info(f"{args['model_name']}: runs on {self.embedder.backend} ({choice.reason if choice else ''}), "
+        pb_utils.Logger.log_info(f"{args['model_name']}: runs on {self.embedder.target} ({choice.reason if choice else ''}), "
                                  f"providers {self.embedder.providers}, {self.policy}")
 
     def execute(self, requests):
