@@ -74,6 +74,8 @@ class BenchConfig:
     profile: bool = False
     """Also profile the runtime's largest cell per precision (onnxruntime profiler, by op type)."""
     seed: int = 0
+    scenario: str | None = None
+    """The scenario file's name this config came from (``--scenario``), with ``[smoke]`` when its smoke size ran."""
 
     @classmethod
     def create(cls, out: Path | str, quick: bool = False, **given: Any) -> "BenchConfig":
@@ -326,6 +328,7 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
         "schema": SCHEMA,
         "machine": machine_info(threads),
         "setup": {
+            "scenario": config.scenario,
             "model": config.model or manifest.source.model or DEFAULT_MODEL,
             "method": manifest.method.name,
             "method_options": dict(manifest.method.options),

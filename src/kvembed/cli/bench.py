@@ -116,7 +116,9 @@ def bench_command(
     min_repeats: Optional[int] = typer.Option(None, "--min-repeats", help="Timed calls per cell, at least (default: 5)."),
     min_seconds: Optional[float] = typer.Option(None, "--min-seconds", help="Timed seconds per cell, at least (default: 1.0; --quick: 0.1)."),
     max_repeats: Optional[int] = typer.Option(None, "--max-repeats", help="Timed calls per cell, at most (default: 1000; --quick: 50)."),
-    kind: str = typer.Option("document", "--kind", help="query or document: which prompt the inputs use."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="query or document: which prompt the inputs use (default: document)."),
+    scenario: Optional[Path] = typer.Option(None, "--scenario", help="A scenario file (TOML: BenchConfig's keys, e.g. benchmarks/scenarios/*.toml); flags given beside it override its values."),
+    smoke: bool = typer.Option(False, "--smoke", help="With --scenario: its [smoke] size (the demo model, seconds), as CI runs every scenario."),
     quick: bool = typer.Option(False, "--quick", help="Small grid and few calls on the demo model: a smoke run of a few minutes on 2 cores (export + parity gate, then a fresh process per backend)."),
     profile: bool = typer.Option(False, "--profile", help="Also profile the runtime's largest cell per precision (onnxruntime profiler, time by op type)."),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty --out (replacing earlier results)."),
@@ -128,20 +130,33 @@ def bench_command(
 
     kvembed bench --quick --out bench/ | kvembed bench --model DIR --method va --out bench/
     | kvembed bench --artifact ARTIFACT_DIR --backends runtime --out bench/
+    | kvembed bench --scenario benchmarks/scenarios/short-inputs.toml --out bench/
     """
 
     def configure() -> Any:
         from ..bench.runner import PRECISIONS, BenchConfig
         from ..bench.measure import BACKENDS
+        from ..bench.scenario import read_scenario, scenario_values
 
-        config = BenchConfig.create(
-            out, quick=quick, model=model, method=method, options=options, artifact=artifact,
+        if smoke and scenario is None:
+            raise InvalidInput("--smoke runs a scenario's [smoke] size: add --scenario FILE")
+        if scenario is not None and quick:
+            raise InvalidInput("--quick is its own small grid; a scenario has its [smoke] size: drop --quick or --scenario")
+        given = dict(
+            model=model, method=method, options=options or None, artifact=artifact,
             precisions=parse_names("--precision", precision, PRECISIONS),
             batch_sizes=parse_ints("--batch-sizes", batch_sizes), seq_lens=parse_ints("--seq-lens", seq_lens),
             backends=parse_names("--backends", backends, BACKENDS), threads=threads, warmup=warmup,
-            min_repeats=min_repeats, min_seconds=min_seconds, max_repeats=max_repeats, kind=kind, force=force,
+            min_repeats=min_repeats, min_seconds=min_seconds, max_repeats=max_repeats, kind=kind,
             profile=profile or None,
         )
+        base = scenario_values(read_scenario(scenario), smoke) if scenario is not None else {}
+        if artifact is not None or model is not None:  # a model or artifact given here replaces the scenario's
+            for key in ("artifact", "model"):
+                base.pop(key, None)
+        if scenario is not None:
+            base["scenario"] = f"{scenario.stem}{' [smoke]' if smoke else ''}"
+        config = BenchConfig.create(out, quick=quick, force=force, **{**base, **{k: v for k, v in given.items() if v is not None}})
         checked = config.check()
         from ..export.core import check_output
 

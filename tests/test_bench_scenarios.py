@@ -1,0 +1,70 @@
+"""Benchmark scenarios (benchmarks/scenarios/*.toml): each one runs in its smoke size through the
+real command line, as CI runs them so that none rots, and a bad scenario file is one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvembed.cli.main import app
+from serve_util import kvembed_command
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "scenarios").glob("*.toml"))
+runner = CliRunner()
+
+
+def test_the_suite_has_scenarios():
+    assert len(SCENARIOS) >= 2, SCENARIOS
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_every_scenario_runs_in_its_smoke_size(scenario, tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run([*kvembed_command(), "bench", "--scenario", str(scenario), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["setup"]["scenario"] == f"{scenario.stem} [smoke]"
+    cells = results["cells"]
+    assert cells and {c["backend"] for c in cells} == set(results["setup"]["backends"])
+    peak = results["peak"]
+    assert peak is not None and peak["gflops"] > 0
+    for cell in cells:  # how close to this machine's GEMM peak each cell ran, from the probe of this run
+        assert cell["pct_of_peak"] == pytest.approx(100.0 * cell["gflops"] / peak["gflops"])
+        assert cell["p50_ms"] > 0 and cell["peak_rss_mb"] > 0
+    compared = [c for c in cells if c["cosine_vs_torch"] is not None]
+    assert all(c["cosine_vs_torch"] > 0.9999 for c in compared), compared
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model = 3\n", "model must be a string, got 3"),
+    ("batch_sizes = [1, 2]\nrepeats = 4\n", "unknown key repeats"),
+    ("batch_sizes = [0]\n", "--batch-sizes: 0 is not a positive integer"),
+    ("[smoke]\nthreads = true\n", "[smoke]: threads must be an integer, got True"),
+    ("smoke = 1\n", "smoke must be a table"),
+    ("model = \n", "is not TOML"),
+])
+def test_a_bad_scenario_is_one_line_exit_2(text, message, tmp_path):
+    scenario = tmp_path / "bad.toml"
+    scenario.write_text(text)
+    result = runner.invoke(app, ["bench", "--scenario", str(scenario), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_smoke_needs_a_scenario_and_a_missing_file_is_named(tmp_path):
+    result = runner.invoke(app, ["bench", "--smoke", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "--smoke runs a scenario's [smoke] size: add --scenario FILE" in result.output
+    result = runner.invoke(app, ["bench", "--scenario", str(tmp_path / "none.toml"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "no scenario file at" in result.output
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    result = runner.invoke(app, ["bench", "--scenario", str(binary), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "is not TOML" in result.output and "Traceback" not in result.output
