@@ -79,7 +79,11 @@ def test_quick_run_reports_every_cell_consistently(quick_run):
         flops = cell["batch_size"] * (2 * shape["matmul_params"] * n + 4 * shape["attention_width"] * n * n * shape["layers_run"])
         assert cell["flops_per_batch"] == pytest.approx(flops)
         assert cell["gflops"] == pytest.approx(flops / mean / 1e9)
-        assert cell["pct_of_peak"] == pytest.approx(100 * cell["gflops"] / peak)
+        assert cell["pct_of_peak"] == pytest.approx(100 * cell["gflops"] / results["peaks"][cell["peak_of"]]["gflops"])
+        if cell["backend"] == "openvino":  # precision ARTIFACT/HINT: OpenVINO's own probe of that hint
+            assert cell["peak_of"] == ("openvino bf16" if cell["precision"].endswith("bf16") else "openvino f32")
+        else:
+            assert cell["peak_of"] == ("onnxruntime int8" if cell["precision"] == "int8" and cell["backend"] != "torch" else "onnxruntime fp32")
         assert cell["peak_rss_mb"] > 0
     torch = {(c["batch_size"], c["seq_len"]): c for c in cells if c["backend"] == "torch"}
     for cell in cells:
@@ -304,7 +308,13 @@ def test_flop_count_and_gemm_peak():
     # linear 2*1000*(10+20); attention full square 4*8*(10^2 + 20^2) per layer, 3 layers
     assert shape.flops([10, 20]) == 2 * 1000 * 30 + 4 * 8 * (100 + 400) * 3
     peak = gemm_peak(1, size=128, repeats=2, warmup=1)
-    assert peak["gflops"] > 0 and peak["size"] == 128 and peak["threads"] == 1
+    assert peak["gflops"] > 0 and peak["size"] == 128 and peak["threads"] == 1 and peak["probe"] == "onnxruntime fp32"
+    probes = ["onnxruntime int8", *(["openvino bf16", "openvino f32"] if HAS_OPENVINO else [])]
+    for probe in probes:  # each library's own kernel at its own arithmetic
+        measured = gemm_peak(1, size=128, repeats=2, warmup=1, probe=probe)
+        assert measured["gflops"] > 0 and measured["probe"] == probe and "128x128" in measured["how"]
+    with pytest.raises(ValueError, match="unknown GEMM probe 'fp8'"):
+        gemm_peak(1, size=128, probe="fp8")
     a = np.array([[1.0, 0.0], [1.0, 1.0]])
     assert cosine_rows(a, a * 3) == pytest.approx([1.0, 1.0])
 

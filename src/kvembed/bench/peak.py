@@ -1,9 +1,11 @@
-"""How close to the machine's limit a cell runs: this CPU's fp32 GEMM peak and the model's FLOPs.
+"""How close to the machine's limit a cell runs: this CPU's GEMM peak for the arithmetic the cell
+ran, and the model's FLOPs.
 
-The peak is *measured*, not looked up: one large fp32 MatMul in onnxruntime with the same thread
-count the benchmark uses (the best of a few runs). Dividing a cell's achieved FLOP/s by it says
-how much of what onnxruntime's GEMM kernels can do on this machine the embedding graph gets;
-int8 cells may exceed 100% (their kernels are not fp32).
+The peak is *measured*, not looked up: one large MatMul with the same thread count the benchmark
+uses (the best of a few runs), in the library and precision the cell ran (:data:`PROBES`:
+onnxruntime's fp32 MatMul and its int8 MatMulInteger, OpenVINO's MatMul under the bf16 and f32
+hints). Dividing a cell's achieved FLOP/s by it says how much of what those kernels can do on this
+machine the embedding graph gets.
 
 FLOPs of one batch (multiply-add = 2 FLOPs), counting only real (non-padding) tokens:
 
@@ -97,11 +99,78 @@ def weight_gemms_call(
     return matmuls_call(fp32_matmul_weights(model_path), tokens, threads, "weight_gemms")
 
 
-def gemm_peak(threads: int, size: int = 2048, repeats: int = 5, warmup: int = 2) -> dict[str, Any]:
-    """fp32 GFLOP/s of :func:`gemm_call` (best of ``repeats``)."""
+def int8_gemm_call(threads: int, size: int = 2048) -> tuple[Callable[[], Any], float]:
+    """A ``size x size`` uint8 ``@`` int8 onnxruntime MatMulInteger (int32 sums: the integer kernel
+    the dynamic int8 recipes' graphs run) as a no-argument call, and its multiply-add FLOPs."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ..backends.catalogue import BACKENDS
+
+    if size < 1:
+        raise InvalidInput(f"size must be >= 1, got {size}")
+    rng = np.random.default_rng(1)
+    weight = numpy_helper.from_array(rng.integers(-127, 128, (size, size), dtype=np.int8), "w")
+    node = helper.make_node("MatMulInteger", ["x", "w"], ["y"])
+    graph = helper.make_graph([node], "int8_gemm_peak", [helper.make_tensor_value_info("x", TensorProto.UINT8, [size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [size, size])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = min(model.ir_version, 9)
+    options = BACKENDS["onnxruntime"].load().session_options(threads)
+    session = ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
+    feed = {"x": rng.integers(0, 256, (size, size), dtype=np.uint8)}
+    return (lambda: session.run(None, feed)), 2.0 * size ** 3
+
+
+def openvino_gemm_call(threads: int, size: int = 2048, hint: str = "bf16") -> tuple[Callable[[], Any], float]:
+    """A ``size x size`` fp32 MatMul compiled by OpenVINO's CPU plugin under precision hint ``hint``
+    (``bf16``: AMX tiles or AVX-512 BF16 where the CPU has them; ``f32``) with ``threads``
+    inference threads, as a no-argument call, and its FLOPs."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    if size < 1:
+        raise InvalidInput(f"size must be >= 1, got {size}")
+    rng = np.random.default_rng(1)
+    x = ops.parameter([size, size], np.float32, name="x")
+    product = ops.matmul(x, ops.constant(rng.standard_normal((size, size), dtype=np.float32)), False, False)
+    model = ov.Model([product], [x], "openvino_gemm_peak")
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": int(threads)})
+    request = compiled.create_infer_request()
+    feed = {0: rng.standard_normal((size, size), dtype=np.float32)}
+    return (lambda: request.infer(feed)), 2.0 * size ** 3
+
+
+#: the GEMM probes, by what a cell ran: (library, arithmetic) -> (its call, what it is in words)
+PROBES: dict[str, tuple[Callable[..., tuple[Callable[[], Any], float]], str]] = {
+    "onnxruntime fp32": (gemm_call, "onnxruntime fp32 MatMul"),
+    "onnxruntime int8": (int8_gemm_call, "onnxruntime uint8 x int8 MatMulInteger"),
+    "openvino bf16": (lambda threads, size: openvino_gemm_call(threads, size, "bf16"), "OpenVINO MatMul under the bf16 hint"),
+    "openvino f32": (lambda threads, size: openvino_gemm_call(threads, size, "f32"), "OpenVINO MatMul under the f32 hint"),
+}
+
+
+def probe_for(backend: str, precision: str) -> str:
+    """The probe (:data:`PROBES`) of the arithmetic a bench cell ran: its backend (``runtime``,
+    ``torch``, ``openvino``, ``auto``) and precision label (``int8``; ``fp32/bf16`` for the
+    OpenVINO backend: the artifact's precision and the hint that ran; ``fp32/openvino-bf16`` for
+    auto: the target that ran). PyTorch's fp32 reference is held against onnxruntime's fp32 probe;
+    OpenVINO's f16 hint, which no probe measures, against its f32 one."""
+    artifact, _, ran = precision.partition("/")
+    if backend == "openvino" or ran.startswith("openvino-"):
+        return "openvino bf16" if ran.lower().endswith("bf16") else "openvino f32"
+    return "onnxruntime int8" if artifact == "int8" and backend != "torch" else "onnxruntime fp32"
+
+
+def gemm_peak(threads: int, size: int = 2048, repeats: int = 5, warmup: int = 2, probe: str = "onnxruntime fp32") -> dict[str, Any]:
+    """GFLOP/s of one of :data:`PROBES` (default: :func:`gemm_call`, onnxruntime's fp32 MatMul),
+    best of ``repeats``."""
     if repeats < 1:
         raise InvalidInput(f"repeats must be >= 1, got {repeats}")
-    call, flops = gemm_call(threads, size)
+    if probe not in PROBES:
+        raise InvalidInput(f"unknown GEMM probe {probe!r}; one of {', '.join(PROBES)}")
+    make, described = PROBES[probe]
+    call, flops = make(threads, size)
     for _ in range(warmup):
         call()
     times = []
@@ -116,7 +185,8 @@ def gemm_peak(threads: int, size: int = 2048, repeats: int = 5, warmup: int = 2)
         "threads": int(threads),
         "repeats": repeats,
         "best_ms": best * 1e3,
-        "how": f"onnxruntime fp32 MatMul {size}x{size} @ {size}x{size}, best of {repeats}",
+        "probe": probe,
+        "how": f"{described} {size}x{size} @ {size}x{size}, best of {repeats}",
     }
 
 

@@ -140,7 +140,7 @@ def markdown_table(cells: Sequence[Mapping[str, Any]]) -> str:
 def markdown(results: Mapping[str, Any]) -> str:
     """The human-readable report: what ran where, the table, and how to read it."""
     machine, setup, model = results["machine"], results["setup"], results["model"]
-    peak = results.get("peak") or {}
+    peaks = results.get("peaks") or ({"onnxruntime fp32": results["peak"]} if results.get("peak") else {})
     lines = [
         f"# kvembed bench: {setup['method']} on {setup['model']}",
         "",
@@ -149,7 +149,8 @@ def markdown(results: Mapping[str, Any]) -> str:
         f"{machine['date_utc']}",
         f"- model: {model['matmul_params']:,} matmul weights, {model['layers_run']} decoder layers run, "
         f"attention width {model['attention_width']}",
-        "- fp32 GEMM peak: " + (f"{peak['gflops']:.1f} GFLOP/s ({peak['how']})" if peak.get("gflops") else "not measured"),
+        "- GEMM peaks: " + ("; ".join(f"{name} {p['gflops']:.1f} GFLOP/s ({p['how']})" for name, p in peaks.items())
+                            or "not measured"),
         f"- timing per cell: one untimed check call (its output is compared across backends), "
         f"{setup['warmup']} warm-up call(s), then at least {setup['min_repeats']} timed calls and "
         f"{setup['min_seconds']} s of them (at most {setup['max_repeats']} calls)",
@@ -171,7 +172,7 @@ def markdown(results: Mapping[str, Any]) -> str:
         "- seq is the requested tokens per row, prompt and special tokens included; tokens/row is what "
         "was achieved (shorter when the prompt alone is longer, or the tokenizer skips that count).",
         "- GFLOP/s counts useful work (real tokens; attention as the full L x L square); % of peak is "
-        "relative to the fp32 GEMM peak above, so int8 rows can pass 100%.",
+        "relative to the GEMM peak above of the library and arithmetic the row ran (results.json: peak_of).",
         "- Peak RSS is that backend's own process (each backend/precision runs in a fresh process).",
     ]
     for note in results.get("notes", []):

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 from ..artifact import MODEL, Manifest, check_intact, load_manifest
 from ..runtime.artifact import encoder_from_manifest
 from .measure import BACKENDS, Timing, cosine_rows, default_backends
-from .peak import gemm_peak, model_shape
+from .peak import gemm_peak, model_shape, probe_for
 from .report import SCHEMA, machine_info, usable_cores, write_json, write_markdown, write_plots
 from .worker import CellInput, WorkerSpec, run_isolated
 from .workload import Batch, exact_rows, make_batch
@@ -315,8 +315,15 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
             profiles[precision] = {"cell": cell_key(*largest),
                                    **op_breakdown(Path(path) / MODEL, batches[largest].inputs, threads)}
 
-    # 5. cells, comparisons, reports
-    cells = assemble_cells(processes, batches, shape, peak, config.warmup)
+    # 5. the peak of every other arithmetic the cells ran, then cells, comparisons, reports
+    peaks = {"onnxruntime fp32": peak} if peak is not None else {}
+    for probe in sorted({probe_for(p["backend"], p["precision"]) for p in processes} - set(peaks)):
+        progress.stage(f"measuring the {probe} GEMM peak ({config.gemm_size}x{config.gemm_size}, {threads} threads)")
+        try:
+            peaks[probe] = gemm_peak(threads, size=config.gemm_size, probe=probe)
+        except (ImportError, RuntimeError) as err:  # openvino absent or refusing a hint
+            notes.append(f"{probe} GEMM peak not measured ({type(err).__name__}: {err})")
+    cells = assemble_cells(processes, batches, shape, peaks, config.warmup)
     from .report import noisy_note
 
     noisy = noisy_note(cells)
@@ -354,6 +361,7 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
             "source": dict(manifest.source.raw),
         },
         "peak": peak,
+        "peaks": peaks,
         "processes": [{k: v for k, v in p.items() if k != "cells"} for p in processes],
         "workload": {
             str(seq_len): {"lengths": list(rows.lengths), "exact": rows.exact}
@@ -378,11 +386,12 @@ def assemble_cells(
     processes: Sequence[Mapping[str, Any]],
     batches: Mapping[tuple[int, int], Batch],
     shape: Any,
-    peak: Mapping[str, Any] | None,
+    peaks: Mapping[str, Mapping[str, Any]],
     warmup: int,
 ) -> list[dict[str, Any]]:
-    """One JSON-ready dict per cell, with throughput, FLOP efficiency and, for runtime cells,
-    cosine and speedup against the torch cell of the same batch."""
+    """One JSON-ready dict per cell, with throughput, FLOP efficiency against the GEMM peak of the
+    arithmetic it ran (``peaks``: probe -> :func:`~kvembed.bench.peak.gemm_peak`; ``peak_of``
+    names it) and, for runtime cells, cosine and speedup against the torch cell of the same batch."""
     cells: list[dict[str, Any]] = []
     labels: list[str] = []  # the process each cell came from, parallel to cells
     outputs: dict[tuple[str, str], Any] = {}
@@ -395,6 +404,8 @@ def assemble_cells(
             gflops = flops / (timing.mean_ms / 1e3) / 1e9
             summary = timing.to_dict()
             samples = summary.pop("samples_s")
+            probe = probe_for(process["backend"], process["precision"])
+            peak = peaks.get(probe)
             cells.append({
                 "backend": process["backend"],
                 "precision": process["precision"],
@@ -411,6 +422,7 @@ def assemble_cells(
                 "load_rss_mb": process["load_rss_mb"],
                 "flops_per_batch": flops,
                 "gflops": gflops,
+                "peak_of": probe if peak else None,
                 "pct_of_peak": None if not peak else 100.0 * gflops / peak["gflops"],
                 "cosine_vs_torch": None,
                 "speedup_vs_torch": None,
