@@ -40,7 +40,7 @@ every SwiGLU ``down_proj`` fp32 ("smooth-rows-keep-down"), then fall back to per
 every ``down_proj`` fp32 ("smooth-keep-down"). Their error differs from token to token, which is why
 they come after "weights". The other per-tensor recipes ("smooth", which keeps fp32 the MatMuls
 whose inputs hold massive activations, "smooth-keep-wide-down", "plain") stay
-available by name. ``benchmarks/int8_options.py`` measures the alternatives (benchmarks/log/int8.md).
+available by name. ``benchmarks/experiments/int8_options.py`` measures the alternatives (benchmarks/log/int8.md).
 
 Weights are int8 (U8S8, onnxruntime's fast kernel) quantised to 7 bits (``reduce_range``): on
 x86 CPUs without VNNI (AVX2 / AVX-512F only) onnxruntime's U8S8 kernel adds pairs of u8 x s8

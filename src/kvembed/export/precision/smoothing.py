@@ -17,7 +17,7 @@ A MatMul input made any other way (``o_proj``'s, after the attention) is left as
 that anything besides constant-weight MatMuls reads, because then ``X`` itself must not change (a
 method pooling it). ``max|X_j|`` comes from running the fp32 graph on calibration texts.
 
-Measured on SmolLM2-135M (``benchmarks/int8_options.py``): one alpha for all groups did better
+Measured on SmolLM2-135M (``benchmarks/experiments/int8_options.py``): one alpha for all groups did better
 end to end than a per-group alpha chosen by the int8 error it leaves on calibration rows, and
 smoothing ``o_proj``'s input through an inserted Mul gained nothing, so neither is here.
 onnxruntime's own SmoothQuant (``quantize_static(extra_options={"SmoothQuant": True})``) needs

@@ -1,6 +1,6 @@
 """How fast a model's fp32 weight GEMMs run at a few rows, in onnxruntime and in PyTorch.
 
-    python benchmarks/small_m_gemms.py ARTIFACT [--rows 32] [--rounds 20] [--threads 2] [--out DIR]
+    python benchmarks/experiments/small_m_gemms.py ARTIFACT [--rows 32] [--rounds 20] [--threads 2] [--out DIR]
 
 At batch 1 x 32 an embedding call is mostly its weight MatMuls at M = 32 rows. This times, in one
 interleaved loop: the artifact's fp32 weight MatMuls alone in onnxruntime (as goals.py's P1 floor),
@@ -19,7 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from args import positive  # benchmarks/args.py, beside this script
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for args.py
+from args import positive  # noqa: E402
 
 from kvembed.bench.measure import interleaved, time_calls
 from kvembed.bench.peak import fp32_matmul_weights, gemm_call, matmuls_call

@@ -5,7 +5,7 @@ with onnxruntime's own quantizers, and measures against the fp32 graph on the pa
 (12 texts x query/document, one padded batch each, right padding): worst-row cosine, plus
 throughput at batch x tokens, interleaved over rounds (this VM drifts 10-30% minute to minute).
 
-    python benchmarks/int8_options.py ARTIFACT_DIR --out benchmarks/results/int8-options [--rounds 5]
+    python benchmarks/experiments/int8_options.py ARTIFACT_DIR --out benchmarks/results/int8-options [--rounds 5]
 
 Recipes (the exporter's are kvembed.export.precision.convert.INT8_RECIPES, run through its own to_int8):
 - smooth, smooth-keep-down, plain: the exporter's (plain = quantize_dynamic, uint8 weights per channel)

@@ -2,7 +2,7 @@
 paired bootstrap of its difference to a reference band (by default the model's default band), so
 that a small set's noise is shown instead of guessed.
 
-    python benchmarks/sts_bands.py --model gemma3-270m --bands none,6-10,2-6,4-8,8-12,10-14,12-13,12-16,13-17 \
+    python benchmarks/experiments/sts_bands.py --model gemma3-270m --bands none,6-10,2-6,4-8,8-12,10-14,12-13,12-16,13-17 \
         --reference 6-10 --out benchmarks/results/eval/gemma3-bands-sts.json
 
 Each band embeds both sides of every pair once with the PyTorch reference (fp32, the same
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from args import positive
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for args.py
+from args import positive  # noqa: E402
 
 
 def spearman(gold: np.ndarray, predicted: np.ndarray) -> float:

@@ -2,7 +2,7 @@
 in row slices (``Embedder.load(max_call_tokens=rows x S)``), each setting a fresh process, the
 settings interleaved over rounds.
 
-    python benchmarks/call_slices.py ARTIFACT --batch 16 --seq 512 --rows 16,4,2 --rounds 2
+    python benchmarks/experiments/call_slices.py ARTIFACT --batch 16 --seq 512 --rows 16,4,2 --rounds 2
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
 import json, sys, time

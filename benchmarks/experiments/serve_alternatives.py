@@ -1,7 +1,7 @@
 """``kvembed serve`` vs what a user would run instead: llama.cpp's OpenAI-compatible server
 (``python -m llama_cpp.server`` of llama-cpp-python) on the same model, SmolLM2-135M-Instruct.
 
-    python benchmarks/serve_alternatives.py [NAME=DIR ...] --gguf FILE --llama-python PY \\
+    python benchmarks/experiments/serve_alternatives.py [NAME=DIR ...] --gguf FILE --llama-python PY \\
         --out benchmarks/results/serve
 
 llama.cpp serves the Q4_1 GGUF itself (``--embedding true``, 2 threads, pooling forced with
@@ -40,10 +40,10 @@ import httpx
 import numpy as np
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for its harnesses
 from serve_bench import cpu_seconds, drive, make_requests, percentile, random_text  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from serve_util import free_port, stop_process  # noqa: E402
 
 LLAMA = "llama.cpp"

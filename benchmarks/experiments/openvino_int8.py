@@ -1,8 +1,8 @@
 """OpenVINO's own int8 path (NNCF weight compression) against onnxruntime int8 and OpenVINO bf16.
 
     pip install nncf     # not a kvembed dependency: this script only
-    python benchmarks/openvino_int8.py --fp32 ART_FP32 [--int8 ART_INT8] --out DIR            # quality
-    python benchmarks/openvino_int8.py --fp32 ART_FP32 --int8 ART_INT8 --out DIR --time       # + speed
+    python benchmarks/experiments/openvino_int8.py --fp32 ART_FP32 [--int8 ART_INT8] --out DIR            # quality
+    python benchmarks/experiments/openvino_int8.py --fp32 ART_FP32 --int8 ART_INT8 --out DIR --time       # + speed
 
 The fp32 artifact's ``model.onnx`` is read by OpenVINO (attention mended as the runtime mends it:
 :func:`kvembed.backends.openvino.repeat_kv_heads`), its weights compressed by

@@ -1,6 +1,6 @@
 """Where ``kvembed serve``'s start-up time goes: the checks before the bind vs opening the session after it.
 
-    python benchmarks/serve_startup.py ARTIFACT [--rounds 3]
+    python benchmarks/experiments/serve_startup.py ARTIFACT [--rounds 3]
 
 In process: the pre-bind checks (:func:`kvembed.serve.preflight.check_artifact`: manifest, sha256
 of every file, tokenizer, prompt vs cap) split into hashing and the rest, and the loading thread's
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from serve_util import free_port, kvembed_command, stop_process  # noqa: E402
 
 from kvembed.runtime import Embedder  # noqa: E402

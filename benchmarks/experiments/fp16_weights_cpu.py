@@ -14,7 +14,7 @@ This script writes such graphs (``--matmuls`` fp16 weights of ``--dim`` x ``--di
 and opens them in one fresh process per configuration, printing anonymous / resident memory after
 load and after the calls, and the mean time of a call of ``--rows`` rows:
 
-    python benchmarks/fp16_weights_cpu.py --work /tmp/fp16w --rows 16,512 [--openvino]
+    python benchmarks/experiments/fp16_weights_cpu.py --work /tmp/fp16w --rows 16,512 [--openvino]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for its harnesses
 from load_memory import rollup  # noqa: E402
 
 #: configuration -> (graph optimisation level, optimizers disabled, CPU arena and memory pattern on)

@@ -1,6 +1,6 @@
 """CPU per text when a few texts of spread-out lengths run merged (as one Triton or serve batch does).
 
-    python benchmarks/merged_calls.py ARTIFACT [--texts 48] [--threads 1] [--rounds 2]
+    python benchmarks/experiments/merged_calls.py ARTIFACT [--texts 48] [--threads 1] [--rounds 2]
 
 The texts are triton_bench's corpus (3-40 words). Settings, interleaved over rounds in one process:
 one text per call (no padding at all), then all texts through the runtime's planner
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for its harnesses
 from triton_bench import corpus  # noqa: E402
 
 from kvembed.runtime import Embedder  # noqa: E402

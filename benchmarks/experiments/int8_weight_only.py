@@ -1,6 +1,6 @@
 """Weight-only int8 (``--int8-recipe weights``): gate, held-out figure and size per method and block.
 
-    python benchmarks/int8_weight_only.py --models gemma3-270m --blocks 128 64 --out benchmarks/results/int8-weight-only.json
+    python benchmarks/experiments/int8_weight_only.py --models gemma3-270m --blocks 128 64 --out benchmarks/results/int8-weight-only.json
 
 One trace per (model, method), one int8 artifact per block size, each through the exporter's own
 gate (onnxruntime's CPU provider at the accuracy level kvembed pins, ``WEIGHT_ONLY_ACCURACY``).

@@ -5,7 +5,7 @@ onnxruntime-openvino replaces the onnxruntime package, so it lives in a venv of 
 python as --ep-python (that venv needs numpy and tokenizers; kvembed is taken from this checkout).
 Every (backend, round) runs in a fresh process: load, one check call, then timed calls.
 
-    python benchmarks/openvino_ep.py --artifact ART --ep-python /tmp/ortov/bin/python --batch 16 --tokens 128
+    python benchmarks/experiments/openvino_ep.py --artifact ART --ep-python /tmp/ortov/bin/python --batch 16 --tokens 128
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
 import json, sys, time

@@ -1,7 +1,7 @@
 """Attention alone, fused (one opset-23 ``Attention`` node) vs decomposed (opset 18) vs onnxruntime's
 own ``com.microsoft`` MultiHeadAttention, on onnxruntime CPU.
 
-    python benchmarks/attention_forms.py --batch 16 --seq 512 --rounds 3 --threads 2
+    python benchmarks/experiments/attention_forms.py --batch 16 --seq 512 --rounds 3 --threads 2
 
 One grouped-query attention at Qwen3-0.6B's head shape (16 query heads, 8 key/value heads,
 head_dim 128), ``seq`` queries against ``seq + 1`` keys/values (kv-embedding's re-routed prefix
