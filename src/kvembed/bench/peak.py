@@ -150,16 +150,17 @@ PROBES: dict[str, tuple[Callable[..., tuple[Callable[[], Any], float]], str]] = 
 }
 
 
-def probe_for(backend: str, precision: str) -> str:
+def probe_for(backend: str, precision: str, weight_only: bool = False) -> str:
     """The probe (:data:`PROBES`) of the arithmetic a bench cell ran: its backend (``runtime``,
     ``torch``, ``openvino``, ``auto``) and precision label (``int8``; ``fp32/bf16`` for the
     OpenVINO backend: the artifact's precision and the hint that ran; ``fp32/openvino-bf16`` for
     auto: the target that ran). PyTorch's fp32 reference is held against onnxruntime's fp32 probe;
-    OpenVINO's f16 hint, which no probe measures, against its f32 one."""
+    OpenVINO's f16 hint, which no probe measures, against its f32 one; a weight-only int8 graph
+    (``weight_only``), which onnxruntime runs in float32 on the dequantised weights, against the fp32 one."""
     artifact, _, ran = precision.partition("/")
     if backend == "openvino" or ran.startswith("openvino-"):
         return "openvino bf16" if ran.lower().endswith("bf16") else "openvino f32"
-    return "onnxruntime int8" if artifact == "int8" and backend != "torch" else "onnxruntime fp32"
+    return "onnxruntime int8" if artifact == "int8" and backend != "torch" and not weight_only else "onnxruntime fp32"
 
 
 def gemm_peak(threads: int, size: int = 2048, repeats: int = 5, warmup: int = 2, probe: str = "onnxruntime fp32") -> dict[str, Any]:

@@ -317,7 +317,10 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
 
     # 5. the peak of every other arithmetic the cells ran, then cells, comparisons, reports
     peaks = {"onnxruntime fp32": peak} if peak is not None else {}
-    for probe in sorted({probe_for(p["backend"], p["precision"]) for p in processes} - set(peaks)):
+    for process in processes:  # the arithmetic it ran: its backend, precision, and whether the graph is weight-only
+        ran = manifests.get(process["precision"].partition("/")[0])
+        process["probe"] = probe_for(process["backend"], process["precision"], ran is not None and ran.graph.weight_only)
+    for probe in sorted({p["probe"] for p in processes} - set(peaks)):
         progress.stage(f"measuring the {probe} GEMM peak ({config.gemm_size}x{config.gemm_size}, {threads} threads)")
         try:
             peaks[probe] = gemm_peak(threads, size=config.gemm_size, probe=probe)
@@ -404,7 +407,7 @@ def assemble_cells(
             gflops = flops / (timing.mean_ms / 1e3) / 1e9
             summary = timing.to_dict()
             samples = summary.pop("samples_s")
-            probe = probe_for(process["backend"], process["precision"])
+            probe = process["probe"]
             peak = peaks.get(probe)
             cells.append({
                 "backend": process["backend"],
