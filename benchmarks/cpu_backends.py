@@ -62,7 +62,7 @@ def load_backends(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict
         embedders["onnxruntime int8"] = load(args.int8, provider="cpu")
     for label, path in args.auto:
         embedder = load(path)  # provider auto, as Embedder.load(dir) picks for this artifact here
-        embedders[f"{label} ({embedder.backend})"] = embedder
+        embedders[f"{label} ({embedder.target})"] = embedder
     for label, path in args.cpu:
         embedders[f"{label} (onnxruntime-cpu)"] = load(path, provider="cpu")
     for hint in args.ov:

@@ -85,7 +85,7 @@ def main() -> None:
     load_start = os.getloadavg()
     fast = Embedder.load(args.bf16, threads=args.threads, verify=False)
     base = Embedder.load(args.fp32 or args.bf16, provider="cpu", threads=args.threads, verify=False)
-    names = {"bf16": f"bf16 ({fast.backend})", "fp32": f"fp32 ({base.backend})"}
+    names = {"bf16": f"bf16 ({fast.target})", "fp32": f"fp32 ({base.target})"}
     cells: dict[str, Any] = {}
     for name, texts in workloads(base.encoder).items():
         if args.only and name not in args.only:

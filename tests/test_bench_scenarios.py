@@ -68,3 +68,11 @@ def test_smoke_needs_a_scenario_and_a_missing_file_is_named(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00")
     result = runner.invoke(app, ["bench", "--scenario", str(binary), "--out", str(tmp_path / "out")])
     assert result.exit_code == 2 and "is not TOML" in result.output and "Traceback" not in result.output
+
+
+def test_an_artifact_given_beside_a_scenario_replaces_its_model_method_and_precisions(tmp_path):
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('model = "smollm2-135m"\nmethod = "last-token"\nprecisions = ["fp32", "int8"]\nbatch_sizes = [0]\n')
+    result = runner.invoke(app, ["bench", "--scenario", str(scenario), "--artifact", str(tmp_path / "none"), "--out", str(tmp_path / "out")])
+    # past the scenario's model and method (no "an artifact fixes its model" refusal): its own values are checked
+    assert result.exit_code == 2 and "--batch-sizes: 0 is not a positive integer" in result.output, result.output

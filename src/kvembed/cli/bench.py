@@ -151,9 +151,10 @@ def bench_command(
             profile=profile or None,
         )
         base = scenario_values(read_scenario(scenario), smoke) if scenario is not None else {}
-        if artifact is not None or model is not None:  # a model or artifact given here replaces the scenario's
-            for key in ("artifact", "model"):
-                base.pop(key, None)
+        # an artifact given here fixes what the scenario's model, method and precisions said; a model replaces its artifact
+        for key in (("artifact", "model", "method", "options", "precisions") if artifact is not None else
+                    ("artifact", "model") if model is not None else ()):
+            base.pop(key, None)
         if scenario is not None:
             base["scenario"] = f"{scenario.stem}{' [smoke]' if smoke else ''}"
         config = BenchConfig.create(out, quick=quick, force=force, **{**base, **{k: v for k, v in given.items() if v is not None}})
