@@ -112,3 +112,15 @@ def test_session_memory_reads_the_backend_factor(artifact):
     graph = sum(p.stat().st_size for p in Path(artifact).iterdir() if p.name.startswith("model.onnx"))
     assert catalogue.session_memory(artifact, "cpu") == int(graph * 1.0 + catalogue.SESSION_OVERHEAD)
     assert catalogue.session_memory(artifact, "openvino") == int(graph * 2.5 + catalogue.SESSION_OVERHEAD)
+
+
+def test_the_choice_names_the_target_that_ran(artifact):
+    """``Choice.target`` is what the session reports it runs, the hint given by keyword included;
+    ``Embedder.backend`` still answers, with a deprecation warning."""
+    cpu = Embedder.load(artifact, provider="cpu")
+    assert cpu.choice.target == cpu.target == "onnxruntime-cpu"
+    with pytest.warns(DeprecationWarning, match="use Embedder.target"):
+        assert cpu.backend == "onnxruntime-cpu"
+    if catalogue.BACKENDS["openvino"].probe() is None:
+        asked = Embedder.load(artifact, provider="openvino", ov_precision="f32", ov_cache_dir=False)
+        assert asked.choice.target == asked.target == "openvino-f32"

@@ -49,6 +49,8 @@ def test_every_scenario_runs_in_its_smoke_size(scenario, tmp_path):
     ("[smoke]\nthreads = true\n", "[smoke]: threads must be an integer, got True"),
     ("smoke = 1\n", "smoke must be a table"),
     ("model = \n", "is not TOML"),
+    ("gemm_size = 0\n", "gemm_size must be a positive integer"),
+    (f"model = \"{'a' * 5000}\"\n", "(5000 characters) is not a model folder, alias or hub id"),
 ])
 def test_a_bad_scenario_is_one_line_exit_2(text, message, tmp_path):
     scenario = tmp_path / "bad.toml"

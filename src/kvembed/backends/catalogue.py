@@ -323,6 +323,8 @@ def open_artifact(manifest: Manifest, provider: str = "auto", options: Any = Non
     path = manifest.artifact_directory()
     choice = choose_backend(path, provider, manifest, options)
     built = backend_options(choice, options, **flat)
+    if choice.backend == "openvino" and built.precision != choice.ov_precision:  # the hint asked for: the choice's target
+        choice = dataclasses.replace(choice, ov_precision=built.precision)
     if verify:
         verify_files(manifest, choice.backend)
     with waiting(f"opening the graph of {path} on {choice.target}"):

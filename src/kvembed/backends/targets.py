@@ -1,6 +1,6 @@
 """Targets: the one runtime unit. A *target* is a backend of the catalogue with one setting
 (onnxruntime's execution provider, OpenVINO's precision hint), e.g. ``openvino-bf16``, or ONNX's
-reference evaluator; what ``Embedder.backend`` says ran, what a certificate names, what
+reference evaluator; what ``Embedder.target`` says ran, what a certificate names, what
 ``kvembed verify --backends`` and the parity gate run a graph on.
 
 The runtime's *provider* names (``Embedder.load(provider=...)``, every ``--provider``) are aliases

@@ -116,6 +116,8 @@ class BenchConfig:
             raise InvalidInput(f"max_repeats ({self.max_repeats}) must be >= --min-repeats ({self.min_repeats})")
         if self.min_seconds < 0:
             raise InvalidInput(f"--min-seconds must be >= 0, got {self.min_seconds}")
+        if isinstance(self.gemm_size, bool) or not isinstance(self.gemm_size, int) or self.gemm_size < 1:
+            raise InvalidInput(f"gemm_size must be a positive integer (the side of the GEMM probe), got {self.gemm_size!r}")
         if self.kind not in ("query", "document"):
             raise InvalidInput(f"--kind must be query or document, got {self.kind!r}")
         if self.artifact is not None:

@@ -104,9 +104,16 @@ def cached_snapshot(hub_id: str, revision: str | None = None) -> str | None:
     return str(Path(found).parent) if isinstance(found, str) else None
 
 
+#: the longest model argument looked up: longer is no folder (PATH_MAX), alias or hub id
+MAX_MODEL_TEXT = 4096
+
+
 def locate_model(model: str | os.PathLike[str], revision: str | None = None) -> ModelSource:
     """Resolve what a user typed to a :class:`ModelSource`, failing within seconds when nothing is there."""
     text = str(model)
+    if len(text) > MAX_MODEL_TEXT or "\x00" in text:  # no path, alias or hub id is (the OS refuses it mid-check)
+        shown = f"{text[:60]!r}..." if len(text) > 60 else repr(text)
+        raise ModelNotFound(f"{shown} ({len(text)} characters) is not a model folder, alias or hub id; {_HOW_TO}")
     from .packaged import ensure_packaged
 
     ensure_packaged(text)  # a multi-part packaged GGUF: joined into the cache once

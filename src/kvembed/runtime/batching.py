@@ -27,7 +27,6 @@ CPU_CALL_TOKENS = 2048
 SERVICE_BATCH_TOKENS = 16384
 
 
-
 def policy_defaults(target: str) -> tuple[int | None, int | None]:
     """``(max_call_tokens, call_cost)`` a session of ``target`` is run under unless told otherwise:
     :data:`CPU_CALL_TOKENS` and the target's call cost on the CPU (a target the registry does not
