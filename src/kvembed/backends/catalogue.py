@@ -182,8 +182,9 @@ def target_of(backend: str, provider: str, ov_precision: str | None = None) -> s
         if provider == "auto":
             return CUDA if BACKENDS[backend].probe("cuda") is None else CPU
         return f"{backend}-{provider}"
-    if backend == "openvino":
-        return openvino_target(BACKENDS[backend].load().hint_for(ov_precision))
+    if backend == "openvino":  # a hint OpenVINO has no target for is the session's to refuse, with its own message
+        hint = BACKENDS[backend].load().hint_for(ov_precision)
+        return openvino_target(hint) if f"openvino-{hint}" in TARGETS else backend
     return next((t.name for t in TARGETS.values() if t.backend == backend), backend)
 
 
