@@ -115,6 +115,14 @@ def test_fields_a_newer_exporter_adds_are_kept(stories_artifact, tmp_path):
     (lambda m: m["files"].update({"model.onnx": {"sha256": "ab"}}), r"files\['model\.onnx'\]: bytes must be int"),
     (lambda m: m.update(outputs=[{"name": "embedding"}]), r"outputs\[0\]: shape must be list"),
     (lambda m: m.update(schema_version=SCHEMA_VERSION + 1), r"newer than this kvembed reads .* upgrade kvembed"),
+    # the export's report is read typed too: a hostile one is one line, not a KeyError later
+    (lambda m: m.update(parity={}), r"parity is empty: no parity gate ran on this artifact"),
+    (lambda m: m.update(parity=[1]), r"kvembed\.json: parity must be an object"),
+    (lambda m: m["parity"].pop("worst_cosine"), r"kvembed\.json: parity: worst_cosine must be float or int, got None"),
+    (lambda m: m["parity"].update(passed="yes"), r"kvembed\.json: parity: passed must be bool, got 'yes'"),
+    (lambda m: m["parity"].update(gates={"x": {"passed": True}}), r"parity: gates\['x'\]: precision must be str"),
+    (lambda m: m["parity"].update(advisory={"openvino-bf16": 3}), r"parity: advisory\['openvino-bf16'\] must be an object"),
+    (lambda m: m["parity"].update(timings={"trace": "long"}), r"parity: timings\['trace'\] must be a number of seconds"),
 ])
 def test_a_missing_or_malformed_field_is_named(stories_artifact, tmp_path, change, message):
     artifact = _copy(stories_artifact("kv-embedding"), tmp_path)
@@ -206,3 +214,23 @@ def test_an_atomic_file_write_that_fails_leaves_the_earlier_file_and_no_partial(
     with pytest.raises(OSError, match="disk full"):
         write_bytes_atomic(target, b"later")
     assert target.read_bytes() == b"earlier" and _leftovers(tmp_path) == []
+
+
+def test_the_export_report_is_typed_and_writes_back_as_read(stories_artifact, tmp_path):
+    """The manifest's ``parity`` is the export's typed report: the gate's figures, the target it ran
+    on, the held-out record and each stage's seconds; written back it is the JSON that was read,
+    keys a newer exporter added included, and a changed field is written over the rest."""
+    import dataclasses
+
+    artifact = _copy(stories_artifact("kv-embedding"), tmp_path)
+    on_disk = _rewrite(artifact, lambda m: m["parity"].update(future_key={"kept": True}))
+    report = load_manifest(artifact).parity
+    assert report.passed is on_disk["parity"]["passed"] is True
+    assert report.gate.worst_cosine == on_disk["parity"]["worst_cosine"] and report.target == on_disk["parity"]["backend"]
+    assert report.held_out.worst_cosine == on_disk["parity"]["held_out"]["worst_cosine"]
+    assert set(report.timings) >= {"trace", "parity", "write"} and all(s >= 0 for s in report.timings.values())
+    assert report.to_dict() == on_disk["parity"]
+    failed = dataclasses.replace(report, gate=dataclasses.replace(report.gate, passed=False))
+    written = failed.to_dict()
+    assert written["passed"] is False and written["future_key"] == {"kept": True}
+    assert written["held_out"] == on_disk["parity"]["held_out"]  # the record's own figures, not only the typed ones

@@ -126,7 +126,7 @@ def test_the_json_form_is_what_was_read_with_what_was_changed(stories_artifact, 
     on_disk = json.loads((artifact / MANIFEST).read_text())
     manifest = load_manifest(artifact)
     assert manifest.to_dict() == on_disk and list(manifest.to_dict()) == list(on_disk)
-    changed = dataclasses.replace(manifest, dim=7, held_out=HeldOut(0.5, 3, 2, False))
+    changed = dataclasses.replace(manifest, dim=7, parity=dataclasses.replace(manifest.parity, held_out=HeldOut(0.5, 3, 2, False)))
     out = tmp_path / "written"
     out.mkdir()
     changed.write(out)
@@ -135,7 +135,7 @@ def test_the_json_form_is_what_was_read_with_what_was_changed(stories_artifact, 
     unchanged = {key: value for key, value in on_disk.items() if key not in ("dim", "parity")}
     assert {key: value for key, value in written.items() if key not in ("dim", "parity")} == unchanged
     reread = load_manifest(out)
-    assert reread.dim == 7 and reread.held_out == changed.held_out and reread.source == manifest.source
+    assert reread.dim == 7 and reread.parity.held_out == changed.parity.held_out and reread.source == manifest.source
 
 
 def test_a_manifest_built_in_code_writes_every_field(stories_artifact, tmp_path):

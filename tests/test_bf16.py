@@ -48,7 +48,7 @@ def test_bf16_export_keeps_the_fp32_graph_and_certifies_both_gates(bf16, fp32):
     floats = {t.data_type for t in graph.graph.initializer if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
                                                                               onnx.TensorProto.BFLOAT16)}
     assert floats == {onnx.TensorProto.FLOAT}
-    assert manifest.parity["backend"] == "openvino-bf16" and manifest.parity["min_cosine_required"] == 0.999
+    assert manifest.parity.target == "openvino-bf16" and manifest.parity.gate.min_cosine_required == 0.999
     by_target = {c.target: c for c in manifest.certified}
     assert set(by_target) == {"openvino-bf16", "onnxruntime-cpu"}
     ov, ort = by_target["openvino-bf16"], by_target["onnxruntime-cpu"]

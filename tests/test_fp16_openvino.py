@@ -82,13 +82,14 @@ def test_the_export_certifies_the_alternative_this_cpu_runs_fastest_and_auto_tak
     ov = manifest.certificate("openvino", {"f16": "fp16", "bf16": "bf16"}[hint], bar="fp16")
     assert ov is not None and ov.target == f"openvino-{hint}" and ov.raw["graph"] == "model.onnx"
     assert ov.min_cosine == 0.999 and 0.999 <= ov.worst_cosine <= 1.0
-    advisory = manifest.parity["advisory"]
-    assert advisory[f"openvino-{hint}"]["worst_cosine"] == ov.worst_cosine
-    assert advisory[f"openvino-{hint}"]["held_out"]["backend"] == f"openvino-{hint}"
+    advisory = manifest.parity.advisory
+    assert advisory[f"openvino-{hint}"].report.worst_cosine == ov.worst_cosine
+    assert advisory[f"openvino-{hint}"].held_out.backend == f"openvino-{hint}"
     # chosen because it passed, so held to the bar on text the choice never saw as well
-    assert advisory[f"openvino-{hint}"]["held_out"]["decides"] is True and list(ov.decided_by) == ["gate", "held_out"]
+    assert advisory[f"openvino-{hint}"].held_out.decides is True and list(ov.decided_by) == ["gate", "held_out"]
     assert ov.decided_by["held_out"]["worst_cosine"] >= 0.999
-    assert advisory[f"openvino-{other}"] == {"skipped": f"not needed: openvino-{hint} certified"}  # the first passed: no second pass
+    assert advisory[f"openvino-{other}"].skipped == f"not needed: openvino-{hint} certified"
+    assert load_manifest(fp16).raw["parity"]["advisory"][f"openvino-{other}"] == {"skipped": f"not needed: openvino-{hint} certified"}  # the first passed: no second pass
     fast = Embedder.load(fp16, ov_cache_dir=False)
     assert fast.target == f"openvino-{hint}" and "fp16 artifact certified on OpenVINO" in fast.choice.reason
     assert_close_to_oracle(fast, oracle)
@@ -282,14 +283,12 @@ def test_a_bf16_graph_that_cannot_be_written_is_a_clear_error(tmp_path, monkeypa
 def test_the_export_summary_says_an_alternative_refused_by_the_held_out_texts_is_not_certified(fp16):
     """The summary line of an advisory check follows the held-out verdict too, not the gate's alone."""
     from kvembed.cli.export import advisory_line
-    from kvembed.export.gate.parity import ParityReport
-
-    advisory = load_manifest(fp16).parity["advisory"]
-    ran = [(t, a) for t, a in advisory.items() if "skipped" not in a]
+    advisory = load_manifest(fp16).parity.advisory
+    ran = [(t, a) for t, a in advisory.items() if a.report is not None]
     if not ran:
         pytest.skip("no OpenVINO alternative ran on this CPU")
     target, record = ran[0]
-    report = ParityReport.from_dict(record)
+    report = record.report
     assert report.passed and "certified: auto runs it" in advisory_line(target, report, "model.onnx")
     refused = advisory_line(target, report, "model.onnx", held_out_missed=0.99884)
     assert "below the bar on the held-out texts[/] (0.99884): not certified" in refused and "auto runs it" not in refused

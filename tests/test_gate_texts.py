@@ -106,12 +106,12 @@ def test_a_real_export_records_the_held_out_worst_cosine(int8, oracle):
     from kvembed.runtime import Embedder
 
     manifest = load_manifest(int8)
-    held = manifest.held_out
+    held = manifest.parity.held_out
     assert held is not None and held.backend == "onnxruntime-cpu"
     assert held.texts == len(DECIDING_HELD_OUT_TEXTS) and held.rows == len(DECIDING_HELD_OUT_TEXTS)
-    record = manifest.parity["held_out"]
-    assert record["decides"] is True and record["min_cosine_required"] == 0.99  # int8's held-out texts decide too
-    assert manifest.parity["texts"] == len(GATE_TEXTS) and record["worst_row"]["text"] in DECIDING_HELD_OUT_TEXTS
+    record = manifest.raw["parity"]["held_out"]  # the record keeps the figures beside the verdict
+    assert held.decides is True and record["min_cosine_required"] == 0.99  # int8's held-out texts decide too
+    assert manifest.parity.gate.texts == len(GATE_TEXTS) and record["worst_row"]["text"] in DECIDING_HELD_OUT_TEXTS
     embedder, reference = Embedder.load(int8, provider="cpu"), oracle("stories260k")
     assert manifest.method.layers == (1, 2, 3)  # the oracle is told the layer band the export resolved
     worst = 1.0
@@ -129,9 +129,9 @@ def test_a_real_export_records_the_held_out_worst_cosine(int8, oracle):
 def test_a_manifest_without_the_held_out_figure_still_loads(int8, tmp_path):
     data = json.loads((int8 / "kvembed.json").read_text(encoding="utf-8"))
     del data["parity"]["held_out"]
-    assert Manifest.from_dict(data).held_out is None
+    assert Manifest.from_dict(data).parity.held_out is None
     data["parity"]["held_out"] = {"worst_cosine": "high", "rows": 1, "texts": 1, "meets_bar": True}
-    with pytest.raises(InvalidInput, match="parity.held_out: worst_cosine"):
+    with pytest.raises(InvalidInput, match="parity: held_out: worst_cosine"):
         Manifest.from_dict(data)
 
 
@@ -144,10 +144,10 @@ def test_export_prints_the_held_out_figure(tmp_path):
     result = CliRunner().invoke(app, ["export", "--model", "stories260k", "--method", "mean", "--out", str(out),
                                       "--max-length", "64"])
     assert result.exit_code == 0, result.output
-    held = load_manifest(out).held_out
+    held = load_manifest(out).parity.held_out
     printed = " ".join(result.output.split())
     assert f"held out: worst cosine {held.worst_cosine:.7f} over {held.rows} rows of {held.texts} texts" in printed
-    longest = load_manifest(out).parity["longest_tokens"]
+    longest = load_manifest(out).parity.gate.longest_tokens
     assert f"gate lengths: inputs up to {longest} tokens (prompt included) of max_length 64" in printed and 0 < longest <= 64
     assert "sliding window" not in printed  # the demo model has none
     shutil.rmtree(out)

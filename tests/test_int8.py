@@ -180,7 +180,7 @@ def test_the_exporter_falls_back_to_the_next_recipe_that_passes(tmp_path):
     assert [t["stopped_early"] for t in tried] == [True, False]
     assert alone.value.report.worst_cosine <= tried[0]["worst_cosine"]
     assert not result.parity.stopped_early and result.parity.batches == planned
-    assert conversion["recipe"] == "weights" and result.manifest.held_out.worst_cosine >= 0.99
+    assert conversion["recipe"] == "weights" and result.report.held_out.worst_cosine >= 0.99
 
 
 def test_int8_weights_are_signed_seven_bit(fp32, tmp_path):

@@ -89,7 +89,7 @@ def test_the_next_recipe_is_tried_and_the_certificate_names_both_text_sets(expor
     assert tried[0]["worst_cosine"] >= 0.99 > tried[0]["held_out_worst_cosine"]
     assert conversion["recipe"] == "weights"
     manifest = load_manifest(result.path)
-    held = manifest.held_out
+    held = manifest.parity.held_out
     assert held is not None and held.decides and held.meets_bar and held.worst_cosine >= 0.99
     certificates = [Certificate.from_dict(c) for c in result.manifest.raw["certified"]]
     # an advisory OpenVINO certificate, where this CPU runs one, was decided by both sets too
@@ -113,7 +113,7 @@ def test_verify_says_which_texts_decided(exported):
     assert run.exit_code == 0, run.output
     # the gate's target (an advisory OpenVINO check, where this CPU runs one, prints its own line)
     [line] = [line for line in run.output.splitlines() if line.startswith("onnxruntime-cpu decided by")]
-    held = load_manifest(result.path).held_out
+    held = load_manifest(result.path).parity.held_out
     assert f"{len(GATE_TEXTS)} gate texts" in line and f"{len(DECIDING_HELD_OUT_TEXTS)} held-out texts" in line
     # the same graph, the same texts: the figures of the export
     assert f"{held.worst_cosine:.5f}" in line and f"{result.parity.worst_cosine:.5f}" in line
@@ -121,7 +121,7 @@ def test_verify_says_which_texts_decided(exported):
 
 def test_other_precisions_are_decided_by_the_gate_texts_alone(stories_artifact):
     manifest = load_manifest(stories_artifact("kv-embedding"))
-    assert manifest.held_out is not None and not manifest.held_out.decides
+    assert manifest.parity.held_out is not None and not manifest.parity.held_out.decides
     [certificate] = manifest.certified
     assert list(certificate.decided_by) == ["gate"]
-    assert np.isclose(certificate.decided_by["gate"]["worst_cosine"], manifest.parity["worst_cosine"])
+    assert np.isclose(certificate.decided_by["gate"]["worst_cosine"], manifest.parity.gate.worst_cosine)

@@ -76,11 +76,11 @@ def test_the_advisory_check_certifies_openvino_and_auto_takes_it(int8, oracle):
     assert ov is not None and ov.raw["graph"] == "model.openvino.onnx" and ov.hint == "bf16"
     assert ov.min_cosine == 0.99 and 0.99 <= ov.worst_cosine < 1.0
     assert manifest.certificate("openvino", "bf16") is None  # int8's bar, not bf16's: never taken as a bf16 pass
-    advisory = manifest.parity["advisory"]["openvino-bf16"]
-    assert advisory["graph"] == "model.openvino.onnx" and advisory["worst_cosine"] == ov.worst_cosine
+    advisory = manifest.parity.advisory["openvino-bf16"]
+    assert advisory.graph == "model.openvino.onnx" and advisory.report.worst_cosine == ov.worst_cosine
     # the held-out slice ran on what the certificate covers, not only on onnxruntime
-    assert advisory["held_out"]["backend"] == "openvino-bf16" and advisory["held_out"]["rows"] > 0
-    assert ov.raw["held_out_worst_cosine"] == advisory["held_out"]["worst_cosine"] != manifest.held_out.worst_cosine
+    assert advisory.held_out.backend == "openvino-bf16" and advisory.held_out.rows > 0
+    assert ov.raw["held_out_worst_cosine"] == advisory.held_out.worst_cosine != manifest.parity.held_out.worst_cosine
     fast = Embedder.load(int8)
     assert fast.target == "openvino-bf16" and "int8 artifact certified on OpenVINO" in fast.choice.reason
     assert fast.session.model_path.name == "model.openvino.onnx"
@@ -127,9 +127,9 @@ def test_exported_where_bf16_cannot_run_then_recorded_by_verify(traces, tmp_path
         torch.set_num_threads(threads)
     manifest = load_manifest(out)
     assert manifest.passed and [c.target for c in manifest.certified] == ["onnxruntime-cpu"]
-    assert "no BF16" in manifest.parity["advisory"]["openvino-bf16"]["skipped"]
+    assert "no BF16" in manifest.parity.advisory["openvino-bf16"].skipped
     # OpenVINO f32 is not offered a dynamic recipe: onnxruntime's integer kernels are the faster path
-    assert "dynamic int8 recipe" in manifest.parity["advisory"]["openvino-f32"]["skipped"]
+    assert "dynamic int8 recipe" in manifest.parity.advisory["openvino-f32"].skipped
     monkeypatch.delenv("KVEMBED_CPU_FEATURES")
     assert Embedder.load(out).target == "onnxruntime-cpu"
 

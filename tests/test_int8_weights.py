@@ -195,7 +195,7 @@ def test_on_a_cpu_without_bf16_openvino_f32_is_certified_and_auto_takes_it(trace
     monkeypatch.setenv("KVEMBED_CPU_FEATURES", NO_BF16)
     out = traces.get("stories260k", "kv-embedding").write(tmp_path / "w8", "int8", int8_recipe="weights").path
     manifest = load_manifest(out)
-    assert "no BF16" in manifest.parity["advisory"]["openvino-bf16"]["skipped"]
+    assert "no BF16" in manifest.parity.advisory["openvino-bf16"].skipped
     assert [c.target for c in manifest.certified] == ["onnxruntime-cpu", "openvino-f32"]
     certificate = manifest.certificate("openvino", "fp32", bar="int8")
     assert certificate is not None and certificate.raw["graph"] == "model.onnx" and certificate.min_cosine == 0.99

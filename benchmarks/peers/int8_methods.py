@@ -62,15 +62,15 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             manifest = load_manifest(paths["int8"])
             conversion = manifest.raw["graph"]["precision_conversion"]
-            held = manifest.held_out
+            held = manifest.parity.held_out
             exports.append({"model": model, "method": method, "recipe": conversion["recipe"],
                             "tried": [t["recipe"] for t in conversion["recipes_tried"]],
-                            "gate_worst": manifest.parity["worst_cosine"],
+                            "gate_worst": manifest.parity.gate.worst_cosine,
                             "held_out_worst": held.worst_cosine if held is not None else None})
-            figures[f"{name} gate worst cos"] = figure(round(manifest.parity["worst_cosine"], 5), "cosine")
+            figures[f"{name} gate worst cos"] = figure(round(manifest.parity.gate.worst_cosine, 5), "cosine")
             if held is not None:
                 figures[f"{name} held-out worst cos"] = figure(round(held.worst_cosine, 5), "cosine")
-            print(f"{name}: recipe {conversion['recipe']}, gate {manifest.parity['worst_cosine']:.5f}, held-out "
+            print(f"{name}: recipe {conversion['recipe']}, gate {manifest.parity.gate.worst_cosine:.5f}, held-out "
                   f"{held.worst_cosine if held is not None else float('nan'):.5f}", flush=True)
             more, ran = compare(paths["fp32"], [("int8", paths["int8"])], args.providers, args.seeds, prefix=f"{name} ")
             figures.update(more)

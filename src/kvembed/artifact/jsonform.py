@@ -13,6 +13,8 @@ import json
 from dataclasses import fields, is_dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from ..errors import InvalidInput
+
 #: a JSON key, or the path of keys to a nested one (``("attention", "form")``)
 Key = str | tuple[str, ...]
 
@@ -56,3 +58,16 @@ def field_keys(record_type: type, *, renamed: Mapping[str, Key] | None = None, w
     assert is_dataclass(record_type)
     renamed = renamed or {}
     return {f.name: renamed.get(f.name, f.name) for f in fields(record_type) if f.name not in without}
+
+
+def checked_field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, optional: bool = False) -> Any:
+    """``data[key]`` if it is of ``kind`` (or null when ``optional``), else an InvalidInput naming it:
+    a hostile or damaged record is one line, not a KeyError or TypeError later."""
+    value = data.get(key)
+    if value is None and optional:
+        return None
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise InvalidInput(f"{where}: {key} must be {'null or ' if optional else ''}{names}, got {value!r}")
+    return value

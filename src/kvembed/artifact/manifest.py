@@ -22,7 +22,8 @@ from typing import Any, Mapping
 from ..methods.spec import ResolvedMethod
 from .certificates import Certificate, certificates_of
 from .ranges import VectorRange, vector_ranges_of
-from .jsonform import field_keys, json_value, over_raw
+from .report import ExportReport
+from .jsonform import checked_field as _field, field_keys, json_value, over_raw
 from .layout import ARTIFACT_FILES, MANIFEST, MODEL, name_problem
 from .staging import write_text_atomic
 from ..errors import InvalidInput, shown
@@ -61,18 +62,6 @@ def _plain(name: Any, what: str) -> None:
     if problem is not None:
         raise InvalidInput(f"{what} {problem}: an artifact lists only plain file names in its own folder; "
                            "this one was not written by kvembed-export")
-
-
-def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, optional: bool = False) -> Any:
-    """``data[key]`` if it is of ``kind`` (or null when ``optional``), else a ValueError naming it."""
-    value = data.get(key)
-    if value is None and optional:
-        return None
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        names = " or ".join(k.__name__ for k in kinds)
-        raise InvalidInput(f"{where}: {key} must be {'null or ' if optional else ''}{names}, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -217,32 +206,6 @@ class GraphFacts:
         return over_raw(self, keys, lambda d: GraphFacts.from_dict(d, "graph"), skip_none=("attention_form", "decoder_layers"))
 
 
-@dataclass(frozen=True)
-class HeldOut:
-    """The parity record's ``held_out``: the graph against PyTorch on texts that neither the int8
-    calibration nor the gate's own texts hold, run on ``backend``. Beside the gate's worst cosine
-    (``meets_bar``: whether it met the gate's bar); ``decides``: whether it was part of the verdict
-    (int8) or a figure only; None in manifests from before it was measured."""
-
-    worst_cosine: float
-    rows: int
-    texts: int
-    meets_bar: bool
-    backend: str | None = None
-    decides: bool = False
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str) -> "HeldOut":
-        if not isinstance(data, Mapping):
-            raise InvalidInput(f"{where} must be an object, got {data!r}")
-        return cls(float(_field(data, "worst_cosine", (float, int), where)), _field(data, "rows", int, where),
-                   _field(data, "texts", int, where), _field(data, "meets_bar", bool, where),
-                   _field(data, "backend", str, where, optional=True), bool(_field(data, "decides", bool, where, optional=True)))
-
-    def to_dict(self) -> dict[str, Any]:
-        return over_raw(self, field_keys(HeldOut), lambda d: HeldOut.from_dict(d, "held_out"), skip_none=("backend",))
-
-
 def _method(data: Any, where: str) -> ResolvedMethod:
     if not isinstance(data, Mapping):
         raise InvalidInput(f"{where} must be an object, got {data!r}")
@@ -275,8 +238,9 @@ class Manifest:
     outputs: tuple[TensorSpec, ...]
     graph: GraphFacts
     files: Mapping[str, FileRecord]
-    #: the parity gate's report (``passed``, ``worst_cosine``, ... and ``also`` per extra output)
-    parity: Mapping[str, Any]
+    #: the export's report (:class:`~.report.ExportReport`): the parity gate's, typed; None (``{}``
+    #: in the JSON) only in the exporter's draft, before its gate ran: an artifact on disk has one
+    parity: ExportReport | None
     created: str | None = None
     #: ``--layers auto``: the intrinsic-dimension curve and the set it chose
     layer_selection: Mapping[str, Any] | None = None
@@ -287,8 +251,6 @@ class Manifest:
     certified: tuple[Certificate, ...] = ()
     #: top-level fields this kvembed does not know (a newer exporter's), kept as they are
     extra: Mapping[str, Any] = field(default_factory=dict)
-    #: the parity record's held-out figure (:class:`HeldOut`), None before it was measured
-    held_out: HeldOut | None = None
     #: backend -> the graph file it runs where that is not ``model.onnx`` (:data:`~.layout.OPENVINO_MODEL`)
     graphs: Mapping[str, str] = field(default_factory=dict)
     #: output name -> its vectors' per-dimension ranges (:mod:`.ranges`); none before they were measured
@@ -323,8 +285,6 @@ class Manifest:
         files = _field(data, "files", dict, where)
         also = _field(data, "also", dict, where, optional=True) or {}
         context = data.get("context_encoder")
-        parity = _field(data, "parity", dict, where)
-        held_out = parity.get("held_out")
         graphs = _field(data, "graphs", dict, where, optional=True) or {}
         for name in files:
             _plain(name, f"{where}: files entry {shown(name)}")
@@ -350,14 +310,13 @@ class Manifest:
             outputs=outputs,
             graph=GraphFacts.from_dict(data["graph"], f"{where}: graph"),
             files={name: FileRecord.from_dict(record, f"{where}: files[{name!r}]") for name, record in files.items()},
-            parity=parity,
+            parity=None if data["parity"] == {} else ExportReport.from_dict(data["parity"], f"{where}: parity"),
             created=data.get("created", DEFAULTS["created"]),
             layer_selection=data.get("layer_selection", DEFAULTS["layer_selection"]),
             context_encoder=None if not context else ContextEncoder.from_dict(context, f"{where}: context_encoder"),
             also={label: _method(method, f"{where}: also[{label!r}]") for label, method in also.items()},
             certified=certificates_of(data.get("certified"), f"{where}: certified"),
             extra={key: value for key, value in data.items() if key not in KNOWN_KEYS},
-            held_out=None if held_out is None else HeldOut.from_dict(held_out, f"{where}: parity.held_out"),
             graphs=dict(graphs),
             vector_ranges=vector_ranges_of(data.get("vector_ranges"), f"{where}: vector_ranges", outputs),
             raw=data,
@@ -372,16 +331,10 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (a copy: the writer's to change): as read, with the fields changed since;
         a manifest built in code, from its fields."""
-        out = over_raw(self, field_keys(Manifest, without=("raw", "extra", "directory", "held_out")), Manifest.from_dict)
+        out = over_raw(self, field_keys(Manifest, without=("raw", "extra", "directory")), Manifest.from_dict)
         for key in [key for key in out if key not in KNOWN_KEYS and key not in self.extra]:
             del out[key]
         out.update(json_value(self.extra))
-        written = out["parity"].get("held_out")  # the parity record's own, richer than HeldOut, unless it was changed
-        if self.held_out != (None if written is None else HeldOut.from_dict(written, "parity.held_out")):
-            if self.held_out is None:
-                del out["parity"]["held_out"]
-            else:
-                out["parity"]["held_out"] = self.held_out.to_dict()
         return out
 
     def updated(self, **changes: Any) -> "Manifest":
@@ -437,7 +390,7 @@ class Manifest:
     @property
     def passed(self) -> bool:
         """Whether the export's parity gate passed."""
-        return bool(self.parity.get("passed"))
+        return self.parity is not None and self.parity.passed
 
 
 KNOWN_KEYS = frozenset({*REQUIRED_KEYS, *DEFAULTS})
@@ -468,7 +421,14 @@ def load_manifest_and_bytes(directory: str | os.PathLike[str]) -> tuple[Manifest
     """:func:`load_manifest`, and the bytes of ``kvembed.json`` it was parsed from (one read), for a
     caller that hashes the file as well (a corpus run's identity)."""
     path, data, raw = _read_json(directory)
-    return Manifest.from_dict(data, str(path), directory=directory), raw
+    return _finished(Manifest.from_dict(data, str(path), directory=directory), path), raw
+
+
+def _finished(manifest: Manifest, path: Path) -> Manifest:
+    """``manifest`` if its export's gate ran: an artifact on disk without a report was never exported whole."""
+    if manifest.parity is None:
+        raise InvalidInput(f"{path}: parity is empty: no parity gate ran on this artifact (kvembed-export writes one); re-export it")
+    return manifest
 
 
 def manifest_of(source: Manifest | str | os.PathLike[str]) -> Manifest:
@@ -480,7 +440,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest's JSON as a dict of its own, checked as :func:`load_manifest` checks it (the
     public API of ``kvembed.runtime`` and ``kvembed.export``; new code reads the typed manifest)."""
     path, data, _ = _read_json(directory)
-    Manifest.from_dict(data, str(path))
+    _finished(Manifest.from_dict(data, str(path)), path)
     return data
 
 

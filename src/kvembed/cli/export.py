@@ -17,7 +17,7 @@ try:
 except ImportError as err:  # pragma: no cover - only without the cli extra
     raise SystemExit(f"kvembed-export needs typer and rich: {install_hint('export')} ({err})")
 
-from ..artifact import MANIFEST, SIGNATURE, Manifest
+from ..artifact import MANIFEST, SIGNATURE, HeldOut, Manifest
 from ..methods.registry import DEFAULT_METHOD
 from ..export.gate.targets import TARGETS
 from ..backends.cpu import HINT_NEEDS
@@ -105,15 +105,14 @@ def parity_table(report: Any, title: str) -> Group:
     return Group(*fitted_tables(title, ["case"], ["worst cosine", "max abs diff"], rows, console.width, summary=summary))
 
 
-def held_out_line(held_out: Mapping[str, Any], gate_cosine: float) -> str:
+def held_out_line(held_out: HeldOut, gate_cosine: float) -> str:
     """The held-out figure beside the gate's: texts the calibration never saw, which decide with the
     gate's where the precision says so (int8) and are reported only elsewhere."""
-    bar = "meets" if held_out["meets_bar"] else "[bold yellow]misses[/]"
-    if held_out.get("decides"):
-        return (f"held out: worst cosine {held_out['worst_cosine']:.7f} over {held_out['rows']} rows of {held_out['texts']} "
-                f"texts the calibration never saw (gate: {gate_cosine:.7f}; {bar} the gate's bar, deciding with the gate)")
-    return (f"held out: worst cosine {held_out['worst_cosine']:.7f} over {held_out['rows']} rows of {held_out['texts']} texts "
-            f"the gate never decided on (gate: {gate_cosine:.7f}; {bar} the gate's bar, reported only)")
+    bar = "meets" if held_out.meets_bar else "[bold yellow]misses[/]"
+    figure = f"held out: worst cosine {held_out.worst_cosine:.7f} over {held_out.rows} rows of {held_out.texts} texts"
+    if held_out.decides:
+        return f"{figure} the calibration never saw (gate: {gate_cosine:.7f}; {bar} the gate's bar, deciding with the gate)"
+    return f"{figure} the gate never decided on (gate: {gate_cosine:.7f}; {bar} the gate's bar, reported only)"
 
 
 def decided_line(target: str, sets: Mapping[str, Mapping[str, Any]]) -> str:
@@ -125,7 +124,7 @@ def decided_line(target: str, sets: Mapping[str, Mapping[str, Any]]) -> str:
 
 def lengths_line(manifest: Manifest) -> str:
     """How long the gate's inputs were: a certificate says nothing about longer ones."""
-    longest, window = manifest.parity.get("longest_tokens"), manifest.source.raw.get("sliding_window")
+    longest, window = manifest.parity.gate.longest_tokens, manifest.source.raw.get("sliding_window")
     past = f", past the model's {window}-token sliding window" if window and longest > window else ""
     return f"gate lengths: inputs up to {longest} tokens (prompt included) of max_length {manifest.max_length}{past}"
 
@@ -248,26 +247,8 @@ def export_command(
 
     start = time.monotonic()
     result = job()
-    from ..export.gate.parity import ParityReport
-
     manifest = result.manifest  # typed: the Manifest the exporter wrote
-    console.print(files_table(result.path, manifest))
-    on = manifest.parity.get("backend", "onnxruntime-cpu")
-    console.print(parity_table(result.parity, f"parity vs PyTorch ({manifest.precision} on {on})"))
-    for target, gated in manifest.parity.get("gates", {}).items():
-        console.print(parity_table(ParityReport.from_dict(gated), f"parity vs PyTorch ({gated['precision']} on {target})"))
-    for target, advised in manifest.parity.get("advisory", {}).items():
-        held = advised.get("held_out") or {}
-        missed = held["worst_cosine"] if held.get("decides") and not held.get("meets_bar") else None
-        console.print(advisory_line(target, advised.get("skipped") or ParityReport.from_dict(advised),
-                                    advised.get("graph"), missed), highlight=False)
-    held_out = manifest.parity.get("held_out")
-    if held_out is not None:
-        console.print(held_out_line(held_out, result.parity.worst_cosine), highlight=False)
-    console.print(lengths_line(manifest), highlight=False)
-    for certified in manifest.certified:
-        console.print(f"certified: {escape(certified.describe())}", highlight=False)
-    print_extra_parity({label: ParityReport.from_dict(extra) for label, extra in manifest.parity.get("also", {}).items()})
+    print_report(result.path, manifest)
     graph = manifest.graph.raw
     console.print(
         f"dim {manifest.dim}, {manifest.graph.decoder_layers} of {manifest.method.num_layers} "
@@ -277,6 +258,29 @@ def export_command(
         highlight=False,
     )
     console.print(method_line(manifest.method.name, defaulted), highlight=False)
+
+
+def print_report(directory: Path, manifest: Manifest) -> None:
+    """The export's report (:class:`~kvembed.artifact.report.ExportReport`) as the summary shows it:
+    the files, each target's parity table, the advisory checks, the held-out figure, the lengths
+    the gate vouches for, the certificates and the extra outputs."""
+    report = manifest.parity
+    console.print(files_table(directory, manifest))
+    console.print(parity_table(report.gate, f"parity vs PyTorch ({manifest.precision} on {report.target})"))
+    for target, gated in report.gates.items():
+        console.print(parity_table(gated, f"parity vs PyTorch ({gated.precision} on {target})"))
+    for target, advised in report.advisory.items():
+        console.print(advisory_line(target, advised.skipped if advised.report is None else advised.report,
+                                    advised.graph, advised.held_out_missed), highlight=False)
+    if report.held_out is not None:
+        console.print(held_out_line(report.held_out, report.gate.worst_cosine), highlight=False)
+    console.print(lengths_line(manifest), highlight=False)
+    for certified in manifest.certified:
+        console.print(f"certified: {escape(certified.describe())}", highlight=False)
+    print_extra_parity(report.also)
+    if report.timings:
+        stages = ", ".join(f"{stage} {seconds:.1f}s" for stage, seconds in report.timings.items())
+        console.print(f"time by stage: {stages}", highlight=False)
 
 
 def method_line(method: str, defaulted: bool) -> str:
@@ -413,13 +417,9 @@ def run_verify(directory: Path, backends: str = "auto", compare: bool = True, re
                 console.print(advisory_line(target, advised, manifest.graph_file(TARGETS[target].backend),
                                             held.worst_cosine if held is not None and not held.passed else None),
                               highlight=False)
-        recorded = manifest.parity
-        if recorded:
-            console.print(
-                f"at export: worst cosine {recorded.get('worst_cosine', float('nan')):.7f}, max abs diff "
-                f"{recorded.get('max_abs_diff', float('nan')):.3g}",
-                highlight=False,
-            )
+        recorded = manifest.parity.gate
+        console.print(f"at export: worst cosine {recorded.worst_cosine:.7f}, max abs diff {recorded.max_abs_diff:.3g}",
+                      highlight=False)
         for problem in result.report.problems:
             errors.print(f"[bold red]problem:[/] {problem}", highlight=False)
     print_extra_parity(result.also)

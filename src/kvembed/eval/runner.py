@@ -123,8 +123,8 @@ def precision_record(embedder: Any, config: Configuration) -> dict[str, Any]:
     choice = getattr(embedder, "choice", None)
     certificate = getattr(choice, "certificate", None)
     certified = certificate is not None and certificate.against == "pytorch"
-    gate = certificate.worst_cosine if certified else manifest.parity.get("worst_cosine")
-    held_out = None if manifest.held_out is None else manifest.held_out.worst_cosine
+    gate = certificate.worst_cosine if certified else manifest.parity.gate.worst_cosine
+    held_out = None if manifest.parity.held_out is None else manifest.parity.held_out.worst_cosine
     if certified and certificate.raw.get("held_out_worst_cosine") is not None:  # an advisory check's own (int8 on OpenVINO)
         held_out = float(certificate.raw["held_out_worst_cosine"])
     return {"precision": manifest.precision, "backend": embedder.target, "gate_worst_cosine": gate, "held_out_worst_cosine": held_out}

@@ -14,6 +14,7 @@ and write one weight at a time (:func:`~kvembed.artifact.external_data.stream_in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import shutil
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..artifact import ENCODER_TOKENIZER, MODEL, OPENVINO_MODEL, TOKENIZER, Manifest, file_records
+from ..artifact.report import Advisory, ExportReport, HeldOut
 from ..artifact.staging import OutputExistsError, check_output, claimed_workdir, staged, warn_leftovers  # noqa: F401  (the exporter's, re-exported)
 from ..methods.sharing import output_names
 from ..runtime.artifact import encoder_from_manifest
@@ -34,9 +36,9 @@ from .graph.trace import trace as trace_graph
 from .manifest import build_manifest, measured_ranges
 from .source import load_embedder, source_record
 from .graph.openvino_graph import write_openvino_graph
-from .gate.parity import ParityReport, held_out_record, held_out_texts, model_gate_texts, parity_reports, reference_runs, run_parity
+from .gate.parity import ParityReport, held_out_texts, model_gate_texts, parity_reports, reference_runs, run_parity
 from .precision.convert import INT8_RECIPES, SameGraphError, convert
-from .progress import Progress, advance_of, silent
+from .progress import Progress, StageClock, advance_of, silent
 from .request import ExportRequest
 from .graph.rewrites import optimize_with_onnxruntime, rms_norm_as_div
 from .precision.smoothing import calibration_feeds
@@ -79,12 +81,21 @@ def _guard_source(out: Path, embedder: Any) -> None:
 @dataclass
 class ExportResult:
     """What an export wrote: the artifact directory, its typed manifest (built once and written
-    once), the gate's report on the main output, and the file records."""
+    once, its ``parity`` the :class:`~kvembed.artifact.report.ExportReport`), and the file records."""
 
     path: Path
     manifest: Manifest
-    parity: ParityReport
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def report(self) -> ExportReport:
+        """The export's report, as the manifest stores it."""
+        return self.manifest.parity
+
+    @property
+    def parity(self) -> ParityReport:
+        """The gate's report on the main output, on the gate's first target."""
+        return self.manifest.parity.gate
 
 
 class Exporter:
@@ -130,7 +141,8 @@ class Exporter:
         self.weights_released = False
         self.embedder = embedder
         self.optimize = optimize
-        self.progress = progress or silent
+        progress = progress or silent
+        self.progress = progress if isinstance(progress, StageClock) else StageClock(progress)
         self._workdir: Path | None = None
         self._claim = contextlib.ExitStack()  # the trace directory's lock, held while it lives
         self._graph: dict[str, Any] | None = None
@@ -312,14 +324,12 @@ class Exporter:
                                           f"trying {recipes[attempt]}")
                 for stale in (model_path, model_path.with_name(model_path.name + ".data"), staging / OPENVINO_MODEL):
                     stale.unlink(missing_ok=True)
-            parity = parity_record(report, reports, gates, held_out, precision,
-                                   None if reference is embedder else reference.method.to_dict())
+            advisory, advised = self._advise(staging, draft, precision, reference)
+            parity = export_report(report, reports, gates, held_out, precision,
+                                   None if reference is embedder else reference.method.to_dict(), advisory)
             deciding = held_out if precision in HELD_OUT_DECIDES else None  # run on the first target only
             certified = [certificate(target, ran, gated[None], held_out=deciding if index == 0 else None)
                          for index, (target, ran, gated) in enumerate(gates)]
-            advisory, advised = self._advise(staging, draft, precision, reference)
-            if advisory:
-                parity["advisory"] = advisory
             # the vectors' ranges (int8 / uint8 vectors are their levels), from the graph that passed
             self.progress("ranges", "measuring the vector ranges on the calibration texts")
             vector_ranges = measured_ranges(staging, draft)
@@ -328,10 +338,11 @@ class Exporter:
             if tried:
                 graph["precision_conversion"]["recipes_tried"] = tried
             files = file_records(staging)
-            manifest = draft.updated(graph=graph, parity=parity, certified=certified + advised, files=files,
+            parity = dataclasses.replace(parity, timings=self.progress.seconds() if isinstance(self.progress, StageClock) else {})
+            manifest = draft.updated(graph=graph, parity=parity.to_dict(), certified=certified + advised, files=files,
                                      vector_ranges=vector_ranges)
             manifest.write(staging)
-        return ExportResult(out, manifest, report, files)
+        return ExportResult(out, manifest, files)
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -353,31 +364,31 @@ class Exporter:
         return conversion
 
     def _advise(self, directory: Path, manifest: Manifest, precision: str,
-                reference: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                reference: Any) -> tuple[dict[str, Advisory], list[dict[str, Any]]]:
         """The advisory checks (:func:`advisory_checks`) of the artifact that passed its gate: the
-        manifest's ``parity.advisory`` (each check's figures, or why it was skipped) and a
-        certificate for each pass; none fails."""
-        advisory: dict[str, Any] = {}
+        report's ``advisory`` (each check's figures, or why it was skipped) and a certificate for
+        each pass; none fails."""
+        advisory: dict[str, Advisory] = {}
         certified: list[dict[str, Any]] = []
         passed: dict[int, str] = {}  # group -> the alternative that certified
         for target, bar, group in advisory_checks(precision):
             problem = advisory_problem(target, manifest, passed.get(group))
             if problem is not None:
-                advisory[target] = {"skipped": problem}
+                advisory[target] = Advisory(skipped=problem)
                 self.progress("parity", f"no {target} certificate: {problem}")
                 continue
             try:
                 [(_, ran, gated)], held_out = self._gates(directory, manifest, precision, reference, targets=((target, bar),))
             except InvalidInput as err:  # the backend could not open the graph here (e.g. no disk for a bf16 copy)
-                advisory[target] = {"skipped": str(err)}
+                advisory[target] = Advisory(skipped=str(err))
                 self.progress("parity", f"no {target} certificate: {err}")
                 continue
             graph = gate_graph(directory, manifest, target).name
-            advisory[target] = {**gated[None].to_dict(), "graph": graph}
             extra: dict[str, Any] = {"graph": graph}
             decides = held_out_decides(precision, advisory=True)
+            advisory[target] = Advisory(report=gated[None], graph=graph,
+                                        held_out=None if held_out is None else HeldOut.of(held_out, target, decides))
             if held_out is not None:  # what ran on the held-out texts (deciding: an advisory check)
-                advisory[target]["held_out"] = held_out_record(held_out, target, decides)
                 extra["held_out_worst_cosine"] = held_out.worst_cosine
             held = held_out is None or not decides or held_out.passed
             if all(r.passed for r in gated.values()) and held:
@@ -429,22 +440,22 @@ class Exporter:
         return gates, held_out_report
 
 
-def parity_record(report: ParityReport, reports: Mapping[str | None, ParityReport], gates: list[tuple[str, str, Any]],
-                  held_out: ParityReport | None, precision: str, reference: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The manifest's ``parity``: the gate's report on its first target, the extra outputs' (``also``),
-    the other targets' (``gates``: bf16's onnxruntime at fp32), the held-out texts', and ``reference``
-    (the method of a reference other than the exported one, which only tests of the gate use)."""
-    record = report.to_dict()
+def export_report(report: ParityReport, reports: Mapping[str | None, ParityReport], gates: list[tuple[str, str, Any]],
+                  held_out: ParityReport | None, precision: str, reference: Mapping[str, Any] | None,
+                  advisory: Mapping[str, Advisory]) -> ExportReport:
+    """The export's report: the gate's report on its first target, the extra outputs' (``also``),
+    the other targets' (``gates``: bf16's onnxruntime at fp32), the held-out texts', the advisory
+    checks', and in the gate's ``reference`` the method of a reference other than the exported one
+    (which only tests of the gate use)."""
     if reference is not None:
-        record["reference"] = {"note": "a different reference than the exported method was used", "method": reference}
-    if reports:
-        record["also"] = {label: r.to_dict() for label, r in reports.items()}
-    record["backend"] = gates[0][0]
-    if len(gates) > 1:
-        record["gates"] = {target: gated[None].to_dict() for target, _, gated in gates[1:]}
-    if held_out is not None:
-        record["held_out"] = held_out_record(held_out, gates[0][0], precision in HELD_OUT_DECIDES)
-    return record
+        report = dataclasses.replace(report, reference={"note": "a different reference than the exported method was used",
+                                                        "method": dict(reference)})
+    return ExportReport(
+        gate=report, target=gates[0][0], also={str(label): r for label, r in reports.items()},
+        gates={target: gated[None] for target, _, gated in gates[1:]},
+        held_out=None if held_out is None else HeldOut.of(held_out, gates[0][0], precision in HELD_OUT_DECIDES),
+        advisory=dict(advisory),
+    )
 
 
 def _copy_graph(source: Path, target: Path, move: bool = False) -> None:
@@ -513,7 +524,7 @@ def run_export(request: ExportRequest, progress: Progress | None = None) -> Expo
         from .memory import export_memory_check
 
         export_memory_check(model, method, request.precision, **options)
-    progress = progress or silent
+    progress = StageClock(progress or silent)
     progress("load", f"loading {model} ({method})")
     embedder = load_embedder(model, method, max_length=request.max_length, padding_side=request.padding_side, **options)
     with Exporter.of_request(embedder, request, progress=progress, release_weights=True) as exporter:

@@ -8,13 +8,14 @@ left-padded, as queries and as documents. Tolerances are METHODS.md's ("What the
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, Tuple
 
 import numpy as np
 
 from ...artifact.certificates import TOLERANCES  # noqa: F401  (docs/methods.md's bars, re-exported)
+from ...artifact.report import ParityReport  # noqa: F401  (the artifact contract's, re-exported)
 from ...methods.architectures import sliding_window
 from ...methods.sharing import output_names
 from .texts import (  # noqa: F401  (re-exported)
@@ -36,55 +37,6 @@ HELD_OUT_GROUP_CASES = ((("query", "left"),), (("document", "right"),))
 WINDOW_GROUP_CASES = (((WINDOW_KIND, "right"),),)
 #: split -> the cases its groups take in turn
 GROUP_CASES = {GATE: GATE_GROUP_CASES, HELD_OUT: HELD_OUT_GROUP_CASES, WINDOW: WINDOW_GROUP_CASES}
-
-
-@dataclass
-class ParityReport:
-    precision: str
-    passed: bool
-    worst_cosine: float
-    max_abs_diff: float
-    min_cosine_required: float
-    max_abs_allowed: float | None
-    rows: int
-    batches: int
-    texts: int
-    worst_row: dict[str, Any] = field(default_factory=dict)
-    pooled_worst_cosine: float = 1.0
-    by_case: dict[str, dict[str, float]] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-    reference: dict[str, Any] = field(default_factory=dict)
-    #: tokens of the longest input compared, prompt included: the gate vouches for lengths up to it
-    longest_tokens: int = 0
-    #: the comparison stopped at the first batch that decided a miss (``stop_at_miss``): the figures
-    #: are those of the batches compared before it, the rest were never run
-    stopped_early: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ParityReport":
-        """A report from its :meth:`to_dict` form; keys a record adds beside it (an advisory check's
-        ``graph`` and ``held_out``) are not the report's and are left out."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in names})
-
-    def summary(self) -> str:
-        limit = f"cosine >= {self.min_cosine_required}"
-        if self.max_abs_allowed is not None:
-            limit += f", max abs <= {self.max_abs_allowed:g}"
-        state = "passed" if self.passed else "FAILED"
-        over = f"{self.rows} rows"
-        if self.stopped_early:
-            over += f" of the {self.batches} batches compared before the gate stopped at the first miss"
-        text = (
-            f"parity {state} ({self.precision}): worst cosine {self.worst_cosine:.7f}, max abs diff "
-            f"{self.max_abs_diff:.3g} over {over} (needs {limit})"
-        )
-        if self.problems:
-            text += "; " + "; ".join(self.problems)
-        return text
 
 
 def batch_plan(names: Sequence[str]) -> list[list[str]]:
@@ -418,15 +370,6 @@ def _misses(problems: Sequence[str], worst_cos: float, worst_abs: float, min_cos
     """Whether the figures so far already decide a miss: more batches can only add problems, lower
     the worst cosine and raise the largest difference."""
     return bool(problems) or not worst_cos >= min_cos or (max_abs is not None and not worst_abs <= max_abs)
-
-
-def held_out_record(report: ParityReport, backend: str, decides: bool = False) -> dict[str, Any]:
-    """The manifest's ``parity.held_out``: ``report`` (the graph on the held-out texts) beside the
-    gate's: a verdict too where ``decides`` (int8: :data:`~kvembed.export.gate.certify.HELD_OUT_DECIDES`),
-    else a figure only (docs/methods.md, "What the same means")."""
-    keys = ("worst_cosine", "max_abs_diff", "pooled_worst_cosine", "rows", "batches", "texts", "worst_row", "by_case",
-            "min_cosine_required", "problems", "stopped_early")
-    return {**{key: getattr(report, key) for key in keys}, "meets_bar": report.passed, "decides": decides, "backend": backend}
 
 
 def _finite(x: float) -> float:
