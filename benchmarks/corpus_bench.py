@@ -55,10 +55,10 @@ def make_corpus(folder: Path, count: int, sentences: tuple[int, int], seed: int 
 
 def tokenize_rate(artifact: str, count: int) -> dict:
     """Tokens/s of the artifact's TextEncoder on ``count`` mixed texts, this thread, no model run."""
-    from kvembed.artifact import read_manifest
+    from kvembed.artifact import load_manifest
     from kvembed.runtime.artifact import encoder_from_manifest
 
-    encoder = encoder_from_manifest(artifact, read_manifest(artifact))
+    encoder = encoder_from_manifest(artifact, load_manifest(artifact))
     texts = corpus_texts(count, (1, 4))
     encoder.encode(texts[:100], "document")  # warm-up
     started = time.perf_counter()

@@ -28,11 +28,10 @@ import numpy as np
 
 from record import figure, write_record  # benchmarks/record.py, beside this script
 
-from kvembed.bench.measure import TorchBackend, cosine_rows, interleaved
+from kvembed.bench.measure import TorchSubject, cosine_rows, interleaved
 from kvembed.bench.report import machine_info
 from kvembed.bench.workload import exact_rows, make_batch
 from kvembed.runtime import Embedder
-from kvembed.artifact import read_manifest
 
 BASE = "onnxruntime fp32"
 
@@ -70,7 +69,7 @@ def load_backends(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict
     for name, embedder in embedders.items():
         runs[name] = lambda feeds, e=embedder: e.run(feeds)[0]
     if args.torch:
-        reference = stack.enter_context(TorchBackend(read_manifest(args.fp32), args.threads))
+        reference = stack.enter_context(TorchSubject(args.fp32, args.threads))
         runs["PyTorch fp32"] = reference.run
     return runs
 

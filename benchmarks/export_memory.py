@@ -176,12 +176,12 @@ def gate_work(artifact: Path) -> dict[str, int]:
     calibration's (int8), from the artifact's files."""
     from kvembed.export.gate.parity import HELD_OUT_TEXTS, gate_tokens, gated_texts
     from kvembed.export.precision.smoothing import calibration_feeds
-    from kvembed.artifact import read_manifest
+    from kvembed.artifact import load_manifest
     from kvembed.runtime.artifact import encoder_from_manifest
 
-    manifest = read_manifest(artifact)
+    manifest = load_manifest(artifact)
     encoder = encoder_from_manifest(artifact, manifest)
-    texts = gated_texts(encoder, manifest["source"].get("sliding_window"))
+    texts = gated_texts(encoder, manifest.source.raw.get("sliding_window"))
     gate = gate_tokens(encoder, texts) + gate_tokens(encoder, HELD_OUT_TEXTS)
     calibration = sum(batch["input_ids"].size for batch in calibration_feeds(encoder))
     return {"gate_tokens_per_side": int(gate), "calibration_tokens": int(calibration)}

@@ -37,14 +37,14 @@ import numpy as np
 from args import positive  # benchmarks/args.py, beside this script
 from record import figure, write_record  # benchmarks/record.py
 
-from kvembed.bench.measure import TorchBackend, cosine_rows, interleaved, peak_rss_mb, ratio
+from kvembed.bench.measure import TorchSubject, cosine_rows, interleaved, peak_rss_mb, ratio
 from kvembed.bench.worker import CellInput, WorkerSpec, run_isolated
 from kvembed.bench.peak import gemm_call, model_shape, weight_gemms_call
 from kvembed.bench.report import machine_info
 from kvembed.bench.synthetic import build_random_model
 from kvembed.bench.workload import mixed_corpus, raw_token_batch
 from kvembed.runtime import Embedder
-from kvembed.artifact import read_manifest
+from kvembed.artifact import load_manifest, read_manifest
 
 
 def artifacts_for(model: Path, root: Path, layers: int) -> dict[str, Path]:
@@ -99,7 +99,7 @@ def runner(embedder: Embedder, feeds: dict[str, np.ndarray]) -> Callable[[], Any
 
 def isolated_peak_rss(backend: str, artifact: Path, threads: int, feeds: dict[str, np.ndarray]) -> float:
     """Peak RSS (MB) of a fresh process that loads ``backend`` and runs ``feeds`` once."""
-    spec = WorkerSpec(backend, str(artifact), read_manifest(artifact), threads, [CellInput("rss", feeds)],
+    spec = WorkerSpec(backend, str(artifact), threads, [CellInput("rss", feeds)],
                       warmup=0, min_repeats=1, min_seconds=0.0)
     return float(run_isolated(spec)["peak_rss_mb"])
 
@@ -125,7 +125,7 @@ def main() -> None:
     paths = artifacts_for(Path(model), args.out / "artifacts", layers)
     load = lambda name: Embedder.load(paths[name], provider="cpu", threads=args.threads, verify=False)  # noqa: E731
     kv, kv_none, kv_int8 = load("kv-fp32"), load("kv-none-fp32"), load("kv-int8")
-    torch_kv = TorchBackend(read_manifest(paths["kv-fp32"]), args.threads)
+    torch_kv = TorchSubject(paths["kv-fp32"], args.threads)
     results: dict[str, Any] = {"machine": machine_info(args.threads), "model": str(model), "layers": layers,
                                "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "goals": {}}
     goals = results["goals"]
@@ -137,7 +137,7 @@ def main() -> None:
         print(f"{key}: {measured:.3f} ({what}; {said}) {detail}", flush=True)
 
     gemm, gemm_flops = gemm_call(args.threads, 2048)
-    shape = model_shape(read_manifest(paths["kv-fp32"]), paths["kv-fp32"])
+    shape = model_shape(load_manifest(paths["kv-fp32"]), paths["kv-fp32"])
 
     # P1: batch 1 x 32; with it two floors, each against the same round's PyTorch call: the call
     # as nothing but its FLOPs at the GEMM peak (the 2048^3 MatMul's rate), and the call as nothing

@@ -84,14 +84,14 @@ def open_embedder(artifact: Path, config: str, threads: int, cache: Path) -> Any
         precision = config.split("-")[1]
         return Embedder.load(artifact, provider="openvino", threads=threads, verify=False, ov_precision=precision,
                              ov_cache_dir=cache if config.endswith("cached") else False)
-    from kvembed.artifact import MODEL, read_manifest
+    from kvembed.artifact import MODEL, load_manifest
     from kvembed.backends.onnxruntime import CPU, OnnxRuntimeSession, open_session, session_options
     from kvembed.runtime.artifact import encoder_from_manifest
 
     options = session_options(threads, memory_arena="noarena" not in config, prepacking="noprepack" not in config)
     if "nofuse" in config:  # no QDQ fusion: a weight-only graph's DequantizeLinear -> MatMul stays as written
         options.add_session_config_entry("session.disable_quant_qdq", "1")
-    manifest = read_manifest(artifact)
+    manifest = load_manifest(artifact)
     session = OnnxRuntimeSession(open_session(artifact / MODEL, options, [CPU]))
     return Embedder(artifact, manifest, encoder_from_manifest(artifact, manifest), session)
 

@@ -300,7 +300,7 @@ def traces():
 
 @pytest.fixture(scope="session")
 def stories_artifact(traces, tmp_path_factory) -> Callable[..., Path]:
-    """``stories_artifact(method, precision="fp32", int8_recipe="auto", **options)`` -> the
+    """``stories_artifact(method, precision="fp32", int8_recipe="auto", certify_emulated=False, **options)`` -> the
     directory of the demo model's artifact, exported once per session (several precisions from one
     trace); ``options`` are the method's.
 
@@ -308,15 +308,16 @@ def stories_artifact(traces, tmp_path_factory) -> Callable[..., Path]:
     root = tmp_path_factory.mktemp("stories")
     made: dict[tuple, Path] = {}
 
-    def get(method: str, precision: str = "fp32", int8_recipe: str = "auto", **options: Any) -> Path:
-        key = (method, precision, int8_recipe, tuple(sorted(options.items())))
+    def get(method: str, precision: str = "fp32", int8_recipe: str = "auto", certify_emulated: bool = False,
+            **options: Any) -> Path:
+        key = (method, precision, int8_recipe, certify_emulated, tuple(sorted(options.items())))
         if key not in made:
             out = root / f"{method}-{precision}-{len(made)}"  # short: the CLI prints it in a table title
             threads = torch.get_num_threads()
             torch.set_num_threads(1)  # a tiny model gains nothing from OpenMP threads on a shared host
             try:
                 exporter = traces.get("stories260k", method, **options)
-                made[key] = exporter.write(out, precision, int8_recipe=int8_recipe).path
+                made[key] = exporter.write(out, precision, int8_recipe=int8_recipe, certify_emulated=certify_emulated).path
             finally:
                 torch.set_num_threads(threads)
         return made[key]

@@ -68,10 +68,10 @@ def test_a_real_export_reads_as_a_typed_manifest(stories_artifact):
     assert manifest.passed and manifest.context_encoder is None and manifest.also == {} and manifest.extra == {}
     # the JSON form, as read: what a writer copies and readers not yet on the typed fields use
     assert manifest.raw == on_disk == manifest.to_dict() == read_manifest(artifact)
-    assert Manifest.of(on_disk) == manifest and Manifest.of(manifest) is manifest
-    assert check_files(artifact, manifest) == check_files(artifact, on_disk) == check_files(artifact) == []
-    typed, raw = encoder_from_manifest(artifact, manifest), encoder_from_manifest(artifact, on_disk)
-    assert typed.encode_one(TEXTS[0], "query").ids == raw.encode_one(TEXTS[0], "query").ids
+    assert Manifest.from_dict(on_disk) == manifest
+    assert check_files(artifact, manifest) == check_files(artifact) == []
+    encoder = encoder_from_manifest(artifact, manifest)
+    assert encoder.pad_id == manifest.pad_id and len(encoder.encode_one(TEXTS[0], "query").ids) > 3
 
 
 def test_a_manifest_of_the_first_schema_loads_with_todays_defaults(stories_artifact, tmp_path):

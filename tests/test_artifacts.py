@@ -24,7 +24,7 @@ from kvembed.export.gate.verification import verify
 from kvembed.export.gate.parity import run_parity
 from kvembed.modeling.reference import TorchEmbedder
 from kvembed.runtime import Embedder
-from kvembed.artifact import check_files, read_manifest
+from kvembed.artifact import check_files, load_manifest, read_manifest
 from kvembed.runtime.artifact import encoder_from_manifest
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -197,7 +197,7 @@ def _graph_copy(artifact: Path, out: Path, change) -> Path:
 
 def _gate(graph: Path, artifact: Path, reference: TorchEmbedder, precision: str):
     """The parity gate (kvembed.export.gate.parity.run_parity) on ``graph`` with ``artifact``'s encoder."""
-    encoder = encoder_from_manifest(artifact, read_manifest(artifact))
+    encoder = encoder_from_manifest(artifact, load_manifest(artifact))
     return run_parity(gate_session(CPU, graph), encoder, reference, precision)
 
 

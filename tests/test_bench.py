@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from checks import run_without_torch
-from kvembed.bench.measure import Timing, cosine_rows, default_backends, time_calls
+from kvembed.bench.measure import Timing, cosine_rows, default_subjects, time_calls
 from kvembed.artifact.external_data import load_with_weights
 from kvembed.bench.peak import ModelShape, fp32_matmul_weights, gemm_peak, matmul_params, weight_gemms_call
 from kvembed.bench.workload import exact_rows, make_batch, mixed_corpus
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 #: openvino joins the default backends where the package is installed; its precision is ARTIFACT/HINT
-HAS_OPENVINO = "openvino" in default_backends()
+HAS_OPENVINO = "openvino" in default_subjects()
 OPENVINO_PRECISION = None
 if HAS_OPENVINO:
     from kvembed.backends.openvino import default_precision, import_openvino

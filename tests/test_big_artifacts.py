@@ -166,15 +166,14 @@ def external_artifact(stories_artifact, tmp_path_factory) -> Path:
     data, and the manifest's file records rewritten."""
     import onnx
 
-    from kvembed.artifact import MODEL, file_records, read_manifest, write_manifest
+    from kvembed.artifact import MODEL, file_records, load_manifest, write_manifest
 
     source = stories_artifact("kv-embedding")
     out = Path(shutil.copytree(source, tmp_path_factory.mktemp("external") / "kv"))
     model = onnx.load(str(out / MODEL))
     onnx.save_model(model, str(out / MODEL), save_as_external_data=True, location=MODEL + ".data", size_threshold=1024)
-    manifest = read_manifest(out)
-    manifest["files"] = file_records(out)
-    write_manifest(out, manifest)
+    manifest = load_manifest(out)
+    write_manifest(out, manifest.updated(files=file_records(out)))
     assert (out / (MODEL + ".data")).stat().st_size > (out / MODEL).stat().st_size
     return out
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from checks import MIN_COSINE, cosines, oracle_rows
-from kvembed.artifact import read_manifest
+from kvembed.artifact import load_manifest
 from kvembed.export.core import Exporter, ParityError, load_embedder
 from kvembed.export.gate.parity import GATE_TEXTS, ParityReport, gate_batches, parity_reports, run_parity
 from kvembed.export.gate.certify import gate_session
@@ -35,7 +35,7 @@ def gate(stories_artifact):
     """The demo model's kv-embedding artifact with one extra output, its gate session and encoder,
     and references: the extra output's own, and a wrong one for the main output."""
     path = stories_artifact("kv-embedding", also=ALSO)
-    encoder = encoder_from_manifest(path, read_manifest(path))
+    encoder = encoder_from_manifest(path, load_manifest(path))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         references = load_embedder(STORIES, "kv-embedding", also=list(ALSO)).references()

@@ -21,7 +21,7 @@ from kvembed.export.gate.parity import gate_batches
 from kvembed.export.precision.convert import INT8_RECIPES, to_int8
 from kvembed.export.precision.smoothing import activation_ranges, calibration_feeds, massive_input_nodes, smooth, smoothable_groups
 from kvembed.methods import demo_model_path
-from kvembed.artifact import read_manifest
+from kvembed.artifact import load_manifest, read_manifest
 from kvembed.runtime.artifact import encoder_from_manifest
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -37,7 +37,7 @@ def _session(path: Path) -> ort.InferenceSession:
 
 
 def _embed(path: Path, artifact: Path) -> np.ndarray:
-    encoder = encoder_from_manifest(artifact, read_manifest(artifact))
+    encoder = encoder_from_manifest(artifact, load_manifest(artifact))
     session = _session(path)
     names = {i.name for i in session.get_inputs()}
     batch = encoder.pad(encoder.encode(TEXTS, "document"), "right")
@@ -61,7 +61,7 @@ def test_smoothing_folds_into_every_layer_and_keeps_the_function(fp32, tmp_path)
     # into the norm weight); down_proj reads silu(gate) * up (folds into up_proj's columns)
     assert [g.fold_kind for g in groups] == ["vector", "vector", "columns"] * layers
     assert [len(g.nodes) for g in groups] == [3, 2, 1] * layers
-    encoder = encoder_from_manifest(artifact, read_manifest(artifact))
+    encoder = encoder_from_manifest(artifact, load_manifest(artifact))
     ranges = activation_ranges(graph, groups, calibration_feeds(encoder))
     model = onnx.load(str(graph))
     before = {t.name: numpy_helper.to_array(t).copy() for t in model.graph.initializer}
@@ -88,7 +88,7 @@ def test_a_massive_channel_keeps_its_matmuls_fp32(fp32, tmp_path):
             tensor.CopyFrom(numpy_helper.from_array(weight, tensor.name))
     damaged = tmp_path / "massive.onnx"
     onnx.save(model, str(damaged))
-    encoder = encoder_from_manifest(artifact, read_manifest(artifact))
+    encoder = encoder_from_manifest(artifact, load_manifest(artifact))
     feeds = calibration_feeds(encoder)
     spread = INT8_RECIPES["smooth"].massive_spread
     assert massive_input_nodes(groups, activation_ranges(graph, groups, feeds), spread) == []
@@ -209,7 +209,7 @@ def test_keep_wide_down_keeps_the_down_projs_whose_inputs_spread_widest(fp32, tm
     onnx.save(model, str(probe))
     session = _session(probe)
     names = {i.name for i in session.get_inputs()}
-    encoder = encoder_from_manifest(artifact, read_manifest(artifact))
+    encoder = encoder_from_manifest(artifact, load_manifest(artifact))
     feeds = calibration_feeds(encoder)
     tops = {g.activation: 0.0 for g in down}
     for batch in feeds:
@@ -293,7 +293,7 @@ def test_calibration_ranges_are_the_maxima_over_real_tokens(fp32):
     artifact, graph = fp32
     model = onnx.load(str(graph), load_external_data=False)
     groups = smoothable_groups(model)
-    feeds = calibration_feeds(encoder_from_manifest(artifact, read_manifest(artifact)), TEXTS, batch=3)
+    feeds = calibration_feeds(encoder_from_manifest(artifact, load_manifest(artifact)), TEXTS, batch=3)
     got = activation_ranges(graph, groups, feeds)
     for group in groups:
         model.graph.output.append(onnx.helper.make_tensor_value_info(group.activation, onnx.TensorProto.FLOAT, None))
@@ -322,7 +322,7 @@ def test_recipes_tried_in_turn_calibrate_once(fp32, tmp_path, monkeypatch):
     from kvembed.export.precision import smoothing
 
     artifact, graph = fp32
-    feeds = calibration_feeds(encoder_from_manifest(artifact, read_manifest(artifact)), TEXTS, batch=3)
+    feeds = calibration_feeds(encoder_from_manifest(artifact, load_manifest(artifact)), TEXTS, batch=3)
     alone = tmp_path / "alone.onnx"
     to_int8(graph, alone, "smooth-keep-down", feeds)
     calls = []
@@ -346,7 +346,7 @@ def test_a_recipe_that_repeats_a_tried_graph_is_skipped(fp32, tmp_path):
     from kvembed.export.precision.smoothing import DEFAULT_ALPHA
 
     artifact, graph = fp32
-    feeds = calibration_feeds(encoder_from_manifest(artifact, read_manifest(artifact)), TEXTS, batch=3)
+    feeds = calibration_feeds(encoder_from_manifest(artifact, load_manifest(artifact)), TEXTS, batch=3)
     ranges: dict = {}
     to_int8(graph, tmp_path / "smooth.onnx", "smooth", feeds, ranges)
     none_wide = Int8Recipe("keep-none-wide", DEFAULT_ALPHA, INT8_RECIPES["smooth"].massive_spread, True, "test",
@@ -402,7 +402,7 @@ def test_per_row_activations_quantise_each_token_on_its_own_scale(tmp_path):
 
 def test_per_row_recipes_record_their_activations(fp32, tmp_path):
     artifact, graph = fp32
-    feeds = calibration_feeds(encoder_from_manifest(artifact, read_manifest(artifact)), TEXTS, batch=3)
+    feeds = calibration_feeds(encoder_from_manifest(artifact, load_manifest(artifact)), TEXTS, batch=3)
     facts = to_int8(graph, tmp_path / "int8.onnx", "smooth-rows", feeds)
     assert facts["activations"].startswith("uint8, dynamic, a symmetric scale per token")
     ops = {n.op_type for n in onnx.load(str(tmp_path / "int8.onnx"), load_external_data=False).graph.node}

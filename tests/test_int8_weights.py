@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from checks import assert_matches_oracle
 from conftest import TEXTS
-from kvembed.artifact import read_manifest
+from kvembed.artifact import load_manifest, read_manifest
 from kvembed.errors import InvalidInput
 from kvembed.export.gate.certify import gate_session
 from kvembed.export.gate.targets import CPU
@@ -166,13 +166,13 @@ def test_the_gate_certifies_what_the_runtime_runs(artifact):
     """The gate's session (no pre-packing, no arena) and the runtime's (pre-packed weights, with or
     without threads) give bitwise the same vectors: both pin the accuracy level the manifest
     records. onnxruntime's default level on pre-packed weights computes something else."""
-    manifest = read_manifest(artifact)
+    manifest = load_manifest(artifact)
     encoder = encoder_from_manifest(artifact, manifest)
     batch = encoder.pad(encoder.encode(TEXTS, "document"), "right")
     gate = gate_session(CPU, artifact / "model.onnx")
     feeds = {name: batch[name] for name in gate.input_names}
     want = gate.run(feeds, ["embedding"])[0]
-    level = str(manifest["graph"]["precision_conversion"]["accuracy_level"])
+    level = str(manifest.graph.conversion["accuracy_level"])
     assert gate.get_session_options().get_session_config_entry(LEVEL_KEY) == level
     for options in ({"threads": 1}, {"threads": 2, "prepacking": False}, {}):
         runtime = Embedder.load(artifact, provider="cpu", **options).session

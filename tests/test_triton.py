@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from kvembed.artifact import load_manifest
 from kvembed.runtime import Embedder, read_manifest
 from kvembed.runtime.artifact import encoder_from_manifest
 from kvembed.triton import write_repository
@@ -376,7 +377,7 @@ def test_gpu_variants_fail_only_for_the_missing_backend(repositories, artifacts,
                 client.load_model(model)
             assert f"unable to find backend library for backend '{backend}'" in failure.value.message(), failure.value.message()
         client.load_model("kveng_tokenize")
-        encoder = encoder_from_manifest(artifacts["kv"], read_manifest(artifacts["kv"]))
+        encoder = encoder_from_manifest(artifacts["kv"], load_manifest(artifacts["kv"]))
         encoder.max_length = 256  # where the engine's profiles stop
         for text, width in (("hi", 64), ("word " * 400, 256)):
             ids = client.infer("kveng_tokenize", httpclient_input(text)).as_numpy("input_ids")

@@ -34,13 +34,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from kvembed.bench.measure import TorchBackend, interleaved
+from kvembed.bench.measure import TorchSubject, interleaved
 from kvembed.bench.report import machine_info
 from kvembed.bench.workload import raw_token_batch
 from kvembed.export.gate.parity import KINDS, PARITY_TEXTS, cosine_rows
 from kvembed.export.precision.convert import INT8_RECIPES, to_int8
 from kvembed.export.precision.smoothing import calibration_feeds
-from kvembed.artifact import read_manifest
+from kvembed.artifact import load_manifest
 from kvembed.runtime.artifact import encoder_from_manifest
 
 
@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--torch", action="store_true", help="also time the PyTorch fp32 reference (loads the source model)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    manifest = read_manifest(args.artifact)
+    manifest = load_manifest(args.artifact)
     encoder = encoder_from_manifest(args.artifact, manifest)
     source = args.artifact / "model.onnx"
     nodes = matmul_nodes(onnx.load(str(source), load_external_data=False))
@@ -158,7 +158,7 @@ def main() -> None:
     feeds = {k: v for k, v in raw_token_batch(encoder, args.batch, args.tokens).items() if k in names}
     calls: dict[str, Callable[[], Any]] = {name: (lambda s=s: s.run(["embedding"], feeds)) for name, s in sessions.items()}
     if args.torch:
-        torch_backend = TorchBackend(manifest, args.threads)
+        torch_backend = TorchSubject(args.artifact, args.threads)
         calls["torch fp32"] = lambda: torch_backend.run(feeds)
     times = interleaved(calls, args.rounds)
     if args.torch:

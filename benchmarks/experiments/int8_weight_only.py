@@ -43,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from kvembed.artifact import read_manifest
+    from kvembed.artifact import load_manifest
     from kvembed.export.core import Exporter, load_embedder
     from kvembed.export.gate.parity import HELD_OUT_TEXTS, run_parity
     from kvembed.export.precision.convert import INT8_RECIPES
@@ -72,7 +72,7 @@ def main() -> None:
                         row.update(gate=parity["worst_cosine"], held_out=parity["held_out"]["worst_cosine"],
                                    mb=sum(f.stat().st_size for f in out.iterdir() if f.is_file()) / 1e6,
                                    level=conversion["accuracy_level"], block_sizes=conversion["block_sizes"])
-                        encoder = encoder_from_manifest(out, read_manifest(out))
+                        encoder = encoder_from_manifest(out, load_manifest(out))
                         reference = exporter._references[None]
                         for level in args.levels:
                             session = level_session(out / "model.onnx", level)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from serve_util import free_port, kvembed_command, stop_process  # noqa: E402
 
 from kvembed.runtime import Embedder  # noqa: E402
-from kvembed.artifact import check_files, read_manifest  # noqa: E402
+from kvembed.artifact import check_files, load_manifest  # noqa: E402
 from kvembed.serve.config import ServeConfig  # noqa: E402
 from kvembed.serve.preflight import check_artifact  # noqa: E402
 
@@ -69,8 +69,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     config = ServeConfig(artifacts=(("model", args.artifact),), provider="cpu")
-    manifest = read_manifest(args.artifact)
-    size = sum(record["bytes"] for record in manifest["files"].values())
+    manifest = load_manifest(args.artifact)
+    size = sum(record.bytes for record in manifest.files.values())
     cells: dict[str, list[float]] = {"hash every file": [], "pre-bind checks in all": [], "session (loading thread)": [],
                                      "process: port answers": [], "process: ready": []}
     with tempfile.TemporaryDirectory() as tmp:

@@ -104,10 +104,10 @@ def folder_problems(directory: str | os.PathLike[str]) -> list[str]:
     return problems
 
 
-def check_files(directory: str | os.PathLike[str], manifest: Manifest | Mapping[str, Any] | None = None) -> list[str]:
+def check_files(directory: str | os.PathLike[str], manifest: Manifest | None = None) -> list[str]:
     """Problems with the artifact's files against its manifest (read from ``directory`` when not
     given); empty when all is well."""
-    manifest = load_manifest(directory) if manifest is None else Manifest.of(manifest)
+    manifest = load_manifest(directory) if manifest is None else manifest
     return check_records(directory, manifest.files)
 
 

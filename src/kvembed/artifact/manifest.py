@@ -323,11 +323,6 @@ class Manifest:
             directory=None if directory is None else Path(directory),
         )
 
-    @classmethod
-    def of(cls, manifest: "Manifest | Mapping[str, Any]") -> "Manifest":
-        """``manifest`` typed: as it is, or checked from its JSON form (callers holding a dict)."""
-        return manifest if isinstance(manifest, Manifest) else cls.from_dict(manifest)
-
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (a copy: the writer's to change): as read, with the fields changed since;
         a manifest built in code, from its fields."""
@@ -448,11 +443,9 @@ def _text(data: Mapping[str, Any]) -> str:
     return json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
 
 
-def write_manifest(directory: str | os.PathLike[str], manifest: Manifest | Mapping[str, Any]) -> Path:
-    """Write ``kvembed.json`` into ``directory`` atomically; a JSON form is checked first
-    (:meth:`Manifest.write` is the typed way)."""
-    typed = manifest if isinstance(manifest, Manifest) else Manifest.from_dict(manifest)
-    return typed.write(directory)
+def write_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> Path:
+    """Write ``kvembed.json`` into ``directory`` atomically (:meth:`Manifest.write`)."""
+    return manifest.write(directory)
 
 
 def record_certificates(directory: str | os.PathLike[str] | Manifest, certificates: list[Mapping[str, Any]]) -> dict[str, Any]:

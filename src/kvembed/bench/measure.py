@@ -1,8 +1,9 @@
-"""Timing loop, latency statistics, memory probes and the two backends being compared.
+"""Timing loop, latency statistics, memory probes and the subjects being compared.
 
-Both backends take the same padded numpy batch (``TextEncoder.pad`` output) and return the
+A *subject* is what the bench times (:data:`SUBJECTS`: the runtime on a backend, or the PyTorch
+reference). Every subject takes the same padded numpy batch (``TextEncoder.pad`` output) and returns the
 embeddings, so what is timed is the model call alone, never tokenisation, and their outputs can be
-compared row by row. Torch is imported only inside :class:`TorchBackend`.
+compared row by row. Torch is imported only inside :class:`TorchSubject`.
 """
 
 from __future__ import annotations
@@ -19,20 +20,21 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..backends.catalogue import BACKENDS as RUNTIME_BACKENDS
+from ..backends.catalogue import BACKENDS
 from ..export.gate.parity import cosine_rows  # noqa: F401  (torch-free; re-exported for the bench)
 from ..errors import InvalidInput
 
-#: what the bench times: the runtime on onnxruntime's CPU provider, the PyTorch reference, the
-#: runtime on OpenVINO (the backends catalogue's ``openvino``), and the runtime with
-#: ``provider="auto"`` (what ``Embedder.load(dir)`` runs: OpenVINO bf16 for a certified bf16 artifact)
-BACKENDS = ("runtime", "torch", "openvino", "auto")
+#: the bench's subjects, what it times (``kvembed bench --backends`` names them): the runtime on
+#: onnxruntime's CPU provider, the PyTorch reference, the runtime on OpenVINO (the backends
+#: catalogue's ``openvino``), and the runtime with ``provider="auto"`` (what ``Embedder.load(dir)``
+#: runs: OpenVINO bf16 for a certified bf16 artifact)
+SUBJECTS = ("runtime", "torch", "openvino", "auto")
 
 
-def default_backends() -> tuple[str, ...]:
+def default_subjects() -> tuple[str, ...]:
     """runtime and torch, plus openvino where the catalogue's probe finds it (``kvembed[openvino]``);
     ``auto`` only when asked for (elsewhere it is the runtime again)."""
-    return BACKENDS[:3] if RUNTIME_BACKENDS["openvino"].probe() is None else BACKENDS[:2]
+    return SUBJECTS[:3] if BACKENDS["openvino"].probe() is None else SUBJECTS[:2]
 
 #: a cell whose repeats have a coefficient of variation above this is flagged noisy
 NOISY_CV = 0.25
@@ -116,7 +118,7 @@ def ratio(times: dict[str, list[float]], a: str, b: str) -> float:
 
 @dataclass(frozen=True)
 class Timing:
-    """Latency samples of one cell (one backend, precision, batch size and sequence length).
+    """Latency samples of one cell (one subject, precision, batch size and sequence length).
 
     Throughput is total work over total time: ``texts_per_s = batch_size / mean``, and
     ``tokens_per_s = real_tokens / mean`` counts only non-padding tokens, so
@@ -235,27 +237,27 @@ def current_rss_mb() -> float:
     return peak_rss_mb() if rss is None else rss
 
 
-# -- backends -----------------------------------------------------------------------------------
+# -- subjects -----------------------------------------------------------------------------------
 
 
-class Backend:
-    """What the timed backends share: ``run(batch)`` and ``close()``, usable as a context manager so
-    a script's backend is closed (torch's patches restored) before the interpreter tears down."""
+class Subject:
+    """What the timed subjects share: ``run(batch)`` and ``close()``, usable as a context manager so
+    a script's subject is closed (torch's patches restored) before the interpreter tears down."""
 
     def run(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         raise NotImplementedError
 
     def close(self) -> None:
-        """Release what the backend holds."""
+        """Release what the subject holds."""
 
-    def __enter__(self) -> "Backend":
+    def __enter__(self) -> "Subject":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-class RuntimeBackend(Backend):
+class RuntimeSubject(Subject):
     """The torch-free runtime: the artifact's onnxruntime CPU session, created exactly as
     :meth:`kvembed.runtime.Embedder.load` creates it for users, with ``threads`` intra-op threads."""
 
@@ -264,7 +266,7 @@ class RuntimeBackend(Backend):
 
     @staticmethod
     def prepare() -> None:
-        """Import what the backend needs (before the RSS baseline, so it measures only loading)."""
+        """Import what the subject needs (before the RSS baseline, so it measures only loading)."""
         import onnxruntime  # noqa: F401
 
         from ..runtime import Embedder  # noqa: F401
@@ -283,7 +285,7 @@ class RuntimeBackend(Backend):
         self.embedder = None  # type: ignore[assignment]
 
 
-class OpenVINOBackend(RuntimeBackend):
+class OpenVINOSubject(RuntimeSubject):
     """The runtime with ``provider="openvino"`` (OpenVINO's CPU plugin, its default precision hint:
     bf16 where the CPU lists BF16, else f32). Its precision reads ``ARTIFACT/HINT``, e.g. ``fp32/bf16``."""
 
@@ -292,7 +294,7 @@ class OpenVINOBackend(RuntimeBackend):
 
     @staticmethod
     def prepare() -> None:
-        RuntimeBackend.prepare()
+        RuntimeSubject.prepare()
         import openvino  # noqa: F401
 
     def __init__(self, artifact: str | os.PathLike[str], threads: int) -> None:
@@ -311,7 +313,7 @@ def _first_load_elsewhere(artifact: str | os.PathLike[str], provider: str) -> No
         raise RuntimeError(f"provider {provider} could not load {artifact}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
 
 
-class AutoBackend(RuntimeBackend):
+class AutoSubject(RuntimeSubject):
     """The runtime with ``provider="auto"``: whatever :func:`~kvembed.backends.catalogue.choose_backend`
     picks for the artifact on this CPU. Its precision reads ``ARTIFACT/BACKEND``, e.g. ``bf16/openvino-bf16``."""
 
@@ -324,7 +326,7 @@ class AutoBackend(RuntimeBackend):
         self.precision = f"{self.precision}/{self.embedder.target}"
 
 
-class TorchBackend(Backend):
+class TorchSubject(Subject):
     """The PyTorch reference of the artifact (always fp32): its ``EmbeddingModel`` called directly
     under ``torch.inference_mode`` with the method's patches applied once, on ``threads`` threads."""
 
@@ -338,16 +340,17 @@ class TorchBackend(Backend):
 
         from ..export.gate.verification import reference_for  # noqa: F401
 
-    def __init__(self, manifest: Mapping[str, Any], threads: int) -> None:
+    def __init__(self, artifact: str | os.PathLike[str], threads: int) -> None:
         import torch
 
+        from ..artifact import load_manifest
         from ..export.gate.verification import reference_for
 
         torch.set_num_threads(int(threads))
         with contextlib.suppress(RuntimeError):  # only allowed before any parallel work
             torch.set_num_interop_threads(1)
         self._torch = torch
-        self.embedder = reference_for(manifest)
+        self.embedder = reference_for(load_manifest(artifact))
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(torch.inference_mode())
         self._stack.enter_context(self.embedder.model.patched())

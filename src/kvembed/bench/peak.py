@@ -255,7 +255,7 @@ class ModelShape:
 
 
 def model_shape(
-    manifest: Manifest | Mapping[str, Any], artifact: str | os.PathLike[str], config: Mapping[str, Any] | None = None
+    manifest: Manifest, artifact: str | os.PathLike[str], config: Mapping[str, Any] | None = None
 ) -> ModelShape:
     """The shape of the model an artifact runs.
 
@@ -264,7 +264,6 @@ def model_shape(
     from ``config`` (the torch model's, when the benchmark just exported it), else the source
     model's ``config.json``, else estimated as ``hidden_size`` (said so in ``sources``).
     """
-    manifest = Manifest.of(manifest)
     source = manifest.source
     sources: dict[str, str] = {"matmul_params": "onnx initializers"}
     params = matmul_params(Path(artifact) / MODEL)

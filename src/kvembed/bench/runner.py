@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from ..artifact import MODEL, Manifest, check_intact, load_manifest
 from ..runtime.artifact import encoder_from_manifest
-from .measure import BACKENDS, Timing, cosine_rows, default_backends
+from .measure import SUBJECTS, Timing, cosine_rows, default_subjects
 from .peak import gemm_peak, model_shape, probe_for
 from .report import SCHEMA, machine_info, usable_cores, write_json, write_markdown, write_plots
 from .worker import CellInput, WorkerSpec, run_isolated
@@ -59,7 +59,7 @@ class BenchConfig:
     precisions: tuple[str, ...] | None = None
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     seq_lens: tuple[int, ...] = (32, 128, 512)
-    backends: tuple[str, ...] = field(default_factory=default_backends)
+    backends: tuple[str, ...] = field(default_factory=default_subjects)
     threads: int | None = None
     """Intra-op threads for both backends (default: every usable core)."""
     warmup: int = 1
@@ -97,10 +97,10 @@ class BenchConfig:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise InvalidInput(f"{name}: {value!r} is not a positive integer")
         if not self.backends:
-            raise InvalidInput(f"--backends: give at least one of {', '.join(BACKENDS)}")
+            raise InvalidInput(f"--backends: give at least one of {', '.join(SUBJECTS)}")
         for backend in self.backends:
-            if backend not in BACKENDS:
-                raise InvalidInput(f"--backends: unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+            if backend not in SUBJECTS:
+                raise InvalidInput(f"--backends: unknown backend {backend!r}; choose from {', '.join(SUBJECTS)}")
         for precision in self.precisions or ():
             if precision not in PRECISIONS:
                 raise InvalidInput(f"--precision: unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")
@@ -281,18 +281,18 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
     specs = []
     if "runtime" in config.backends:
         for precision, path in artifacts.items():
-            specs.append(WorkerSpec("runtime", str(path), manifests[precision].to_dict(), threads, cells_in,
+            specs.append(WorkerSpec("runtime", str(path), threads, cells_in,
                                     label=f"runtime {precision}", **timing))
     if "openvino" in config.backends:  # on the fp32 artifact where there is one: bf16 is its fast path
         precision = "fp32" if "fp32" in artifacts else main_precision
-        specs.append(WorkerSpec("openvino", str(artifacts[precision]), manifests[precision].to_dict(), threads, cells_in,
+        specs.append(WorkerSpec("openvino", str(artifacts[precision]), threads, cells_in,
                                 label=f"openvino {precision}", **timing))
     if "auto" in config.backends:  # every artifact as Embedder.load(dir) runs it
         for precision, path in artifacts.items():
-            specs.append(WorkerSpec("auto", str(path), manifests[precision].to_dict(), threads, cells_in,
+            specs.append(WorkerSpec("auto", str(path), threads, cells_in,
                                     label=f"auto {precision}", **timing))
     if "torch" in config.backends:
-        specs.append(WorkerSpec("torch", str(artifacts[main_precision]), manifest.to_dict(), threads, cells_in,
+        specs.append(WorkerSpec("torch", str(artifacts[main_precision]), threads, cells_in,
                                 label="torch fp32", **timing))
     progress.start_cells(len(specs) * len(cells_in))
     processes = []

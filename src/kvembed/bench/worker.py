@@ -24,11 +24,11 @@ import numpy as np
 
 from ..errors import CheckFailed, InvalidInput
 from .measure import (
-    BACKENDS, AutoBackend, OpenVINOBackend, RuntimeBackend, TorchBackend, current_rss_mb, peak_rss_mb, time_calls,
+    SUBJECTS, AutoSubject, OpenVINOSubject, RuntimeSubject, TorchSubject, current_rss_mb, peak_rss_mb, time_calls,
 )
 
-#: backend name -> its class (torch's takes the manifest, the others the artifact directory)
-BACKEND_TYPES = {"runtime": RuntimeBackend, "torch": TorchBackend, "openvino": OpenVINOBackend, "auto": AutoBackend}
+#: subject name -> its class (each opens the artifact directory)
+SUBJECT_TYPES = {"runtime": RuntimeSubject, "torch": TorchSubject, "openvino": OpenVINOSubject, "auto": AutoSubject}
 
 #: child exceptions re-raised as themselves in the parent (they carry a user-facing message)
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, FileNotFoundError, NotImplementedError)
@@ -50,10 +50,9 @@ class CellInput:
 class WorkerSpec:
     """Everything a child needs; picklable (sent to a spawned process)."""
 
-    backend: str
-    """``runtime``, ``torch`` or ``openvino``."""
+    subject: str
+    """What it times: a name of :data:`~kvembed.bench.measure.SUBJECTS` (``runtime``, ``torch``, ...)."""
     artifact: str
-    manifest: dict[str, Any]
     threads: int
     cells: list[CellInput]
     warmup: int = 1
@@ -63,19 +62,19 @@ class WorkerSpec:
     label: str = field(default="")
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise InvalidInput(f"unknown backend {self.backend!r}")
+        if self.subject not in SUBJECTS:
+            raise InvalidInput(f"unknown subject {self.subject!r}; choose from {', '.join(SUBJECTS)}")
         if not self.label:
-            self.label = self.backend
+            self.label = self.subject
 
 
 def measure_cells(spec: WorkerSpec, report: Callable[[str, Any], None]) -> dict[str, Any]:
     """Load the backend and time every cell (runs in the child; callable in-process for tests)."""
-    kind = BACKEND_TYPES[spec.backend]
+    kind = SUBJECT_TYPES[spec.subject]
     kind.prepare()
     rss_imported = current_rss_mb()
     start = time.perf_counter()
-    backend = TorchBackend(spec.manifest, spec.threads) if kind is TorchBackend else kind(spec.artifact, spec.threads)
+    backend = kind(spec.artifact, spec.threads)
     load_seconds = time.perf_counter() - start
     rss_loaded = current_rss_mb()
     report("loaded", {"label": spec.label, "load_seconds": load_seconds})
@@ -94,7 +93,7 @@ def measure_cells(spec: WorkerSpec, report: Callable[[str, Any], None]) -> dict[
         backend.close()
     return {
         "label": spec.label,
-        "backend": spec.backend,
+        "backend": spec.subject,  # the results' key (render_results.py reads it)
         "precision": backend.precision,
         "load_seconds": load_seconds,
         "rss_after_imports_mb": rss_imported,

@@ -135,7 +135,7 @@ def bench_command(
 
     def configure() -> Any:
         from ..bench.runner import PRECISIONS, BenchConfig
-        from ..bench.measure import BACKENDS
+        from ..bench.measure import SUBJECTS
         from ..bench.scenario import read_scenario, scenario_values
 
         if smoke and scenario is None:
@@ -146,7 +146,7 @@ def bench_command(
             model=model, method=method, options=options or None, artifact=artifact,
             precisions=parse_names("--precision", precision, PRECISIONS),
             batch_sizes=parse_ints("--batch-sizes", batch_sizes), seq_lens=parse_ints("--seq-lens", seq_lens),
-            backends=parse_names("--backends", backends, BACKENDS), threads=threads, warmup=warmup,
+            backends=parse_names("--backends", backends, SUBJECTS), threads=threads, warmup=warmup,
             min_repeats=min_repeats, min_seconds=min_seconds, max_repeats=max_repeats, kind=kind,
             profile=profile or None,
         )

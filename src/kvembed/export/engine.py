@@ -123,10 +123,10 @@ def choose_precision(precision: str, tensorrt_version: str, artifact_precision: 
     return PrecisionPlan(precision, False, precision == "fp16", precision == "bf16")
 
 
-def check_tensorrt_supports(manifest: Manifest | Mapping[str, Any], tensorrt_version: str) -> None:
+def check_tensorrt_supports(manifest: Manifest, tensorrt_version: str) -> None:
     """Refuse a graph whose ops this TensorRT's parser lacks (the manifest's minimum: Attention needs
     10.14, Causal2Vec's Gelu 10.15)."""
-    graph = Manifest.of(manifest).graph
+    graph = manifest.graph
     needed = graph.min_versions.get("tensorrt")
     if needed and version_key(tensorrt_version) < version_key(needed):
         form = graph.attention_form or "fused"
@@ -136,7 +136,7 @@ def check_tensorrt_supports(manifest: Manifest | Mapping[str, Any], tensorrt_ver
 
 
 def engine_record(
-    manifest: Manifest | Mapping[str, Any],
+    manifest: Manifest,
     model_sha256: str,
     ranges: Sequence[ShapeRange],
     plan: PrecisionPlan,
@@ -150,7 +150,6 @@ def engine_record(
 ) -> dict[str, Any]:
     """engine.json: what the plan was built from (sha256 of model.onnx) and for (TensorRT, GPU);
     ``plan_sha256`` lets the loader tell a damaged plan from a good one."""
-    manifest = Manifest.of(manifest)
     return {
         "schema_version": ENGINE_SCHEMA_VERSION,
         "tensorrt_version": str(tensorrt_version),

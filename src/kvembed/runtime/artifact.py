@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..artifact import TOKENIZER, Manifest
 from .encoding import TextEncoder
 from ..errors import InvalidInput
 
 
-def encoder_from_manifest(directory: str | os.PathLike[str], manifest: Manifest | Mapping[str, Any]) -> TextEncoder:
+def encoder_from_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> TextEncoder:
     """Rebuild the artifact's TextEncoder from ``tokenizer.json`` in ``directory`` and the manifest
-    (torch-free). The manifest is the one the caller loaded; its JSON form is taken for the exporter,
-    which tokenises a staged artifact before its manifest is written."""
+    (torch-free). The manifest is the one the caller loaded (the exporter's draft, for a staged
+    artifact whose manifest is not written yet)."""
     from tokenizers import Tokenizer
 
-    manifest = Manifest.of(manifest)
     tokenizer = Tokenizer.from_file(str(Path(directory) / TOKENIZER))
     context: dict[str, Any] = {}
     if manifest.context_encoder is not None:

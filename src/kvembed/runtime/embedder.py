@@ -46,7 +46,7 @@ class Embedder:
     """
 
     def __init__(
-        self, directory: Path, manifest: Manifest | Mapping[str, Any], encoder: TextEncoder, session: Session,
+        self, directory: Path, manifest: Manifest, encoder: TextEncoder, session: Session,
         max_call_tokens: int | None | str = "auto",
         call_cost: int | None | str = "auto",
         choice: Choice | None = None,
@@ -55,7 +55,7 @@ class Embedder:
         #: what the provider chose and why (`choose_backend`)
         self.choice = choice
         #: the manifest, typed (`Manifest`), as the load read it; `manifest` is its JSON
-        self.artifact: Manifest = Manifest.of(manifest)
+        self.artifact: Manifest = manifest
         self.encoder = encoder
         self.session = session
         self._inputs = list(session.input_names)

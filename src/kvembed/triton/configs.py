@@ -46,9 +46,8 @@ class ArtifactFacts:
 
     @classmethod
     def from_manifest(
-        cls, name: str, manifest: Manifest | Mapping[str, Any], engine: Mapping[str, Any] | None = None
+        cls, name: str, manifest: Manifest, engine: Mapping[str, Any] | None = None
     ) -> "ArtifactFacts":
-        manifest = Manifest.of(manifest)
         inputs = tuple(manifest.input_names)
         unknown = [item for item in inputs if item not in TOKEN_INPUTS]
         if unknown:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ...version import __version__
 from ...artifact import Manifest
@@ -110,14 +110,14 @@ def advisory_checks(precision: str) -> list[tuple[str, str, int]]:
             for target, bar in sorted(alternatives, key=lambda alternative: rank(TARGETS[alternative[0]].setting))]
 
 
-def advisory_problem(target: str, manifest: Mapping[str, Any], passed: str | None = None) -> str | None:
+def advisory_problem(target: str, manifest: Manifest, passed: str | None = None) -> str | None:
     """Why the advisory check on ``target`` cannot certify anything for the artifact of ``manifest``
     here (an int8 artifact names no graph for the target's backend, openvino absent, or a CPU without
     BF16 / FP16 where the bf16 / f16 hint runs f32, or ``passed``: an earlier alternative that
     certified), or None."""
     if passed is not None:
         return f"not needed: {passed} certified"
-    spec, manifest = TARGETS[target], Manifest.of(manifest)
+    spec = TARGETS[target]
     if manifest.precision in OWN_GRAPHS and spec.backend not in manifest.graphs:
         return f"the artifact names no graph for {spec.backend} (exported before it had one: re-export it)"
     if target == OV_F32 and manifest.precision == "int8" and not manifest.graph.weight_only:
@@ -129,10 +129,10 @@ def advisory_problem(target: str, manifest: Mapping[str, Any], passed: str | Non
     return problem
 
 
-def gate_graph(directory: Path, manifest: Mapping[str, Any], target: str) -> Path:
+def gate_graph(directory: Path, manifest: Manifest, target: str) -> Path:
     """The graph file ``target``'s backend runs in the artifact being gated in ``directory``
     (its own where the manifest's ``graphs`` names one, else ``model.onnx``)."""
-    return directory / Manifest.of(manifest).graph_file(TARGETS[target].backend)
+    return directory / manifest.graph_file(TARGETS[target].backend)
 
 
 #: how the gate opens a graph on each backend (flat options, :func:`~kvembed.backends.catalogue.options_for`).

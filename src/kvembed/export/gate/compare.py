@@ -62,7 +62,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ...artifact import MODEL, Manifest, read_manifest
+from ...artifact import MODEL, Manifest, load_manifest
 from ...artifact.certificates import precision_name
 from .targets import CPU, OV_BF16, OV_F16, TARGET_ALIASES, TARGET_NAMES, TARGETS
 from ...backends.protocol import BackendUnavailableError
@@ -190,7 +190,7 @@ class FeedBatch:
 
 def comparison_feeds(
     directory: str | os.PathLike[str],
-    manifest: Mapping[str, Any] | None = None,
+    manifest: Manifest | None = None,
     texts: Mapping[str, str] | None = None,
 ) -> list[FeedBatch]:
     """Padded batches of real token ids from the artifact's own text encoder (both padding sides).
@@ -199,11 +199,11 @@ def comparison_feeds(
     unicode and empty texts, as documents and queries); with ``texts``, all of them as one batch
     per kind.
     """
-    manifest = read_manifest(directory) if manifest is None else manifest
+    manifest = load_manifest(directory) if manifest is None else manifest
     encoder = encoder_from_manifest(directory, manifest)
     pool = dict(PARITY_TEXTS if texts is None else texts)
     plan = COMPARE_PLAN if texts is None else tuple((kind, tuple(pool)) for kind, _ in COMPARE_PLAN)
-    inputs = [item.name for item in Manifest.of(manifest).inputs]
+    inputs = manifest.input_names
     batches = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the long text may be truncated to max_length
@@ -362,12 +362,11 @@ def compare_backends(
     compared). A backend that fails to build or run is a problem of the result, not an exception.
     """
     directory = Path(directory).expanduser()
-    manifest = read_manifest(directory)
+    manifest = load_manifest(directory)
     model_path = directory / MODEL
     names, skipped = resolve_backends(directory, backends, manifest=manifest, model_path=model_path)
-    typed = Manifest.of(manifest)
-    precision = typed.precision
-    tol = _tolerance(typed.graph_precision, tolerance)  # a bf16 artifact's graph is the fp32 one
+    precision = manifest.precision
+    tol = _tolerance(manifest.graph_precision, tolerance)  # a bf16 artifact's graph is the fp32 one
     batches = comparison_feeds(directory, manifest, texts)
     comparison = BackendComparison(
         precision=precision, backends=names, pairs=[], skipped=skipped, tolerance=asdict(tol),
@@ -382,14 +381,14 @@ def compare_backends(
     runners, labels = [], []
     for name in names:
         try:
-            graph = directory / typed.graph_file(TARGETS[name].backend)  # an int8 artifact's OpenVINO graph
-            runners.append(make_runner(name, graph, feeds=feeds, fp16=typed.graph_precision == "fp16"))
+            graph = directory / manifest.graph_file(TARGETS[name].backend)  # an int8 artifact's OpenVINO graph
+            runners.append(make_runner(name, graph, feeds=feeds, fp16=manifest.graph_precision == "fp16"))
             labels.append(name)
         except Exception as err:
             failures[name] = err
     if labels and labels[0] == names[0]:
         comparison.pairs = compare_runners(runners, batches, tol, labels=labels, failures=failures)
-    comparison.ran = {label: precision_name(getattr(runner, "ran", typed.graph_precision)) for runner, label in zip(runners, labels)}
+    comparison.ran = {label: precision_name(getattr(runner, "ran", manifest.graph_precision)) for runner, label in zip(runners, labels)}
     for name, err in failures.items():
         if isinstance(err, BackendUnavailableError) and name not in asked:  # auto picked it, it cannot start
             comparison.skipped[name] = str(err).split(": ", 1)[-1]

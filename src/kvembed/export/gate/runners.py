@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ...artifact import Manifest
 from .targets import (
     CPU, CUDA, ORT_TENSORRT, REFERENCE, TENSORRT, TARGET_NAMES, TARGETS, resolve_targets, target_problems,
 )
@@ -41,7 +42,7 @@ _ORT_TARGETS = (CPU, CUDA, ORT_TENSORRT)
 GPU_HINT = install_hint("gpu")
 
 
-def backend_problems(manifest: Mapping[str, Any] | None = None) -> dict[str, str]:
+def backend_problems(manifest: Manifest | None = None) -> dict[str, str]:
     """``name -> why it cannot run here``: the catalogue's absent targets, and every target when
     polygraphy (which runs them all) is missing."""
     problems = target_problems(manifest)
@@ -55,15 +56,15 @@ def resolve_backends(
     directory: str | os.PathLike[str] | None = None,
     backends: str | Sequence[str] = "auto",
     *,
-    manifest: Mapping[str, Any] | None = None,
+    manifest: Manifest | None = None,
     model_path: str | os.PathLike[str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The targets to compare and ``{skipped target: reason}``
     (:func:`~kvembed.export.gate.targets.resolve_targets`, with :func:`backend_problems`)."""
     if directory is not None and manifest is None:
-        from ...artifact import read_manifest
+        from ...artifact import load_manifest
 
-        manifest = read_manifest(directory)
+        manifest = load_manifest(directory)
     return resolve_targets(directory, backends, manifest=manifest, model_path=model_path,
                                    problems=backend_problems(manifest))
 

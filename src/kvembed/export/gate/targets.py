@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from ...artifact import MODEL, read_manifest
+from ...artifact import MODEL, Manifest, load_manifest
 from ...backends.catalogue import target_problem
 from ...backends.cpu import cpu_features
 from ...backends.protocol import BackendUnavailableError
@@ -49,11 +49,11 @@ def _mb(n: int) -> str:
     return f"{n / 1024 / 1024:.1f} MB" if n < 1024 ** 3 else f"{n / 1024 ** 3:.1f} GB"
 
 
-def target_problems(manifest: Mapping[str, Any] | None = None) -> dict[str, str]:
+def target_problems(manifest: Manifest | None = None) -> dict[str, str]:
     """``name -> why it cannot run here`` for every verify target this machine (or this artifact's
     graph: TensorRT's parser takes no int8 one) lacks; absent ones only."""
     problems = {name: why for name in TARGETS if (why := target_problem(name)) is not None}
-    graph = (manifest or {}).get("graph", {})
+    graph = {} if manifest is None else manifest.graph.raw
     if TENSORRT not in problems and graph and not graph.get("tensorrt_ready", True):
         ops = ", ".join(graph.get("non_portable_ops", [])) or "int8 weights"  # the one graph whose ops pass but is not ready
         problems[TENSORRT] = f"TensorRT's parser does not take this graph ({ops}); export fp32 or fp16 for TensorRT"
@@ -64,7 +64,7 @@ def resolve_targets(
     directory: str | os.PathLike[str] | None = None,
     backends: str | Sequence[str] = "auto",
     *,
-    manifest: Mapping[str, Any] | None = None,
+    manifest: Manifest | None = None,
     model_path: str | os.PathLike[str] | None = None,
     problems: Mapping[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
@@ -78,7 +78,7 @@ def resolve_targets(
     ``problems``: what is absent (default :func:`target_problems`).
     """
     if directory is not None:
-        manifest = read_manifest(directory) if manifest is None else manifest
+        manifest = load_manifest(directory) if manifest is None else manifest
         model_path = Path(directory) / MODEL if model_path is None else model_path
     if model_path is None:
         raise InvalidInput("give an artifact directory or a model path")

@@ -10,7 +10,7 @@ import gc
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ...methods.sharing import AlsoRequest, output_names
 from ...artifact import Manifest, check_files, load_manifest
@@ -62,9 +62,8 @@ class VerifyResult:
         )
 
 
-def reference_for(manifest: Manifest | Mapping[str, Any]) -> Any:
+def reference_for(manifest: Manifest) -> Any:
     """Rebuild the PyTorch reference an artifact was exported from (model, options, max_length)."""
-    manifest = Manifest.of(manifest)
     location = manifest.source.location
     candidates = []
     if location and Path(location).is_dir():
