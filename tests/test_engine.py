@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from kvembed.errors import CheckFailed, MissingDependency
+from kvembed.artifact import Manifest
 from kvembed.artifact.staging import staged
 from kvembed.export.engine import (
     DEFAULT_SHAPES, EngineParityError, ShapeRange, build_engine, check_engine_parity, check_tensorrt_supports,
@@ -121,15 +122,16 @@ def test_precision_refusals(args, message):
 
 def test_fused_attention_needs_tensorrt_10_14(manifest):
     assert manifest["graph"]["attention"]["form"] == "fused"
-    check_tensorrt_supports(manifest, "10.14.1")
-    check_tensorrt_supports(manifest, "11.0")
+    typed = Manifest.from_dict(manifest)
+    check_tensorrt_supports(typed, "10.14.1")
+    check_tensorrt_supports(typed, "11.0")
     with pytest.raises(ValueError, match=r"needs TensorRT >= 10.14 \(installed: 10.13.0\).*--attention decomposed"):
-        check_tensorrt_supports(manifest, "10.13.0")
+        check_tensorrt_supports(typed, "10.13.0")
     decomposed = {**manifest, "graph": {**manifest["graph"], "attention": {"form": "decomposed",
                   "min_versions": {"tensorrt": "10.15"}}}}  # e.g. Causal2Vec's Gelu: no re-export helps
-    check_tensorrt_supports(decomposed, "10.15")
+    check_tensorrt_supports(Manifest.from_dict(decomposed), "10.15")
     with pytest.raises(ValueError, match=r"needs TensorRT >= 10.15 \(installed: 10.0\); upgrade TensorRT"):
-        check_tensorrt_supports(decomposed, "10.0")
+        check_tensorrt_supports(Manifest.from_dict(decomposed), "10.0")
 
 
 def test_minimum_tensorrt_is_the_newest_any_op_needs():
@@ -146,7 +148,7 @@ def test_minimum_tensorrt_is_the_newest_any_op_needs():
 def _record(artifact, manifest, **changes):
     ranges = [parse_shapes("1x16:8x128:32x512", 512), parse_shapes("1x8:1x8:1x64", 512)]
     record = engine_record(
-        manifest, sha256_file(artifact / "model.onnx"), ranges, choose_precision("fp16", "10.14.1", "fp32"),
+        Manifest.from_dict(manifest), sha256_file(artifact / "model.onnx"), ranges, choose_precision("fp16", "10.14.1", "fp32"),
         tensorrt_version="10.14.1", gpu_name="NVIDIA L4", compute_capability="8.9", build_seconds=42.25,
         options={"workspace_bytes": 4 * 1024**3, "opt_level": 3, "timing_cache": None},
     )
