@@ -123,6 +123,8 @@ def test_fields_a_newer_exporter_adds_are_kept(stories_artifact, tmp_path):
     (lambda m: m["parity"].update(gates={"x": {"passed": True}}), r"parity: gates\['x'\]: precision must be str"),
     (lambda m: m["parity"].update(advisory={"openvino-bf16": 3}), r"parity: advisory\['openvino-bf16'\] must be an object"),
     (lambda m: m["parity"].update(timings={"trace": "long"}), r"parity: timings\['trace'\] must be a number of seconds"),
+    # a crafted megabyte in a field comes back cut, not whole
+    (lambda m: m["parity"].update(precision=["x" * 1_000_000]), r"parity: precision must be str, got \['xxx.*\.\.\. \(1000004 characters\)$"),
 ])
 def test_a_missing_or_malformed_field_is_named(stories_artifact, tmp_path, change, message):
     artifact = _copy(stories_artifact("kv-embedding"), tmp_path)

@@ -13,7 +13,7 @@ import json
 from dataclasses import fields, is_dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, shown
 
 #: a JSON key, or the path of keys to a nested one (``("attention", "form")``)
 Key = str | tuple[str, ...]
@@ -69,5 +69,5 @@ def checked_field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ..
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         names = " or ".join(k.__name__ for k in kinds)
-        raise InvalidInput(f"{where}: {key} must be {'null or ' if optional else ''}{names}, got {value!r}")
+        raise InvalidInput(f"{where}: {key} must be {'null or ' if optional else ''}{names}, got {shown(value)}")
     return value

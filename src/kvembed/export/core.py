@@ -141,14 +141,22 @@ class Exporter:
         self.weights_released = False
         self.embedder = embedder
         self.optimize = optimize
-        progress = progress or silent
-        self.progress = progress if isinstance(progress, StageClock) else StageClock(progress)
+        self.progress = progress or silent
         self._workdir: Path | None = None
         self._claim = contextlib.ExitStack()  # the trace directory's lock, held while it lives
         self._graph: dict[str, Any] | None = None
         self._reference_outputs: dict[Any, Any] = {}  # the traced embedder's parity outputs
         self._references: dict[str | None, Any] | None = None  # output label -> its single-method reference
         self._texts: dict[str, str] | None = None  # what the gate decides on (model_gate_texts)
+
+    @property
+    def progress(self) -> StageClock:
+        """Where the exporter reports its stages, timed (:class:`StageClock`): the report's ``timings``."""
+        return self._progress
+
+    @progress.setter
+    def progress(self, progress: Progress) -> None:
+        self._progress = progress if isinstance(progress, StageClock) else StageClock(progress)
 
     def __enter__(self) -> "Exporter":
         return self
@@ -338,7 +346,7 @@ class Exporter:
             if tried:
                 graph["precision_conversion"]["recipes_tried"] = tried
             files = file_records(staging)
-            parity = dataclasses.replace(parity, timings=self.progress.seconds() if isinstance(self.progress, StageClock) else {})
+            parity = dataclasses.replace(parity, timings=self.progress.seconds())
             manifest = draft.updated(graph=graph, parity=parity.to_dict(), certified=certified + advised, files=files,
                                      vector_ranges=vector_ranges)
             manifest.write(staging)

@@ -5,6 +5,7 @@ display has it (the CLI shows the time left from it).
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 Progress = Callable[[str, str], None]
@@ -32,8 +33,6 @@ class StageClock:
     export's report says where its time went (:attr:`~kvembed.artifact.report.ExportReport.timings`)."""
 
     def __init__(self, progress: Progress, clock: Callable[[], float] | None = None) -> None:
-        import time
-
         self._progress = progress
         self._clock = clock or time.monotonic
         self._stage: str | None = None
