@@ -18,12 +18,13 @@ from pathlib import Path
 
 from kvembed.bench.measure import current_rss_mb, interleaved, peak_rss_mb, ratio
 from kvembed.bench.workload import raw_token_batch
+from kvembed import OnnxRuntimeOptions
 from kvembed.runtime import Embedder
 
 
 def memory_probe(artifact: str, batch: int, seq: int, threads: int, arena: bool) -> dict:
     """Run in a fresh process: RSS (MB) after load, peak, and after one call."""
-    embedder = Embedder.load(artifact, provider="cpu", threads=threads, verify=False, memory_arena=arena)
+    embedder = Embedder.load(artifact, provider="cpu", threads=threads, verify=False, options=OnnxRuntimeOptions(memory_arena=arena))
     loaded = current_rss_mb()
     embedder.run(raw_token_batch(embedder.encoder, batch, seq))
     return {"arena": arena, "after_load_mb": loaded, "peak_mb": peak_rss_mb(), "after_call_mb": current_rss_mb()}

@@ -31,6 +31,7 @@ from record import figure, write_record  # benchmarks/record.py, beside this scr
 from kvembed.bench.measure import TorchSubject, cosine_rows, interleaved
 from kvembed.bench.report import machine_info
 from kvembed.bench.workload import exact_rows, make_batch
+from kvembed import OpenVINOOptions
 from kvembed.runtime import Embedder
 
 BASE = "onnxruntime fp32"
@@ -65,7 +66,7 @@ def load_backends(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict
     for label, path in args.cpu:
         embedders[f"{label} (onnxruntime-cpu)"] = load(path, provider="cpu")
     for hint in args.ov:
-        embedders[f"OpenVINO {hint}"] = load(args.fp32, provider="openvino", ov_precision=hint)
+        embedders[f"OpenVINO {hint}"] = load(args.fp32, provider="openvino", options=OpenVINOOptions(precision=hint))
     for name, embedder in embedders.items():
         runs[name] = lambda feeds, e=embedder: e.run(feeds)[0]
     if args.torch:

@@ -74,16 +74,16 @@ def artifact_bytes(artifact: Path) -> int:
 
 def open_embedder(artifact: Path, config: str, threads: int, cache: Path) -> Any:
     """The Embedder a configuration describes (ORT variants build their session options here)."""
+    from kvembed import OpenVINOOptions
     from kvembed.runtime import Embedder
 
     if config == "default":
         return Embedder.load(artifact, provider="cpu", threads=threads, verify=False)
     if config == "auto":  # what a user gets: the backend kvembed chooses for this artifact on this machine
-        return Embedder.load(artifact, threads=threads, verify=False, ov_cache_dir=cache)
+        return Embedder.load(artifact, threads=threads, verify=False, options=[OpenVINOOptions(cache_dir=cache)])
     if config.startswith("openvino"):
         precision = config.split("-")[1]
-        return Embedder.load(artifact, provider="openvino", threads=threads, verify=False, ov_precision=precision,
-                             ov_cache_dir=cache if config.endswith("cached") else False)
+        return Embedder.load(artifact, provider="openvino", threads=threads, verify=False, options=OpenVINOOptions(precision=precision, cache_dir=cache if config.endswith("cached") else False))
     from kvembed.artifact import MODEL, load_manifest
     from kvembed.backends.onnxruntime import CPU, OnnxRuntimeSession, open_session, session_options
     from kvembed.runtime.artifact import encoder_from_manifest
@@ -139,7 +139,7 @@ def child(args: argparse.Namespace) -> None:
         "config": args.config, "artifact": str(args.artifact), "baseline_rss": base, "load_s": round(load_s, 2),
         "after_load": after_load, "rss": status_kb("VmRSS"), "hwm": status_kb("VmHWM"),
         "pss": roll.get("Pss", 0), "anonymous": roll.get("Anonymous", 0), "pss_file": roll.get("Pss_File", 0),
-        "batch_s": round(statistics.median(times), 4), "query_s": round(statistics.median(small), 4), "widths": sorted(widths), "providers": embedder.providers,
+        "batch_s": round(statistics.median(times), 4), "query_s": round(statistics.median(small), 4), "widths": sorted(widths), "target": embedder.target,
     }), flush=True)
 
 

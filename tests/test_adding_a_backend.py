@@ -11,7 +11,7 @@ limits of its own. The tests register it with one catalogue entry and load a rea
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -33,11 +33,11 @@ TEXTS = ["A man is playing a guitar.", "hi", "Why is the sky blue?", "She said n
 
 @dataclass(frozen=True)
 class StandInOptions:
-    """The stand-in's own options: its thread count (the flat ``threads`` keyword) and a setting
-    no other backend has, reached by a flat keyword of its own name."""
+    """The stand-in's own options: its thread count (``Embedder.load``'s ``threads`` fills it) and a
+    setting no other backend has."""
 
     threads: int | None = None
-    spin: bool = field(default=False, metadata={"keyword": "stand_in_spin"})
+    spin: bool = False
 
 
 def probe(provider: str | None = None) -> str | None:
@@ -51,7 +51,6 @@ def weight_factor(precision: str, options: StandInOptions | None = None) -> floa
 class StandInSession:
     """A graph run by a plain onnxruntime session, which records every call's shape."""
 
-    backend = NAME
     name = f"{NAME}-cpu"
     limits = LIMITS
     renormalise = True
@@ -66,13 +65,6 @@ class StandInSession:
     @property
     def input_names(self) -> list[str]:
         return [i.name for i in self.graph.get_inputs()]
-
-    @property
-    def providers(self) -> list[str]:
-        return ["StandIn", "f32"]
-
-    def max_rows(self, width: int) -> int | None:
-        return LIMITS.max_batch_size
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         self.calls.append(next(iter(feeds.values())).shape[:2])
@@ -99,11 +91,11 @@ def artifact(stories_artifact):
 
 
 def test_an_artifact_loads_and_embeds_on_a_registered_backend(stand_in, artifact):
-    embedder = Embedder.load(artifact, provider=NAME, threads=1, stand_in_spin=True)
+    embedder = Embedder.load(artifact, provider=NAME, threads=1, options=StandInOptions(spin=True))
     session = embedder.session
     assert isinstance(session, StandInSession) and isinstance(session, Session)
-    assert session.options == StandInOptions(threads=1, spin=True)  # flat keywords reach the backend's options
-    assert embedder.target == "stand-in-cpu" and embedder.providers == ["StandIn", "f32"]
+    assert session.options == StandInOptions(threads=1, spin=True)  # its options pass through, threads filled in
+    assert embedder.target == "stand-in-cpu" and catalogue.session_backend(session) == NAME
     assert embedder.runtime_line() == "runtime: stand-in-cpu running the fp32 artifact (provider stand-in, as asked)"
     assert embedder.max_length == LIMITS.max_sequence  # the session's limits reach the encoder
     got = embedder.encode(TEXTS, batch_size=8)
@@ -122,8 +114,8 @@ def test_the_registered_backend_is_a_provider_everywhere_the_catalogue_answers(s
         Embedder.load(artifact, provider=NAME, options=catalogue.BACKENDS["onnxruntime"].options_type()())
 
 
-def test_unregistered_it_is_no_provider_and_its_keyword_is_unknown(artifact):
+def test_unregistered_it_is_no_provider_and_its_options_are_unknown(artifact):
     with pytest.raises(ValueError, match="provider must be one of auto, cpu, cuda, tensorrt, openvino, got 'stand-in'"):
         Embedder.load(artifact, provider=NAME)
-    with pytest.raises(TypeError, match="unknown backend option: stand_in_spin"):
-        Embedder.load(artifact, provider="cpu", stand_in_spin=True)
+    with pytest.raises(ValueError, match="options= takes a backend's options .* got StandInOptions"):
+        Embedder.load(artifact, provider="cpu", options=StandInOptions(spin=True))

@@ -22,11 +22,14 @@ from kvembed.runtime import Embedder
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ROOM = Path(catalogue.__file__).parent
-#: Embedder.load's keywords and defaults before the backends room (all must keep working)
-OLD_KEYWORDS = {
-    "provider": "auto", "threads": None, "verify": True, "device_id": 0, "trt_cache_dir": None, "trt_fp16": False,
-    "memory_arena": True, "prepacking": True, "ov_precision": None, "ov_cache_dir": None, "max_call_tokens": "auto",
-    "call_cost": "auto",
+#: Embedder.load's own keywords and defaults (the backends' settings are their options dataclasses)
+KEYWORDS = {"provider": "auto", "threads": None, "options": None, "verify": True, "max_call_tokens": "auto", "call_cost": "auto"}
+#: the flat backend keywords of earlier versions -> the options field named in the error that replaces each
+REMOVED = {
+    "device_id": "OnnxRuntimeOptions(device_id=", "trt_cache_dir": "OnnxRuntimeOptions(trt_cache_dir=",
+    "trt_fp16": "OnnxRuntimeOptions(trt_fp16=", "memory_arena": "OnnxRuntimeOptions(memory_arena=",
+    "prepacking": "OnnxRuntimeOptions(prepacking=", "spinning": "OnnxRuntimeOptions(spinning=",
+    "ov_precision": "OpenVINOOptions(precision=", "ov_cache_dir": "OpenVINOOptions(cache_dir=",
 }
 
 
@@ -83,29 +86,42 @@ def test_auto_picks_onnxruntime_for_an_artifact(artifact, tmp_path):
         catalogue.backend_for(tmp_path, "cpu")
 
 
-def test_embedder_load_takes_every_old_keyword(artifact):
+def test_embedder_load_passes_each_backends_own_options_through(artifact):
     parameters = inspect.signature(Embedder.load).parameters
-    for name, default in OLD_KEYWORDS.items():
+    for name, default in KEYWORDS.items():
         assert parameters[name].default == default, name
     embedder = Embedder.load(
-        artifact, provider="cpu", threads=1, verify=True, device_id=0, trt_cache_dir=None, trt_fp16=False,
-        memory_arena=False, prepacking=False, ov_precision=None, ov_cache_dir=None, max_call_tokens=64, call_cost=None,
+        artifact, provider="cpu", threads=1, verify=True, max_call_tokens=64, call_cost=None,
+        options=[OpenVINOOptions(precision="f32"), OnnxRuntimeOptions(memory_arena=False, prepacking=False)],
     )
-    assert isinstance(embedder.session, Session) and embedder.providers == ["CPUExecutionProvider"]
+    assert isinstance(embedder.session, Session) and embedder.target == "onnxruntime-cpu"
     options = embedder.session.get_session_options()  # the onnxruntime session's own methods stay reachable
     assert not options.enable_cpu_mem_arena and options.get_session_config_entry(DISABLE_PREPACKING) == "1"
     assert options.intra_op_num_threads == 1 and embedder.max_call_tokens == 64 and embedder.call_cost is None
-    assert embedder.session.max_rows(512) is None
+    assert embedder.session.limits is None
     vector = embedder.encode("a short text")
     same = Embedder.load(artifact, "cpu", options=OnnxRuntimeOptions(threads=1, memory_arena=False))
     assert not same.session.get_session_options().enable_cpu_mem_arena
     np.testing.assert_allclose(same.encode("a short text"), vector, atol=1e-6)
-    with pytest.raises(ValueError, match="either options= or memory_arena"):
-        Embedder.load(artifact, "cpu", memory_arena=False, options=OnnxRuntimeOptions())
+    with pytest.raises(ValueError, match="threads=2 and OnnxRuntimeOptions\\(threads=1\\): give it once"):
+        Embedder.load(artifact, "cpu", 2, options=OnnxRuntimeOptions(threads=1))
+    with pytest.raises(ValueError, match="two OnnxRuntimeOptions: give one per backend"):
+        Embedder.load(artifact, "cpu", options=[OnnxRuntimeOptions(), OnnxRuntimeOptions(prepacking=False)])
     with pytest.raises(ValueError, match="takes OnnxRuntimeOptions, got OpenVINOOptions"):
         Embedder.load(artifact, "cpu", options=OpenVINOOptions())
+    with pytest.raises(ValueError, match="options= takes a backend's options .* got dict"):
+        Embedder.load(artifact, "cpu", options={"memory_arena": False})
     with pytest.raises(ValueError, match="provider must be one of"):
         Embedder.load(artifact, provider="vulkan")
+
+
+@pytest.mark.parametrize("keyword", sorted(REMOVED))
+def test_a_removed_flat_keyword_names_the_field_that_holds_it_now(artifact, keyword):
+    with pytest.raises(TypeError) as raised:
+        Embedder.load(artifact, "cpu", **{keyword: None})
+    assert REMOVED[keyword] in str(raised.value) and f"not {keyword}=" in str(raised.value)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
+        Embedder.load(artifact, "cpu", colour="red")
 
 
 def test_session_memory_reads_the_backend_factor(artifact):
@@ -115,12 +131,12 @@ def test_session_memory_reads_the_backend_factor(artifact):
 
 
 def test_the_choice_names_the_target_that_ran(artifact):
-    """``Choice.target`` is what the session reports it runs, the hint given by keyword included;
+    """``Choice.target`` is what the session reports it runs, the hint given in options included;
     ``Embedder.backend`` still answers, with a deprecation warning."""
     cpu = Embedder.load(artifact, provider="cpu")
     assert cpu.choice.target == cpu.target == "onnxruntime-cpu"
     with pytest.warns(DeprecationWarning, match="use Embedder.target"):
         assert cpu.backend == "onnxruntime-cpu"
     if catalogue.BACKENDS["openvino"].probe() is None:
-        asked = Embedder.load(artifact, provider="openvino", ov_precision="f32", ov_cache_dir=False)
+        asked = Embedder.load(artifact, provider="openvino", options=OpenVINOOptions(precision="f32", cache_dir=False))
         assert asked.choice.target == asked.target == "openvino-f32"

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvembed.artifact.engine import Limits
 from kvembed.runtime import Embedder
 from kvembed.runtime import embedder as embedder_module
 from kvembed.runtime.batching import BatchPolicy, plan_batches, run_batches
@@ -232,7 +233,7 @@ def test_tritons_python_model_runs_the_loop_within_the_backends_row_limit(echo, 
     session = model.embedder.session
     rows_per_call: list[int] = []
     real_run = session.run
-    session.max_rows = lambda width: 2  # what a TensorRT engine's profiles say
+    session.limits = Limits(max_batch_size=2, min_sequence=1, max_sequence=4096)  # what a TensorRT engine's profiles say
 
     def run(feeds, names):
         rows_per_call.append(len(feeds["input_ids"]))

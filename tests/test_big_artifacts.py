@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvembed import OnnxRuntimeOptions
+
 from kvembed.runtime import Embedder
 from kvembed.backends.onnxruntime import DISABLE_PREPACKING
 from kvembed.triton import write_repository
@@ -139,7 +141,7 @@ def test_without_prepacking_two_processes_share_one_copy_of_the_weights(weights_
 def test_embedder_load_prepacks_unless_told_not_to(stories_artifact):
     artifact = stories_artifact("va", layers="1-2")
     default = Embedder.load(artifact, provider="cpu")
-    mapped = Embedder.load(artifact, provider="cpu", prepacking=False)
+    mapped = Embedder.load(artifact, provider="cpu", options=OnnxRuntimeOptions(prepacking=False))
     assert default.session.get_session_options().get_session_config_entry(DISABLE_PREPACKING) == "0"
     assert mapped.session.get_session_options().get_session_config_entry(DISABLE_PREPACKING) == "1"
     texts = ["a short text", "the cat sat on the mat and looked at the sun for a while"]

@@ -21,6 +21,7 @@ from kvembed.export.precision.embedding_table import EmbeddingTables, embedding_
 from kvembed.artifact.external_data import stream_initializers
 from kvembed.export.precision.convert import INT8_RECIPES, to_int8
 from kvembed.methods import demo_model_path
+from kvembed import OpenVINOOptions
 from kvembed.runtime import Embedder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -100,8 +101,8 @@ def test_the_int8_table_holds_each_row_at_8_bits_with_its_scale(int8_artifacts, 
 @pytest.mark.parametrize("provider", ["cpu", "openvino"])
 def test_onnxruntime_and_openvino_run_it_and_match_the_oracle(int8_artifacts, oracle, name, provider):
     artifact, folder = int8_artifacts[name]
-    options = {"ov_precision": "f32"} if provider == "openvino" else {}
-    embedder = Embedder.load(artifact, provider=provider, threads=1, **options)
+    options = OpenVINOOptions(precision="f32") if provider == "openvino" else None
+    embedder = Embedder.load(artifact, provider=provider, threads=1, options=options)
     layers = {"layers": STORIES_LAYERS} if name == "stories260k" else {}
     assert_matches_oracle(embedder.encode, oracle(name), "kv-embedding", TEXTS, precision="int8",
                           what=f"{name} {provider}", **layers)

@@ -166,7 +166,10 @@ def test_engine_json_schema_round_trips(artifact, manifest, tmp_path):
     assert record["profiles"][0] == {"min": [1, 16], "opt": [8, 128], "max": [32, 512]}
     assert record["gpu"] == {"name": "NVIDIA L4", "compute_capability": "8.9"}
     assert record["inputs"] == ["input_ids", "attention_mask"]
-    assert engine_limits(record) == (32, 8, 512)  # profiles 1x16..32x512 and 1x8..1x64
+    limits = engine_limits(record)  # profiles 1x16..32x512 and 1x8..1x64
+    assert limits[:3] == (32, 8, 512)
+    assert (limits.rows(8), limits.rows(15), limits.rows(16), limits.rows(64), limits.rows(512)) == (1, 1, 32, 32, 32)
+    assert limits.rows(600) == 32  # no profile takes it: the largest batch (the run then says why)
     (tmp_path / ENGINE_JSON).write_text(json.dumps(record))
     assert read_engine_json(tmp_path) == record
     del record["gpu"]
@@ -282,7 +285,7 @@ def test_embedder_runs_an_engine_directory_within_its_profiles(artifact, manifes
 
     monkeypatch.setattr(EngineSession, "_activate", activate)
     embedder = Embedder.load(engine)
-    assert embedder.providers == ["TensorRT", "fp32"] and not embedder.session.active
+    assert embedder.target == "tensorrt" and embedder.session.providers == ["TensorRT", "fp32"] and not embedder.session.active
     assert embedder.encoder.min_width == 8 and embedder.max_length == min(512, manifest["max_length"])
     reference = Embedder.load(artifact)
     short = ["hi", "a cat", *(f"dog {i} and a ball" for i in range(9))]  # one padded batch of 11 rows, < 64 tokens

@@ -30,6 +30,7 @@ from kvembed.artifact import Manifest, load_manifest  # noqa: E402
 from kvembed.backends.catalogue import choose_backend  # noqa: E402
 from kvembed.backends.cpu import cpu_features  # noqa: E402
 from kvembed.errors import InvalidInput  # noqa: E402
+from kvembed import OpenVINOOptions  # noqa: E402
 from kvembed.runtime import Embedder  # noqa: E402
 
 #: what OpenVINO's CPU plugin holds of its own beyond a model's weights, whatever their size
@@ -90,7 +91,7 @@ def test_the_export_certifies_the_alternative_this_cpu_runs_fastest_and_auto_tak
     assert ov.decided_by["held_out"]["worst_cosine"] >= 0.999
     assert advisory[f"openvino-{other}"].skipped == f"not needed: openvino-{hint} certified"
     assert load_manifest(fp16).raw["parity"]["advisory"][f"openvino-{other}"] == {"skipped": f"not needed: openvino-{hint} certified"}  # the first passed: no second pass
-    fast = Embedder.load(fp16, ov_cache_dir=False)
+    fast = Embedder.load(fp16, options=OpenVINOOptions(cache_dir=False))
     assert fast.target == f"openvino-{hint}" and "fp16 artifact certified on OpenVINO" in fast.choice.reason
     assert_close_to_oracle(fast, oracle)
 
@@ -123,7 +124,7 @@ def test_without_fp16_the_bf16_check_certifies_the_artifact_retyped_and_auto_run
     ov = load_manifest(copy).certificate("openvino", "bf16", bar="fp16")
     assert ov is not None and ov.target == "openvino-bf16" and ov.hint == "bf16" and ov.raw["graph"] == "model.onnx"
     assert 0.999 <= ov.worst_cosine <= 1.0 and list(ov.decided_by) == ["gate", "held_out"]  # as at export
-    fast = Embedder.load(copy, ov_cache_dir=tmp_path / "cache")
+    fast = Embedder.load(copy, options=OpenVINOOptions(cache_dir=tmp_path / "cache"))
     assert fast.target == "openvino-bf16" and "fp16 artifact certified on OpenVINO (openvino-bf16" in fast.choice.reason
     assert_close_to_oracle(fast, oracle)
     assert len(list((tmp_path / "cache").glob("*.blob"))) == 1 and not list((tmp_path / "cache").glob(".compiling-*"))
@@ -153,7 +154,7 @@ def test_without_fp16_or_bf16_auto_stays_on_onnxruntime_and_the_hints_run_f32(fp
     stated = Embedder.load(fp16)
     assert stated.target == "onnxruntime-cpu" and "twice the memory" in stated.choice.reason
     for hint in ("f16", "bf16"):
-        asked = Embedder.load(fp16, provider="openvino", ov_precision=hint, ov_cache_dir=False)
+        asked = Embedder.load(fp16, provider="openvino", options=OpenVINOOptions(precision=hint, cache_dir=False))
         assert asked.target == "openvino-f32"  # as OpenVINO itself runs these hints on such a CPU
 
 
@@ -275,7 +276,7 @@ def test_a_bf16_graph_that_cannot_be_written_is_a_clear_error(tmp_path, monkeypa
 
     fp16_chain(tmp_path / "model.onnx", layers=2, width=64)
     monkeypatch.setattr(openvino, "DISK_MARGIN", 2**62)
-    with pytest.raises(InvalidInput, match="bf16 copy, which was not written .*free disk space or pass ov_cache_dir"):
+    with pytest.raises(InvalidInput, match="bf16 copy, which was not written .*free disk space or give OpenVINOOptions\\(cache_dir=...\\)"):
         openvino.OpenVINOSession(tmp_path / "model.onnx", precision="bf16", cache_dir=tmp_path / "cache")
     assert not list((tmp_path / "cache").glob(".compiling-*"))  # the staging folder and its partial copy are gone
 

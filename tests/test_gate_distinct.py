@@ -11,6 +11,7 @@ from kvembed.export.gate.parity import GATE_TEXTS, compare_runs, gate_batches
 from kvembed.backends.onnxruntime import ALLOW_SPINNING, DISABLE_PREPACKING, OnnxRuntimeSession
 from kvembed.export.gate.certify import gate_session
 from kvembed.export.gate.targets import CPU, CUDA
+from kvembed import OnnxRuntimeOptions
 from kvembed.runtime import Embedder
 from kvembed.runtime.artifact import encoder_from_manifest
 
@@ -45,7 +46,7 @@ def test_rows_that_tokenise_alike_run_once_and_are_compared_as_both(stories_arti
 
 def test_the_gate_opens_its_session_through_the_backend_entry_with_lean_options(stories_artifact):
     """The gate's onnxruntime session is the runtime's backend with the gate's options (no packed
-    weights, no arena or memory pattern, no spinning); the runtime takes the same settings as flat keywords."""
+    weights, no arena or memory pattern, no spinning); the runtime takes the same settings as its options."""
     artifact = stories_artifact("mean")
     gate = gate_session(CPU, artifact / "model.onnx")
     assert isinstance(gate, OnnxRuntimeSession) and gate.name == "onnxruntime-cpu"
@@ -53,7 +54,7 @@ def test_the_gate_opens_its_session_through_the_backend_entry_with_lean_options(
     assert options.get_session_config_entry(DISABLE_PREPACKING) == "1"
     assert options.get_session_config_entry(ALLOW_SPINNING) == "0"
     assert not options.enable_cpu_mem_arena and not options.enable_mem_pattern
-    runtime = Embedder.load(artifact, "cpu", memory_arena=False, prepacking=False, spinning=False).session
+    runtime = Embedder.load(artifact, "cpu", options=OnnxRuntimeOptions(memory_arena=False, prepacking=False, spinning=False)).session
     same = runtime.get_session_options()
     assert same.get_session_config_entry(ALLOW_SPINNING) == "0" and not same.enable_mem_pattern
     default = Embedder.load(artifact, "cpu").session.get_session_options()

@@ -23,6 +23,7 @@ from kvembed.export.gate.certify import gate_session
 from kvembed.export.gate.targets import CPU
 from kvembed.export.precision.convert import INT8_AUTO, int8_plan, int8_recipe_help, to_int8
 from kvembed.methods import demo_model_path
+from kvembed import OnnxRuntimeOptions
 from kvembed.runtime import Embedder
 from kvembed.runtime.artifact import encoder_from_manifest
 
@@ -174,8 +175,8 @@ def test_the_gate_certifies_what_the_runtime_runs(artifact):
     want = gate.run(feeds, ["embedding"])[0]
     level = str(manifest.graph.conversion["accuracy_level"])
     assert gate.get_session_options().get_session_config_entry(LEVEL_KEY) == level
-    for options in ({"threads": 1}, {"threads": 2, "prepacking": False}, {}):
-        runtime = Embedder.load(artifact, provider="cpu", **options).session
+    for options in (OnnxRuntimeOptions(threads=1), OnnxRuntimeOptions(threads=2, prepacking=False), None):
+        runtime = Embedder.load(artifact, provider="cpu", options=options).session
         assert runtime.ort.get_session_options().get_session_config_entry(LEVEL_KEY) == level
         assert np.array_equal(runtime.run(feeds, ["embedding"])[0], want), options
     plain = ort.SessionOptions()  # onnxruntime's defaults: level 4, weights pre-packed

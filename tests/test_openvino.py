@@ -25,6 +25,7 @@ from conftest import TEXTS
 pytest.importorskip("openvino", reason="the OpenVINO backend needs the openvino package (pip install 'kvembed[openvino]')")
 
 from kvembed.methods.registry import METHODS as ALL_METHODS  # noqa: E402
+from kvembed import OpenVINOOptions  # noqa: E402
 from kvembed.runtime import Embedder  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -75,9 +76,9 @@ def assert_close_to_onnxruntime(path, texts, precision: str, bound: float, what:
     reference = Embedder.load(path, provider="cpu", threads=1)
     from kvembed.backends.cpu import cpu_features
 
-    ov = Embedder.load(path, provider="openvino", threads=1, ov_precision=precision)
+    ov = Embedder.load(path, provider="openvino", threads=1, options=OpenVINOOptions(precision=precision))
     # a reduced hint runs as asked only where this CPU has its instructions: else OpenVINO runs f32, and says so
-    assert ov.providers == ["OpenVINO", precision if cpu_features().runs(precision) else "f32"]
+    assert ov.target == f"openvino-{precision if cpu_features().runs(precision) else 'f32'}"
     for kind in ("document", "query"):
         expected = reference.encode(texts, kind=kind, batch_size=8)
         ours = ov.encode(texts, kind=kind, batch_size=8)
@@ -99,7 +100,7 @@ def test_every_method_matches_onnxruntime(artifact, model, method):
 def test_unnormalised_vectors_match_too(artifact):
     path = artifact("stories260k", "kv-embedding")
     texts = mixed_texts(20, seed=2)
-    ov = Embedder.load(path, provider="openvino", threads=1, ov_precision="f32")
+    ov = Embedder.load(path, provider="openvino", threads=1, options=OpenVINOOptions(precision="f32"))
     expected = Embedder.load(path, provider="cpu", threads=1).encode(texts, normalize=False)
     np.testing.assert_allclose(ov.encode(texts, normalize=False), expected, rtol=1e-3, atol=1e-4)
 
@@ -129,7 +130,7 @@ def test_left_and_right_padding_agree(artifact, model, method):
     path = artifact(model, method)
     texts = mixed_texts(24, seed=5)
     ort = Embedder.load(path, provider="cpu", threads=1)
-    ov = Embedder.load(path, provider="openvino", threads=1, ov_precision="f32")
+    ov = Embedder.load(path, provider="openvino", threads=1, options=OpenVINOOptions(precision="f32"))
     results = {}
     for side in ("right", "left"):
         ort.padding_side = ov.padding_side = side
@@ -141,7 +142,7 @@ def test_left_and_right_padding_agree(artifact, model, method):
 
 
 def test_eight_threads_equal_serial(artifact):
-    ov = Embedder.load(artifact("stories260k", "kv-embedding"), provider="openvino", threads=1, ov_precision="f32")
+    ov = Embedder.load(artifact("stories260k", "kv-embedding"), provider="openvino", threads=1, options=OpenVINOOptions(precision="f32"))
     chunks = [mixed_texts(12, seed=10 + i) for i in range(8)]
     serial = [ov.encode(chunk, batch_size=4) for chunk in chunks]
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -152,7 +153,7 @@ def test_eight_threads_equal_serial(artifact):
 
 
 def test_300_mixed_texts_batched_equal_one_by_one(artifact):
-    ov = Embedder.load(artifact("stories260k", "token-prepending"), provider="openvino", threads=1, ov_precision="f32")
+    ov = Embedder.load(artifact("stories260k", "token-prepending"), provider="openvino", threads=1, options=OpenVINOOptions(precision="f32"))
     texts = mixed_texts(300, seed=6)
     batched = ov.encode(texts, batch_size=32, max_batch_tokens=1500)
     single = np.stack([ov.encode([text])[0] for text in texts])
@@ -165,7 +166,7 @@ def test_also_outputs(stories_artifact):
     path = stories_artifact("kv-embedding", also=ALSO)
     texts = mixed_texts(16, seed=12)
     ort = Embedder.load(path, provider="cpu", threads=1)
-    ov = Embedder.load(path, provider="openvino", threads=1, ov_precision="f32")
+    ov = Embedder.load(path, provider="openvino", threads=1, options=OpenVINOOptions(precision="f32"))
     assert ov.outputs == ort.outputs and "last" in ov.outputs
     for output in ov.outputs:
         worst = float(cosines(ov.encode(texts, output=output), ort.encode(texts, output=output)).min())
@@ -188,8 +189,8 @@ def test_external_weights(traces, tmp_path):
 
 
 def test_bad_precision_is_one_line_value_error(artifact):
-    with pytest.raises(ValueError, match="ov_precision must be one of f32, bf16") as caught:
-        Embedder.load(artifact("stories260k", "kv-embedding"), provider="openvino", ov_precision="fp8")
+    with pytest.raises(ValueError, match=r"OpenVINOOptions\(precision=...\) must be one of f32, bf16") as caught:
+        Embedder.load(artifact("stories260k", "kv-embedding"), provider="openvino", options=OpenVINOOptions(precision="fp8"))
     assert "\n" not in str(caught.value)
 
 
@@ -208,9 +209,9 @@ def test_provider_listing_and_auto(artifact):
 
     assert "openvino" in PROVIDERS
     path = artifact("stories260k", "kv-embedding")
-    ov = Embedder.load(path, provider="openvino", threads=1, ov_cache_dir=False)
-    assert ov.providers[0] == "OpenVINO" and ov.providers[1] in ("f32", "bf16")
-    assert Embedder.load(path, provider="auto").providers[0] != "OpenVINO"
+    ov = Embedder.load(path, provider="openvino", threads=1, options=OpenVINOOptions(cache_dir=False))
+    assert ov.target in ("openvino-f32", "openvino-bf16")
+    assert Embedder.load(path, provider="auto").target == "onnxruntime-cpu"
 
 
 def test_compiled_model_cache(artifact, tmp_path):
@@ -222,21 +223,21 @@ def test_compiled_model_cache(artifact, tmp_path):
     expected = Embedder.load(path, provider="cpu").encode(TEXTS)
 
     def load(**options):
-        embedder = Embedder.load(path, provider="openvino", threads=1, ov_precision="f32", **options)
+        embedder = Embedder.load(path, provider="openvino", threads=1, options=OpenVINOOptions(precision="f32", **options))
         assert float(cosines(embedder.encode(TEXTS), expected).min()) >= 0.99999
         return embedder.session
 
-    assert not load(ov_cache_dir=cache).from_cache
+    assert not load(cache_dir=cache).from_cache
     blobs = sorted(cache.glob("*.blob"))
     assert len(blobs) == 1 and blobs[0].stat().st_size > 0
-    assert load(ov_cache_dir=cache).from_cache
+    assert load(cache_dir=cache).from_cache
     os.utime(path / "model.onnx", ns=(time.time_ns(), time.time_ns() + 10**9))  # as a re-export would
-    assert not load(ov_cache_dir=cache).from_cache
-    assert load(ov_cache_dir=cache).from_cache and sorted(cache.glob("*.blob")) == blobs  # rebuilt in place
+    assert not load(cache_dir=cache).from_cache
+    assert load(cache_dir=cache).from_cache and sorted(cache.glob("*.blob")) == blobs  # rebuilt in place
     blobs[0].write_bytes(b"not a compiled model")
     with pytest.warns(UserWarning, match="unusable, recompiling"):
-        assert not load(ov_cache_dir=cache).from_cache
-    assert load(ov_cache_dir=cache).from_cache
+        assert not load(cache_dir=cache).from_cache
+    assert load(cache_dir=cache).from_cache
     # the default place: $KVEMBED_CACHE_DIR/openvino
     assert not load().from_cache
     assert any((Path(os.environ["KVEMBED_CACHE_DIR"]) / "openvino").glob("*.blob"))
@@ -246,7 +247,7 @@ def test_compiled_model_cache(artifact, tmp_path):
     with_env = dict(os.environ)
     try:
         os.environ["KVEMBED_CACHE_DIR"] = str(elsewhere)
-        assert not load(ov_cache_dir=False).from_cache
+        assert not load(cache_dir=False).from_cache
         assert not elsewhere.exists()
     finally:
         os.environ.clear()
@@ -254,7 +255,7 @@ def test_compiled_model_cache(artifact, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     with pytest.warns(UserWarning, match="not written"):
-        assert not load(ov_cache_dir=blocker / "cache").from_cache
+        assert not load(cache_dir=blocker / "cache").from_cache
 
 
 def test_missing_openvino_is_one_line_error(artifact):
@@ -421,8 +422,8 @@ def test_imported_blob_is_not_held_resident(artifact, tmp_path):
     path = artifact("qwen3", "kv-embedding")
     expected = Embedder.load(path, provider="cpu").encode(TEXTS)
     cache = tmp_path / "ov-cache"
-    Embedder.load(path, provider="openvino", threads=1, ov_precision="f32", ov_cache_dir=cache)
-    loaded = Embedder.load(path, provider="openvino", threads=1, ov_precision="f32", ov_cache_dir=cache)
+    Embedder.load(path, provider="openvino", threads=1, options=OpenVINOOptions(precision="f32", cache_dir=cache))
+    loaded = Embedder.load(path, provider="openvino", threads=1, options=OpenVINOOptions(precision="f32", cache_dir=cache))
     assert loaded.session.from_cache
     (blob,) = cache.glob("*.blob")
     assert mapped_rss_kb(blob) * 1024 < blob.stat().st_size * 0.75

@@ -390,6 +390,21 @@ def test_cors_only_when_asked(strict, server):
     assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
 
 
+def test_the_loader_takes_what_the_preflight_read_and_built(artifacts, oracles):
+    """The manifest and the encoder the preflight checked before the bind are the ones the server
+    embeds with: nothing is read or built twice, and the vectors are the runtime's."""
+    from kvembed.serve import ServeConfig
+    from kvembed.serve.app import load_embedders
+    from kvembed.serve.preflight import check_artifacts
+
+    config = ServeConfig(artifacts=(("kv", artifacts["kv"]),), provider="cpu")
+    checked = check_artifacts(config)
+    loaded = load_embedders(config, verify=False, checked=checked)["kv"]
+    assert loaded.artifact is checked["kv"].manifest and loaded.encoder is checked["kv"].encoder
+    texts = ["a short text", "the cat sat on the mat"]
+    np.testing.assert_allclose(loaded.encode(texts), oracles["kv"].encode(texts), atol=1e-6)
+
+
 def test_503_while_loading_then_200(artifacts):
     import uvicorn
     from serve_util import free_port

@@ -24,6 +24,7 @@ CHILD = r"""
 import json, sys, time
 import numpy as np
 sys.path.insert(0, {root!r})
+from kvembed import OpenVINOOptions
 from kvembed.runtime import Embedder
 from kvembed.backends.onnxruntime import session_options
 from kvembed.bench.workload import exact_rows, make_batch
@@ -41,11 +42,11 @@ if backend == "ort-openvino-ep":
     providers = session.get_providers()
     run = lambda: session.run(["embedding"], feeds)[0]
 elif backend == "openvino":
-    embedder = Embedder.load(artifact, provider="openvino", threads=2, ov_precision="f32", verify=False)
-    providers = embedder.providers
+    embedder = Embedder.load(artifact, provider="openvino", threads=2, options=OpenVINOOptions(precision="f32"), verify=False)
+    providers = [embedder.target]
     run = lambda: embedder.run(feeds)[0]
 else:
-    providers = embedder.providers
+    providers = [embedder.target]
     run = lambda: embedder.run(feeds)[0]
 load = cpu_load if backend == "onnxruntime-cpu" else time.perf_counter() - start
 output = run()

@@ -45,6 +45,7 @@ from kvembed.bench.report import machine_info
 from kvembed.bench.workload import exact_rows, make_batch
 from kvembed.eval.tasks import SAMPLES, load_task
 from kvembed.export.gate.parity import GATE_TEXTS, HELD_OUT_TEXTS, gate_batches
+from kvembed import OpenVINOOptions
 from kvembed.runtime import Embedder
 
 BASE = "onnxruntime fp32"
@@ -73,7 +74,7 @@ def nncf_embedder(args: argparse.Namespace, model: Any, hint: str) -> tuple[Embe
     if args.dq is not None:
         config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = args.dq
     compiled = ov.Core().compile_model(model, "CPU", config)
-    embedder = Embedder.load(args.fp32, provider="openvino", ov_precision=hint, threads=args.threads, verify=False)
+    embedder = Embedder.load(args.fp32, provider="openvino", options=OpenVINOOptions(precision=hint), threads=args.threads, verify=False)
     embedder.session.compiled = compiled  # OpenVINOSession.run makes its infer requests from it
     ran = compiled.get_property("INFERENCE_PRECISION_HINT")
     return embedder, getattr(ran, "to_string", lambda: str(ran))()
@@ -86,7 +87,7 @@ def variants(args: argparse.Namespace) -> dict[str, Embedder]:
     if args.int8:
         embedders["onnxruntime int8"] = load(args.int8, provider="cpu")
     for hint in args.ov:
-        embedders[f"OpenVINO {hint}"] = load(args.fp32, provider="openvino", ov_precision=hint)
+        embedders[f"OpenVINO {hint}"] = load(args.fp32, provider="openvino", options=OpenVINOOptions(precision=hint))
     for mode in args.modes:
         model = compressed_model(args.fp32, mode)
         for hint in args.ov:

@@ -12,10 +12,15 @@ from typing import TYPE_CHECKING
 from .lazy import lazy_exports
 
 from .version import __version__
-__all__ = ["Embedder", "TorchEmbedder", "__version__"]
+__all__ = ["Embedder", "OnnxRuntimeOptions", "OpenVINOOptions", "TensorRTOptions", "TorchEmbedder", "__version__"]
 
 if TYPE_CHECKING:
+    from .backends import OnnxRuntimeOptions, OpenVINOOptions, TensorRTOptions
     from .modeling.reference import TorchEmbedder
     from .runtime.embedder import Embedder
 
-__getattr__ = lazy_exports(__name__, {"Embedder": "runtime.embedder", "TorchEmbedder": "modeling.reference"})
+# each backend's options (``Embedder.load(options=...)``) through the backends' registry
+__getattr__ = lazy_exports(__name__, {
+    "Embedder": "runtime.embedder", "TorchEmbedder": "modeling.reference", "OnnxRuntimeOptions": "backends",
+    "OpenVINOOptions": "backends", "TensorRTOptions": "backends",
+})

@@ -33,11 +33,20 @@ CLAIMED = "a TensorRT engine directory"
 
 class Limits(NamedTuple):
     """The shapes a session takes, over all its shapes' ranges: rows per call and padded sequence
-    length (a TensorRT plan's profiles; a session without limits has ``limits`` None)."""
+    length (a TensorRT plan's profiles; a session without limits has ``limits`` None), and each
+    profile's ``(min_sequence, max_sequence, max_batch)``, which :meth:`rows` reads."""
 
     max_batch_size: int
     min_sequence: int
     max_sequence: int
+    profiles: tuple[tuple[int, int, int], ...] = ()
+
+    def rows(self, width: int) -> int:
+        """The most rows one call of ``width`` padded tokens may have: the largest batch among the
+        profiles that take that length (the overall largest where none does, or none are listed:
+        the session then says why a shape does not fit)."""
+        fitting = [batch for low, high, batch in self.profiles if low <= width <= high]
+        return max(fitting) if fitting else self.max_batch_size
 
 
 def is_engine_dir(directory: str | os.PathLike[str]) -> bool:
@@ -69,7 +78,8 @@ def engine_limits(record: Mapping[str, Any]) -> Limits:
     """:class:`Limits` of the record's profiles: what the Embedder batches, pads and cuts to (and
     Triton's max_batch_size: the largest profile batch)."""
     profiles = record["profiles"]
-    return Limits(max(p["max"][0] for p in profiles), min(p["min"][1] for p in profiles), max(p["max"][1] for p in profiles))
+    return Limits(max(p["max"][0] for p in profiles), min(p["min"][1] for p in profiles), max(p["max"][1] for p in profiles),
+                  tuple((p["min"][1], p["max"][1], p["max"][0]) for p in profiles))
 
 
 def describe_profiles(record: Mapping[str, Any]) -> str:

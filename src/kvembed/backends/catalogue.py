@@ -36,14 +36,10 @@ from ..status import waiting
 
 __all__ = [
     "BACKENDS", "PROVIDERS", "PROVIDER_HELP", "Backend", "BackendUnavailableError", "Choice", "backend_for",
-    "backend_options", "check_provider", "choose_backend", "providers", "flat_keywords", "load_warning", "open_session",
-    "open_artifact", "open_target", "options_for", "provider_problem", "session_memory", "target_problem", "verify_files",
+    "backend_options", "check_provider", "choose_backend", "given_options", "hint_options", "providers", "load_warning", "open_session",
+    "open_artifact", "open_target", "options_for", "provider_problem", "removed_keyword", "session_backend", "session_memory",
+    "target_problem", "verify_files",
 ]
-
-#: the metadata key an options dataclass's field names its flat ``Embedder.load`` keyword under,
-#: where that differs from the field's name (OpenVINO's ``precision`` is ``ov_precision``)
-KEYWORD = "keyword"
-
 
 @dataclass(frozen=True)
 class Backend:
@@ -121,38 +117,64 @@ def backend_for(directory: str | os.PathLike[str], provider: str = "auto") -> st
     return found.name
 
 
-def flat_keywords() -> dict[str, Any]:
-    """``Embedder.load``'s flat backend keywords and their defaults: every field of every entry's
-    options dataclass, under its ``keyword`` metadata or its own name (a keyword at its default was
-    not asked for)."""
+#: what ``options=`` may be: one backend's options dataclass, or several (at most one per backend)
+Options = Any
+
+
+def given_options(options: Options = None) -> dict[str, Any]:
+    """``options`` by backend name: one backend's options dataclass (``OpenVINOOptions(...)``), or a
+    sequence of them for ``auto`` (each backend it may pick takes its own); None is none. Anything
+    else, or two for one backend, is one line saying what is taken."""
+    if options is None:
+        return {}
+    items = list(options) if isinstance(options, (list, tuple)) else [options]
+    kinds = {name: entry.options_type() for name, entry in BACKENDS.items()}
     found: dict[str, Any] = {}
-    for backend in BACKENDS.values():
-        for keyword, field in _keywords(backend.options_type()).items():
-            found.setdefault(keyword, field.default)
+    for item in items:
+        name = next((n for n, kind in kinds.items() if isinstance(item, kind)), None)
+        if name is None:
+            takes = ", ".join(kind.__name__ for kind in kinds.values())
+            raise InvalidInput(f"options= takes a backend's options ({takes}) or a list of them, got {type(item).__name__}")
+        if name in found:
+            raise InvalidInput(f"options= has two {type(item).__name__}: give one per backend")
+        found[name] = item
     return found
 
 
-def _keywords(kind: type) -> dict[str, dataclasses.Field]:
-    return {f.metadata.get(KEYWORD, f.name): f for f in dataclasses.fields(kind)}
-
-
-def options_for(backend: str, options: Any = None, **flat: Any) -> Any:
-    """The options ``backend`` opens a graph with: ``options`` (its dataclass) as given, or built
-    from ``Embedder.load``'s flat keywords (:func:`flat_keywords`; those that do not apply to
-    ``backend`` are ignored, as they always were). Both at once is an error: one would silently lose."""
-    known = flat_keywords()
-    unknown = set(flat) - set(known)
-    if unknown:
-        raise TypeError(f"unknown backend option{'s' if len(unknown) > 1 else ''}: {', '.join(sorted(unknown))}")
+def options_for(backend: str, options: Options = None, threads: int | None = None) -> Any:
+    """The options ``backend`` opens a graph with: its own dataclass among ``options``
+    (:func:`given_options`), else its defaults; ``threads`` (the one setting every backend has)
+    fills its ``threads`` field. One dataclass of another backend is an error (it would silently do
+    nothing); a list is per backend, each taken where that backend runs (the others' defaults
+    elsewhere), as ``auto`` may pick any of them."""
+    given = given_options(options)
     kind = BACKENDS[backend].options_type()
-    if options is not None:
-        if not isinstance(options, kind):
-            raise InvalidInput(f"backend {backend!r} takes {kind.__name__}, got {type(options).__name__}")
-        given = sorted(k for k, v in flat.items() if v != known[k])
-        if given:
-            raise InvalidInput(f"pass either options= or {', '.join(given)}, not both")
-        return options
-    return kind(**{field.name: flat[keyword] for keyword, field in _keywords(kind).items() if keyword in flat})
+    if given and backend not in given and not isinstance(options, (list, tuple)):
+        names = ", ".join(type(o).__name__ for o in given.values())
+        raise InvalidInput(f"backend {backend!r} takes {kind.__name__}, got {names}")
+    built = given.get(backend) or kind()
+    if threads is not None and any(f.name == "threads" for f in dataclasses.fields(kind)):
+        if built.threads not in (None, threads):
+            raise InvalidInput(f"threads={threads} and {kind.__name__}(threads={built.threads}): give it once")
+        built = dataclasses.replace(built, threads=threads)
+    return built
+
+
+def hint_options(ov_precision: str | None) -> Any:
+    """OpenVINO's options for the CLIs' ``--ov-precision`` (None: no hint given, no options)."""
+    return None if ov_precision is None else BACKENDS["openvino"].options_type()(precision=ov_precision)
+
+
+def removed_keyword(keyword: str) -> str:
+    """What a flat backend keyword of an older ``Embedder.load`` (``ov_precision=``,
+    ``memory_arena=``) is now: the options dataclass field that holds it, as one line."""
+    for entry in BACKENDS.values():
+        kind = entry.options_type()
+        for name in (keyword, keyword.removeprefix("ov_")):
+            if any(f.name == name for f in dataclasses.fields(kind)) and (name == keyword or entry.name == "openvino"):
+                return (f"Embedder.load() takes backend options as options={kind.__name__}({name}=...) "
+                        f"(from kvembed import {kind.__name__}), not {keyword}=")
+    return f"Embedder.load() got an unexpected keyword argument {keyword!r}"
 
 
 @dataclass(frozen=True)
@@ -188,15 +210,15 @@ def target_of(backend: str, provider: str, ov_precision: str | None = None) -> s
     return next((t.name for t in TARGETS.values() if t.backend == backend), backend)
 
 
-def open_target(target: str, path: str | os.PathLike[str], options: Any = None, **flat: Any) -> Session:
+def open_target(target: str, path: str | os.PathLike[str], options: Options = None, threads: int | None = None) -> Session:
     """The graph file ``path`` opened on ``target`` (:data:`~.targets.TARGETS`) with its backend's
-    ``options`` (or :func:`options_for`'s flat keywords) and the target's setting: onnxruntime's
+    ``options`` (:func:`options_for`) and the target's setting: onnxruntime's
     provider, OpenVINO's precision hint. What the parity gate and verify open; the runtime opens
     through :func:`open_session`, which also reads the manifest's graph file."""
     spec = TARGETS.get(target)
     if spec is None or spec.backend not in BACKENDS:
         raise InvalidInput(f"no backend opens target {target!r}; one of {', '.join(t for t in TARGETS if TARGETS[t].backend in BACKENDS)}")
-    built = options_for(spec.backend, options, **flat)
+    built = options_for(spec.backend, options, threads)
     if spec.backend == "openvino":
         built = dataclasses.replace(built, precision=spec.setting)
     provider = spec.setting if spec.backend == "onnxruntime" else spec.backend
@@ -243,8 +265,9 @@ def choose_backend(
       a GPU, else the CPU): a bf16 artifact's graph is the fp32 one, which its gate also certified
       on onnxruntime, and the reason says why bf16 was not taken.
 
-    ``options`` (a backend's options dataclass given with ``auto``) keeps ``auto`` on onnxruntime
-    unless it is OpenVINO's and OpenVINO is the pick: options are never silently dropped.
+    ``options`` given with ``auto`` as one dataclass of another backend keeps ``auto`` on
+    onnxruntime (options are never silently dropped); a list (:func:`given_options`) leaves the
+    pick free.
     ``manifest``: the artifact's, as the caller loaded it (read here only when not given).
     """
     check_provider(provider)
@@ -280,34 +303,36 @@ def choose_backend(
     problem = BACKENDS["openvino"].probe()
     if problem is not None:
         return Choice("onnxruntime", "auto", reason=f"{kind} artifact, {problem}: {instead}", certificate=certificate, auto=True)
-    if options is not None and not isinstance(options, BACKENDS["openvino"].options_type()):
-        return Choice("onnxruntime", "auto", reason=f"{kind} artifact, options= are {type(options).__name__}: {instead}",
+    given = given_options(options)
+    if given and "openvino" not in given and not isinstance(options, (list, tuple)):
+        names = ", ".join(type(o).__name__ for o in given.values())
+        return Choice("onnxruntime", "auto", reason=f"{kind} artifact, options= are {names}: {instead}",
                       certificate=certificate, auto=True)
     return Choice("openvino", "openvino", hint, auto=True, certificate=certificate,
                   reason=f"{kind} artifact certified on OpenVINO ({certificate.describe()}), this CPU has {described}")
 
 
-def backend_options(choice: Choice, options: Any = None, **flat: Any) -> Any:
+def backend_options(choice: Choice, options: Options = None, threads: int | None = None) -> Any:
     """The options ``choice.backend`` opens with (:func:`options_for`), with what ``choice`` fixes:
     ``auto``'s certified OpenVINO hint, unless the user's own options name a precision."""
-    built = options_for(choice.backend, options, **flat)
-    if choice.ov_precision is not None and (options is None or built.precision is None):
+    built = options_for(choice.backend, options, threads)
+    if choice.ov_precision is not None and built.precision is None:
         built = dataclasses.replace(built, precision=choice.ov_precision)
     return built
 
 
-def open_session(directory: str | os.PathLike[str], provider: str = "auto", options: Any = None,
-                 choice: Choice | None = None, manifest: Manifest | None = None, **flat: Any) -> Session:
+def open_session(directory: str | os.PathLike[str], provider: str = "auto", options: Options = None,
+                 choice: Choice | None = None, manifest: Manifest | None = None, threads: int | None = None) -> Session:
     """The graph of the artifact (or engine directory) ``directory`` opened where ``choice``
     (default: :func:`choose_backend` for ``provider`` and ``options``) runs it, with
-    :func:`backend_options` of ``options`` or the flat keywords: the graph file the manifest names
+    :func:`backend_options` of ``options`` and ``threads``: the graph file the manifest names
     for that backend (:meth:`~kvembed.artifact.Manifest.graph_file`), or the directory itself for a
     backend that claims it. ``manifest``: the artifact's, as the caller loaded it (read here only
     when not given)."""
     path = Path(directory)
     choice = choice or choose_backend(path, provider, manifest, options=options)
     entry = BACKENDS[choice.backend]
-    built = backend_options(choice, options, **flat)
+    built = backend_options(choice, options, threads)
     if entry.opens_directories:
         target = path
     else:
@@ -315,15 +340,15 @@ def open_session(directory: str | os.PathLike[str], provider: str = "auto", opti
     return entry.load().open_graph(target, choice.provider, built)
 
 
-def open_artifact(manifest: Manifest, provider: str = "auto", options: Any = None, *, verify: bool = True,
-                  **flat: Any) -> tuple[Session, Choice]:
+def open_artifact(manifest: Manifest, provider: str = "auto", options: Options = None, *, verify: bool = True,
+                  threads: int | None = None) -> tuple[Session, Choice]:
     """The one way an artifact (or engine directory) is opened: the session of ``manifest``'s
     artifact where :func:`choose_backend` runs it for ``provider``, with the backend's ``options``
-    (or the flat keywords), after :func:`verify_files` of what that backend reads (``verify``), with
+    and ``threads``), after :func:`verify_files` of what that backend reads (``verify``), with
     the backend's caveat as a warning; and the choice, which says why."""
     path = manifest.artifact_directory()
     choice = choose_backend(path, provider, manifest, options)
-    built = backend_options(choice, options, **flat)
+    built = backend_options(choice, options, threads)
     if choice.backend == "openvino" and built.precision != choice.ov_precision:  # the hint asked for: the choice's target
         choice = dataclasses.replace(choice, ov_precision=built.precision)
     if verify:
@@ -334,6 +359,11 @@ def open_artifact(manifest: Manifest, provider: str = "auto", options: Any = Non
     if caveat is not None:
         warnings.warn(caveat, stacklevel=3)
     return session, choice
+
+
+def session_backend(session: Session) -> str:
+    """The catalogue backend of ``session``: its target's (a session is named by the target it runs)."""
+    return TARGETS[session.name].backend
 
 
 def verify_files(manifest: Manifest, backend: str) -> None:
@@ -353,7 +383,7 @@ def verify_files(manifest: Manifest, backend: str) -> None:
 def load_warning(directory: str | os.PathLike[str], session: Session, precision: str) -> str | None:
     """A caveat of running the ``precision`` artifact ``directory`` on ``session``'s backend as it
     runs there (onnxruntime's CPU provider with fp16 weights), or None."""
-    warn = getattr(BACKENDS[session.backend].load(), "load_warning", None)
+    warn = getattr(BACKENDS[session_backend(session)].load(), "load_warning", None)
     return None if warn is None else warn(Path(directory), session, precision)
 
 

@@ -58,12 +58,17 @@ def wheel_clash() -> str | None:
 
 @dataclass(frozen=True)
 class OnnxRuntimeOptions:
-    """How an onnxruntime session is made (see :func:`session_options` and :func:`provider_chain`).
+    """How an onnxruntime session is made: ``Embedder.load(dir, options=OnnxRuntimeOptions(...))``.
 
-    ``threads``: intra-op threads (None: one per physical core). ``device_id``: the GPU of the CUDA
-    and TensorRT providers. ``trt_cache_dir`` / ``trt_fp16``: the TensorRT execution provider's
-    engine cache and fp16 kernels. ``spinning``: intra-op threads spin between calls (off where
-    other work shares the cores between calls, as in the export's parity gate)."""
+    ``threads``: intra-op threads (None: one per physical core; ``Embedder.load``'s ``threads``
+    fills it). ``memory_arena``: the CPU arena keeps the activation memory of the largest call for
+    the next (False gives it back after every call, for long-lived processes whose inputs vary).
+    ``prepacking``: MatMul weights are packed at load (False leaves them as the memory-mapped file,
+    one copy shared by the processes that load it, slower calls). ``spinning``: intra-op threads
+    spin between calls (off where other work shares the cores between calls, as in the export's
+    parity gate). ``device_id``: the GPU of the CUDA and TensorRT execution providers.
+    ``trt_cache_dir`` / ``trt_fp16``: the TensorRT execution provider's engine cache and fp16
+    kernels."""
 
     threads: int | None = None
     memory_arena: bool = True
@@ -251,8 +256,8 @@ def _fp16_caveat(directory: Path, session: OnnxRuntimeSession, precision: str) -
         return None
     return (f"{str(directory)!r} is an fp16 artifact on onnxruntime's CPU provider, which has no fp16 MatMul: it "
             "holds fp32 copies of the weights (twice the artifact's size) and runs at fp32 speed; "
-            "provider='openvino' keeps them at two bytes where the CPU has FP16 (ov_precision='f16') or BF16 "
-            "(ov_precision='bf16', from a bf16 copy of the weights), and provider='auto' takes it once certified "
+            "provider='openvino' keeps them at two bytes where the CPU has FP16 (OpenVINOOptions(precision='f16')) or "
+            "BF16 (precision='bf16', from a bf16 copy of the weights), and provider='auto' takes it once certified "
             "(kvembed verify DIR --record); elsewhere use the int8 or fp32 artifact")
 
 
@@ -263,7 +268,6 @@ class OnnxRuntimeSession:
     ``get_providers``, ``get_inputs``, ...) stay reachable on this object, except ``run``, which
     takes the protocol's ``(feeds, output_names)``."""
 
-    backend = NAME
     #: any shape; unit vectors come back from float32 arithmetic
     limits = None
     renormalise = False
@@ -290,9 +294,6 @@ class OnnxRuntimeSession:
         """``onnxruntime-`` and the execution provider it runs on: ``cpu``, ``cuda``, ``tensorrt``."""
         first = self.ort.get_providers()[0]
         return f"{NAME}-{EXECUTION_PROVIDERS.get(first, first)}"
-
-    def max_rows(self, width: int) -> int | None:
-        return None
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         """Run; on a GPU provider through IO binding (inputs copied once, outputs to host)."""

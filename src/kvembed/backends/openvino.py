@@ -23,7 +23,7 @@ import shutil
 import threading
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -58,14 +58,18 @@ NATIVE_FP16_FACTOR = 1.3
 
 @dataclass(frozen=True)
 class OpenVINOOptions:
-    """How an OpenVINO session is made (see :class:`OpenVINOSession`): inference threads, the
-    precision hint (None: bf16 only where the CPU has it) and the compiled-model cache directory
-    (None: :func:`default_cache_dir`; False: none). ``Embedder.load``'s flat keywords for the last
-    two are ``ov_precision`` and ``ov_cache_dir`` (each field's ``keyword``)."""
+    """How an OpenVINO session is made: ``Embedder.load(dir, provider="openvino",
+    options=OpenVINOOptions(...))``.
+
+    ``threads``: inference threads (``Embedder.load``'s ``threads`` fills it). ``precision``: the
+    inference precision hint, ``"f32"``, ``"bf16"`` or ``"f16"`` (None: bf16 only where the CPU has
+    BF16; the CLIs' ``--ov-precision``). ``cache_dir``: where compiled models are kept (None:
+    ``$KVEMBED_CACHE_DIR/openvino``; False: none), so a second load imports the compiled blob
+    instead of compiling."""
 
     threads: int | None = None
-    precision: str | None = field(default=None, metadata={"keyword": "ov_precision"})
-    cache_dir: str | os.PathLike[str] | None | bool = field(default=None, metadata={"keyword": "ov_cache_dir"})
+    precision: str | None = None
+    cache_dir: str | os.PathLike[str] | None | bool = None
 
 
 def probe(provider: str | None = None) -> str | None:
@@ -149,7 +153,7 @@ class OpenVINOSession:
         cache_dir: str | os.PathLike[str] | None | bool = None,
     ) -> None:
         if precision is not None and precision not in PRECISIONS:
-            raise InvalidInput(f"ov_precision must be one of {', '.join(PRECISIONS)} (or None for automatic), got {precision!r}")
+            raise InvalidInput(f"OpenVINOOptions(precision=...) must be one of {', '.join(PRECISIONS)} (or None for automatic), got {precision!r}")
         if threads is not None and int(threads) < 1:
             raise InvalidInput(f"threads must be >= 1, got {threads}")
         ov = import_openvino()
@@ -255,7 +259,7 @@ class OpenVINOSession:
         except (OSError, ValueError) as err:
             raise InvalidInput(
                 f"OpenVINO bf16 runs {self.model_path.name}'s fp16 weights from a bf16 copy, which was not written ({err}); "
-                "free disk space or pass ov_cache_dir on a disk with room, or run ov_precision='f32' or provider='cpu'"
+                "free disk space or give OpenVINOOptions(cache_dir=...) on a disk with room, or run precision='f32' or provider='cpu'"
             ) from err
 
     def _import(self, blob: Path | None) -> Any:
@@ -278,7 +282,6 @@ class OpenVINOSession:
         self._blob = (mapped, tensor)
         return compiled
 
-    backend = NAME
     limits = None  # any shape
 
     @property
@@ -299,9 +302,6 @@ class OpenVINOSession:
     @property
     def providers(self) -> list[str]:
         return [OPENVINO, self.precision]
-
-    def max_rows(self, width: int) -> int | None:
-        return None
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         """One call on an idle kept infer request (a new one when all are busy: no call makes one

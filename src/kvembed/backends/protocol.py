@@ -22,15 +22,14 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Session(Protocol):
-    """What the runtime uses of an opened graph, whatever the backend."""
-
-    #: the catalogue name of the backend: ``"onnxruntime"``, ``"openvino"`` or ``"tensorrt"``
-    backend: str
+    """What the runtime uses of an opened graph, whatever the backend: five members, as TEI's
+    backend trait has (a backend's session may hold more, for its own module's use)."""
 
     @property
     def name(self) -> str:
-        """What runs the graph, as ``Embedder.backend`` reports it: the backend and what it runs on
-        (``onnxruntime-cpu``, ``openvino-bf16``, ``tensorrt``)."""
+        """The target that runs the graph (:data:`~kvembed.backends.targets.TARGETS`), as
+        ``Embedder.target`` reports it: ``onnxruntime-cpu``, ``openvino-bf16``, ``tensorrt``; its
+        catalogue backend is that target's."""
         ...
 
     @property
@@ -39,15 +38,9 @@ class Session(Protocol):
         ...
 
     @property
-    def providers(self) -> list[str]:
-        """What it runs on, most specific first: onnxruntime's provider chain
-        (``["CUDAExecutionProvider", "CPUExecutionProvider"]``), ``["OpenVINO", precision]`` or
-        ``["TensorRT", precision]``."""
-        ...
-
-    @property
     def limits(self) -> Limits | None:
-        """The shapes it takes (the runtime pads and cuts inputs to them); None: any shape."""
+        """The shapes it takes (the runtime pads and cuts inputs to them, and cuts calls to
+        :meth:`Limits.rows`); None: any shape, any number of rows."""
         ...
 
     @property
@@ -60,10 +53,6 @@ class Session(Protocol):
         """The arrays of ``output_names`` for one padded batch, on the host, in that order."""
         ...
 
-    def max_rows(self, width: int) -> int | None:
-        """The most rows one call of ``width`` padded tokens may have; None: any number."""
-        ...
-
 
 #: ``probe(provider)``: None when the backend (for that runtime provider, if given) can run here,
 #: else why not (and what to install)
@@ -71,9 +60,10 @@ Probe = Callable[..., "str | None"]
 
 
 class BackendModule(Protocol):
-    """What one backend file provides; the catalogue's entry names the file, its options dataclass
-    (each field is also a flat ``Embedder.load`` keyword: its name, or its ``keyword`` metadata) and
-    the runtime providers it serves. Optional, each read only where present:
+    """What one backend file provides; the catalogue's entry names the file and its options
+    dataclass (``Embedder.load(options=...)`` passes it through; a ``threads`` field takes the
+    ``threads`` argument), and its targets the runtime providers it serves. Optional, each read only
+    where present:
 
     - ``claims(directory) -> bool`` (:func:`~kvembed.artifact.engine.is_engine_dir`, the one engine rule): the
       directory is this backend's own format (a TensorRT engine directory), runs nowhere else, and

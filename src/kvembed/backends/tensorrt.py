@@ -31,7 +31,8 @@ TENSORRT = "TensorRT"
 
 @dataclass(frozen=True)
 class TensorRTOptions:
-    """How a plan is opened: nothing to choose (the plan fixes precision and shapes at build time)."""
+    """How a TensorRT plan is opened: nothing to choose (``kvembed build-engine`` fixes its precision
+    and shapes)."""
 
 
 def probe(provider: str | None = None) -> str | None:
@@ -132,13 +133,6 @@ class EngineSession:
     def active(self) -> bool:
         return self._runner is not None
 
-    def max_rows(self, sequence: int) -> int:
-        """The most rows one call of ``sequence`` padded tokens may have: the largest batch among the
-        profiles that take that length (the overall largest where none does: run() then says why)."""
-        fitting = [p["max"][0] for p in self.record["profiles"] if p["min"][1] <= sequence <= p["max"][1]]
-        return max(fitting) if fitting else self.limits.max_batch_size
-
-    backend = NAME
     name = NAME
     #: a plan's normalisation runs as built
     renormalise = False

@@ -301,7 +301,7 @@ class OpenVINOSubject(RuntimeSubject):
         # measure what a deployment runs: the model imported from its kept compiled blob
         _first_load_elsewhere(artifact, "openvino")
         super().__init__(artifact, threads)
-        self.precision = f"{self.precision}/{self.embedder.providers[1]}"
+        self.precision = f"{self.precision}/{self.embedder.target.removeprefix('openvino-')}"
 
 
 def _first_load_elsewhere(artifact: str | os.PathLike[str], provider: str) -> None:

@@ -116,9 +116,10 @@ def embed(
         check_trusted(source, trust_key)  # before the manifest is read: an untrusted artifact is not parsed
         manifest = load_manifest(source)  # read once: every step below is handed it
         check_artifact_options(manifest, method, options, max_length)
+        from ..backends.catalogue import hint_options
         from ..runtime import Embedder
 
-        embedder: Any = Embedder.load(manifest, provider=provider, threads=threads, ov_precision=ov_precision)
+        embedder: Any = Embedder.load(manifest, provider=provider, threads=threads, options=hint_options(ov_precision))
         embedder.dim_of(use)  # an unknown label fails here, naming the artifact's outputs
         errors.print(escape(embedder.runtime_line()), highlight=False, soft_wrap=True)
     else:

@@ -84,7 +84,7 @@ def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float, ac
     from ..serve.server import DrainingServer, header_deadline
 
     with waiting(f"checking the sha256 of the files of {len(config.artifacts)} artifact(s)"):
-        manifests = check_artifacts(config)  # before the bind: a broken artifact never starts a server
+        checked = check_artifacts(config)  # before the bind: a broken artifact never starts a server
     try:  # bind here, so a taken port is one line and exit 2 (uvicorn would log and exit 1)
         sock = listening_socket(host, port)
     except OSError as err:
@@ -104,7 +104,7 @@ def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float, ac
         log.info("kvembed serve: serving %d model(s) (%s) on %s", len(names), ", ".join(names), url)
 
     def load_checked(checked_config: "ServeConfig") -> "dict[str, Embedder]":  # the files were hashed by check_artifacts
-        return load_embedders(checked_config, verify=False, manifests=manifests)
+        return load_embedders(checked_config, verify=False, checked=checked)
 
     app = create_app(config, loader=load_checked, on_load_error=on_load_error, on_ready=on_ready)
     state = app.state.kvembed

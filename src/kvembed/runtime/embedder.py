@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..backends.catalogue import Choice, open_artifact
+from ..backends.catalogue import Choice, Options, open_artifact, removed_keyword
 from ..backends.protocol import Session
 from ..methods.sharing import output_label, output_names
 from ..methods.spec import ResolvedMethod
@@ -78,50 +78,35 @@ class Embedder:
         provider: str = "auto",
         threads: int | None = None,
         *,
+        options: Options = None,
         verify: bool = True,
-        device_id: int = 0,
-        trt_cache_dir: str | os.PathLike[str] | None = None,
-        trt_fp16: bool = False,
-        memory_arena: bool = True,
-        prepacking: bool = True,
-        ov_precision: str | None = None,
-        ov_cache_dir: str | os.PathLike[str] | None | bool = None,
         max_call_tokens: int | None | str = "auto",
         call_cost: int | None | str = "auto",
-        options: Any = None,
         trust_key: str | os.PathLike[str] | None = None,
-        **backend_keywords: Any,
+        encoder: TextEncoder | None = None,
+        **removed: Any,
     ) -> "Embedder":
         """Open an artifact directory (or its manifest, as `load_manifest`
         read it: the load reads no file twice).
 
         ``provider``: ``"auto"`` (CUDA when onnxruntime-gpu sees a GPU, else CPU; OpenVINO for a
-        bf16, fp16 or int8 artifact certified there, see below), ``"cpu"``,
-        ``"cuda"`` or ``"tensorrt"`` (``trt_cache_dir`` keeps built engines between runs,
-        ``trt_fp16`` lets TensorRT use fp16 kernels). ``verify`` checks every file's sha256
-        against the manifest first (a corrupted or altered file is named in the error).
-        ``memory_arena=False`` returns activation memory after each call (see
-        `kvembed.backends.onnxruntime.session_options`). ``prepacking=False`` leaves the weights as
-        the artifact's memory-mapped file (one copy shared by the processes that load it, slower
-        calls; see `session_options`).
+        bf16, fp16 or int8 artifact certified there, see below), ``"cpu"``, ``"cuda"``,
+        ``"tensorrt"`` or ``"openvino"`` (OpenVINO's CPU plugin instead of onnxruntime:
+        ``pip install 'kvembed[openvino]'``). ``"auto"`` picks OpenVINO only for an artifact
+        certified there, under the certified precision hint this CPU runs fastest
+        (`choose_backend`); `target` and `choice` say what it picked and why, and one INFO line on
+        the ``kvembed.runtime`` logger. ``threads``: the backend's inference threads (None: one per
+        physical core). ``verify`` checks every file's sha256 against the manifest first (a
+        corrupted or altered file is named in the error).
 
-        ``provider="openvino"`` runs the graph with OpenVINO's CPU plugin instead of onnxruntime
-        (``pip install 'kvembed[openvino]'``): ``ov_precision`` is its
-        inference precision hint, ``"f32"`` or ``"bf16"`` (default: bf16 only where the CPU has
-        BF16, else f32); compiled models are kept in ``ov_cache_dir`` (default
-        ``$KVEMBED_CACHE_DIR/openvino``, i.e. ``~/.cache/kvembed/openvino``; False: none), so a second
-        load imports the compiled blob instead of compiling, several times faster.
-        ``"auto"`` picks OpenVINO only for a bf16, fp16 or int8 artifact certified there, under the
-        certified hint this CPU runs fastest (`choose_backend`); `backend` and
-        `choice` say what it picked and why, and one INFO line on the ``kvembed.runtime`` logger.
-        ``threads`` sets its inference threads; ``device_id``, ``trt_*``, ``memory_arena`` and ``prepacking`` do not apply.
-
-        ``options``: instead of those flat keywords, the backend's own options dataclass
-        (`OnnxRuntimeOptions`,
-        `OpenVINOOptions`,
-        `TensorRTOptions`; see `kvembed.backends.catalogue`).
-        ``backend_keywords``: the flat keyword of any other field of a backend's options
-        (`flat_keywords`); an unknown one is a TypeError.
+        ``options``: the backend's own options, passed through as they are: `OnnxRuntimeOptions`
+        (memory arena, weight pre-packing, thread spinning, the GPU's ``device_id``, the TensorRT
+        execution provider's engine cache and fp16 kernels), `OpenVINOOptions` (its precision
+        hint, ``"f32"``, ``"bf16"`` or ``"f16"``, and its compiled-model cache directory) or
+        `TensorRTOptions`; all three are importable from ``kvembed``. One of them for a backend that
+        does not run the artifact is an error, never silently dropped; a list holds one per
+        backend, for ``"auto"``, which may pick any: the picked backend's are used (its defaults
+        where the list has none).
 
         ``max_call_tokens``: padded tokens per graph call; a bigger padded batch runs in slices of
         whole rows (at least one). ``"auto"``: `CPU_CALL_TOKENS` on the CPU and OpenVINO
@@ -129,7 +114,7 @@ class Embedder:
 
         ``call_cost``: padded tokens one more batch is worth when `encode` plans texts into
         batches: sorted texts are cut where the padding saved is worth more (see
-        `plan_batches`). ``"auto"``: the session's own (a few dozen
+        `plan_batches`). ``"auto"``: the target's own (a few dozen
         tokens on onnxruntime's CPU provider, more on OpenVINO, whose calls cost more), None (cut
         every ``batch_size`` rows) on GPUs.
 
@@ -146,17 +131,22 @@ class Embedder:
         `UntrustedArtifact`, also when the manifest's hashes were
         rewritten to match. None (the default): no signature is checked, and model-signing is not
         imported. ``verify=False`` does not skip it.
+
+        ``encoder``: the artifact's `TextEncoder` where the caller built it already from this
+        manifest (serve's preflight, which checks the prompt against the cap before the bind): it
+        is used as it is, not built again.
+
+        The flat backend keywords of earlier versions (``ov_precision=``, ``memory_arena=``, ...)
+        are a TypeError that names the options field that holds each now.
         """
+        if removed:
+            raise TypeError(removed_keyword(sorted(removed)[0]))
         if trust_key is not None:
             verify_signature(directory.artifact_directory() if isinstance(directory, Manifest) else directory, trust_key)
         manifest = manifest_of(directory)
         path = manifest.artifact_directory()
-        session, choice = open_artifact(  # the flat keywords, forwarded as they are: the catalogue knows which apply
-            manifest, provider, options, verify=verify, threads=threads, device_id=device_id, trt_cache_dir=trt_cache_dir,
-            trt_fp16=trt_fp16, memory_arena=memory_arena, prepacking=prepacking, ov_precision=ov_precision,
-            ov_cache_dir=ov_cache_dir, **backend_keywords,
-        )
-        encoder = encoder_from_manifest(path, manifest)
+        session, choice = open_artifact(manifest, provider, options, verify=verify, threads=threads)
+        encoder = encoder if encoder is not None else encoder_from_manifest(path, manifest)
         if session.limits is not None:  # e.g. a TensorRT plan's profiles: inputs padded and cut to them
             encoder.cap_input_tokens(session.limits.max_sequence)
             encoder.pad_at_least(session.limits.min_sequence)
@@ -204,7 +194,9 @@ class Embedder:
 
     @property
     def providers(self) -> list[str]:
-        return list(self.session.providers)
+        """Deprecated: `target` names what runs the graph (onnxruntime's chain stays on its session)."""
+        warnings.warn("Embedder.providers is deprecated: use Embedder.target", DeprecationWarning, stacklevel=2)
+        return list(getattr(self.session, "providers", [self.target]))
 
     @property
     def target(self) -> str:
@@ -274,9 +266,8 @@ class Embedder:
         """How many rows of ``width`` padded tokens one graph call takes (None: any number): the
         policy's ``max_call_tokens`` budget (at least one row), and a TensorRT engine's profile limit."""
         caps = [cap for cap in [(policy or self.policy).rows_per_call(width)] if cap is not None]
-        max_rows = self.session.max_rows(width)  # a TensorRT engine's profiles cap the rows per call
-        if max_rows is not None:
-            caps.append(max_rows)
+        if self.session.limits is not None:  # a TensorRT engine's profiles cap the rows per call
+            caps.append(self.session.limits.rows(width))
         return min(caps) if caps else None
 
     def encode(

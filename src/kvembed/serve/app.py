@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
-from ..artifact import Manifest
+from ..backends.catalogue import hint_options
 from ..runtime import Embedder
 from .config import ServeConfig
 from .dialects import Route
@@ -30,6 +30,7 @@ from .dialects.tei import ROUTES as TEI
 from .errors import ApiError, error_responses
 from .metrics import NO_MODEL, Metrics
 from .model import serve_model
+from .preflight import Checked
 from .state import ServerState
 
 log = logging.getLogger("uvicorn.error")  # shown with uvicorn's own messages
@@ -39,16 +40,21 @@ Loader = Callable[[ServeConfig], Mapping[str, Embedder]]
 ROUTES: list[Route] = [*OPENAI, *TEI, *COHERE]
 
 
-def load_embedders(config: ServeConfig, verify: bool = True, manifests: Mapping[str, Manifest] | None = None) -> dict[str, Embedder]:
+def load_embedders(config: ServeConfig, verify: bool = True, checked: Mapping[str, Checked] | None = None) -> dict[str, Embedder]:
     """Open every artifact with the configured provider and threads (``verify``: sha256-check its
-    files first; the CLI has done that before binding, see :mod:`.preflight`, and hands on the
-    ``manifests`` it read there, so none is read again; it checked the signatures as well under
-    ``config.trust_key``)."""
-    manifests = manifests or {}
-    return {name: Embedder.load(manifests.get(name, path), provider=config.provider, threads=config.threads_per_call,
-                                ov_precision=config.ov_precision, verify=verify,
-                                trust_key=config.trust_key if verify else None)  # verify=False: preflight checked both
-            for name, path in config.artifacts}
+    files first; the CLI has done that before binding, see :mod:`.preflight`, and hands on what it
+    ``checked`` there, each manifest and encoder, so none is read or built again; it checked the
+    signatures as well under ``config.trust_key``)."""
+    checked = checked or {}
+    embedders = {}
+    for name, path in config.artifacts:
+        found = checked.get(name)
+        embedders[name] = Embedder.load(
+            found.manifest if found else path, provider=config.provider, threads=config.threads_per_call,
+            options=hint_options(config.ov_precision), verify=verify, encoder=found.encoder if found else None,
+            trust_key=config.trust_key if verify else None,  # verify=False: preflight checked both
+        )
+    return embedders
 
 
 def create_app(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..backends.catalogue import session_backend
 from ..runtime import Embedder
 from .batcher import Batcher
 from .config import ServeConfig
@@ -37,7 +38,7 @@ class ServedModel:
             "method": embedder.method.name, "dim": embedder.dim, "max_length": self.max_length,
             "max_input_tokens": self.max_input_tokens, "outputs": embedder.outputs,
             # what --provider (auto: kvembed.backends.catalogue.choose_backend) runs it on, and why
-            "target": embedder.target, "backend": embedder.session.backend, "backend_reason": embedder.choice.reason if embedder.choice else "",
+            "target": embedder.target, "backend": session_backend(embedder.session), "backend_reason": embedder.choice.reason if embedder.choice else "",
         }
 
 

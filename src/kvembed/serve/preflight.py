@@ -4,25 +4,35 @@ against their sha256, its tokenizer, the per-input cap against its prompt, and t
 These are the cheap failures: hashing is a fraction of opening the onnxruntime session
 (benchmarks/log/serve.md), which stays in the app's loading thread after the bind so that
 ``/health`` answers 503 while it runs. A damaged artifact is then one error line and exit 2, and
-no server ever starts; the loading thread opens the checked files without hashing them again.
+no server ever starts; the loading thread opens the checked files without hashing them again,
+with the manifest and the encoder built here (:class:`Checked`), so nothing is read or built twice.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 from ..artifact import DamagedArtifact, Manifest, UntrustedArtifact, check_intact, load_manifest, verify_signature
 from ..artifact.engine import is_engine_dir, read_engine_json
 from ..runtime.artifact import encoder_from_manifest
+from ..runtime.encoding import TextEncoder
 from .config import ServeConfig
 from .model import input_cap
 from ..backends.catalogue import provider_problem
 from ..errors import InvalidInput, MissingDependency
 
 
-def check_artifacts(config: ServeConfig) -> dict[str, Manifest]:
+class Checked(NamedTuple):
+    """One artifact as the preflight read and checked it: what ``Embedder.load`` takes, not again."""
+
+    manifest: Manifest
+    encoder: TextEncoder
+
+
+def check_artifacts(config: ServeConfig) -> dict[str, Checked]:
     """Raise ValueError (FileNotFoundError, MissingDependency) naming the first model that cannot be
-    served; model name -> its manifest, as read once and checked."""
+    served; model name -> its manifest and encoder, as read once and checked."""
     if not all(is_engine_dir(directory) for _, directory in config.artifacts):
         problem = provider_problem(config.provider)  # a GPU provider this onnxruntime lacks: named here, not after the bind
         if problem is not None:
@@ -30,9 +40,9 @@ def check_artifacts(config: ServeConfig) -> dict[str, Manifest]:
     return {name: check_artifact(name, directory, config) for name, directory in config.artifacts}
 
 
-def check_artifact(name: str, directory: Path, config: ServeConfig) -> Manifest:
+def check_artifact(name: str, directory: Path, config: ServeConfig) -> Checked:
     """One artifact (or TensorRT engine directory): intact, tokenizer readable, room for text under
-    the cap; its manifest, as read once and checked. Under a trust key its signature first."""
+    the cap; its manifest and encoder, as read once and checked. Under a trust key its signature first."""
     if config.trust_key is not None:
         try:
             verify_signature(directory, config.trust_key)
@@ -59,4 +69,4 @@ def check_artifact(name: str, directory: Path, config: ServeConfig) -> Manifest:
             f"--max-input-tokens {config.max_input_tokens} leaves no room for text in model {name!r}: its "
             f"{encoder.method.name} prompt alone takes {prompt} tokens; give more"
         )
-    return manifest
+    return Checked(manifest, encoder)

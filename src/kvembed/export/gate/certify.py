@@ -41,7 +41,7 @@ from typing import Any
 from ...version import __version__
 from ...artifact import Manifest
 from ...artifact.certificates import PYTORCH, precision_name
-from ...backends.catalogue import BACKENDS, open_target, target_problem
+from ...backends.catalogue import BACKENDS, open_target, session_backend, target_problem
 from ...backends.cpu import cpu_features
 from ...errors import InvalidInput, MissingDependency
 from .targets import CPU, OV_BF16, OV_F16, OV_F32, TARGETS
@@ -135,7 +135,7 @@ def gate_graph(directory: Path, manifest: Manifest, target: str) -> Path:
     return directory / manifest.graph_file(TARGETS[target].backend)
 
 
-#: how the gate opens a graph on each backend (flat options, :func:`~kvembed.backends.catalogue.options_for`).
+#: how the gate opens a graph on each backend (the fields of its options dataclass).
 #: onnxruntime: no MatMul weight pre-packing (a packed copy of every weight would sit beside the
 #: memory-mapped weights for a session that runs a dozen calls, whose batches of hundreds to
 #: thousands of rows make packing on the fly a small part of each product); no memory arena or
@@ -145,7 +145,7 @@ def gate_graph(directory: Path, manifest: Manifest, target: str) -> Path:
 GATE_TARGETS = (CPU, OV_F32, OV_BF16, OV_F16)
 GATE_OPTIONS: dict[str, dict[str, Any]] = {
     "onnxruntime": {"memory_arena": False, "prepacking": False, "spinning": False},
-    "openvino": {"ov_cache_dir": False},
+    "openvino": {"cache_dir": False},
 }
 
 
@@ -155,12 +155,13 @@ def gate_session(target: str, path: Path) -> Any:
     :data:`GATE_OPTIONS` and the target's setting (onnxruntime's provider, OpenVINO's precision hint)."""
     if target not in GATE_TARGETS:
         raise InvalidInput(f"the parity gate does not run on {target}")
-    return open_target(target, path, **GATE_OPTIONS[TARGETS[target].backend])
+    backend = TARGETS[target].backend
+    return open_target(target, path, BACKENDS[backend].options_type()(**GATE_OPTIONS[backend]))
 
 
 def ran_precision(session: Any, graph_precision: str) -> str:
     """The precision ``session`` computes in: OpenVINO's report, or the graph's own elsewhere."""
-    if getattr(session, "backend", "") == "openvino":
+    if session_backend(session) == "openvino":
         return precision_name(session.precision)
     return graph_precision
 

@@ -68,7 +68,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"{args['model_name']}: kvembed runtime from {Path(kvembed.version.__file__).parent}")
         choice = self.embedder.choice
         pb_utils.Logger.log_info(f"{args['model_name']}: runs on {self.embedder.target} ({choice.reason if choice else ''}), "
-                                 f"providers {self.embedder.providers}, {self.policy}")
+                                 f"{self.policy}")
 
     def execute(self, requests):
         try:
