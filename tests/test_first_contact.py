@@ -129,6 +129,22 @@ def test_a_mistyped_provider_gets_did_you_mean(default_export):
              "provider must be one of", "got 'cdua'", "did you mean 'cuda'?")
 
 
+def test_a_mistyped_backend_or_hint_gets_did_you_mean(default_export, tmp_path):
+    """Every command that takes a backend or target name (verify, bench, triton build) and
+    ``--ov-precision`` answer a typo with the name meant."""
+    out, exported = default_export
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    one_line(script("kvembed-export", "verify", str(out), "--backends", "onnxruntme-cpu"),
+             "unknown backend 'onnxruntme-cpu'", "did you mean 'onnxruntime-cpu'?")
+    one_line(script("kvembed", "bench", "--artifact", str(out), "--backends", "runtmie", "--out", str(tmp_path / "b")),
+             "unknown value 'runtmie'", "did you mean 'runtime'?")
+    one_line(script("kvembed", "triton", "build", str(out), "--out", str(tmp_path / "r"), "--backend", "onnxrntime"),
+             "got 'onnxrntime'", "did you mean 'onnxruntime'?")
+    one_line(script("kvembed", "embed", str(out), "--provider", "openvino", "--ov-precision", "bf61", "x"),
+             "--ov-precision must be one of", "did you mean 'bf16'?")
+    assert not (tmp_path / "b").exists() and not (tmp_path / "r").exists()
+
+
 # -- item 3: an empty input is an error ---------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """kvembed as wheels (issue 58): ``python -m build`` makes an sdist and a wheel from a copy of this
 tree; the wheel installed alone into a fresh venv, with no checkout beside it, is the torch-free
-runtime (``Embedder`` embeds with an artifact, ``import torch`` fails), and with the ``cli`` extra
-``kvembed embed`` runs. ``packaging/kvembed-gpu`` builds the ``kvembed-gpu`` wheel, whose runtime is
+runtime (``Embedder`` embeds with an artifact, ``import torch`` fails), with the ``cli`` extra
+``kvembed embed`` runs, and with the ``export`` extra ``kvembed-export`` exports the demo model. ``packaging/kvembed-gpu`` builds the ``kvembed-gpu`` wheel, whose runtime is
 onnxruntime-gpu alone; with the CPU build installed beside it, loading an artifact warns, with the fix.
 
 The kvembed-gpu checks download and unpack onnxruntime-gpu (hundreds of MB, from pip's cache after
@@ -11,6 +11,7 @@ download fails."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: what a build needs of the tree
 TREE = ("pyproject.toml", "README.md", "src", "packaging")
+#: the torch the README's Quickstart installs before kvembed's export extra
+QUICKSTART_TORCH = re.search(r"pip install (torch==\S+)", (ROOT / "README.md").read_text(encoding="utf-8")).group(1)
 #: words in pip's output when the index, not the package, is the problem
 NETWORK_WORDS = ("No matching distribution", "Could not find a version", "ConnectionError", "Max retries",
                  "Temporary failure", "Network is unreachable", "timed out", "HTTPSConnectionPool")
@@ -102,6 +105,26 @@ def test_the_wheel_alone_is_the_torch_free_runtime_and_the_cli_extra_adds_the_co
                        env={"COLUMNS": "200"}))
     assert "kv-embedding on" in said.stdout and ": 2 x 64" in " ".join(said.stdout.split()), said.stdout
     print(f"\nwheel into a fresh venv: {installed:.1f} s; the whole check {time.perf_counter() - started:.1f} s")
+
+
+def test_the_wheel_with_the_export_extra_exports_the_packaged_demo_model(dist, tmp_path):
+    """``kvembed[export]`` from the wheel, in a fresh venv with no checkout beside it: the torch
+    of the README's Quickstart, then ``kvembed-export`` of the demo model the wheel carries; the
+    artifact it writes embeds."""
+    wheel = next(dist.glob("kvembed-*.whl"))
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    started = time.perf_counter()
+    python = fresh_venv(tmp_path / "venv")
+    checked(pip_install(python, QUICKSTART_TORCH, cwd=away))
+    checked(pip_install(python, f"kvembed[export] @ {wheel.resolve().as_uri()}", cwd=away))
+    installed = time.perf_counter() - started
+    out = away / "demo"
+    exported = checked(run(str(python.parent / "kvembed-export"), "--model", "stories260k", "--out", str(out), cwd=away))
+    assert "method: kv-embedding" in exported.stdout + exported.stderr, exported.stdout + exported.stderr
+    said = checked(run(str(python.parent / "kvembed"), "embed", str(out), "A cat sat.", cwd=away, env={"COLUMNS": "200"}))
+    assert ": 1 x 64" in " ".join(said.stdout.split()), said.stdout
+    print(f"\nwheel[export] into a fresh venv: {installed:.1f} s; the whole check {time.perf_counter() - started:.1f} s")
 
 
 # -- kvembed-gpu ---------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import typer
 
 from ..export.gate.targets import TARGETS_HELP
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, did_you_mean
 from ..flagfields import Flag, flags_of
 from ..methods import flag_options
 from ..methods.registry import METHODS
@@ -151,4 +151,5 @@ def check_ov_precision(provider: str, ov_precision: Optional[str]) -> None:
     from ..backends.targets import OPENVINO_HINTS as PRECISIONS
 
     if ov_precision not in PRECISIONS:
-        raise InvalidInput(f"--ov-precision must be one of {', '.join(PRECISIONS)}, got {ov_precision!r}")
+        hint = did_you_mean(ov_precision, PRECISIONS)
+        raise InvalidInput(f"--ov-precision must be one of {', '.join(PRECISIONS)}, got {ov_precision!r}{f'; {hint}' if hint else ''}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..backends.targets import PROVIDER_HELP, check_provider
-from ..errors import InvalidInput
+from ..errors import InvalidInput, did_you_mean
 from ..flagfields import flag
 from ..runtime.batching import CPU_CALL_TOKENS
 
@@ -52,7 +52,8 @@ class ServingOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "preferred_batch_sizes", tuple(int(size) for size in self.preferred_batch_sizes))
         if self.backend not in BACKENDS:
-            raise InvalidInput(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+            hint = did_you_mean(self.backend, BACKENDS)
+            raise InvalidInput(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}{f'; {hint}' if hint else ''}")
         if self.kind not in KIND_CHOICES:
             raise InvalidInput(f"kind must be one of {', '.join(KIND_CHOICES)}, got {self.kind!r}")
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 0:
