@@ -57,7 +57,8 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 def _one_line(done: subprocess.CompletedProcess[str]) -> str:
     assert done.returncode == 2, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
-    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("runtime: ")]
+    lines = [line for line in done.stderr.splitlines()  # beside the error, only what the command says it does
+             if line.strip() and not line.startswith(("runtime: ", "kvembed bundle: adding artifact "))]
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     return lines[0]
 
@@ -120,6 +121,32 @@ def test_a_link_out_of_the_folder_is_refused_listed_or_not(stories_artifact, tmp
     (unlisted / "weights.data").symlink_to(secret)  # a graph may name any file of its folder as external data
     line = _one_line(_cli("embed", str(unlisted), "a text"))
     assert "weights.data is a link out of the artifact folder" in line and "650" not in line
+
+
+def test_bundle_and_verify_refuse_a_link_out_too(stories_artifact, tmp_path):
+    """The readers that copy or re-run an artifact refuse what the loaders refuse: a listed file or
+    the manifest itself linked out of the folder (bundle would hard-link the outside file into the
+    bundle: one line, exit 2, nothing written), and an unlisted link out (verify: not verified)."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not yours\n" * 65)
+    listed = _copy(stories_artifact("kv-embedding"), tmp_path / "listed")
+    _list(listed, TOKENIZER, _sha(secret))
+    (listed / TOKENIZER).unlink()
+    (listed / TOKENIZER).symlink_to(secret)
+    line = _one_line(_cli("bundle", str(listed), "--out", str(tmp_path / "bundle")))
+    assert f"{TOKENIZER} is a link out of the artifact folder" in line and "650" not in line, line
+    manifest = _copy(stories_artifact("kv-embedding"), tmp_path / "manifest")
+    (tmp_path / "elsewhere.json").write_bytes((manifest / MANIFEST).read_bytes())
+    (manifest / MANIFEST).unlink()
+    (manifest / MANIFEST).symlink_to(tmp_path / "elsewhere.json")
+    line = _one_line(_cli("bundle", str(manifest), "--out", str(tmp_path / "bundle")))
+    assert f"{MANIFEST} is a link out of the artifact folder" in line, line
+    assert not (tmp_path / "bundle").exists()
+    unlisted = _copy(stories_artifact("kv-embedding"), tmp_path / "unlisted")
+    (unlisted / "extra.txt").symlink_to(secret)
+    verified = _cli("verify", str(unlisted))  # verify's verdict on damaged files: exit 1, each problem named
+    assert verified.returncode == 1 and "problem: extra.txt is a link out of the artifact folder" in verified.stderr, verified
+    assert "parity" not in verified.stdout, verified.stdout  # nothing run on it
 
 
 def test_a_link_inside_the_folder_is_followed(stories_artifact, tmp_path):

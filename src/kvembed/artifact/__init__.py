@@ -10,7 +10,7 @@ through it, every loader reads through it.
 """
 
 from .certificates import TOLERANCES, Certificate, certificates_of, merged
-from .files import DamagedArtifact, check_files, check_intact, check_records, file_records, record_of, sha256_file
+from .files import DamagedArtifact, check_files, check_intact, check_records, closed_problems, file_records, record_of, sha256_file
 from .layout import ARTIFACT_FILES, ENCODER_TOKENIZER, MANIFEST, MODEL, MODEL_DATA, OPENVINO_MODEL, SIGNATURE, TOKENIZER, is_artifact
 from .manifest import (
     REQUIRED_KEYS, SCHEMA_VERSION, ContextEncoder, FileRecord, GraphFacts, Manifest, Source, TensorSpec, load_manifest,
@@ -24,6 +24,6 @@ from .staging import OutputExistsError, OutputIsAFileError, check_output, staged
 __all__ = [
     "ARTIFACT_FILES", "SIGNATURE", "TRUST_KEY_ENV", "UntrustedArtifact", "sign_artifact", "trust_key_path", "verify_signature", "Certificate", "TOLERANCES", "certificates_of", "merged", "ENCODER_TOKENIZER", "MANIFEST", "MODEL", "MODEL_DATA", "OPENVINO_MODEL", "REQUIRED_KEYS", "SCHEMA_VERSION", "TOKENIZER",
     "Advisory", "ContextEncoder", "DamagedArtifact", "ExportReport", "ParityReport", "FileRecord", "GraphFacts", "HeldOut", "Manifest", "OutputExistsError", "OutputIsAFileError", "Source",
-    "TensorSpec", "check_artifact_options", "check_files", "check_intact", "check_output", "check_records", "file_records", "is_artifact", "load_manifest",
+    "TensorSpec", "check_artifact_options", "check_files", "check_intact", "closed_problems", "check_output", "check_records", "file_records", "is_artifact", "load_manifest",
     "load_manifest_and_bytes", "manifest_of", "read_manifest", "record_certificates", "record_of", "sha256_file", "staged", "write_manifest", "write_text_atomic",
 ]

@@ -8,7 +8,7 @@ import hashlib
 import os
 import stat
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from ..errors import InvalidInput
 from .layout import ENGINE_JSON, MANIFEST, MODEL, PLAN, TOKENIZER
@@ -106,9 +106,20 @@ def folder_problems(directory: str | os.PathLike[str]) -> list[str]:
 
 def check_files(directory: str | os.PathLike[str], manifest: Manifest | None = None) -> list[str]:
     """Problems with the artifact's files against its manifest (read from ``directory`` when not
-    given); empty when all is well."""
+    given), and anything in the folder that leads out of it (:func:`folder_problems`); empty when
+    all is well."""
     manifest = load_manifest(directory) if manifest is None else manifest
-    return check_records(directory, manifest.files)
+    problems = check_records(directory, manifest.files)
+    return problems + [p for p in folder_problems(directory) if p not in problems]
+
+
+def closed_problems(directory: str | os.PathLike[str], names: Iterable[str]) -> list[str]:
+    """Without hashing: each of ``names`` a regular file inside the folder, and nothing in the
+    folder leading out of it (:func:`folder_problems`). For a reader that hashes what it copies
+    itself (``kvembed bundle``)."""
+    root = Path(directory)
+    problems = [problem for name in names if (problem := _inside(root, name)[1]) is not None]
+    return problems + [p for p in folder_problems(root) if p not in problems]
 
 
 class DamagedArtifact(InvalidInput):

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..artifact import MANIFEST, SIGNATURE, Manifest, load_manifest, sha256_file
+from ..artifact import MANIFEST, SIGNATURE, DamagedArtifact, Manifest, closed_problems, load_manifest, sha256_file
 from ..artifact.engine import is_engine_dir
 from ..artifact.layout import named_directory
 from ..errors import InvalidInput
@@ -43,15 +43,17 @@ def add_artifact(source: Path, dest: Path, manifest: Manifest) -> dict[str, Any]
     """Put the artifact ``source`` (whose ``manifest`` the caller read) at ``dest``; returns its
     bundle.json record (method, precision, files with sha256). A file that does not match its
     manifest hash is refused (one line, naming it)."""
+    for name in manifest.files:
+        if Path(name).name != name:
+            raise InvalidInput(f"{source / MANIFEST} lists {name!r}: not a plain file name")
+    problems = closed_problems(source, [*manifest.files, MANIFEST])  # before anything is linked or copied
+    if problems:
+        raise DamagedArtifact(f"artifact {str(source)!r} is damaged: {'; '.join(problems)}; re-export it")
     dest.mkdir(parents=True)
     how = set()
     files: dict[str, dict[str, Any]] = {}
     for name, record in manifest.files.items():
-        if Path(name).name != name:
-            raise InvalidInput(f"{source / MANIFEST} lists {name!r}: not a plain file name")
         origin = source / name
-        if not origin.is_file():
-            raise FileNotFoundError(f"artifact {str(source)!r} lacks {name}, which its manifest lists")
         how.add(link_or_copy(origin, dest / name))
         digest = sha256_file(dest / name)
         if digest != record.sha256 or (dest / name).stat().st_size != record.size:
