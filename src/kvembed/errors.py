@@ -74,3 +74,10 @@ def did_you_mean(name: object, choices: Iterable[str]) -> str:
     folded = {option.lower().replace("_", "-"): option for option in options}
     found = difflib.get_close_matches(text, list(folded), n=1, cutoff=0.6)
     return f"did you mean {folded[found[0]]!r}?" if found else ""
+
+
+def with_hint(message: str, name: object, choices: Iterable[str]) -> str:
+    """``message``, and ``; did you mean '...'?`` where ``name`` is close to one of ``choices``
+    (:func:`did_you_mean`): the one way an error about a mistyped name ends."""
+    hint = did_you_mean(name, choices)
+    return f"{message}; {hint}" if hint else message

@@ -109,8 +109,7 @@ def check_files(directory: str | os.PathLike[str], manifest: Manifest | None = N
     given), and anything in the folder that leads out of it (:func:`folder_problems`); empty when
     all is well."""
     manifest = load_manifest(directory) if manifest is None else manifest
-    problems = check_records(directory, manifest.files)
-    return problems + [p for p in folder_problems(directory) if p not in problems]
+    return _and_folder(directory, check_records(directory, manifest.files))
 
 
 def closed_problems(directory: str | os.PathLike[str], names: Iterable[str]) -> list[str]:
@@ -118,8 +117,12 @@ def closed_problems(directory: str | os.PathLike[str], names: Iterable[str]) -> 
     folder leading out of it (:func:`folder_problems`). For a reader that hashes what it copies
     itself (``kvembed bundle``)."""
     root = Path(directory)
-    problems = [problem for name in names if (problem := _inside(root, name)[1]) is not None]
-    return problems + [p for p in folder_problems(root) if p not in problems]
+    return _and_folder(root, [problem for name in names if (problem := _inside(root, name)[1]) is not None])
+
+
+def _and_folder(directory: str | os.PathLike[str], problems: list[str]) -> list[str]:
+    """``problems`` and the folder's own (:func:`folder_problems`), each once."""
+    return problems + [p for p in folder_problems(directory) if p not in problems]
 
 
 class DamagedArtifact(InvalidInput):
@@ -160,7 +163,7 @@ def check_intact(source: Manifest | str | os.PathLike[str], engine: Mapping[str,
         problems, what, fix = check_records(directory, manifest.files), "artifact", "re-export it"
     else:
         problems, what, fix = engine_problems(directory, manifest, engine), "engine directory", "rebuild it with kvembed build-engine"
-    problems += [p for p in folder_problems(directory) if p not in problems]
+    problems = _and_folder(directory, problems)
     unlisted = [name for name in (TOKENIZER, *(manifest.graph_file(b) for b in manifest.graphs)) if name not in manifest.files]
     if engine is None and MODEL not in manifest.files:
         unlisted.insert(0, MODEL)

@@ -5,15 +5,14 @@ all behind the session protocol of :mod:`~kvembed.backends.protocol`, listed in
 
 from typing import Any
 
-#: each backend's options dataclass (``Embedder.load(options=...)``), by its class name: read from
-#: the catalogue's entries, so ``from kvembed import OpenVINOOptions`` imports the backend's file but
-#: not its library
-OPTION_TYPES = {"OnnxRuntimeOptions": "onnxruntime", "OpenVINOOptions": "openvino", "TensorRTOptions": "tensorrt"}
-
 
 def __getattr__(name: str) -> Any:
-    if name in OPTION_TYPES:
-        from .catalogue import BACKENDS
+    """Each backend's options dataclass (``Embedder.load(options=...)``) by its class name, as the
+    catalogue's entry names it: ``from kvembed import OpenVINOOptions`` imports the backend's file
+    but not its library."""
+    from .catalogue import BACKENDS
 
-        return BACKENDS[OPTION_TYPES[name]].options_type()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    entry = next((entry for entry in BACKENDS.values() if entry.options == name), None)
+    if entry is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return entry.options_type()

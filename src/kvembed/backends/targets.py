@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from ..errors import InvalidInput, did_you_mean
+from ..errors import InvalidInput, shown, with_hint
 from ..extras import install_hint
 
 __all__ = [
@@ -92,8 +92,7 @@ def check_provider(provider: object, flag: str = "provider") -> str:
     """``provider`` when it is one of :data:`PROVIDERS`; else one line naming the valid ones (and the
     closest), as ``flag`` (``--provider`` in a CLI) is called where it was given."""
     if not isinstance(provider, str) or provider not in PROVIDER_TARGETS:
-        close = did_you_mean(provider, providers())
-        raise InvalidInput(f"{flag} must be one of {', '.join(providers())}, got {provider!r}{'; ' + close if close else ''}")
+        raise InvalidInput(with_hint(f"{flag} must be one of {', '.join(providers())}, got {shown(provider)}", provider, providers()))
     return provider
 
 

@@ -24,7 +24,7 @@ from .peak import gemm_peak, model_shape, probe_for
 from .report import SCHEMA, machine_info, usable_cores, write_json, write_markdown, write_plots
 from .worker import CellInput, WorkerSpec, run_isolated
 from .workload import Batch, exact_rows, make_batch
-from ..errors import InvalidInput, did_you_mean
+from ..errors import InvalidInput, shown, with_hint
 
 DEFAULT_MODEL = "stories260k"
 DEFAULT_METHOD = "kv-embedding"
@@ -100,8 +100,8 @@ class BenchConfig:
             raise InvalidInput(f"--backends: give at least one of {', '.join(SUBJECTS)}")
         for backend in self.backends:
             if backend not in SUBJECTS:
-                hint = did_you_mean(backend, SUBJECTS)
-                raise InvalidInput(f"--backends: unknown backend {backend!r}; choose from {', '.join(SUBJECTS)}{f'; {hint}' if hint else ''}")
+                raise InvalidInput(with_hint(f"--backends: unknown backend {shown(backend)}; choose from {', '.join(SUBJECTS)}",
+                                             backend, SUBJECTS))
         for precision in self.precisions or ():
             if precision not in PRECISIONS:
                 raise InvalidInput(f"--precision: unknown precision {precision!r}; choose from {', '.join(PRECISIONS)}")

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import InvalidInput, did_you_mean
+from ..errors import InvalidInput, shown, with_hint
 from . import options as opt
 from .status import Waits
 from .tables import fitted_tables
@@ -45,8 +45,7 @@ def parse_names(option: str, text: str | None, choices: Sequence[str]) -> tuple[
         raise InvalidInput(f"{option}: give a comma-separated list of {', '.join(choices)}")
     for item in items:
         if item not in choices:
-            hint = did_you_mean(item, choices)
-            raise InvalidInput(f"{option}: unknown value {item!r}; choose from {', '.join(choices)}{f'; {hint}' if hint else ''}")
+            raise InvalidInput(with_hint(f"{option}: unknown value {shown(item)}; choose from {', '.join(choices)}", item, choices))
     return tuple(dict.fromkeys(items))
 
 

@@ -16,7 +16,7 @@ import typer
 
 from ..export.gate.targets import TARGETS_HELP
 
-from ..errors import InvalidInput, did_you_mean
+from ..errors import InvalidInput, shown, with_hint
 from ..flagfields import Flag, flags_of
 from ..methods import flag_options
 from ..methods.registry import METHODS
@@ -151,5 +151,5 @@ def check_ov_precision(provider: str, ov_precision: Optional[str]) -> None:
     from ..backends.targets import OPENVINO_HINTS as PRECISIONS
 
     if ov_precision not in PRECISIONS:
-        hint = did_you_mean(ov_precision, PRECISIONS)
-        raise InvalidInput(f"--ov-precision must be one of {', '.join(PRECISIONS)}, got {ov_precision!r}{f'; {hint}' if hint else ''}")
+        raise InvalidInput(with_hint(f"--ov-precision must be one of {', '.join(PRECISIONS)}, got {shown(ov_precision)}",
+                                     ov_precision, PRECISIONS))

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import InvalidInput, did_you_mean, shown
+from ..errors import InvalidInput, shown, with_hint
 from ..methods.sharing import output_names
 
 #: the vector types, in the words Cohere's ``embedding_types`` uses (``float`` is float32)
@@ -57,8 +57,7 @@ def check_vector_type(name: Any, option: str = "vector type") -> str:
     if text in VECTOR_TYPES:
         return text
     choices = VECTOR_TYPES if option == "vector type" else ("float32", "float", *VECTOR_TYPES[1:])
-    hint = did_you_mean(name, choices)
-    raise InvalidInput(f"{option} must be one of {', '.join(choices)}, got {shown(name)}" + (f"; {hint}" if hint else ""))
+    raise InvalidInput(with_hint(f"{option} must be one of {', '.join(choices)}, got {shown(name)}", name, choices))
 
 
 def width_of(vector_type: str, dim: int) -> int:

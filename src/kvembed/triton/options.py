@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..backends.targets import PROVIDER_HELP, check_provider
-from ..errors import InvalidInput, did_you_mean
+from ..errors import InvalidInput, shown, with_hint
 from ..flagfields import flag
 from ..runtime.batching import CPU_CALL_TOKENS
 
@@ -52,8 +52,7 @@ class ServingOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "preferred_batch_sizes", tuple(int(size) for size in self.preferred_batch_sizes))
         if self.backend not in BACKENDS:
-            hint = did_you_mean(self.backend, BACKENDS)
-            raise InvalidInput(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}{f'; {hint}' if hint else ''}")
+            raise InvalidInput(with_hint(f"backend must be one of {', '.join(BACKENDS)}, got {shown(self.backend)}", self.backend, BACKENDS))
         if self.kind not in KIND_CHOICES:
             raise InvalidInput(f"kind must be one of {', '.join(KIND_CHOICES)}, got {self.kind!r}")
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 0:

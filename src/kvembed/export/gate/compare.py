@@ -69,7 +69,7 @@ from ...backends.protocol import BackendUnavailableError
 from ...runtime.artifact import encoder_from_manifest
 from .parity import PADDING_SIDES, PARITY_TEXTS, cosine_rows
 from .runners import make_runner, resolve_backends
-from ...errors import InvalidInput, did_you_mean
+from ...errors import InvalidInput, shown, with_hint
 
 
 @dataclass(frozen=True)
@@ -413,7 +413,7 @@ def compare_graphs(
     :func:`comparison_feeds`) or plain feed dicts."""
     for backend in (backend_a, backend_b):
         if backend not in TARGET_NAMES:
-            raise InvalidInput(" ".join(filter(None, [f"unknown backend {backend!r}; valid: {', '.join(TARGET_NAMES)};", did_you_mean(backend, TARGET_NAMES)])).rstrip(";"))
+            raise InvalidInput(with_hint(f"unknown backend {shown(backend)}; valid: {', '.join(TARGET_NAMES)}", backend, TARGET_NAMES))
     tol = _tolerance(precision, tolerance)
     items = [
         b if isinstance(b, FeedBatch)

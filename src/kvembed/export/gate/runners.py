@@ -26,7 +26,7 @@ from ...artifact.external_data import load_with_weights
 from ...backends.catalogue import BACKENDS, open_target, target_problem
 from ...backends.targets import openvino_target
 from ...backends.protocol import BackendUnavailableError
-from ...errors import InvalidInput, did_you_mean
+from ...errors import InvalidInput, shown, with_hint
 from ...extras import install_hint
 
 try:  # the export extra brings polygraphy; the module still imports without it
@@ -271,4 +271,4 @@ def make_runner(
         return OpenVINORunner(path, target.setting, name=name)
     if backend == REFERENCE:
         return OnnxReferenceRunner(path, name=name)
-    raise InvalidInput(" ".join(filter(None, [f"unknown backend {backend!r}; valid: {', '.join(TARGET_NAMES)};", did_you_mean(backend, TARGET_NAMES)])).rstrip(";"))
+    raise InvalidInput(with_hint(f"unknown backend {shown(backend)}; valid: {', '.join(TARGET_NAMES)}", backend, TARGET_NAMES))

@@ -18,7 +18,7 @@ from ...backends.targets import (
     CPU, CUDA, ORT_TENSORRT, OV_BF16, OV_F16, OV_F32, REFERENCE, TARGET_NAMES, TARGETS, TENSORRT, Target,
     reference_problem,
 )
-from ...errors import InvalidInput, did_you_mean
+from ...errors import InvalidInput, shown, with_hint
 
 __all__ = [
     "CPU", "CUDA", "ORT_TENSORRT", "OV_BF16", "OV_F16", "OV_F32", "REFERENCE", "REFERENCE_AUTO_LIMIT", "TENSORRT",
@@ -88,11 +88,9 @@ def resolve_targets(
         raise InvalidInput(f"--backends is empty; give 'auto' or a comma list of {', '.join(TARGET_NAMES)}")
     unknown = [n for n in names if n != "auto" and n not in TARGETS and n not in TARGET_ALIASES]
     if unknown:
-        raise InvalidInput(
-            f"unknown backend{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-            f"valid: auto, {', '.join(TARGET_NAMES)}, {', '.join(TARGET_ALIASES)}"
-            + "".join(f"; {hint}" for hint in [did_you_mean(unknown[0], ["auto", *TARGET_NAMES, *TARGET_ALIASES])] if hint)
-        )
+        valid = ["auto", *TARGET_NAMES, *TARGET_ALIASES]
+        raise InvalidInput(with_hint(f"unknown backend{'s' if len(unknown) > 1 else ''} {', '.join(map(shown, unknown))}; "
+                                     f"valid: {', '.join(valid)}", unknown[0], valid))
     names = [member for n in names for member in TARGET_ALIASES.get(n, (n,))]
     problems = target_problems(manifest) if problems is None else dict(problems)
     chosen: set[str] = set()

@@ -63,7 +63,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ...artifact.external_data import settle_layout, stream_initializers
 from ..onnx_nodes import node_edges, node_inputs, toposort
 from .smoothing import DEFAULT_ALPHA
-from ...errors import InvalidInput, did_you_mean
+from ...errors import InvalidInput, shown, with_hint
 
 #: int8 keeps fp32 the MatMuls whose input's top channel exceeds this many times its median channel
 MASSIVE_SPREAD = 50.0
@@ -102,8 +102,7 @@ def check_precision(precision: str) -> str:
     onnxruntime's CPU provider has no bf16 kernels)."""
     value = str(precision).strip().lower()
     if value not in PRECISIONS:
-        close = did_you_mean(value, PRECISIONS)
-        raise InvalidInput(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}{'; ' + close if close else ''}")
+        raise InvalidInput(with_hint(f"precision must be one of {', '.join(PRECISIONS)}, got {shown(precision)}", value, PRECISIONS))
     return value
 
 
