@@ -333,6 +333,59 @@ def test_sigterm_with_a_trickling_client_exits_within_the_graceful_timeout(stori
         process.stop()
 
 
+#: a request the demo model computes for many seconds here: 1,024 inputs cut at its 512-token cap
+HEAVY = {"model": "kv", "input": [" ".join(f"word{i % 97}" for i in range(170))] * 1024, "truncate": True}
+
+
+def _computing(url: str) -> bool:
+    return metric(metrics(url), "kvembed_graph_calls_running", model="kv") >= 1
+
+
+def test_sigterm_under_a_heavy_request_exits_within_the_graceful_timeout_and_answers_json(stories_artifact, tmp_path):
+    """The request still running at the graceful timeout hears why (503, JSON); queued work is
+    dropped and the graph call that cannot be interrupted is left behind, not waited for."""
+    import threading
+
+    process = ServerProcess([f"kv={stories_artifact('kv-embedding')}", "--graceful-timeout", "1"], tmp_path / "serve.log").wait_healthy()
+    answer: list[httpx.Response] = []
+    try:
+        client = threading.Thread(target=lambda: answer.append(httpx.post(f"{process.url}/v1/embeddings", json=HEAVY, timeout=120)))
+        client.start()
+        wait_for(lambda: _computing(process.url), what="the heavy request computing")
+        started = time.monotonic()
+        process.process.send_signal(signal.SIGTERM)
+        code = process.process.wait(30)
+        took = time.monotonic() - started
+        client.join(30)
+    finally:
+        process.stop()
+    assert code == 0 and took < 5, (code, took, process.output()[-3000:])
+    error = _json_error(answer[0], 503)
+    assert error["code"] == "shutting_down" and "--graceful-timeout" in error["message"], error
+    assert "Traceback" not in process.output() and "Exception in ASGI" not in process.output()
+
+
+def test_a_client_that_goes_away_stops_its_queued_work(stories_artifact, tmp_path):
+    process = ServerProcess([f"kv={stories_artifact('kv-embedding')}"], tmp_path / "serve.log").wait_healthy()
+    try:
+        body = json.dumps(HEAVY).encode()
+        sock = socket.create_connection(("127.0.0.1", process.port), timeout=30)
+        sock.sendall(f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_for(lambda: _computing(process.url), what="the heavy request computing")
+        sock.close()
+        wait_for(lambda: metric(metrics(process.url), "kvembed_requests_total", model="kv", status="499") == 1,
+                 timeout=10, what="the request counted as gone (499)")
+        samples = metrics(process.url)
+        assert metric(samples, "kvembed_queue_depth", model="kv") == 0
+        started = time.monotonic()  # what runs is at most the graph calls already started
+        assert httpx.post(f"{process.url}/v1/embeddings", json={"model": "kv", "input": "quick"}, timeout=30).status_code == 200
+        assert time.monotonic() - started < 5
+    finally:
+        process.stop()
+    assert "Traceback" not in process.output()
+
+
 def test_a_huge_input_does_not_stall_health(hostile_server):
     """Tokenising holds the GIL; the encoder tokenises only the head of an input that is surely over
     the cap, so 1.2 MB inputs (two at a time: the server's two slots) leave /health answering at once."""

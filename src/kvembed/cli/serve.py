@@ -27,7 +27,7 @@ def serve_command(
     settings: opt.Given = opt.GIVEN,
     ov_precision: opt.OvPrecision = None,
     keep_alive: float = typer.Option(60.0, help="Seconds an idle kept-alive connection stays open (uvicorn's default, 5, races busy clients reusing it)."),
-    graceful_timeout: float = typer.Option(30.0, help="On SIGTERM, cancel requests still running after this many seconds (0: wait for them)."),
+    graceful_timeout: float = typer.Option(30.0, help="On SIGTERM, answer requests still running after this many seconds with 503 and exit (0: wait for them)."),
     access_log: bool = typer.Option(False, "--access-log/--no-access-log", help="Log every request."),
     log_level: str = typer.Option("info", help="uvicorn log level."),
 ) -> None:
@@ -81,7 +81,7 @@ def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float, ac
 
     from ..serve.app import create_app, load_embedders, log
     from ..serve.preflight import check_artifacts
-    from ..serve.server import DrainingServer, header_deadline
+    from ..serve.server import DrainingServer, exit_without_joining, header_deadline
 
     with waiting(f"checking the sha256 of the files of {len(config.artifacts)} artifact(s)"):
         checked = check_artifacts(config)  # before the bind: a broken artifact never starts a server
@@ -114,13 +114,12 @@ def run(config: "ServeConfig", host: str, port: int, graceful_timeout: float, ac
         http=header_deadline(config.read_timeout, state.metrics.timeouts.labels("headers").inc),
     )
 
-    def on_signal() -> None:
-        state.draining = True
-
-    server = DrainingServer(uvicorn_config, on_signal)
+    server = DrainingServer(uvicorn_config, lambda: state.drain(graceful_timeout))
     server.run(sockets=[sock])
     if failure:
         raise fail(failure[0])
+    if state.abandoned:  # graph calls past the graceful timeout: exit now rather than join their threads
+        exit_without_joining()
 
 
 def bound_url(sock: socket.socket) -> str:

@@ -13,7 +13,7 @@ import hmac
 import logging
 from contextlib import asynccontextmanager
 from time import perf_counter
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,6 +36,8 @@ from .state import ServerState
 log = logging.getLogger("uvicorn.error")  # shown with uvicorn's own messages
 
 Loader = Callable[[ServeConfig], Mapping[str, Embedder]]
+#: the status a request whose client disconnected is counted under (nginx's "client closed request")
+CLIENT_GONE = 499
 #: every route of every dialect
 ROUTES: list[Route] = [*OPENAI, *TEI, *COHERE]
 
@@ -71,8 +73,8 @@ def create_app(
         task = asyncio.get_running_loop().create_task(_load(state, loader, on_load_error, on_ready))
         yield
         task.cancel()
-        for served in state.models.values():
-            await served.lanes.stop()
+        left = state.time_left()
+        state.abandoned = sum(await asyncio.gather(*(served.lanes.stop(left) for served in state.models.values())))
 
     # no /docs or /redoc: their pages load scripts from a CDN (blank on an air-gapped host) and would
     # be open without a key; /openapi.json is the document, for any viewer the operator trusts
@@ -195,12 +197,19 @@ async def _serve(state: ServerState, request: Request, route: Route) -> Response
         state.in_flight += 1
         admitted = True
         state.metrics.in_flight.set(state.in_flight)
-        try:
-            return await asyncio.wait_for(route.handler(state, body, named), config.request_timeout or None)
-        except asyncio.TimeoutError:
-            state.metrics.timeouts.labels("request").inc()
-            raise ApiError(504, f"the request was not served within {config.request_timeout:g} s (--request-timeout); "
-                           "send fewer or shorter inputs per request") from None
+        answer = await _until_done_or_gone(request, route.handler(state, body, named), config.request_timeout or None,
+                                           state.metrics)
+        if answer is None:  # the client went away: its queued inputs are dropped, no one reads an answer
+            status = CLIENT_GONE
+            return Response(status_code=CLIENT_GONE)
+        return answer
+    except asyncio.CancelledError:
+        if not state.draining:
+            raise
+        # the graceful timeout is over and uvicorn cancels what still runs: the client hears why
+        status = 503
+        return route.error(ApiError(503, "the server shut down before this request was served (--graceful-timeout); "
+                                         "retry on another instance", code="shutting_down"))
     except ApiError as err:
         status = err.status
         response = route.error(err)
@@ -218,6 +227,32 @@ async def _serve(state: ServerState, request: Request, route: Route) -> Response
         if route.method == "POST":
             state.metrics.requests.labels(model[0], str(status)).inc()
             state.metrics.latency.labels(model[0]).observe(perf_counter() - start)
+
+
+async def _until_done_or_gone(request: Request, work: Awaitable[Response], timeout: float | None, metrics: Metrics) -> Response | None:
+    """``work``'s answer; None as soon as the client disconnects (``work`` is cancelled: the batcher
+    drops its queued inputs); 504 after ``timeout`` seconds. The body has been read, so the next
+    ASGI message is the disconnect."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if task in done:
+        return task.result()
+    if gone in done:  # counted as a request of status 499
+        return None
+    metrics.timeouts.labels("request").inc()
+    raise ApiError(504, f"the request was not served within {timeout:g} s (--request-timeout); "
+                   "send fewer or shorter inputs per request")
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _check_auth(state: ServerState, request: Request) -> None:

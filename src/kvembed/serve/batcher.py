@@ -116,16 +116,24 @@ class Batcher:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._work(), name=f"kvembed-batcher-{self.name}{'-' + self.lane if self.lane else ''}")
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float | None = None) -> int:
+        """Take no more windows; wait up to ``timeout`` seconds (None: for ever) for the graph calls
+        running now, whose threads cannot be interrupted. Returns how many were still running: left
+        behind, their rows' requests already answered (the process exits without joining them)."""
         if self._task is not None:
             self._task.cancel()
             try:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        if self._calls:  # calls already running finish (their threads cannot be interrupted)
-            await asyncio.gather(*self._calls, return_exceptions=True)
-        self._executor.shutdown(wait=True)
+        running: set[asyncio.Task] = set()
+        if self._calls:
+            _, running = await asyncio.wait(set(self._calls), timeout=timeout)
+        if running:
+            log.warning("kvembed serve: %s: %d graph call(s) still running at the graceful timeout; not waiting for them",
+                        self.name, len(running))
+        self._executor.shutdown(wait=not running, cancel_futures=True)
+        return len(running)
 
     # -- requests --------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ answer (:mod:`kvembed.serve.dialects`).
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -109,8 +110,13 @@ async def encode_inputs(state: ServerState, served: ServedModel, inputs: Inputs,
     truncate = config.auto_truncate if request.truncate is None else request.truncate
     windows = config.windows if request.windows is None else request.windows
     from_start = truncate and request.truncate_from == "start"
-    return await offload(inputs.size > INLINE_LIMIT, _encode, served, inputs, request.kind, truncate, windows, request.field,
-                         from_start)
+    stop = threading.Event()  # a thread cannot be cancelled: told to stop at its next input instead
+    try:
+        return await offload(inputs.size > INLINE_LIMIT, _encode, served, inputs, request.kind, truncate, windows, request.field,
+                             from_start, stop)
+    except asyncio.CancelledError:  # the client went away or the server shuts down
+        stop.set()
+        raise
 
 
 async def embed_encoded(served: ServedModel, encoded: Encoded, output: str | None, normalize: bool = True) -> np.ndarray:
@@ -119,15 +125,18 @@ async def embed_encoded(served: ServedModel, encoded: Encoded, output: str | Non
 
 
 def _encode(served: ServedModel, inputs: Inputs, kind: str, truncate: bool, windows: bool, field: str,
-            from_start: bool = False) -> Encoded:
+            from_start: bool = False, stop: threading.Event | None = None) -> Encoded:
     """Inputs -> the runtime's encoded rows, cut (at their end, or ``from_start``) or windowed at
-    the model's per-input cap; an input over it -> 413 unless ``truncate`` or ``windows``."""
+    the model's per-input cap; an input over it -> 413 unless ``truncate`` or ``windows``. Ends
+    early, with nothing, once ``stop`` is set (no one waits for the answer)."""
     embedder = served.embedder
     one = embedder.encoder.encode_tail if from_start else embedder.encoder.encode_one
     items: list[EncodedText] = []
     counts: list[int] = []
     if inputs.texts is not None:
         for index, text in enumerate(inputs.texts):
+            if stop is not None and stop.is_set():
+                return Encoded([], [])
             try:
                 rows = embedder.encoder.encode_windows(text, kind) if windows else [one(text, kind)]
             except ValueError as err:  # not Unicode text, a tokenizer panic, a placeholder typed by the user

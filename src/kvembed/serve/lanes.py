@@ -43,9 +43,9 @@ class Lanes:
         for batcher in self.batchers:
             batcher.start()
 
-    async def stop(self) -> None:
-        for batcher in self.batchers:
-            await batcher.stop()
+    async def stop(self, timeout: float | None = None) -> int:
+        """:meth:`Batcher.stop` on both lanes at once: the graph calls still running after ``timeout``."""
+        return sum(await asyncio.gather(*(batcher.stop(timeout) for batcher in self.batchers)))
 
     @contextmanager
     def arriving(self) -> Iterator[None]:

@@ -18,7 +18,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("kvembed_requests", "Embedding requests by model and HTTP status", ["model", "status"], registry=r)
+        self.requests = Counter("kvembed_requests", "Embedding requests by model and HTTP status (499: the client disconnected first)", ["model", "status"], registry=r)
         self.texts = Counter("kvembed_texts", "Inputs embedded (successful requests)", ["model"], registry=r)
         self.tokens = Counter("kvembed_tokens", "Tokens embedded, prompt included (usage.prompt_tokens)", ["model"], registry=r)
         self.batch_size = Histogram(

@@ -21,9 +21,22 @@ class ServerState:
     models: dict[str, ServedModel] = field(default_factory=dict)
     ready: bool = False
     draining: bool = False
+    stop_by: float | None = None
+    """When draining: the ``time.monotonic()`` past which shutdown waits for nothing (None: for everything)."""
+    abandoned: int = 0
+    """Graph calls still running when shutdown stopped waiting: their threads cannot be interrupted."""
     load_error: str | None = None
     in_flight: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
+
+    def drain(self, graceful_timeout: float | None) -> None:
+        """Shutting down: new requests get 503; what runs has ``graceful_timeout`` seconds (None or 0: for ever)."""
+        self.draining = True
+        self.stop_by = time.monotonic() + graceful_timeout if graceful_timeout else None
+
+    def time_left(self) -> float | None:
+        """Seconds shutdown still waits for running work (None: no limit)."""
+        return None if self.stop_by is None else max(0.0, self.stop_by - time.monotonic())
 
     @property
     def default_model(self) -> str:
