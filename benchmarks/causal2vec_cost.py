@@ -15,16 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from causal2vec_util import build_bert  # noqa: E402  (the tests' encoder builder)
-
-from kvembed.modeling.causal2vec import assemble  # noqa: E402
-from kvembed.export.core import export_result  # noqa: E402
-from kvembed.runtime import Embedder  # noqa: E402
+from kvembed.bench.synthetic import build_bert
+from kvembed.modeling.causal2vec import assemble
+from kvembed.export.core import export_result
+from kvembed.runtime import Embedder
 
 WORDS = "the a cat dog sat ran on in park mat blue sky why is was happy over under".split()
 

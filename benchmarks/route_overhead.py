@@ -46,8 +46,7 @@ from typing import Any, Callable
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from serve_util import ServerProcess  # noqa: E402  (the tests' server helper)
+from kvembed.bench.served import ServerProcess  # noqa: E402  (the served subject's handle)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import cpu, figure, write_record  # noqa: E402
 from serve_bench import cpu_seconds, make_requests, percentile  # noqa: E402

@@ -31,8 +31,7 @@ import httpx
 import numpy as np
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from serve_util import ServerProcess, metric, metrics  # noqa: E402  (the tests' server helper)
+from kvembed.bench.served import ServerProcess, metric, metrics  # noqa: E402  (the served subject's handle)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import figure, write_record  # noqa: E402
 

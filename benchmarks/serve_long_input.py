@@ -33,8 +33,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from serve_util import ServerProcess  # noqa: E402  (the tests' server helper)
+from kvembed.bench.served import ServerProcess  # noqa: E402  (the served subject's handle)
 
 SHORT = "hello"
 

@@ -1,95 +1,13 @@
-"""Helpers for tests/test_serve.py: a real ``kvembed serve`` process on a free port, raw sockets
-for slow uploads, /metrics parsing, process memory."""
+"""Helpers for the serve tests beside :mod:`kvembed.bench.served` (the server process, /metrics):
+raw sockets for slow uploads, thread priorities, waiting for a condition, in-process oracles."""
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
-
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def kvembed_command() -> list[str]:
-    """The installed ``kvembed`` console script of this interpreter's environment."""
-    script = Path(sys.executable).with_name("kvembed")
-    return [str(script)] if script.exists() else [shutil.which("kvembed") or "kvembed"]
-
-
-#: the line ``kvembed serve`` logs once every model serves: the address it really listens on
-ANNOUNCED = re.compile(r"kvembed serve: serving (\d+) model\(s\) \((.*)\) on (http://\S+)")
-
-
-class ServerProcess:
-    """``kvembed serve ARGS --port P`` in a child process, its output in ``log``. ``port=0`` lets
-    the kernel choose: :meth:`wait_healthy` then takes the URL from the server's announcement."""
-
-    def __init__(self, args: Sequence[str], log: Path, env: Mapping[str, str] | None = None, port: int | None = None) -> None:
-        self.port = free_port() if port is None else port
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        with open(log, "wb") as out:
-            self.process = subprocess.Popen(
-                [*kvembed_command(), "serve", *args, "--port", str(self.port)],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-            )
-
-    def wait_healthy(self, timeout: float = 120) -> "ServerProcess":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"kvembed serve exited with {self.process.returncode}:\n{self.output()}")
-            if self.port == 0:  # the address is known once the server says it
-                found = ANNOUNCED.search(self.output())
-                if found is None:
-                    time.sleep(0.1)
-                    continue
-                self.url = found.group(3)
-                self.port = int(self.url.rsplit(":", 1)[1])
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"kvembed serve not healthy after {timeout} s:\n{self.output()}")
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise RuntimeError("no VmRSS")
-
-    def stop(self) -> None:
-        stop_process(self.process, 30)
-
-
-def stop_process(process: subprocess.Popen, timeout: float) -> None:
-    """SIGTERM, then SIGKILL after ``timeout`` seconds; waits for the exit either way."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+from typing import Any, Mapping
 
 
 def thread_nices(pid: int) -> list[int]:
@@ -99,22 +17,6 @@ def thread_nices(pid: int) -> list[int]:
         text = stat.read_text()
         nices.append(int(text[text.rindex(")") + 2 :].split()[16]))
     return nices
-
-
-def metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """``/metrics`` as {(sample name, sorted labels): value}."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def metric(samples: Mapping[tuple[str, tuple], float], name: str, **labels: str) -> float:
-    """The sum of ``name`` over samples whose labels include ``labels`` (0 when absent)."""
-    wanted = set(labels.items())
-    return sum(value for (sample, sample_labels), value in samples.items() if sample == name and wanted <= set(sample_labels))
 
 
 class SlowUpload:

@@ -263,3 +263,12 @@ def test_a_planted_circle_is_found_in_any_room(tmp_path: Path, room: str) -> Non
     assert not import_cycle(import_graph(package))
     (package / room / "second.py").write_text("def helper():\n    from . import first\n    return first\n")
     assert set(import_cycle(import_graph(package))) == {f"kvembed.{room}.first", f"kvembed.{room}.second"}
+
+
+def test_no_benchmark_imports_the_tests_helpers():
+    """What benchmarks and tests both drive lives in the package (kvembed.bench.served, ...): a
+    benchmark that put ``tests/`` on its path would run only from a checkout with the tests' fixtures."""
+    leaning = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "benchmarks").rglob("*.py"))
+               if re.search(r"""["']tests["']|^\s*(from|import) (serve_util|triton_util|causal2vec_util|checks|independent)\b""",
+                            path.read_text(encoding="utf-8"), re.M)]
+    assert not leaning, leaning

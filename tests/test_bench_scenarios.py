@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvembed.cli.main import app
-from serve_util import kvembed_command
+from kvembed.bench.served import kvembed_command
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

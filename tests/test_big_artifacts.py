@@ -218,7 +218,8 @@ def test_triton_build_copies_the_weights_across_filesystems_and_says_so(external
 def test_triton_serves_a_hard_linked_repository_after_the_artifact_is_deleted(external_artifact, tmp_path):
     """The repository keeps working when the artifact directory it was built from is gone: the
     hard-linked weights live on under the repository's name (a symlink would dangle)."""
-    from triton_util import assert_close, infer, make_client, require_tritonserver, stub_python
+    from kvembed.triton.client import infer, make_client
+    from triton_util import assert_close, require_tritonserver, stub_python
 
     from kvembed.triton.server import TritonServer
 

@@ -28,7 +28,7 @@ import openai
 import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
-from serve_util import free_port, stop_process
+from kvembed.bench.served import free_port, stop_process
 
 from kvembed.runtime import Embedder
 from kvembed.artifact import read_manifest, sha256_file

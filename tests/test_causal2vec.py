@@ -19,14 +19,16 @@ import torch
 
 import httpx
 
-from causal2vec_util import build_bert, independent_causal2vec
+from causal2vec_util import independent_causal2vec
+
+from kvembed.bench.synthetic import build_bert
 from conftest import TEXTS
 from kvembed.modeling.causal2vec import Causal2VecCheckpoint, assemble
 from kvembed.export.core import Exporter
 from kvembed.export.graph.ops import op_types
 from kvembed.modeling.reference import TorchEmbedder
 from kvembed.runtime import Embedder
-from serve_util import ServerProcess
+from kvembed.bench.served import ServerProcess
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

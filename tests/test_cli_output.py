@@ -177,7 +177,7 @@ def test_export_announces_every_stage_before_it_runs(tmp_path):
 
 
 def test_serve_start_up_announces_its_waits_and_the_runtime(kv_artifact, tmp_path):
-    from serve_util import ServerProcess
+    from kvembed.bench.served import ServerProcess
 
     server = ServerProcess([f"kv={kv_artifact}", "--threads", "1"], tmp_path / "serve.log", env=NARROW, port=0)
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from serve_util import ServerProcess
+from kvembed.bench.served import ServerProcess
 
 from kvembed.runtime import Embedder
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from serve_util import free_port, stop_process
+from kvembed.bench.served import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"

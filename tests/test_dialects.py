@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from huggingface_hub import InferenceClient
 from langchain_huggingface import HuggingFaceEndpointEmbeddings
-from serve_util import ServerProcess, oracle_embedders
+from kvembed.bench.served import ServerProcess
+from serve_util import oracle_embedders
 from tokenizers import Tokenizer
 
 from kvembed.runtime import Embedder

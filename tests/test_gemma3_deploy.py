@@ -237,7 +237,7 @@ def test_the_reference_at_sliding_and_global_exits_padded_left(gemma3_folder, wa
 
 @pytest.fixture(scope="module")
 def gemma3_server(gemma3_artifacts, tmp_path_factory):
-    from serve_util import ServerProcess
+    from kvembed.bench.served import ServerProcess
 
     args = [f"kv={gemma3_artifacts['kv', 'fp16']}", f"tp={gemma3_artifacts['tp', 'int8']}"]
     process = ServerProcess(args, tmp_path_factory.mktemp("gemma3-serve") / "server.log")
@@ -291,7 +291,8 @@ def gemma3_triton(gemma3_artifacts, tmp_path_factory):
 def test_triton_serves_gemma3_embeddings(gemma3_triton, want, protocol):
     """The ensemble (tokenizer + graph in the python backend's copied runtime) answers every
     output of the token-prepending repository and both kinds of the int8 kv-embedding one."""
-    from triton_util import Clients, infer
+    from kvembed.triton.client import infer
+    from triton_util import Clients
 
     clients = Clients(gemma3_triton)
     try:

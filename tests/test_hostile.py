@@ -22,7 +22,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_util import ServerProcess, kvembed_command, metric, metrics, wait_for
+from kvembed.bench.served import ServerProcess, kvembed_command, metric, metrics
+from serve_util import wait_for
 
 from kvembed.artifact import MANIFEST, MODEL, TOKENIZER
 from kvembed.runtime import Embedder

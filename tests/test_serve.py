@@ -19,17 +19,8 @@ import numpy as np
 import openai
 import pytest
 from checks import run_without_torch
-from serve_util import (
-    ANNOUNCED,
-    ServerProcess,
-    SlowUpload,
-    kvembed_command,
-    metric,
-    metrics,
-    oracle_embedders,
-    thread_nices,
-    wait_for,
-)
+from kvembed.bench.served import ANNOUNCED, ServerProcess, kvembed_command, metric, metrics
+from serve_util import SlowUpload, oracle_embedders, thread_nices, wait_for
 
 from kvembed.runtime import Embedder
 from kvembed.serve.config import DEFAULT_LONG_LANE_NICE
@@ -407,7 +398,7 @@ def test_the_loader_takes_what_the_preflight_read_and_built(artifacts, oracles):
 
 def test_503_while_loading_then_200(artifacts):
     import uvicorn
-    from serve_util import free_port
+    from kvembed.bench.served import free_port
 
     from kvembed.serve import ServeConfig, create_app
     from kvembed.serve.app import load_embedders

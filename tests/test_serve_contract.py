@@ -19,7 +19,7 @@ import pytest
 import schemathesis
 from schemathesis.config import SchemathesisConfig
 from schemathesis.engine import Status, events
-from serve_util import ServerProcess
+from kvembed.bench.served import ServerProcess
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -34,8 +34,10 @@ from kvembed.triton.rows import decode_strings, split_rows, unpad_rows
 from kvembed.triton.server import Ports, TritonServer
 from conftest import HANG_GUARD_S
 from engine_util import make_engine_dir
-from triton_util import (Clients, announced_endpoints, assert_close, child_pids, client_module, infer, listening_sockets,
-                         require_tritonserver, stub_python)
+from kvembed.triton.client import client_module, infer
+from triton_util import (
+    Clients, announced_endpoints, assert_close, child_pids, listening_sockets, require_tritonserver, stub_python,
+)
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 

@@ -7,11 +7,12 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pytest
 from checks import assert_same
+
+from kvembed.triton.client import make_client
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the stub environment .ci/run builds (numpy<2, onnxruntime, tokenizers; no kvembed)
@@ -38,37 +39,6 @@ def stub_python() -> Path:
             "or set KVEMBED_TRITON_PYTHON"
         )
     return path
-
-
-def client_module(protocol: str):
-    if protocol == "http":
-        import tritonclient.http as module
-    else:
-        import tritonclient.grpc as module
-    return module
-
-
-def make_client(protocol: str, server, **kwargs):
-    module = client_module(protocol)
-    return module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url, **kwargs)
-
-
-def bytes_input(module, name: str, values: Sequence[bytes | str]):
-    array = np.array([[v.encode("utf-8") if isinstance(v, str) else v] for v in values], dtype=object).reshape(len(values), 1)
-    tensor = module.InferInput(name, list(array.shape), "BYTES")
-    tensor.set_data_from_numpy(array)
-    return tensor
-
-
-def infer(client, protocol: str, model: str, texts: Sequence[bytes | str], kind: str | None = None, outputs=("embedding",)):
-    """Embed ``texts`` through ``model``; returns {output: float32 array}."""
-    module = client_module(protocol)
-    inputs = [bytes_input(module, "TEXT", texts)]
-    if kind is not None:
-        inputs.append(bytes_input(module, "KIND", [kind] * len(texts)))
-    requested = [module.InferRequestedOutput(name) for name in outputs]
-    result = client.infer(model, inputs, outputs=requested)
-    return {name: result.as_numpy(name) for name in outputs}
 
 
 def assert_close(got: np.ndarray, want: np.ndarray, what: str = "") -> None:

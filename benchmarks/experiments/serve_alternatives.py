@@ -43,8 +43,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for its harnesses
 from serve_bench import cpu_seconds, drive, make_requests, percentile, random_text  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from serve_util import free_port, stop_process  # noqa: E402
+from kvembed.bench.served import free_port, stop_process  # noqa: E402
 
 LLAMA = "llama.cpp"
 POOLING = {"mean": 1, "cls": 2, "last": 3}

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from serve_util import free_port, kvembed_command, stop_process  # noqa: E402
+from kvembed.bench.served import free_port, kvembed_command, stop_process  # noqa: E402
 
 from kvembed.runtime import Embedder  # noqa: E402
 from kvembed.artifact import check_files, load_manifest  # noqa: E402

@@ -36,10 +36,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1] / "tests")]
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 from llama_server import LlamaServer, SMOKE_TEXTS, build_facts, cosine_rows  # noqa: E402
 from record import figure, write_record  # noqa: E402
-from serve_util import ServerProcess  # noqa: E402
+from kvembed.bench.served import ServerProcess  # noqa: E402
 
 #: llama-server settings tried by --search: (-np slots, -ub micro-batch tokens)
 SEARCH = ((1, 512), (4, 2048), (16, 2048))

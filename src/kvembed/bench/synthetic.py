@@ -125,3 +125,38 @@ def tokenizer_folder(source: str) -> Path:
         raise FileNotFoundError(f"no tokenizer.json for {source!r} (looked in {folder}): give a model folder, "
                                 "an alias kvembed knows (e.g. smollm2-135m) or a GGUF file")
     return folder
+
+
+#: BERT's special tokens, in its vocabulary's order
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def build_bert(folder: Path, hidden: int = 32, seed: int = 0, layers: int = 2, heads: int = 4,
+               max_positions: int = 128) -> Path:
+    """A random BERT (2 layers by default; ``hidden=768, layers=12, heads=12, max_positions=512``
+    is BERT-base's shape) saved with save_pretrained, and its fast WordPiece tokenizer trained on
+    the bundled calibration texts: a Causal2Vec context encoder of a real shape, without a download."""
+    import torch
+    from tokenizers import BertWordPieceTokenizer, processors
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+    from ..modeling.layers.calibration import builtin_calibration_path  # real English to train the WordPiece vocab on
+
+    folder.mkdir(parents=True, exist_ok=True)
+    wordpiece = BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator(builtin_calibration_path().read_text(encoding="utf-8").splitlines(), vocab_size=400, special_tokens=BERT_SPECIALS, show_progress=False)
+    wordpiece._tokenizer.post_processor = processors.BertProcessing(  # [CLS] text [SEP], as BERT's own
+        ("[SEP]", wordpiece.token_to_id("[SEP]")), ("[CLS]", wordpiece.token_to_id("[CLS]"))
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=wordpiece._tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]", model_max_length=max_positions,
+    )
+    fast.save_pretrained(folder)
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=fast.backend_tokenizer.get_vocab_size(), hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, intermediate_size=(4 if layers > 2 else 2) * hidden, max_position_embeddings=max_positions,
+    )
+    BertModel(config, add_pooling_layer=False).save_pretrained(folder)
+    return folder
