@@ -206,7 +206,11 @@ def export_command(
     """Export MODEL computing METHOD as an ONNX artifact in OUT, gated on parity with PyTorch."""
     from ..export.request import ExportRequest
 
-    defaulted, method = method is None, method or DEFAULT_METHOD
+    defaulted = method is None
+    if defaulted:  # a trained embedder's folder computes its own recipe; anything else the default method
+        from ..methods.sentence_transformers import is_folder
+
+        method = "st" if is_folder(model) else DEFAULT_METHOD
 
     def preflight() -> ExportRequest:  # cheap checks before importing torch or loading weights: the request, checked once
         from ..methods import get_method
@@ -288,6 +292,9 @@ def method_line(method: str, defaulted: bool) -> str:
     out, that it was the default and how to choose another."""
     if not defaulted:
         return f"method: {method}"
+    if method == "st":
+        return ("method: st (the sentence-transformers folder's own pooling and prompts; --method chooses a training-free "
+                "method instead, computed on the same decoder)")
     others = ", ".join(name for name in opt.METHOD_NAMES.split(", ") if name != method)
     return (f"method: {method} (the default; --method chooses another: {others}; "
             f"kvembed export --help lists them and their options)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from ..errors import InvalidInput, did_you_mean
+from ..errors import InvalidInput, did_you_mean, shown
 from .layers import AUTO, parse_layers
 from .models import presets_for
 from .spec import CONTEXT, KINDS, PLACEHOLDER, MethodSpec, OptionSpec, ResolveContext, ResolvedMethod
@@ -308,6 +308,28 @@ register(
     )
 )
 
+def _check_text_template(value: Any, ctx: ResolveContext) -> str | None:
+    return None if value.count(TEXT) == 1 else f"must contain {TEXT} once, got {shown(value)}"
+
+
+register(
+    MethodSpec(
+        name="st",
+        summary="A trained embedder's own recipe, from its sentence-transformers folder: its pooling and its prompts.",
+        prompts={"checkpoint": {"query": TEXT, "document": TEXT}},
+        default_prompt="checkpoint",
+        readout="hidden",
+        pooling="last",
+        options=(
+            OptionSpec("pooling", str, "last", "pooling of final hidden states (1_Pooling/config.json)", ("last", "mean")),
+            OptionSpec("query_template", str, TEXT, f"query prompt with {TEXT} (config_sentence_transformers.json)",
+                       check=_check_text_template),
+            OptionSpec("document_template", str, TEXT, f"document prompt with {TEXT} (config_sentence_transformers.json)",
+                       check=_check_text_template),
+        ),
+    )
+)
+
 #: the method ``kvembed export`` and ``kvembed embed --model`` use without ``--method``
 DEFAULT_METHOD = "kv-embedding"
 
@@ -379,8 +401,8 @@ def resolve(
 
     prompt = resolved.get("prompt", spec.default_prompt)
     templates = dict(spec.prompts[prompt]) if prompt in spec.prompts else {kind: prompt for kind in KINDS}
-    if spec.contextual:  # the checkpoint's templates, EOS appended
-        templates = {kind: resolved[f"{kind}_template"] + resolved["eos"] for kind in KINDS}
+    if "query_template" in resolved:  # a checkpoint's own templates (Causal2Vec's with its EOS appended)
+        templates = {kind: resolved[f"{kind}_template"] + resolved.get("eos", "") for kind in KINDS}
     return ResolvedMethod(
         name=spec.name,
         options=resolved,

@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoTokenizer
 from ..status import waiting
 from ..methods import ResolvedMethod, get_method, resolve
 from ..methods.layers import AUTO
+from ..methods.sentence_transformers import folder_method
 from ..methods.sharing import AlsoRequest, output_label, resolve_also
 from ..runtime.batching import BatchPolicy, run_batches
 from ..runtime.encoding import EncodedText, TextEncoder, check_texts
@@ -111,6 +112,8 @@ class TorchEmbedder:
             if also:
                 raise InvalidInput("causal2vec cannot take --also: its Contextual token makes its forward pass its own")
             return cls._from_causal2vec(model, method, max_length=max_length, padding_side=padding_side, dtype=dtype, **options)
+        if get_method(method).name == "st":  # a trained embedder's folder: its pooling and prompts
+            model, options = folder_method(model, options)
         found = find_model(model, revision, trust_remote_code)
         config, preset_id, text = found.config, found.preset_id, found.text
         auto = _is_auto(options.get("layers")) and get_method(method).name == "kv-embedding"

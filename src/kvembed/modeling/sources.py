@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from ..artifact.layout import is_artifact
 from ..errors import LINE_WIDTH, InvalidInput, ModelNotFound, ModelNotLocal, shown
 from ..methods import get_method, resolve, resolve_model
+from ..methods.sentence_transformers import folder_method
 from ..methods.models import alias_hint
 from ..methods.architectures import architecture_of
 from ..methods.layers import AUTO
@@ -224,13 +225,15 @@ def preflight(
         architecture_of(config)
         resolve(spec, int(config.get("num_hidden_layers") or 0), None, **{**checkpoint.method_options(), **dict(options or {})})
         return ModelSource(str(model), str(checkpoint.root), None)
+    options = dict(options or {})
+    if spec.name == "st":  # a trained embedder's folder: its pooling and prompts
+        model, options = folder_method(model, options)
     source = locate_model(model, revision)
     config = model_config(source, revision)
     architecture_of(config)
     num_layers = config.get("num_hidden_layers")
     if not isinstance(num_layers, int) or num_layers < 1:
         raise InvalidInput(f"{source.requested!r}: config.json has no valid num_hidden_layers")
-    options = dict(options or {})
     auto = isinstance(options.get("layers"), str) and options["layers"].strip().lower() == AUTO
     auto = auto and spec.name == "kv-embedding"  # elsewhere resolve() refuses 'auto' with its own message
     if auto:

@@ -1,0 +1,113 @@
+"""Trained decoder embedders from their sentence-transformers folder (issue 61): a folder shaped as
+Qwen3-Embedding, gte-Qwen2 and e5-mistral ship theirs (modules.json, 1_Pooling, 2_Normalize, their
+real prompts, a tokenizer whose post-processor appends EOS) around a tiny random decoder of the
+family; ``kvembed export`` of the folder computes its own recipe, and the torch-free artifact's
+vectors are sentence-transformers' own on that folder (the second reference beside kvembed's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import build_tiny_model
+
+from kvembed.runtime import Embedder
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+QWEN3_QUERY = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
+#: family -> (the decoder's architecture, 1_Pooling's mode, config_sentence_transformers.json's prompts), as each ships
+FOLDERS = {
+    "qwen3-embedding": ("qwen3", "pooling_mode_lasttoken", {"query": QWEN3_QUERY, "document": ""}),
+    "gte-qwen2": ("qwen2", "pooling_mode_lasttoken", {"query": QWEN3_QUERY + " "}),
+    "e5-mistral": ("mistral", "pooling_mode_lasttoken", {"web_search_query": QWEN3_QUERY + " ",
+                                                         "sts_query": "Instruct: Retrieve semantically similar text.\nQuery: "}),
+    "mean-pooled": ("llama", "pooling_mode_mean_tokens", {}),
+}
+QUERIES = ["what is the capital of France?", "how do cats sleep"]
+DOCUMENTS = ["Paris is the capital and largest city of France.", "Cats sleep for twelve to sixteen hours a day, often curled up.",
+             "The quick brown fox jumps over the lazy dog near the river bank on a sunny afternoon."]
+
+
+def sentence_transformers_folder(root: Path, family: str) -> Path:
+    """A sentence-transformers folder as SentenceTransformer.save() writes one, around a tiny random decoder."""
+    arch, mode, prompts = FOLDERS[family]
+    folder = build_tiny_model(arch, root / family, seed=5)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    eos = next(t for t in tokenizer["added_tokens"] if t["id"] == 2)["content"]  # the EOS these models are trained with
+    tokenizer["post_processor"] = {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}},
+                                   {"SpecialToken": {"id": eos, "type_id": 0}}], "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+                                   "special_tokens": {eos: {"id": eos, "ids": [2], "tokens": [eos]}}}
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    switches = {key: key == mode for key in ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
+                                             "pooling_mode_lasttoken")}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, **switches, "include_prompt": True}))
+    (folder / "2_Normalize").mkdir()
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": False}))
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"}))
+    return folder
+
+
+def kvembed_export(*args: str) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).with_name("kvembed-export")
+    return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+
+
+def worst_cosine(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.min(np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))))
+
+
+@pytest.mark.parametrize("family", list(FOLDERS))
+def test_the_exported_folder_embeds_as_sentence_transformers_does(family, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    folder = sentence_transformers_folder(tmp_path, family)
+    done = kvembed_export("--model", str(folder), "--out", str(tmp_path / "art"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "method: st (the sentence-transformers folder's own pooling and prompts" in " ".join((done.stdout + done.stderr).split())
+    embedder = Embedder.load(tmp_path / "art", provider="cpu")
+    reference = SentenceTransformer(str(folder), device="cpu")
+    query_prompt = next((name for name in ("query", "web_search_query") if name in FOLDERS[family][2]), None)
+    want_queries = reference.encode(QUERIES, prompt_name=query_prompt, normalize_embeddings=True)
+    want_documents = reference.encode(DOCUMENTS, prompt_name="document" if "document" in FOLDERS[family][2] else None,
+                                      normalize_embeddings=True)
+    assert worst_cosine(embedder.encode(QUERIES, kind="query"), want_queries) >= 0.99999
+    assert worst_cosine(embedder.encode(DOCUMENTS, kind="document"), want_documents) >= 0.99999
+    if query_prompt is not None:  # the prompt matters: without it the vectors differ
+        assert worst_cosine(embedder.encode(QUERIES, kind="document"), want_queries) < 0.9999
+
+
+@pytest.mark.parametrize("damage, said", [
+    (lambda f: (f / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True})),
+     "pooling pooling_mode_cls_token is not one kvembed computes"),
+    (lambda f: (f / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Transformer", "path": "../.."},
+                                                           {"type": "sentence_transformers.models.Pooling", "path": "1_Pooling"}])),
+     "is not a folder inside the model folder"),
+    (lambda f: (f / "modules.json").write_text("[" * 5000), "is not readable JSON"),
+    (lambda f: (f / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Dense", "path": "2_Dense"}])),
+     "kvembed computes a Transformer, a Pooling and an optional Normalize module"),
+], ids=["cls-pooling", "climbing-path", "nested-json", "dense-module"])
+def test_a_folder_kvembed_cannot_compute_is_one_line(damage, said, tmp_path):
+    folder = sentence_transformers_folder(tmp_path, "qwen3-embedding")
+    damage(folder)
+    done = kvembed_export("--model", str(folder), "--out", str(tmp_path / "art"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert said in " ".join(done.stderr.split()), done.stderr
+    assert not (tmp_path / "art").exists()
+
+
+def test_method_st_needs_a_sentence_transformers_folder(tmp_path):
+    folder = build_tiny_model("qwen3", tmp_path / "plain")
+    done = kvembed_export("--model", str(folder), "--method", "st", "--out", str(tmp_path / "art"))
+    assert done.returncode == 2 and "method st reads a sentence-transformers folder" in " ".join(done.stderr.split()), done.stderr
