@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from conftest import build_tiny_model
 
+from kvembed.artifact import load_manifest
 from kvembed.runtime import Embedder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -76,6 +77,10 @@ def test_the_exported_folder_embeds_as_sentence_transformers_does(family, tmp_pa
     done = kvembed_export("--model", str(folder), "--out", str(tmp_path / "art"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "method: st (the sentence-transformers folder's own pooling and prompts" in " ".join((done.stdout + done.stderr).split())
+    said = " ".join((done.stdout + done.stderr).split())
+    assert "second reference: sentence-transformers" in said and "over 22 texts" in said, said
+    record = load_manifest(tmp_path / "art").source.second_reference
+    assert record["compared"] is True and record["worst_cosine"] >= 0.99999, record
     embedder = Embedder.load(tmp_path / "art", provider="cpu")
     reference = SentenceTransformer(str(folder), device="cpu")
     query_prompt = next((name for name in ("query", "web_search_query") if name in FOLDERS[family][2]), None)
@@ -111,3 +116,15 @@ def test_method_st_needs_a_sentence_transformers_folder(tmp_path):
     folder = build_tiny_model("qwen3", tmp_path / "plain")
     done = kvembed_export("--model", str(folder), "--method", "st", "--out", str(tmp_path / "art"))
     assert done.returncode == 2 and "method st reads a sentence-transformers folder" in " ".join(done.stderr.split()), done.stderr
+
+
+def test_the_second_reference_stops_a_folder_whose_vectors_kvembed_does_not_compute(tmp_path):
+    """A folder whose Transformer lower-cases text (sentence_bert_config.json's do_lower_case):
+    sentence-transformers' vectors are not the st method's, and the export says so and writes nothing."""
+    folder = sentence_transformers_folder(tmp_path, "qwen3-embedding")
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": True}))
+    done = kvembed_export("--model", str(folder), "--out", str(tmp_path / "art"))
+    said = " ".join(done.stderr.split())
+    assert done.returncode != 0 and "own vectors on this folder: worst cosine" in said, done.stderr[-3000:]
+    assert "Loading weights" not in said, said
+    assert "Traceback" not in done.stderr and not (tmp_path / "art").exists()

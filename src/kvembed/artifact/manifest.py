@@ -147,6 +147,8 @@ class Source:
     dtype: str | None = None
     gguf: Mapping[str, Any] | None = None
     causal2vec: Mapping[str, Any] | None = None
+    #: a sentence-transformers folder's export (``st``): its own library against kvembed's reference
+    second_reference: Mapping[str, Any] | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod

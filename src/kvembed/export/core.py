@@ -533,8 +533,17 @@ def run_export(request: ExportRequest, progress: Progress | None = None) -> Expo
 
         export_memory_check(model, method, request.precision, **options)
     progress = StageClock(progress or silent)
+    second = None
+    if method == "st":  # a trained embedder's folder: its own library's vectors first, before kvembed's weights load
+        from .gate.second_reference import compare, expected_vectors, summary
+
+        progress("load", "sentence-transformers embeds the gate's core texts on the folder (the second reference)")
+        second = expected_vectors(model, options)
     progress("load", f"loading {model} ({method})")
     embedder = load_embedder(model, method, max_length=request.max_length, padding_side=request.padding_side, **options)
+    if second is not None:
+        embedder.second_reference = compare(embedder, *second)
+        progress("load", summary(embedder.second_reference))
     with Exporter.of_request(embedder, request, progress=progress, release_weights=True) as exporter:
         return exporter.write_request(request, keep_trace=False)
 

@@ -67,6 +67,8 @@ def source_record(embedder: Any) -> dict[str, Any]:
         record["gguf"] = dict(embedder.gguf)  # file name, sha256, quantization type, architecture
     if getattr(embedder, "causal2vec", None):
         record["causal2vec"] = dict(embedder.causal2vec)  # encoder, projector sha256, adapter merged
+    if getattr(embedder, "second_reference", None):
+        record["second_reference"] = dict(embedder.second_reference)  # sentence-transformers on the folder (st)
     return record
 
 
