@@ -17,6 +17,7 @@ import pytest
 from conftest import build_tiny_model
 
 from kvembed.artifact import load_manifest
+from kvembed.bench.synthetic import write_sentence_transformers_files
 from kvembed.runtime import Embedder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -39,25 +40,7 @@ def sentence_transformers_folder(root: Path, family: str) -> Path:
     """A sentence-transformers folder as SentenceTransformer.save() writes one, around a tiny random decoder."""
     arch, mode, prompts = FOLDERS[family]
     folder = build_tiny_model(arch, root / family, seed=5)
-    tokenizer = json.loads((folder / "tokenizer.json").read_text())
-    eos = next(t for t in tokenizer["added_tokens"] if t["id"] == 2)["content"]  # the EOS these models are trained with
-    tokenizer["post_processor"] = {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}},
-                                   {"SpecialToken": {"id": eos, "type_id": 0}}], "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
-                                   "special_tokens": {eos: {"id": eos, "ids": [2], "tokens": [eos]}}}
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
-    (folder / "modules.json").write_text(json.dumps(modules))
-    (folder / "1_Pooling").mkdir()
-    switches = {key: key == mode for key in ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
-                                             "pooling_mode_lasttoken")}
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, **switches, "include_prompt": True}))
-    (folder / "2_Normalize").mkdir()
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": False}))
-    (folder / "config_sentence_transformers.json").write_text(json.dumps(
-        {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"}))
-    return folder
+    return write_sentence_transformers_files(folder, mode, prompts, eos_id=2)  # the EOS these models are trained with
 
 
 def kvembed_export(*args: str) -> subprocess.CompletedProcess[str]:
@@ -128,3 +111,36 @@ def test_the_second_reference_stops_a_folder_whose_vectors_kvembed_does_not_comp
     assert done.returncode != 0 and "own vectors on this folder: worst cosine" in said, done.stderr[-3000:]
     assert "Loading weights" not in said, said
     assert "Traceback" not in done.stderr and not (tmp_path / "art").exists()
+
+
+def test_an_eos_whose_embedding_row_is_zero_agrees_with_sentence_transformers(tmp_path):
+    """A random folder whose EOS is its pad token (Qwen3's <|endoftext|> both ends and pads): that
+    row of the embedding table is zero, so an empty document is a zero vector on both sides, which
+    agree (as the parity gate counts two equal zero rows), and the export goes through."""
+    folder = write_sentence_transformers_files(build_tiny_model("qwen3", tmp_path / "zero-eos", seed=5), "pooling_mode_lasttoken",
+                                               FOLDERS["qwen3-embedding"][2], eos_id=0)
+    done = kvembed_export("--model", str(folder), "--out", str(tmp_path / "art"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not np.any(Embedder.load(tmp_path / "art", provider="cpu").encode([""], kind="document"))
+
+
+def test_a_trained_embedder_s_alias_exports_its_folder_from_the_hub_cache(tmp_path):
+    """``--model qwen3-embedding-0.6b`` names Qwen/Qwen3-Embedding-0.6B: found in the hub cache (as
+    ``hf download`` leaves it) it exports as the st method with no --method; offline and not
+    cached, the message names it and the fix."""
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen3-Embedding-0.6B" / "snapshots" / "0123abcd"
+    sentence_transformers_folder(snapshot.parent, "qwen3-embedding").rename(snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0123abcd")
+    offline = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "COLUMNS": "200"}
+    script = Path(sys.executable).with_name("kvembed-export")
+    done = subprocess.run([str(script), "--model", "qwen3-embedding-0.6b", "--out", str(tmp_path / "art")],
+                          capture_output=True, text=True, timeout=600, env=offline)
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 0, said[-3000:]
+    assert "kvembed-export st on qwen3-embedding-0.6b" in said and "second reference: sentence-transformers" in said, said
+    gone = subprocess.run([str(script), "--model", "qwen3-embedding-8b", "--out", str(tmp_path / "art8")],
+                          capture_output=True, text=True, timeout=600, env=offline)
+    assert gone.returncode == 2 and "Traceback" not in gone.stderr, gone.stderr
+    said = " ".join(gone.stderr.split())
+    assert "'qwen3-embedding-8b' (Qwen/Qwen3-Embedding-8B): not local or cached; HF_HUB_OFFLINE is set" in said and "hf download Qwen/Qwen3-Embedding-8B" in said, said

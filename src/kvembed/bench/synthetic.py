@@ -160,3 +160,40 @@ def build_bert(folder: Path, hidden: int = 32, seed: int = 0, layers: int = 2, h
     )
     BertModel(config, add_pooling_layer=False).save_pretrained(folder)
     return folder
+
+
+#: 1_Pooling/config.json's switches, one of which a folder turns on
+POOLING_SWITCHES = ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens", "pooling_mode_lasttoken")
+
+
+def write_sentence_transformers_files(folder: Path, mode: str, prompts: dict[str, str], eos_id: int,
+                                      max_seq_length: int = 256) -> Path:
+    """Turn a saved decoder ``folder`` into a sentence-transformers folder as ``SentenceTransformer.save()``
+    writes one for a trained decoder embedder (Qwen3-Embedding, gte-Qwen2, e5-mistral): modules.json
+    (Transformer, Pooling, Normalize), ``1_Pooling`` with ``mode`` on, the named ``prompts``, and a
+    tokenizer whose post-processor appends the token ``eos_id`` (these models are trained with it)."""
+    tokenizer_path = folder / "tokenizer.json"
+    tokenizer = json.loads(tokenizer_path.read_text(encoding="utf-8"))
+    eos = next(t for t in tokenizer["added_tokens"] if t["id"] == eos_id)["content"]
+    tokenizer["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": eos, "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+        "special_tokens": {eos: {"id": eos, "ids": [eos_id], "tokens": [eos]}},
+    }
+    tokenizer_path.write_text(json.dumps(tokenizer), encoding="utf-8")
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (folder / "modules.json").write_text(json.dumps(modules), encoding="utf-8")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": config["hidden_size"], **{key: key == mode for key in POOLING_SWITCHES},
+         "include_prompt": True}), encoding="utf-8")
+    (folder / "2_Normalize").mkdir(exist_ok=True)
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}), encoding="utf-8")
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"}), encoding="utf-8")
+    return folder

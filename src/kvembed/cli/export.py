@@ -208,9 +208,10 @@ def export_command(
 
     defaulted = method is None
     if defaulted:  # a trained embedder's folder computes its own recipe; anything else the default method
+        from ..methods.models import is_trained_embedder
         from ..methods.sentence_transformers import is_folder
 
-        method = "st" if is_folder(model) else DEFAULT_METHOD
+        method = "st" if is_folder(model) or is_trained_embedder(model) else DEFAULT_METHOD
 
     def preflight() -> ExportRequest:  # cheap checks before importing torch or loading weights: the request, checked once
         from ..methods import get_method

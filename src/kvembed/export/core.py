@@ -528,6 +528,10 @@ def run_export(request: ExportRequest, progress: Progress | None = None) -> Expo
     """Export as ``request`` (checked where it entered: :func:`export_result`, ``kvembed export``) says:
     the memory check, load, trace, convert, gate, write."""
     model, method, options = request.model, request.method, dict(request.options)
+    if method == "st":  # an alias or hub id of a trained embedder: its whole folder, local
+        from ..modeling.sources import sentence_transformers_folder
+
+        model = sentence_transformers_folder(model)
     if request.check_memory:  # before any weight loads: refuse in one line rather than meet the OOM killer
         from .memory import export_memory_check
 

@@ -17,6 +17,18 @@ from ..errors import ModelNotFound, did_you_mean
 
 DEMO_MODEL = "stories260k"
 
+#: decoder embedders trained for embedding, shipped as sentence-transformers folders: alias -> hub id.
+#: Their aliases are :data:`ALIASES` too; ``kvembed export --model`` one of them computes the ``st`` method.
+TRAINED_EMBEDDERS: Mapping[str, str] = {
+    "qwen3-embedding-0.6b": "Qwen/Qwen3-Embedding-0.6B",
+    "qwen3-embedding-4b": "Qwen/Qwen3-Embedding-4B",
+    "qwen3-embedding-8b": "Qwen/Qwen3-Embedding-8B",
+    "gte-qwen2-1.5b-instruct": "Alibaba-NLP/gte-Qwen2-1.5B-instruct",
+    "gte-qwen2-7b-instruct": "Alibaba-NLP/gte-Qwen2-7B-instruct",
+    "e5-mistral-7b-instruct": "intfloat/e5-mistral-7b-instruct",
+    "sfr-embedding-mistral": "Salesforce/SFR-Embedding-Mistral",
+}
+
 ALIASES: Mapping[str, str] = {
     "qwen3-4b": "Qwen/Qwen3-4B",
     "qwen3-8b": "Qwen/Qwen3-8B",
@@ -26,7 +38,16 @@ ALIASES: Mapping[str, str] = {
     "llama-2-7b": "meta-llama/Llama-2-7b-hf",
     "qwen2-7b": "Qwen/Qwen2-7B",
     DEMO_MODEL: DEMO_MODEL,
+    **TRAINED_EMBEDDERS,
 }
+
+
+def is_trained_embedder(model: str | Path) -> bool:
+    """Whether ``model`` names one of :data:`TRAINED_EMBEDDERS` (its alias or hub id, any case):
+    a sentence-transformers folder once downloaded, so its default method is ``st``."""
+    key = str(model).strip().lower()
+    return key in TRAINED_EMBEDDERS or key in {hub_id.lower() for hub_id in TRAINED_EMBEDDERS.values()}
+
 
 #: hub id -> method -> option -> value. Sources: METHODS.md and the papers in shared/seeds.
 PRESETS: Mapping[str, Mapping[str, Mapping[str, Any]]] = {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -113,7 +112,9 @@ class TorchEmbedder:
                 raise InvalidInput("causal2vec cannot take --also: its Contextual token makes its forward pass its own")
             return cls._from_causal2vec(model, method, max_length=max_length, padding_side=padding_side, dtype=dtype, **options)
         if get_method(method).name == "st":  # a trained embedder's folder: its pooling and prompts
-            model, options = folder_method(model, options)
+            from .sources import sentence_transformers_folder
+
+            model, options = folder_method(sentence_transformers_folder(model, revision), options)
         found = find_model(model, revision, trust_remote_code)
         config, preset_id, text = found.config, found.preset_id, found.text
         auto = _is_auto(options.get("layers")) and get_method(method).name == "kv-embedding"

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 from ..artifact.layout import is_artifact
 from ..errors import LINE_WIDTH, InvalidInput, ModelNotFound, ModelNotLocal, shown
 from ..methods import get_method, resolve, resolve_model
-from ..methods.sentence_transformers import folder_method
+from ..methods.sentence_transformers import folder_method, is_folder
 from ..methods.models import alias_hint
 from ..methods.architectures import architecture_of
 from ..methods.layers import AUTO
@@ -155,6 +155,20 @@ def locate_model(model: str | os.PathLike[str], revision: str | None = None) -> 
     return ModelSource(text, location, preset_id)
 
 
+def sentence_transformers_folder(model: str | os.PathLike[str], revision: str | None = None) -> str:
+    """The local folder of the sentence-transformers model ``model`` names: the folder itself, or an
+    alias or hub id (:data:`~kvembed.methods.models.TRAINED_EMBEDDERS`) from the hub cache, downloaded
+    whole when the hub is reachable (a model's own files alone lack modules.json and the pooling)."""
+    if is_folder(model):
+        return str(model)
+    source = locate_model(model, revision)
+    if source.gguf is not None or Path(source.location).is_dir():
+        return source.location  # not a sentence-transformers folder: folder_method says so
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(source.location, revision=revision)
+
+
 #: how the first line of an error begins on the command line (``error: ``), within its width
 _PREFIX = len("error: ")
 
@@ -173,6 +187,8 @@ def not_local(text: str, location: str, why: str, reason: str | None = None) -> 
     fixes on two, each within :data:`~kvembed.errors.LINE_WIDTH` as the command line prints them."""
     names = [f"{shown(text)} ({location})", shown(text)] if location != text else [shown(text)]
     failed = [f"{name} is not local or in the hub cache, and {why}" for name in [*names, f"{text[:24]!r}..."]]
+    if location != text:  # a long alias: its hub id kept, the words shortened
+        failed.insert(1, f"{names[0]}: not local or cached; {why}")
     first = _fitted([*(f"{failed[0]} ({reason})" for _ in [reason] if reason), *failed], LINE_WIDTH - _PREFIX)
     hint = alias_hint(text)
     path = "pass a local model folder or a .gguf file: --model /path/to/folder-or-file.gguf"
@@ -180,6 +196,7 @@ def not_local(text: str, location: str, why: str, reason: str | None = None) -> 
                    f"  fix: {hint} Or --model /path/to/folder-or-file.gguf"] if hint else [f"  fix: {path}"])
     then = "keep HF_HUB_OFFLINE=1" if hub_offline() else "set HF_HUB_OFFLINE=1"
     cache = _fitted([f"  or: hf download {location} elsewhere, copy the hub cache here and {then}",
+                     f"  or: hf download {location} online, copy its hub cache here, {then}",
                      f"  or: hf download it elsewhere, copy the hub cache here and {then}"])
     return ModelNotLocal("\n".join((first, fix, cache)))
 
@@ -227,7 +244,7 @@ def preflight(
         return ModelSource(str(model), str(checkpoint.root), None)
     options = dict(options or {})
     if spec.name == "st":  # a trained embedder's folder: its pooling and prompts
-        model, options = folder_method(model, options)
+        model, options = folder_method(sentence_transformers_folder(model, revision), options)
     source = locate_model(model, revision)
     config = model_config(source, revision)
     architecture_of(config)

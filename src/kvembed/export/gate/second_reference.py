@@ -23,6 +23,7 @@ from ...methods.registry import TEXT
 from ...methods.sentence_transformers import folder_method
 from ...methods.spec import KINDS
 from ..graph.trace import ExportError
+from .parity import cosine_rows
 from .texts import PARITY_TEXTS
 
 LIBRARY = "sentence-transformers"
@@ -84,8 +85,7 @@ def compare(embedder: Any, expected: Mapping[str, np.ndarray] | None, why_not: s
     names, worst = list(TEXTS), (1.0, "", "")
     for kind in KINDS:
         got = embedder.encode(list(TEXTS.values()), kind=kind)
-        cosines = np.sum(got * expected[kind], axis=1) / np.maximum(
-            np.linalg.norm(got, axis=1) * np.linalg.norm(expected[kind], axis=1), 1e-30)
+        cosines = cosine_rows(got, expected[kind])  # the gate's: two equal zero rows agree
         index = int(np.argmin(cosines))
         if float(cosines[index]) < worst[0]:
             worst = (float(cosines[index]), kind, names[index])
