@@ -144,3 +144,38 @@ def test_a_trained_embedder_s_alias_exports_its_folder_from_the_hub_cache(tmp_pa
     assert gone.returncode == 2 and "Traceback" not in gone.stderr, gone.stderr
     said = " ".join(gone.stderr.split())
     assert "'qwen3-embedding-8b' (Qwen/Qwen3-Embedding-8B): not local or cached; HF_HUB_OFFLINE is set" in said and "hf download Qwen/Qwen3-Embedding-8B" in said, said
+
+
+def test_a_named_prompt_of_the_folder_is_asked_by_name_in_the_api_and_the_server(tmp_path):
+    """e5-mistral's folder names ``web_search_query`` and ``sts_query``: each is a prompt kvembed
+    embeds with as sentence-transformers' ``prompt_name`` does, in ``Embedder.encode(kind=...)``, in
+    OpenAI's ``input_type`` (the official client's extra_body) and TEI's ``prompt_name``; a name the
+    folder lacks is a JSON 400 listing the model's prompts."""
+    import httpx
+    from openai import BadRequestError, OpenAI
+    from sentence_transformers import SentenceTransformer
+
+    from kvembed.bench.served import ServerProcess, stop_process
+
+    folder = sentence_transformers_folder(tmp_path, "e5-mistral")
+    done = kvembed_export("--model", str(folder), "--out", str(tmp_path / "art"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    want = SentenceTransformer(str(folder), device="cpu").encode(QUERIES, prompt_name="sts_query", normalize_embeddings=True)
+    embedder = Embedder.load(tmp_path / "art", provider="cpu")
+    assert worst_cosine(embedder.encode(QUERIES, kind="sts_query"), want) >= 0.99999
+    assert worst_cosine(embedder.encode(QUERIES, kind="web_search_query"), want) < 0.9999  # another prompt, other vectors
+    server = ServerProcess([str(tmp_path / "art")], tmp_path / "serve.log").wait_healthy()
+    try:
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="none")
+        got = client.embeddings.create(model="art", input=QUERIES, extra_body={"input_type": "sts_query"})
+        assert worst_cosine(np.array([row.embedding for row in got.data]), want) >= 0.9999
+        with pytest.raises(BadRequestError) as refused:
+            client.embeddings.create(model="art", input=QUERIES, extra_body={"input_type": "nope" * 100})
+        assert "is not a prompt of model 'art'; one of query, document, web_search_query, sts_query" in str(refused.value)
+        tei = httpx.post(f"{server.url}/embed", json={"inputs": QUERIES, "prompt_name": "sts_query"}, timeout=60)
+        assert tei.status_code == 200 and worst_cosine(np.array(tei.json()), want) >= 0.9999
+        bad = httpx.post(f"{server.url}/tokenize", json={"inputs": "hi", "prompt_name": "nope"}, timeout=60)
+        assert bad.status_code == 400 and bad.json()["error"].startswith("prompt_name='nope' is not a prompt"), bad.text
+        assert bad.json()["error_type"] == "Validation", bad.text
+    finally:
+        stop_process(server.process, 10)

@@ -64,7 +64,7 @@ def embed(
     texts: Optional[list[str]] = typer.Argument(None, help="ARTIFACT TEXT... (torch-free runtime), or TEXT... with --model."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Embed with the PyTorch reference of this model folder, alias (stories260k) or hub id; all arguments are then texts."),
     method: Optional[str] = typer.Option(None, "--method", help=f"Embedding method with --model: {opt.METHOD_NAMES} (default kv-embedding); an artifact fixes it."),
-    kind: str = typer.Option("document", "--kind", help="query or document (selects the prompt)."),
+    kind: str = typer.Option("document", "--kind", help="The prompt: query, document, or a named prompt of the artifact (a trained embedder's, e.g. sts_query)."),
     options: opt.MethodOptions = opt.METHOD_FLAGS,
     max_length: Optional[int] = typer.Option(None, help="Truncate inputs to this many tokens (with --model)."),
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="Read texts from a .txt (one per line) or .jsonl file, or - for standard input."),

@@ -8,9 +8,8 @@ from typing import Any, Mapping
 from ..errors import InvalidInput, did_you_mean, shown
 from .layers import AUTO, parse_layers
 from .models import presets_for
-from .spec import CONTEXT, KINDS, PLACEHOLDER, MethodSpec, OptionSpec, ResolveContext, ResolvedMethod
+from .spec import CONTEXT, KINDS, MAX_NAMED_PROMPTS, PLACEHOLDER, PROMPT_NAME, TEXT, MethodSpec, OptionSpec, ResolveContext, ResolvedMethod
 
-TEXT = "{text}"
 RAW = {"query": TEXT, "document": TEXT}
 #: Causal2Vec's default prompts (a checkpoint's causal2vec.json usually sets its own): the task
 #: instruction on queries only, as in the paper's training data (its appendix A.3)
@@ -312,6 +311,20 @@ def _check_text_template(value: Any, ctx: ResolveContext) -> str | None:
     return None if value.count(TEXT) == 1 else f"must contain {TEXT} once, got {shown(value)}"
 
 
+def _check_named_prompts(value: Any, ctx: ResolveContext) -> str | None:
+    """The folder's other prompts: names a request can carry (``input_type``, ``prompt_name``),
+    each a template with the text once."""
+    if len(value) > MAX_NAMED_PROMPTS - len(KINDS):
+        return f"holds {len(value)} prompts; at most {MAX_NAMED_PROMPTS - len(KINDS)}"
+    for name, template in value.items():
+        if not PROMPT_NAME.fullmatch(name) or name in KINDS:
+            return f"has a prompt named {shown(name)}: a name is 1-64 letters, digits, '_', '-' or '.', not query or document"
+        problem = _check_text_template(template, ctx)
+        if problem:
+            return f"prompt {name} {problem}"
+    return None
+
+
 register(
     MethodSpec(
         name="st",
@@ -326,6 +339,8 @@ register(
                        check=_check_text_template),
             OptionSpec("document_template", str, TEXT, f"document prompt with {TEXT} (config_sentence_transformers.json)",
                        check=_check_text_template),
+            OptionSpec("named_prompts", dict, {}, f"the folder's other named prompts, name -> template with {TEXT}",
+                       check=_check_named_prompts),
         ),
     )
 )
@@ -402,7 +417,8 @@ def resolve(
     prompt = resolved.get("prompt", spec.default_prompt)
     templates = dict(spec.prompts[prompt]) if prompt in spec.prompts else {kind: prompt for kind in KINDS}
     if "query_template" in resolved:  # a checkpoint's own templates (Causal2Vec's with its EOS appended)
-        templates = {kind: resolved[f"{kind}_template"] + resolved.get("eos", "") for kind in KINDS}
+        named = {name: template + resolved.get("eos", "") for name, template in resolved.get("named_prompts", {}).items()}
+        templates = {**{kind: resolved[f"{kind}_template"] + resolved.get("eos", "") for kind in KINDS}, **named}
     return ResolvedMethod(
         name=spec.name,
         options=resolved,
@@ -458,6 +474,10 @@ def _coerce(method: str, opt: OptionSpec, value: Any) -> Any:
             if not isinstance(value, str):
                 raise TypeError
             return value
+        if opt.type is dict:
+            if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+                raise TypeError
+            return dict(value)
     except (TypeError, ValueError):
         pass
     raise InvalidInput(f"option {opt.name} of method {method!r} expects {opt.type.__name__}, got {value!r}")

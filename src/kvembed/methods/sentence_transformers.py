@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InvalidInput, shown
+from .spec import KINDS
 
 MODULES = "modules.json"
 SETTINGS = "config_sentence_transformers.json"
@@ -66,10 +67,14 @@ class SentenceTransformersFolder:
         return cls(root, transformer, _pooling(pooling_dir / "config.json"), NORMALIZE in kinds, _prompts(root / SETTINGS))
 
     def method_options(self) -> dict[str, Any]:
-        """The ``st`` method options this folder fixes: its pooling and its prompts as templates."""
+        """The ``st`` method options this folder fixes: its pooling and its prompts as templates, the
+        query and document kinds from the first of their usual names, and every prompt but those two
+        names under its own name too (a request may ask ``sts_query``, as sentence-transformers' ``prompt_name``)."""
         query = next((self.prompts[name] for name in QUERY_PROMPTS if name in self.prompts), "")
         document = next((self.prompts[name] for name in DOCUMENT_PROMPTS if name in self.prompts), "")
-        return {"pooling": self.pooling, "query_template": query + "{text}", "document_template": document + "{text}"}
+        named = {name: prompt + "{text}" for name, prompt in self.prompts.items() if name not in KINDS}
+        return {"pooling": self.pooling, "query_template": query + "{text}", "document_template": document + "{text}",
+                "named_prompts": named}
 
 
 def folder_method(model: str | os.PathLike[str], options: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

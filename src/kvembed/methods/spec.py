@@ -8,11 +8,17 @@ exporter and the runtime all read. Nothing here imports torch.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
 Kind = Literal["query", "document"]
 KINDS: tuple[str, ...] = ("query", "document")
+#: what a named prompt beyond the kinds may be called (a trained embedder's ``sts_query``): a request names it
+PROMPT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+#: the most named prompts one method holds, the kinds included
+MAX_NAMED_PROMPTS = 32
+TEXT = "{text}"
 
 #: What the embedding is read from.
 #: - ``hidden``: the final layer's normed hidden states, pooled by ``pooling``;
@@ -123,7 +129,8 @@ class ResolvedMethod:
     layers_needed: int
     """How many decoder layers the computation runs (early exit keeps only these)."""
     templates: Mapping[str, str]
-    """kind -> prompt template with ``{text}``."""
+    """prompt name -> template with ``{text}``: the :data:`KINDS`, then any named prompts of the
+    checkpoint (``st``: its folder's), each of which a request may name as its kind."""
     readout: Readout
     pooling: Pooling | None
     preprocess: bool
@@ -155,7 +162,7 @@ class ResolvedMethod:
             layers=tuple(int(i) for i in data["layers"]),
             num_layers=int(data["num_layers"]),
             layers_needed=int(data["layers_needed"]),
-            templates=dict(data["templates"]),
+            templates=_templates(data["templates"]),
             readout=data["readout"],
             pooling=data["pooling"],
             preprocess=bool(data["preprocess"]),
@@ -168,3 +175,18 @@ class ResolvedMethod:
     def uses_pool_mask(self) -> bool:
         """Whether the forward pass needs a ``pool_mask`` input besides the attention mask."""
         return self.readout == "hidden" and self.pooling in ("span", "context-eos")
+
+
+def _templates(data: Any) -> dict[str, str]:
+    """A manifest's templates, checked: the kinds and at most :data:`MAX_NAMED_PROMPTS` names of
+    :data:`PROMPT_NAME`'s form, each a string holding ``{text}``."""
+    if not isinstance(data, Mapping) or not 0 < len(data) <= MAX_NAMED_PROMPTS:
+        raise ValueError(f"templates must map at most {MAX_NAMED_PROMPTS} prompt names to templates")
+    for name, template in data.items():
+        if not isinstance(name, str) or not PROMPT_NAME.fullmatch(name):
+            raise ValueError(f"templates holds a prompt name that is not 1-64 letters, digits, '_', '-' or '.': {str(name)[:40]!r}")
+        if not isinstance(template, str) or TEXT not in template:
+            raise ValueError(f"template {name!r} is not a string holding {TEXT}")
+    if not set(KINDS) <= set(data):
+        raise ValueError(f"templates lacks {' and '.join(k for k in KINDS if k not in data)}")
+    return dict(data)

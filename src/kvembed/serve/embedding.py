@@ -20,6 +20,7 @@ from ..runtime.encoding import EncodedText
 from ..runtime.quantize import quantize
 from ..runtime.vectors import unit_rows
 from ..runtime.windows import per_input
+from ..errors import shown
 from .errors import ApiError
 from .model import ServedModel
 from .request import EmbedRequest, Inputs
@@ -83,8 +84,19 @@ async def embed_request(state: ServerState, served: ServedModel, request: EmbedR
     return Embedded(vectors, encoded.tokens)
 
 
+def check_kind(served: ServedModel, kind: str, field: str) -> str:
+    """``kind`` when it names one of the model's prompts (query, document, or a named prompt of a
+    trained embedder's folder: GET /v1/models lists them), else 400 naming ``field``."""
+    templates = served.embedder.method.templates
+    if kind not in templates:
+        raise ApiError(400, f"{field}={shown(kind)} is not a prompt of model {served.name!r}; one of {', '.join(templates)}",
+                       param=field)
+    return kind
+
+
 def check(state: ServerState, served: ServedModel, request: EmbedRequest) -> None:
     """What the request asks that this model or server cannot give: 400 naming the field."""
+    check_kind(served, request.kind, request.kind_field)
     if len(request.inputs) > state.config.max_client_batch_size:
         # 400 as OpenAI answers it: the document's maxItems says so, unlike a body over --payload-limit (413)
         raise ApiError(400, f"{len(request.inputs)} inputs in one request, over the limit of {state.config.max_client_batch_size}; "

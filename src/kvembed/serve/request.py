@@ -44,6 +44,8 @@ class EmbedRequest:
     #: the request field holding the inputs, as errors name it (``input``, ``inputs``, ``texts``)
     field: str = "input"
     kind: str = "document"
+    #: the request field naming the prompt, as errors name it (``input_type``, ``prompt_name``)
+    kind_field: str = "input_type"
     output: str | None = None
     #: None: the server's --auto-truncate
     truncate: bool | None = None

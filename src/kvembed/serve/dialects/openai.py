@@ -37,7 +37,8 @@ class EmbeddingRequest(BaseModel):
         "float", description="base64: the vector's little-endian bytes (float32, or the embedding_types' int8/uint8 bytes)")
     dimensions: StrictInt | None = Field(None, ge=1, description="keep the first N values and re-normalise (N <= dim)")
     user: StrictStr | None = Field(None, description="accepted and ignored")
-    input_type: Literal["query", "document"] = Field("document", description="kvembed: which prompt wraps the text")
+    input_type: StrictStr = Field("document", description="kvembed: which prompt wraps the text: query, document, or a "
+                                  "named prompt of the model (GET /v1/models: prompts)")
     output: StrictStr | None = Field(None, description="kvembed: an --also output label of the artifact")
     truncate: StrictBool | None = Field(
         None, description="kvembed/TEI: true cuts an input over the served model's max_input_tokens to fit, false answers 413; "

@@ -15,8 +15,6 @@ from typing import Any, Callable
 
 from ..state import ServerState
 
-#: the prompt kinds of every method
-KINDS: tuple[str, ...] = ("query", "document")
 #: what the dialects call the vector types (kvembed.runtime.quantize.VECTOR_TYPES) and the ranged ones
 TYPES: tuple[str, ...] = ("float", "int8", "uint8", "binary", "ubinary")
 UNRANGED: tuple[str, ...] = ("float", "binary", "ubinary")
@@ -27,6 +25,8 @@ class ModelFacts:
     """What the request schema says of one loaded model."""
 
     name: str
+    #: the prompts a request may name: query, document, then the model's named ones
+    kinds: tuple[str, ...]
     #: output label (None: the main method's) -> its width, the most ``dimensions`` can ask for
     outputs: dict[str | None, int]
     #: the kinds with which token ids are accepted (none for prompt methods)
@@ -40,8 +40,9 @@ class ModelFacts:
 def model_facts(name: str, embedder: Any, max_input_tokens: int) -> ModelFacts:
     """Ask a loaded :class:`~kvembed.runtime.Embedder` what its requests may hold; which kinds take
     token ids is found by the very call the requests go through (``token_inputs``), not restated."""
+    kinds = tuple(embedder.method.templates)
     id_kinds = []
-    for kind in KINDS:
+    for kind in kinds:
         try:
             embedder.token_inputs([[0]], kind)
         except ValueError:
@@ -49,7 +50,7 @@ def model_facts(name: str, embedder: Any, max_input_tokens: int) -> ModelFacts:
         id_kinds.append(kind)
     outputs = {None: embedder.dim_of(None), **{label: embedder.dim_of(label) for label in embedder.outputs}}
     vocab = embedder.encoder.tokenizer.get_vocab_size(with_added_tokens=True)
-    return ModelFacts(name, outputs, tuple(id_kinds), vocab, max_input_tokens)
+    return ModelFacts(name, kinds, outputs, tuple(id_kinds), vocab, max_input_tokens)
 
 
 def input_forms(max_items: int, vocab: int | None, max_tokens: int | None, ids: bool = True, single: bool = True) -> list[dict[str, Any]]:
@@ -109,7 +110,7 @@ def variants(base: dict[str, Any], shape: Shape, model: ModelFacts, server: Serv
     for label, width in model.outputs.items():
         if shape.output is not None or label is None:
             widths.setdefault(width, []).append(label)
-    groups = [g for g in (model.id_kinds, tuple(k for k in KINDS if k not in model.id_kinds)) if g] if shape.kind else [KINDS]
+    groups = [g for g in (model.id_kinds, tuple(k for k in model.kinds if k not in model.id_kinds)) if g] if shape.kind else [model.kinds]
     for width, labels in widths.items():
         for kinds in groups:
             ids = shape.ids and bool(model.id_kinds) and set(kinds) <= set(model.id_kinds)

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from ...runtime.encoding import TokenizerFailed, format_prompt, unicode_problem
 from ...runtime.encoding import tokenize as tokenize_text
 from ...version import __version__
-from ..embedding import INLINE_LIMIT, embed_request, offload
+from ..embedding import INLINE_LIMIT, check_kind, embed_request, offload
 from ..errors import ApiError
 from ..request import EmbedRequest, integral, parse_input, validated
 from ..state import ServerState
@@ -62,7 +62,7 @@ class EmbedBody(_Request):
     truncate: StrictBool | None = Field(None, description="true cuts an input over max_input_length; unset: the server's --auto-truncate")
     truncation_direction: Literal["right", "Right", "left", "Left"] = Field(
         "right", description="where a cut input loses its tokens: its end (right) or its start (left)")
-    prompt_name: Literal["query", "document"] | None = Field(None, description="the method's prompt; unset: document")
+    prompt_name: StrictStr | None = Field(None, description="the model's prompt (query, document, or a named prompt: /info); unset: document")
     dimensions: StrictInt | None = Field(None, ge=1, description="keep the first N values (re-normalised with normalize)")
     encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32 bytes")
     windows: StrictBool | None = Field(None, description="kvembed: true embeds an input over the cap as windows; unset: --windows")
@@ -78,7 +78,7 @@ class TokenizeBody(_Request):
 
     inputs: Any = Field(description="str | list[str]")
     add_special_tokens: StrictBool = Field(True, description="the tokenizer's special tokens (BOS, EOS)")
-    prompt_name: Literal["query", "document"] | None = Field(None, description="tokenise the text in this prompt; unset: bare")
+    prompt_name: StrictStr | None = Field(None, description="tokenise the text in this prompt of the model (/info); unset: bare")
 
 
 class DecodeBody(_Request):
@@ -92,7 +92,7 @@ async def embed(state: ServerState, body: bytes, name: Callable[[str], None]) ->
     spec = validated(EmbedBody, body)
     served = serving(state, spec.model, name)
     request = EmbedRequest(
-        model=served.name, inputs=parse_input(spec.inputs, "inputs"), field="inputs", kind=spec.prompt_name or "document",
+        model=served.name, inputs=parse_input(spec.inputs, "inputs"), field="inputs", kind=spec.prompt_name or "document", kind_field="prompt_name",
         truncate=spec.truncate, windows=spec.windows, dimensions=spec.dimensions, normalize=spec.normalize,
         truncate_from="start" if spec.truncation_direction.lower() == "left" else "end",
     )
@@ -116,7 +116,7 @@ async def tokenize(state: ServerState, body: bytes, name: Callable[[str], None])
     if len(inputs) > state.config.max_client_batch_size:
         raise ApiError(400, f"{len(inputs)} inputs in one request, over the limit of {state.config.max_client_batch_size}",
                        param="inputs")
-    template = served.embedder.method.templates[spec.prompt_name] if spec.prompt_name else None
+    template = served.embedder.method.templates[check_kind(served, spec.prompt_name, "prompt_name")] if spec.prompt_name else None
     tokens = await offload(inputs.size > INLINE_LIMIT, _tokens, served.embedder.encoder, inputs.texts or [], template,
                            spec.add_special_tokens)
     return JSONResponse(tokens)
