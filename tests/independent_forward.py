@@ -10,7 +10,9 @@ q_norm/k_norm), Gemma 3 (``gemma3_text``, written from transformers'
 ``models/gemma3/modeling_gemma3.py``: embeddings times sqrt(hidden), RMSNorm weights as ``1 + w``,
 q/k norms, a norm on the attention output and around the GELU-tanh MLP, attention scale
 ``query_pre_attn_scalar ** -0.5``, sliding-window and global layers from ``layer_types`` each
-with its own RoPE base). RoPE: "default" and "llama3" frequency scaling.
+with its own RoPE base), Granite (``models/granite/modeling_granite.py``: the embeddings, each
+sublayer's output and the attention logits multiplied by the config's scalars).
+RoPE: "default" and "llama3" frequency scaling.
 """
 
 from __future__ import annotations
@@ -76,6 +78,14 @@ class Hparams:
         self.layer_types = config.get("layer_types") if self.gemma else None
         self.attn_scale = (config["query_pre_attn_scalar"] if self.gemma else self.head_dim) ** -0.5
         self.embed_scale = math.sqrt(self.hidden) if self.gemma else 1.0
+        #: what a sublayer's output is multiplied by before the residual add
+        self.residual_scale = 1.0
+        if config.get("model_type") == "granite":
+            # GraniteConfig's scalars (models/granite/modeling_granite.py), each 1.0 when left out:
+            # the embeddings, every sublayer's output, and the attention logits in place of 1/sqrt(d)
+            self.embed_scale = float(config.get("embedding_multiplier", 1.0))
+            self.residual_scale = float(config.get("residual_multiplier", 1.0))
+            self.attn_scale = float(config.get("attention_multiplier", 1.0))
         if self.gemma:
             if config.get("hidden_activation") != "gelu_pytorch_tanh":
                 raise NotImplementedError(f"hidden_activation {config.get('hidden_activation')!r}")
@@ -300,7 +310,7 @@ def forward(
             x = x + _rms_norm(a, W.ln2, hp.eps)
             h = _rms_norm(x, W.pre_ff, hp.eps)
         else:
-            x = x + a
+            x = x + a * hp.residual_scale
             h = _rms_norm(x, W.ln2, hp.eps)
 
         # ---- gated MLP: SwiGLU, or GELU-tanh for Gemma ----
@@ -308,7 +318,7 @@ def forward(
         up = _linear(h, W.w_up, W.b_up)
         act = _gelu_tanh(gate) if hp.gemma else torch.nn.functional.silu(gate)
         down = _linear(act * up, W.w_down, W.b_down)
-        x = x + (_rms_norm(down, W.post_ff, hp.eps) if hp.gemma else down)
+        x = x + (_rms_norm(down, W.post_ff, hp.eps) if hp.gemma else down * hp.residual_scale)
         assert x.shape == (n, H)
 
     hidden.append(x)

@@ -68,13 +68,29 @@ def test_every_entry_is_read_from_a_gguf_of_its_name(model_type, tmp_path):
     pytest.importorskip("gguf", reason="the gguf package (kvembed[gguf]) is not installed")
     from kvembed.modeling.gguf import GGUFError, read_info
 
-    name = SUPPORTED[model_type].gguf_name
-    assert BY_GGUF_NAME[name] is SUPPORTED[model_type]  # one entry per GGUF name
+    arch = SUPPORTED[model_type]
+    name = arch.gguf_name
+    if not arch.gguf_loadable:  # transformers' GGUF loader has no converter for it: refused by name
+        assert name not in BY_GGUF_NAME
+        with pytest.raises(GGUFError, match=f"a GGUF of {name}, which transformers' GGUF loader does not convert"):
+            read_info(tiny_gguf(tmp_path / f"{name}.gguf", name, layers=3))
+        return
+    assert BY_GGUF_NAME[name] is arch  # one entry per GGUF name
     info = read_info(tiny_gguf(tmp_path / f"{name}.gguf", name, layers=3))
     assert (info.architecture, info.model_type, info.num_layers) == (name, model_type, 3)
     with pytest.raises(GGUFError, match="architecture 'gpt2'") as refused:
         read_info(tiny_gguf(tmp_path / "gpt2.gguf", "gpt2"))
     assert name in str(refused.value)  # the refusal lists what is supported
+
+
+@pytest.mark.parametrize("model_type", sorted(SUPPORTED))
+def test_an_entry_is_gguf_loadable_exactly_when_transformers_converts_its_name(model_type):
+    """kvembed dequantizes a GGUF through transformers' loader: an entry that claims a GGUF it cannot
+    convert would fail minutes in, one that denies a convertible one refuses a usable file."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    arch = SUPPORTED[model_type]
+    assert arch.gguf_loadable == (arch.gguf_name in GGUF_SUPPORTED_ARCHITECTURES)
 
 
 def test_a_gguf_header_is_parsed_once_per_file_version(tmp_path):

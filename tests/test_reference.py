@@ -518,7 +518,7 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
     from transformers import GPT2Config
 
     GPT2Config(n_layer=2, n_embd=32, n_head=2).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="supports gemma3_text, llama, mistral, qwen2, qwen3"):
+    with pytest.raises(ValueError, match="supports gemma3_text, granite, llama, mistral, qwen2, qwen3"):
         TorchEmbedder.from_pretrained(tmp_path, "mean")
 
 

@@ -15,6 +15,19 @@ attention function as ``scaling``); sliding-window layers interleaved with globa
 column in front of the sequence with its own mask, so in a sliding-window layer every query
 still sees it, however far the text runs past the window: the method defines the prefix as
 visible to all positions, and the window only limits the sequence's own keys.
+
+Granite keeps the Llama layout and scales three things by config scalars, all inside transformers'
+forward: the input embeddings (``embedding_multiplier``, applied by the decoder to the
+``inputs_embeds`` kvembed passes, so a zero placeholder stays zero), each sublayer's output before
+the residual add (``residual_multiplier``; the value and attention-output readouts are read before
+it) and the attention logits (``attention_multiplier`` in place of ``head_dim ** -0.5``, passed to
+the attention function as ``scaling``). ``logits_scaling`` divides the LM head's logits, which an
+embedder never computes.
+
+OLMo 2 drops the pre-norms: each sublayer reads the residual stream as it is and its output is
+normed before the residual add (``post_attention_layernorm``, ``post_feedforward_layernorm``); its
+q/k norms run over the whole projection (every head at once), before RoPE, so the keys our
+attention function receives are normed and rotated as Qwen3's are.
 """
 
 from __future__ import annotations
@@ -34,8 +47,13 @@ class Architecture:
     model_type: str
     #: llama.cpp's name for it: a GGUF file's ``general.architecture``
     gguf_name: str
-    #: per-head RMSNorms of queries and keys (``q_norm``/``k_norm``) in every layer
+    #: transformers' GGUF loader converts this family (kvembed dequantizes through it); a GGUF of a
+    #: family it does not convert is refused by name before anything loads
+    gguf_loadable: bool = True
+    #: RMSNorms of queries and keys (``q_norm``/``k_norm``) in every layer ...
     qk_norm: bool = False
+    #: ... over each head (``"head"``: Qwen3, Gemma 3) or the whole projection (``"projection"``: OLMo 2)
+    qk_norm_span: str = "head"
     #: q/k/v projections always carry biases (Qwen2), whatever the config says
     qkv_bias: bool = False
     #: the config switches this architecture honours: ``attention_bias`` (q/k/v/o), ``mlp_bias`` (the MLP)
@@ -69,10 +87,13 @@ SUPPORTED: dict[str, Architecture] = {
         "gemma3_text", "gemma3", qk_norm=True, activation_field="hidden_activation",
         activations=("gelu_pytorch_tanh",), per_layer_window=True, sandwich_norms=True, tied_by_default=True,
     ),
+    "granite": Architecture("granite", "granite", gguf_loadable=False, bias_switches=("attention_bias", "mlp_bias")),
 }
 
-#: GGUF ``general.architecture`` -> the :class:`Architecture` it is
-BY_GGUF_NAME: dict[str, Architecture] = {arch.gguf_name: arch for arch in SUPPORTED.values()}
+#: GGUF ``general.architecture`` -> the :class:`Architecture` it is, for the families kvembed loads from a GGUF
+BY_GGUF_NAME: dict[str, Architecture] = {arch.gguf_name: arch for arch in SUPPORTED.values() if arch.gguf_loadable}
+#: the llama.cpp names of supported families whose GGUF transformers cannot convert
+UNLOADABLE_GGUF: dict[str, Architecture] = {arch.gguf_name: arch for arch in SUPPORTED.values() if not arch.gguf_loadable}
 
 
 def _field(config: Any, name: str) -> Any:
