@@ -6,7 +6,8 @@ q_norm/k_norm matter), random q/k/v biases (Qwen2) and a larger init scale (so a
 flat), saved with ``save_pretrained`` and reloaded from the folder like any user model. They
 share the demo model's byte-level tokenizer. The tiny Mistral's sliding window (16 tokens) is
 shorter than most test prompts, so every Mistral test runs beyond it. The tiny Granite's three
-multipliers are away from 1 and its q/k/v/o and MLP biases on.
+multipliers are away from 1 and its q/k/v/o and MLP biases on; the tiny OLMo 2 has random q/k
+norm weights over the whole projection and random post-sublayer norms.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from independent import Oracle
 from kvembed.methods import demo_model_path
 
-ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral", "granite")
+ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral", "granite", "olmo2")
 #: the tiny Mistral's attention window, in tokens (the prompts of TEXTS are longer)
 MISTRAL_WINDOW = 16
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -182,7 +183,7 @@ def one_torch_thread():
 
 
 def tiny_config(arch: str):
-    from transformers import GraniteConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config, Qwen2Config, Qwen3Config
 
     common = dict(
         hidden_size=64,
@@ -211,6 +212,9 @@ def tiny_config(arch: str):
     if arch == "granite":  # every multiplier away from 1 (and from 1/sqrt(head_dim)), both bias switches on
         return GraniteConfig(embedding_multiplier=4.0, residual_multiplier=0.6, attention_multiplier=0.4,
                              logits_scaling=8.0, attention_bias=True, mlp_bias=True, **common)
+    if arch == "olmo2":  # no head_dim field: hidden_size / heads, as for Qwen2
+        common.pop("head_dim")
+        return Olmo2Config(**common)
     raise ValueError(arch)
 
 

@@ -11,7 +11,9 @@ q_norm/k_norm), Gemma 3 (``gemma3_text``, written from transformers'
 q/k norms, a norm on the attention output and around the GELU-tanh MLP, attention scale
 ``query_pre_attn_scalar ** -0.5``, sliding-window and global layers from ``layer_types`` each
 with its own RoPE base), Granite (``models/granite/modeling_granite.py``: the embeddings, each
-sublayer's output and the attention logits multiplied by the config's scalars).
+sublayer's output and the attention logits multiplied by the config's scalars), OLMo 2
+(``models/olmo2/modeling_olmo2.py``: no pre-norms, a norm on each sublayer's output, q/k norms over
+the whole projection).
 RoPE: "default" and "llama3" frequency scaling.
 """
 
@@ -80,6 +82,9 @@ class Hparams:
         self.embed_scale = math.sqrt(self.hidden) if self.gemma else 1.0
         #: what a sublayer's output is multiplied by before the residual add
         self.residual_scale = 1.0
+        # OLMo 2 (models/olmo2/modeling_olmo2.py): no norm before a sublayer, one on its output
+        # before the residual add; q_norm/k_norm over the whole projection, not per head
+        self.olmo2 = config.get("model_type") == "olmo2"
         if config.get("model_type") == "granite":
             # GraniteConfig's scalars (models/granite/modeling_granite.py), each 1.0 when left out:
             # the embeddings, every sublayer's output, and the attention logits in place of 1/sqrt(d)
@@ -167,7 +172,7 @@ def _apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
 class _Layer:
     """The float64 weights of one decoder layer (converted lazily, one layer at a time)."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], index: int, gemma: bool = False):
+    def __init__(self, weights: dict[str, torch.Tensor], index: int, gemma: bool = False, olmo2: bool = False):
         prefix = f"layers.{index}."
 
         def get(name, required=True):
@@ -179,16 +184,16 @@ class _Layer:
             t = t.to(_DT)
             return t + 1.0 if gemma and name.endswith("norm.weight") else t  # Gemma scales by 1 + w
 
-        self.ln1 = get("input_layernorm.weight")
+        self.ln1 = get("input_layernorm.weight", not olmo2)  # OLMo 2 has none
         self.ln2 = get("post_attention_layernorm.weight")
         self.pre_ff = get("pre_feedforward_layernorm.weight", gemma)  # Gemma 3 only
-        self.post_ff = get("post_feedforward_layernorm.weight", gemma)
+        self.post_ff = get("post_feedforward_layernorm.weight", gemma or olmo2)
         self.wq, self.bq = get("self_attn.q_proj.weight"), get("self_attn.q_proj.bias", False)
         self.wk, self.bk = get("self_attn.k_proj.weight"), get("self_attn.k_proj.bias", False)
         self.wv, self.bv = get("self_attn.v_proj.weight"), get("self_attn.v_proj.bias", False)
         self.wo, self.bo = get("self_attn.o_proj.weight"), get("self_attn.o_proj.bias", False)
-        self.q_norm = get("self_attn.q_norm.weight", False)  # Qwen3 only
-        self.k_norm = get("self_attn.k_norm.weight", False)  # Qwen3 only
+        self.q_norm = get("self_attn.q_norm.weight", olmo2)  # Qwen3, Gemma 3 (per head), OLMo 2 (whole)
+        self.k_norm = get("self_attn.k_norm.weight", olmo2)
         self.w_gate, self.b_gate = get("mlp.gate_proj.weight"), get("mlp.gate_proj.bias", False)
         self.w_up, self.b_up = get("mlp.up_proj.weight"), get("mlp.up_proj.bias", False)
         self.w_down, self.b_down = get("mlp.down_proj.weight"), get("mlp.down_proj.bias", False)
@@ -250,7 +255,7 @@ def forward(
 
     hidden, values, attn_pre_o, attn_out = [], [], [], []
     for l in range(n_layers_to_run):
-        W = _Layer(weights, l, hp.gemma)
+        W = _Layer(weights, l, hp.gemma, hp.olmo2)
         inv_freq = hp.inv_freq(l)
         causal = causal_mask(hp.window(l))
 
@@ -261,15 +266,18 @@ def forward(
         hidden.append(x)
 
         # ---- self-attention ----
-        h = _rms_norm(x, W.ln1, hp.eps)
-        q = _linear(h, W.wq, W.bq).view(n, hp.n_heads, d).transpose(0, 1)  # [heads, n, d]
-        k = _linear(h, W.wk, W.bk).view(n, hp.n_kv, d).transpose(0, 1)  # [kv, n, d]
+        h = x if hp.olmo2 else _rms_norm(x, W.ln1, hp.eps)
+        q_flat, k_flat = _linear(h, W.wq, W.bq), _linear(h, W.wk, W.bk)  # [n, heads*d], [n, kv*d]
+        if hp.olmo2:  # one RMS over all heads' features of a token
+            q_flat, k_flat = _rms_norm(q_flat, W.q_norm, hp.eps), _rms_norm(k_flat, W.k_norm, hp.eps)
+        q = q_flat.view(n, hp.n_heads, d).transpose(0, 1)  # [heads, n, d]
+        k = k_flat.view(n, hp.n_kv, d).transpose(0, 1)  # [kv, n, d]
         v_flat = _linear(h, W.wv, W.bv)  # [n, kv*d]
         v = v_flat.view(n, hp.n_kv, d).transpose(0, 1)  # [kv, n, d]
         values.append(v_flat)
-        if W.q_norm is not None:
+        if W.q_norm is not None and not hp.olmo2:  # per head, over head_dim
             q = _rms_norm(q, W.q_norm, hp.eps)
-        if W.k_norm is not None:
+        if W.k_norm is not None and not hp.olmo2:
             k = _rms_norm(k, W.k_norm, hp.eps)
         k_pre_rope = k
         q = _apply_rope(q, positions, inv_freq)
@@ -309,6 +317,9 @@ def forward(
         if hp.gemma:  # Gemma: norm the attention output, then norms around the MLP
             x = x + _rms_norm(a, W.ln2, hp.eps)
             h = _rms_norm(x, W.pre_ff, hp.eps)
+        elif hp.olmo2:  # the MLP reads the residual stream as it is
+            x = x + _rms_norm(a, W.ln2, hp.eps)
+            h = x
         else:
             x = x + a * hp.residual_scale
             h = _rms_norm(x, W.ln2, hp.eps)
@@ -318,7 +329,7 @@ def forward(
         up = _linear(h, W.w_up, W.b_up)
         act = _gelu_tanh(gate) if hp.gemma else torch.nn.functional.silu(gate)
         down = _linear(act * up, W.w_down, W.b_down)
-        x = x + (_rms_norm(down, W.post_ff, hp.eps) if hp.gemma else down * hp.residual_scale)
+        x = x + (_rms_norm(down, W.post_ff, hp.eps) if hp.gemma or hp.olmo2 else down * hp.residual_scale)
         assert x.shape == (n, H)
 
     hidden.append(x)

@@ -159,7 +159,8 @@ def test_stories260k(traces, stories_artifact, method, precision):
 #: kv-embedding everywhere (its attention patch meets q/k norms, q/k/v biases, GQA); the readouts
 #: that hook into layers (residual rewiring, attention output) on the non-Llama architectures;
 #: qwen3 also runs the non-default prefix options, granite its multipliers (the attention scale is not
-#: 1/sqrt(d)) under a zero-rotated prefix. stories260k covers every method on Llama.
+#: 1/sqrt(d)) and olmo2 its whole-projection q/k norms, each under a zero-rotated prefix.
+#: stories260k covers every method on Llama.
 RANDOM_CASES = [
     ("llama", "kv-embedding", {}),
     ("qwen2", "kv-embedding", {}),
@@ -168,6 +169,7 @@ RANDOM_CASES = [
     ("qwen3", "token-prepending", {"tp_start": 0}),
     ("qwen2", "aligned-wva", {"wva": True, "layers": "0"}),
     ("granite", "kv-embedding", {"num_prefix": 2, "prefix_rope": "zero"}),
+    ("olmo2", "kv-embedding", {"prefix_rope": "zero"}),
 ]
 
 

@@ -33,7 +33,7 @@ attention function receives are normed and rotated as Qwen3's are.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import InvalidInput
 
@@ -53,7 +53,7 @@ class Architecture:
     #: RMSNorms of queries and keys (``q_norm``/``k_norm``) in every layer ...
     qk_norm: bool = False
     #: ... over each head (``"head"``: Qwen3, Gemma 3) or the whole projection (``"projection"``: OLMo 2)
-    qk_norm_span: str = "head"
+    qk_norm_span: Literal["head", "projection"] = "head"
     #: q/k/v projections always carry biases (Qwen2), whatever the config says
     qkv_bias: bool = False
     #: the config switches this architecture honours: ``attention_bias`` (q/k/v/o), ``mlp_bias`` (the MLP)
@@ -88,6 +88,7 @@ SUPPORTED: dict[str, Architecture] = {
         activations=("gelu_pytorch_tanh",), per_layer_window=True, sandwich_norms=True, tied_by_default=True,
     ),
     "granite": Architecture("granite", "granite", gguf_loadable=False, bias_switches=("attention_bias", "mlp_bias")),
+    "olmo2": Architecture("olmo2", "olmo2", gguf_loadable=False, qk_norm=True, qk_norm_span="projection"),
 }
 
 #: GGUF ``general.architecture`` -> the :class:`Architecture` it is, for the families kvembed loads from a GGUF
