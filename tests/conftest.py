@@ -7,7 +7,8 @@ flat), saved with ``save_pretrained`` and reloaded from the folder like any user
 share the demo model's byte-level tokenizer. The tiny Mistral's sliding window (16 tokens) is
 shorter than most test prompts, so every Mistral test runs beyond it. The tiny Granite's three
 multipliers are away from 1 and its q/k/v/o and MLP biases on; the tiny OLMo 2 has random q/k
-norm weights over the whole projection and random post-sublayer norms.
+norm weights over the whole projection and random post-sublayer norms; the tiny Phi-3 fuses
+q/k/v and gate/up and turns half of each head with RoPE.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from independent import Oracle
 from kvembed.methods import demo_model_path
 
-ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral", "granite", "olmo2")
+ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral", "granite", "olmo2", "phi3")
 #: the tiny Mistral's attention window, in tokens (the prompts of TEXTS are longer)
 MISTRAL_WINDOW = 16
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -183,7 +184,7 @@ def one_torch_thread():
 
 
 def tiny_config(arch: str):
-    from transformers import GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config, Qwen2Config, Qwen3Config
+    from transformers import GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, Qwen2Config, Qwen3Config
 
     common = dict(
         hidden_size=64,
@@ -215,6 +216,10 @@ def tiny_config(arch: str):
     if arch == "olmo2":  # no head_dim field: hidden_size / heads, as for Qwen2
         common.pop("head_dim")
         return Olmo2Config(**common)
+    if arch == "phi3":  # RoPE on half of each head (Phi-4-mini turns three quarters)
+        common.pop("head_dim")
+        return Phi3Config(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+                          **common)
     raise ValueError(arch)
 
 

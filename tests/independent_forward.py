@@ -13,7 +13,8 @@ q/k norms, a norm on the attention output and around the GELU-tanh MLP, attentio
 with its own RoPE base), Granite (``models/granite/modeling_granite.py``: the embeddings, each
 sublayer's output and the attention logits multiplied by the config's scalars), OLMo 2
 (``models/olmo2/modeling_olmo2.py``: no pre-norms, a norm on each sublayer's output, q/k norms over
-the whole projection).
+the whole projection), Phi-3 (``models/phi3/modeling_phi3.py``: fused qkv_proj and gate_up_proj,
+RoPE on the first part of each head under ``partial_rotary_factor``).
 RoPE: "default" and "llama3" frequency scaling.
 """
 
@@ -108,8 +109,10 @@ class Hparams:
         self.rope = rope
         if self.rope_type not in ("default", "llama3"):
             raise NotImplementedError(f"rope_type {self.rope_type!r}")
-        if rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise NotImplementedError("partial rotary embeddings")
+        # Phi-3's partial rotary factor: RoPE turns the first int(head_dim * factor) features of a
+        # head (its frequencies from that width), the rest pass through
+        factor = float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
+        self.rotary_dim = int(self.head_dim * factor)
         # sliding-window attention (Mistral; Qwen2 only with use_sliding_window): key j is visible
         # to query i iff i - W < j <= i
         self.sliding_window = config.get("sliding_window")
@@ -125,7 +128,7 @@ class Hparams:
         return self.sliding_window
 
     def inv_freq(self, layer: int = 0) -> torch.Tensor:
-        d = self.head_dim
+        d = self.rotary_dim
         theta = self.rope_by_type[self.layer_types[layer]] if self.layer_types is not None else self.rope_theta
         inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=_DT) / d))
         if self.rope_type == "llama3":
@@ -163,17 +166,21 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """x: [heads, n, d]; positions: [n]. Returns x*cos + rotate_half(x)*sin."""
-    freqs = positions.to(_DT)[:, None] * inv_freq[None, :]  # [n, d/2]
-    angles = torch.cat((freqs, freqs), dim=-1)  # [n, d]
-    return x * angles.cos() + _rotate_half(x) * angles.sin()
+    """x: [heads, n, d]; positions: [n]. Returns x*cos + rotate_half(x)*sin on the first
+    2 * len(inv_freq) features of each head, the others unchanged."""
+    freqs = positions.to(_DT)[:, None] * inv_freq[None, :]  # [n, r/2]
+    angles = torch.cat((freqs, freqs), dim=-1)  # [n, r]
+    r = angles.shape[-1]
+    turned = x[..., :r] * angles.cos() + _rotate_half(x[..., :r]) * angles.sin()
+    return torch.cat((turned, x[..., r:]), dim=-1)
 
 
 class _Layer:
     """The float64 weights of one decoder layer (converted lazily, one layer at a time)."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], index: int, gemma: bool = False, olmo2: bool = False):
+    def __init__(self, weights: dict[str, torch.Tensor], index: int, hp: "Hparams"):
         prefix = f"layers.{index}."
+        gemma, olmo2 = hp.gemma, hp.olmo2
 
         def get(name, required=True):
             t = weights.get(prefix + name)
@@ -188,14 +195,25 @@ class _Layer:
         self.ln2 = get("post_attention_layernorm.weight")
         self.pre_ff = get("pre_feedforward_layernorm.weight", gemma)  # Gemma 3 only
         self.post_ff = get("post_feedforward_layernorm.weight", gemma or olmo2)
-        self.wq, self.bq = get("self_attn.q_proj.weight"), get("self_attn.q_proj.bias", False)
-        self.wk, self.bk = get("self_attn.k_proj.weight"), get("self_attn.k_proj.bias", False)
-        self.wv, self.bv = get("self_attn.v_proj.weight"), get("self_attn.v_proj.bias", False)
+        fused = get("self_attn.qkv_proj.weight", False)  # Phi-3: the rows of q, then k, then v
+        if fused is not None:
+            q_rows, kv_rows = hp.n_heads * hp.head_dim, hp.n_kv * hp.head_dim
+            self.wq, self.wk, self.wv = fused.split([q_rows, kv_rows, kv_rows])
+            self.bq = self.bk = self.bv = None
+        else:
+            self.wq, self.bq = get("self_attn.q_proj.weight"), get("self_attn.q_proj.bias", False)
+            self.wk, self.bk = get("self_attn.k_proj.weight"), get("self_attn.k_proj.bias", False)
+            self.wv, self.bv = get("self_attn.v_proj.weight"), get("self_attn.v_proj.bias", False)
         self.wo, self.bo = get("self_attn.o_proj.weight"), get("self_attn.o_proj.bias", False)
         self.q_norm = get("self_attn.q_norm.weight", olmo2)  # Qwen3, Gemma 3 (per head), OLMo 2 (whole)
         self.k_norm = get("self_attn.k_norm.weight", olmo2)
-        self.w_gate, self.b_gate = get("mlp.gate_proj.weight"), get("mlp.gate_proj.bias", False)
-        self.w_up, self.b_up = get("mlp.up_proj.weight"), get("mlp.up_proj.bias", False)
+        gate_up = get("mlp.gate_up_proj.weight", False)  # Phi-3: gate's rows, then up's
+        if gate_up is not None:
+            self.w_gate, self.w_up = gate_up.chunk(2)
+            self.b_gate = self.b_up = None
+        else:
+            self.w_gate, self.b_gate = get("mlp.gate_proj.weight"), get("mlp.gate_proj.bias", False)
+            self.w_up, self.b_up = get("mlp.up_proj.weight"), get("mlp.up_proj.bias", False)
         self.w_down, self.b_down = get("mlp.down_proj.weight"), get("mlp.down_proj.bias", False)
 
 
@@ -255,7 +273,7 @@ def forward(
 
     hidden, values, attn_pre_o, attn_out = [], [], [], []
     for l in range(n_layers_to_run):
-        W = _Layer(weights, l, hp.gemma, hp.olmo2)
+        W = _Layer(weights, l, hp)
         inv_freq = hp.inv_freq(l)
         causal = causal_mask(hp.window(l))
 

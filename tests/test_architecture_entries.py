@@ -32,7 +32,7 @@ def saved_tiny_model(model_type: str, folder: Path, **fields) -> Path:
 
     config = AutoConfig.for_model(
         model_type, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, vocab_size=50, **fields,
+        num_key_value_heads=2, head_dim=16, vocab_size=50, pad_token_id=0, **fields,
     )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
@@ -56,6 +56,9 @@ def test_every_entry_counts_as_its_saved_weights(model_type, switched, tmp_path)
     counts = count_parameters(config)
     assert counts.decoder(counts.num_layers) == sum(n for name, n in sizes.items() if name != "lm_head.weight")
     assert counts.lm_head == sizes.get("lm_head.weight", 0)
+    # the export counts a graph's layers by the entry's matrices per layer: transformers' own tensors
+    matrices = [name for name in sizes if name.startswith("model.layers.0.") and name.endswith("proj.weight")]
+    assert len(matrices) == SUPPORTED[model_type].weight_matrices, matrices
 
 
 def test_an_architecture_without_an_entry_has_no_estimate():

@@ -28,6 +28,14 @@ OLMo 2 drops the pre-norms: each sublayer reads the residual stream as it is and
 normed before the residual add (``post_attention_layernorm``, ``post_feedforward_layernorm``); its
 q/k norms run over the whole projection (every head at once), before RoPE, so the keys our
 attention function receives are normed and rotated as Qwen3's are.
+
+Phi-3 fuses q/k/v into one ``self_attn.qkv_proj`` (q, then k, then v along its output) and the
+MLP's gate and up into ``mlp.gate_up_proj``: the values readout slices v out of ``qkv_proj``'s
+output (``fused_qkv``). With ``partial_rotary_factor`` below one RoPE turns only the first part
+of each head, so the inverse rotation of a ``prefix_rope="zero"`` key does too. Its ``longrope``
+scaling switches frequencies when the batch's longest text passes
+``original_max_position_embeddings``: a text's vector would depend on its batch, and a traced
+graph keeps one branch, so only the default RoPE is accepted (``rope_types``).
 """
 
 from __future__ import annotations
@@ -67,6 +75,18 @@ class Architecture:
     sandwich_norms: bool = False
     #: ``tie_word_embeddings`` when config.json leaves it out (the transformers config class's default)
     tied_by_default: bool = False
+    #: q/k/v come out of one ``self_attn.qkv_proj`` (v last), not ``v_proj``: the values readout slices it
+    fused_qkv: bool = False
+    #: the MLP's gate and up are one ``mlp.gate_up_proj``
+    fused_gate_up: bool = False
+    #: the RoPE types kvembed accepts; None: whatever transformers runs
+    rope_types: tuple[str, ...] | None = None
+
+    @property
+    def weight_matrices(self) -> int:
+        """Weight matrices one decoder layer multiplies by (q, k, v, o, gate, up, down; fewer when
+        fused): the export counts the layers its graph holds by them."""
+        return (1 if self.fused_qkv else 3) + 1 + (1 if self.fused_gate_up else 2) + 1
 
     def activation(self, config: Any) -> str:
         value = _field(config, self.activation_field)
@@ -89,6 +109,8 @@ SUPPORTED: dict[str, Architecture] = {
     ),
     "granite": Architecture("granite", "granite", gguf_loadable=False, bias_switches=("attention_bias", "mlp_bias")),
     "olmo2": Architecture("olmo2", "olmo2", gguf_loadable=False, qk_norm=True, qk_norm_span="projection"),
+    "phi3": Architecture("phi3", "phi3", bias_switches=(), fused_qkv=True, fused_gate_up=True,
+                         rope_types=("default",)),
 }
 
 #: GGUF ``general.architecture`` -> the :class:`Architecture` it is, for the families kvembed loads from a GGUF
@@ -99,6 +121,12 @@ UNLOADABLE_GGUF: dict[str, Architecture] = {arch.gguf_name: arch for arch in SUP
 
 def _field(config: Any, name: str) -> Any:
     return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+
+
+def rope_type(config: Any) -> str:
+    """The RoPE type a config asks for (``rope_parameters`` or the older ``rope_scaling``)."""
+    params = _field(config, "rope_parameters") or _field(config, "rope_scaling") or {}
+    return str(params.get("rope_type") or params.get("type") or "default")
 
 
 def sliding_window(config: Any) -> int | None:
@@ -132,6 +160,11 @@ def architecture_of(config: Any) -> Architecture:
     if activation not in arch.activations:
         raise InvalidInput(
             f"unsupported activation {activation!r} for {model_type}; expected {' or '.join(arch.activations)}"
+        )
+    if arch.rope_types is not None and rope_type(config) not in arch.rope_types:
+        raise InvalidInput(
+            f"unsupported rope_type {rope_type(config)!r} for {model_type}; expected {' or '.join(arch.rope_types)} "
+            "(its frequencies would change with the batch's longest text)"
         )
     if arch.per_layer_window:
         if _field(config, "use_bidirectional_attention"):
