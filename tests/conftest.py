@@ -5,7 +5,10 @@ Tiny models are built from transformers configs, given non-trivial norm weights 
 q_norm/k_norm matter), random q/k/v biases (Qwen2) and a larger init scale (so attention is not
 flat), saved with ``save_pretrained`` and reloaded from the folder like any user model. They
 share the demo model's byte-level tokenizer. The tiny Mistral's sliding window (16 tokens) is
-shorter than most test prompts, so every Mistral test runs beyond it.
+shorter than most test prompts, so every Mistral test runs beyond it. The tiny Granite's three
+multipliers are away from 1 and its q/k/v/o and MLP biases on; the tiny OLMo 2 has random q/k
+norm weights over the whole projection and random post-sublayer norms; the tiny Phi-3 fuses
+q/k/v and gate/up and turns half of each head with RoPE.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 from independent import Oracle
 from kvembed.methods import demo_model_path
 
-ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral")
+ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral", "granite", "olmo2", "phi3")
 #: the tiny Mistral's attention window, in tokens (the prompts of TEXTS are longer)
 MISTRAL_WINDOW = 16
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -181,7 +184,7 @@ def one_torch_thread():
 
 
 def tiny_config(arch: str):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, Qwen2Config, Qwen3Config
 
     common = dict(
         hidden_size=64,
@@ -207,6 +210,16 @@ def tiny_config(arch: str):
         return Qwen2Config(**common)
     if arch == "mistral":
         return MistralConfig(sliding_window=MISTRAL_WINDOW, **common)
+    if arch == "granite":  # every multiplier away from 1 (and from 1/sqrt(head_dim)), both bias switches on
+        return GraniteConfig(embedding_multiplier=4.0, residual_multiplier=0.6, attention_multiplier=0.4,
+                             logits_scaling=8.0, attention_bias=True, mlp_bias=True, **common)
+    if arch == "olmo2":  # no head_dim field: hidden_size / heads, as for Qwen2
+        common.pop("head_dim")
+        return Olmo2Config(**common)
+    if arch == "phi3":  # RoPE on half of each head (Phi-4-mini turns three quarters)
+        common.pop("head_dim")
+        return Phi3Config(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+                          **common)
     raise ValueError(arch)
 
 
@@ -252,7 +265,7 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def model_paths(tiny_models) -> dict[str, Path]:
-    """Every test model: the four tiny architectures and the real stories260k."""
+    """Every test model: the tiny ones of ARCHITECTURES and the real stories260k."""
     return {**tiny_models, "stories260k": demo_model_path()}
 
 

@@ -32,7 +32,7 @@ def saved_tiny_model(model_type: str, folder: Path, **fields) -> Path:
 
     config = AutoConfig.for_model(
         model_type, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, vocab_size=50, **fields,
+        num_key_value_heads=2, head_dim=16, vocab_size=50, pad_token_id=0, **fields,
     )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
@@ -56,6 +56,9 @@ def test_every_entry_counts_as_its_saved_weights(model_type, switched, tmp_path)
     counts = count_parameters(config)
     assert counts.decoder(counts.num_layers) == sum(n for name, n in sizes.items() if name != "lm_head.weight")
     assert counts.lm_head == sizes.get("lm_head.weight", 0)
+    # the export counts a graph's layers by the entry's matrices per layer: transformers' own tensors
+    matrices = [name for name in sizes if name.startswith("model.layers.0.") and name.endswith("proj.weight")]
+    assert len(matrices) == SUPPORTED[model_type].weight_matrices, matrices
 
 
 def test_an_architecture_without_an_entry_has_no_estimate():
@@ -68,13 +71,29 @@ def test_every_entry_is_read_from_a_gguf_of_its_name(model_type, tmp_path):
     pytest.importorskip("gguf", reason="the gguf package (kvembed[gguf]) is not installed")
     from kvembed.modeling.gguf import GGUFError, read_info
 
-    name = SUPPORTED[model_type].gguf_name
-    assert BY_GGUF_NAME[name] is SUPPORTED[model_type]  # one entry per GGUF name
+    arch = SUPPORTED[model_type]
+    name = arch.gguf_name
+    if not arch.gguf_loadable:  # transformers' GGUF loader has no converter for it: refused by name
+        assert name not in BY_GGUF_NAME
+        with pytest.raises(GGUFError, match=f"a GGUF of {name}, which transformers' GGUF loader does not convert"):
+            read_info(tiny_gguf(tmp_path / f"{name}.gguf", name, layers=3))
+        return
+    assert BY_GGUF_NAME[name] is arch  # one entry per GGUF name
     info = read_info(tiny_gguf(tmp_path / f"{name}.gguf", name, layers=3))
     assert (info.architecture, info.model_type, info.num_layers) == (name, model_type, 3)
     with pytest.raises(GGUFError, match="architecture 'gpt2'") as refused:
         read_info(tiny_gguf(tmp_path / "gpt2.gguf", "gpt2"))
     assert name in str(refused.value)  # the refusal lists what is supported
+
+
+@pytest.mark.parametrize("model_type", sorted(SUPPORTED))
+def test_an_entry_is_gguf_loadable_exactly_when_transformers_converts_its_name(model_type):
+    """kvembed dequantizes a GGUF through transformers' loader: an entry that claims a GGUF it cannot
+    convert would fail minutes in, one that denies a convertible one refuses a usable file."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    arch = SUPPORTED[model_type]
+    assert arch.gguf_loadable == (arch.gguf_name in GGUF_SUPPORTED_ARCHITECTURES)
 
 
 def test_a_gguf_header_is_parsed_once_per_file_version(tmp_path):

@@ -110,7 +110,7 @@ def _check_artifact(out: Path, embedder, precision: str) -> dict:
         assert value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
         dims = value.type.tensor_type.shape.dim
         assert dims[0].dim_param == "batch" and dims[1].dim_value == embedder.dim
-    assert decoder_layers_in_graph(model) == embedder.method.layers_needed
+    assert decoder_layers_in_graph(model, per_layer=embedder.model.architecture.weight_matrices) == embedder.method.layers_needed
     if precision in ("fp32", "fp16"):
         assert non_portable_ops(model) == [], op_types(model)
         assert manifest["graph"]["tensorrt_ready"]
@@ -158,7 +158,10 @@ def test_stories260k(traces, stories_artifact, method, precision):
 
 #: kv-embedding everywhere (its attention patch meets q/k norms, q/k/v biases, GQA); the readouts
 #: that hook into layers (residual rewiring, attention output) on the non-Llama architectures;
-#: qwen3 also runs the non-default prefix options. stories260k covers every method on Llama.
+#: qwen3 also runs the non-default prefix options, granite its multipliers (the attention scale is not
+#: 1/sqrt(d)) and olmo2 its whole-projection q/k norms, each under a zero-rotated prefix; phi3 the
+#: values read out of its fused qkv_proj.
+#: stories260k covers every method on Llama.
 RANDOM_CASES = [
     ("llama", "kv-embedding", {}),
     ("qwen2", "kv-embedding", {}),
@@ -166,6 +169,9 @@ RANDOM_CASES = [
     ("qwen3", "kv-embedding", {"num_prefix": 2, "prefix_rope": "zero", "bias": 2.0}),
     ("qwen3", "token-prepending", {"tp_start": 0}),
     ("qwen2", "aligned-wva", {"wva": True, "layers": "0"}),
+    ("granite", "kv-embedding", {"num_prefix": 2, "prefix_rope": "zero"}),
+    ("olmo2", "kv-embedding", {"prefix_rope": "zero"}),
+    ("phi3", "va", {"layers": "1,3"}),
 ]
 
 

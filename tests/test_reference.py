@@ -87,9 +87,13 @@ def test_the_tiny_models_exercise_biases_norms_and_the_sliding_window(model_path
     checkpoints, and Mistral prompts longer than its window (where the window changes the result)."""
     qwen2 = oracle("qwen2")
     assert qwen2.weights["layers.0.self_attn.q_proj.bias"].abs().max() > 0.01
+    assert oracle("granite").weights["layers.0.mlp.down_proj.bias"].abs().max() > 0.01
     for arch in ARCHITECTURES:
-        norm = oracle(arch).weights["layers.0.input_layernorm.weight"]
-        assert (norm - 1).abs().max() > 0.1, arch
+        norms = {name: t for name, t in oracle(arch).weights.items() if name.startswith("layers.0.") and name.endswith("norm.weight")}
+        assert len(norms) >= 2 and all((t - 1).abs().max() > 0.1 for t in norms.values()), arch
+    olmo2 = oracle("olmo2")  # its q/k norms span every head at once
+    assert olmo2.weights["layers.0.self_attn.q_norm.weight"].numel() == olmo2.hp.n_heads * olmo2.hp.head_dim
+    assert "layers.0.input_layernorm.weight" not in olmo2.weights
     mistral = oracle("mistral")
     assert mistral.hp.sliding_window == MISTRAL_WINDOW
     tokens = mistral.tokenize("mean", TEXTS[2])
@@ -518,8 +522,23 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
     from transformers import GPT2Config
 
     GPT2Config(n_layer=2, n_embd=32, n_head=2).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="supports gemma3_text, llama, mistral, qwen2, qwen3"):
+    with pytest.raises(ValueError, match="supports gemma3_text, granite, llama, mistral, olmo2, phi3, qwen2, qwen3"):
         TorchEmbedder.from_pretrained(tmp_path, "mean")
+
+
+def test_phi3_with_longrope_is_refused_in_one_line(tiny_models, tmp_path):
+    """longrope picks its frequencies by the batch's longest text: refused, not computed batch-dependently."""
+    import json
+    import shutil
+
+    folder = shutil.copytree(tiny_models["phi3"], tmp_path / "phi3")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config["rope_parameters"] = {**config["rope_parameters"], "rope_type": "longrope",
+                                 "short_factor": [1.0] * 4, "long_factor": [4.0] * 4}
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(ValueError, match="unsupported rope_type 'longrope' for phi3; expected default") as refused:
+        TorchEmbedder.from_pretrained(folder, "mean")
+    assert "\n" not in str(refused.value)
 
 
 def test_missing_model_folder(tmp_path):

@@ -252,7 +252,8 @@ def count_parameters(config: Mapping[str, Any]) -> ParamCounts:
     if arch.biased(config, "attention_bias"):
         attention += hidden  # o_proj carries one too
     mlp = 3 * hidden * ffn + (2 * ffn + hidden if arch.biased(config, "mlp_bias") else 0)
-    norms = (4 if arch.sandwich_norms else 2) * hidden + (2 * head_dim if arch.qk_norm else 0)
+    qk_norms = (2 * head_dim if arch.qk_norm_span == "head" else q + kv) if arch.qk_norm else 0
+    norms = (4 if arch.sandwich_norms else 2) * hidden + qk_norms
     embedding = vocab * hidden
     tied = bool(config.get("tie_word_embeddings", arch.tied_by_default))
     return ParamCounts(

@@ -15,12 +15,33 @@ attention function as ``scaling``); sliding-window layers interleaved with globa
 column in front of the sequence with its own mask, so in a sliding-window layer every query
 still sees it, however far the text runs past the window: the method defines the prefix as
 visible to all positions, and the window only limits the sequence's own keys.
+
+Granite keeps the Llama layout and scales three things by config scalars, all inside transformers'
+forward: the input embeddings (``embedding_multiplier``, applied by the decoder to the
+``inputs_embeds`` kvembed passes, so a zero placeholder stays zero), each sublayer's output before
+the residual add (``residual_multiplier``; the value and attention-output readouts are read before
+it) and the attention logits (``attention_multiplier`` in place of ``head_dim ** -0.5``, passed to
+the attention function as ``scaling``). ``logits_scaling`` divides the LM head's logits, which an
+embedder never computes.
+
+OLMo 2 drops the pre-norms: each sublayer reads the residual stream as it is and its output is
+normed before the residual add (``post_attention_layernorm``, ``post_feedforward_layernorm``); its
+q/k norms run over the whole projection (every head at once), before RoPE, so the keys our
+attention function receives are normed and rotated as Qwen3's are.
+
+Phi-3 fuses q/k/v into one ``self_attn.qkv_proj`` (q, then k, then v along its output) and the
+MLP's gate and up into ``mlp.gate_up_proj``: the values readout slices v out of ``qkv_proj``'s
+output (``fused_qkv``). With ``partial_rotary_factor`` below one RoPE turns only the first part
+of each head, so the inverse rotation of a ``prefix_rope="zero"`` key does too. Its ``longrope``
+scaling switches frequencies when the batch's longest text passes
+``original_max_position_embeddings``: a text's vector would depend on its batch, and a traced
+graph keeps one branch, so only the default RoPE is accepted (``rope_types``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import InvalidInput
 
@@ -34,8 +55,13 @@ class Architecture:
     model_type: str
     #: llama.cpp's name for it: a GGUF file's ``general.architecture``
     gguf_name: str
-    #: per-head RMSNorms of queries and keys (``q_norm``/``k_norm``) in every layer
+    #: transformers' GGUF loader converts this family (kvembed dequantizes through it); a GGUF of a
+    #: family it does not convert is refused by name before anything loads
+    gguf_loadable: bool = True
+    #: RMSNorms of queries and keys (``q_norm``/``k_norm``) in every layer ...
     qk_norm: bool = False
+    #: ... over each head (``"head"``: Qwen3, Gemma 3) or the whole projection (``"projection"``: OLMo 2)
+    qk_norm_span: Literal["head", "projection"] = "head"
     #: q/k/v projections always carry biases (Qwen2), whatever the config says
     qkv_bias: bool = False
     #: the config switches this architecture honours: ``attention_bias`` (q/k/v/o), ``mlp_bias`` (the MLP)
@@ -49,6 +75,18 @@ class Architecture:
     sandwich_norms: bool = False
     #: ``tie_word_embeddings`` when config.json leaves it out (the transformers config class's default)
     tied_by_default: bool = False
+    #: q/k/v come out of one ``self_attn.qkv_proj`` (v last), not ``v_proj``: the values readout slices it
+    fused_qkv: bool = False
+    #: the MLP's gate and up are one ``mlp.gate_up_proj``
+    fused_gate_up: bool = False
+    #: the RoPE types kvembed accepts; None: whatever transformers runs
+    rope_types: tuple[str, ...] | None = None
+
+    @property
+    def weight_matrices(self) -> int:
+        """Weight matrices one decoder layer multiplies by (q, k, v, o, gate, up, down; fewer when
+        fused): the export counts the layers its graph holds by them."""
+        return (1 if self.fused_qkv else 3) + 1 + (1 if self.fused_gate_up else 2) + 1
 
     def activation(self, config: Any) -> str:
         value = _field(config, self.activation_field)
@@ -69,14 +107,26 @@ SUPPORTED: dict[str, Architecture] = {
         "gemma3_text", "gemma3", qk_norm=True, activation_field="hidden_activation",
         activations=("gelu_pytorch_tanh",), per_layer_window=True, sandwich_norms=True, tied_by_default=True,
     ),
+    "granite": Architecture("granite", "granite", gguf_loadable=False, bias_switches=("attention_bias", "mlp_bias")),
+    "olmo2": Architecture("olmo2", "olmo2", gguf_loadable=False, qk_norm=True, qk_norm_span="projection"),
+    "phi3": Architecture("phi3", "phi3", bias_switches=(), fused_qkv=True, fused_gate_up=True,
+                         rope_types=("default",)),
 }
 
-#: GGUF ``general.architecture`` -> the :class:`Architecture` it is
-BY_GGUF_NAME: dict[str, Architecture] = {arch.gguf_name: arch for arch in SUPPORTED.values()}
+#: GGUF ``general.architecture`` -> the :class:`Architecture` it is, for the families kvembed loads from a GGUF
+BY_GGUF_NAME: dict[str, Architecture] = {arch.gguf_name: arch for arch in SUPPORTED.values() if arch.gguf_loadable}
+#: the llama.cpp names of supported families whose GGUF transformers cannot convert
+UNLOADABLE_GGUF: dict[str, Architecture] = {arch.gguf_name: arch for arch in SUPPORTED.values() if not arch.gguf_loadable}
 
 
 def _field(config: Any, name: str) -> Any:
     return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+
+
+def rope_type(config: Any) -> str:
+    """The RoPE type a config asks for (``rope_parameters`` or the older ``rope_scaling``)."""
+    params = _field(config, "rope_parameters") or _field(config, "rope_scaling") or {}
+    return str(params.get("rope_type") or params.get("type") or "default")
 
 
 def sliding_window(config: Any) -> int | None:
@@ -110,6 +160,11 @@ def architecture_of(config: Any) -> Architecture:
     if activation not in arch.activations:
         raise InvalidInput(
             f"unsupported activation {activation!r} for {model_type}; expected {' or '.join(arch.activations)}"
+        )
+    if arch.rope_types is not None and rope_type(config) not in arch.rope_types:
+        raise InvalidInput(
+            f"unsupported rope_type {rope_type(config)!r} for {model_type}; expected {' or '.join(arch.rope_types)} "
+            "(its frequencies would change with the batch's longest text)"
         )
     if arch.per_layer_window:
         if _field(config, "use_bidirectional_attention"):

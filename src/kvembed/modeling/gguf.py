@@ -28,7 +28,7 @@ from ..status import waiting
 from ..cache import cache_root
 from ..errors import KvembedError, MissingDependency
 from ..extras import install_hint
-from ..methods.architectures import BY_GGUF_NAME
+from ..methods.architectures import BY_GGUF_NAME, UNLOADABLE_GGUF
 
 SUFFIX = ".gguf"
 #: written last into a cache folder: its presence means the folder is complete
@@ -166,6 +166,11 @@ def read_info(path: Path) -> GGUFInfo:
     gguf = gguf_module()
     header = read_header(path)
     architecture = header.get("general.architecture")
+    if architecture in UNLOADABLE_GGUF:
+        raise GGUFError(
+            f"{str(path)!r} is a GGUF of {architecture}, which transformers' GGUF loader does not convert; "
+            "pass the model's Hugging Face folder instead"
+        )
     if architecture not in BY_GGUF_NAME:
         raise GGUFError(
             f"{str(path)!r} is a GGUF of architecture {architecture!r}; kvembed supports "

@@ -30,16 +30,17 @@ def weight_matmuls(model: Any) -> int:
     return count
 
 
-def decoder_layers_in_graph(model: Any, other_matmuls: int = 0) -> int:
-    """Decoder layers whose weights the graph holds: ``ceil(weight matmuls / 7)``, not counting
-    ``other_matmuls`` that belong to something else (Causal2Vec's encoder and projector).
+def decoder_layers_in_graph(model: Any, other_matmuls: int = 0, per_layer: int = MATRICES_PER_LAYER) -> int:
+    """Decoder layers whose weights the graph holds: ``ceil(weight matmuls / per_layer)``, not
+    counting ``other_matmuls`` that belong to something else (Causal2Vec's encoder and projector);
+    ``per_layer`` is the architecture's :attr:`~kvembed.methods.architectures.Architecture.weight_matrices`.
 
-    Every layer but the last contributes all 7 projections; the last may contribute fewer, as the
+    Every layer but the last contributes all its projections; the last may contribute fewer, as the
     exporter drops what the readout does not use (``va`` keeps only the last layer's ``v_proj``).
     Counting weights rather than reading initializer names: the exporter renames transposed
     weights and de-duplicates identical tensors (e.g. the all-ones norm weights of a fresh model).
     """
-    return -(-(weight_matmuls(model) - other_matmuls) // MATRICES_PER_LAYER)
+    return -(-(weight_matmuls(model) - other_matmuls) // per_layer)
 
 
 
@@ -62,7 +63,7 @@ def check_graph(model_path: Path, precision: str, embedder: Any) -> dict[str, An
         raise ExportError(
             f"the {precision} graph contains operators outside the portable allow-list: {', '.join(bad)}"
         )
-    layers = decoder_layers_in_graph(model, context_matmuls(embedder))
+    layers = decoder_layers_in_graph(model, context_matmuls(embedder), embedder.model.architecture.weight_matrices)
     needed = embedder.model.layers_needed
     if layers != needed:
         raise ExportError(f"the graph holds the weights of {layers} decoder layers, the method needs {needed}")

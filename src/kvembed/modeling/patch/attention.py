@@ -25,8 +25,9 @@ class PrefixInputs:
     ``index`` (batch, n): sequence positions whose key/value are prepended, in order;
     ``mask`` (batch, 1, 1, n): additive logit term, the bias where the position is real and
     the dtype minimum where it is not (a text shorter than ``num_prefix``);
-    ``cos``/``sin`` (batch, n, head_dim): RoPE of those positions, unscaled, to undo the
-    rotation when the prefix key goes to position 0 (``prefix_rope="zero"``), else None;
+    ``cos``/``sin`` (batch, n, rotary width): RoPE of those positions, unscaled, to undo the
+    rotation when the prefix key goes to position 0 (``prefix_rope="zero"``), else None; the
+    rotary width is head_dim, or its first part under a partial rotary factor (Phi-3);
     ``rope_by_type``: for models whose layer kinds rotate differently (Gemma 3's sliding and full
     attention layers), ``layer_type -> (cos, sin)`` in place of ``cos``/``sin``.
 
@@ -62,8 +63,11 @@ def prefix_key_values(
     k, v = key.gather(2, index), value.gather(2, index)
     cos, sin = prefix.rope_for(module) if module is not None else (prefix.cos, prefix.sin)
     if cos is not None and sin is not None:
-        # inverse rotation R(-theta) k = k cos - rotate_half(k) sin -> the key as if at position 0
-        k = k * cos[:, None] - _rotate_half(k) * sin[:, None]
+        # inverse rotation R(-theta) k = k cos - rotate_half(k) sin -> the key as if at position 0,
+        # on the features RoPE turned (all of them, or the first part under a partial rotary factor)
+        width = cos.shape[-1]
+        turned = k[..., :width] * cos[:, None] - _rotate_half(k[..., :width]) * sin[:, None]
+        k = turned if width == k.shape[-1] else torch.cat((turned, k[..., width:]), dim=-1)
     return k, v
 
 

@@ -112,9 +112,14 @@ class EmbeddingModel(nn.Module):
     def output_dim(self) -> int:
         return self.readout_dim(self.method)
 
+    @property
+    def head_dim(self) -> int:
+        config = self.decoder.config
+        return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
     def readout_dim(self, method: ResolvedMethod) -> int:
         config = self.decoder.config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        head_dim = self.head_dim
         if method.readout == "values":
             return config.num_key_value_heads * head_dim
         if method.readout == "attention-output" and method.options.get("wva"):
@@ -187,8 +192,7 @@ class EmbeddingModel(nn.Module):
                 decoder.layers = full_layers
                 config._attn_implementation = saved_attn
 
-    @staticmethod
-    def _install_readout_hooks(kept: list[nn.Module], method: ResolvedMethod, sink: list[torch.Tensor]) -> list[Any]:
+    def _install_readout_hooks(self, kept: list[nn.Module], method: ResolvedMethod, sink: list[torch.Tensor]) -> list[Any]:
         """Hooks appending what ``method`` reads to ``sink`` (emptied before every forward)."""
 
         def capture_output(module: nn.Module, args: Any, output: Any) -> None:
@@ -198,7 +202,7 @@ class EmbeddingModel(nn.Module):
             sink.append(args[0])
 
         if method.readout == "values":
-            return [kept[i].self_attn.v_proj.register_forward_hook(capture_output) for i in method.layers]
+            return [self._values_hook(kept[i].self_attn, sink) for i in method.layers]
         if method.readout == "attention-output":
             if method.options.get("wva"):
                 return [kept[i].self_attn.o_proj.register_forward_pre_hook(capture_input) for i in method.layers]
@@ -206,6 +210,14 @@ class EmbeddingModel(nn.Module):
         if method.readout == "residual":
             return [kept[int(method.options["exit_layer"]) - 1].register_forward_hook(capture_output)]
         return []
+
+    def _values_hook(self, attention: nn.Module, sink: list[torch.Tensor]) -> Any:
+        """The hook reading one layer's values: ``v_proj``'s output, or the v part (last) of a
+        fused ``qkv_proj``'s (:attr:`Architecture.fused_qkv`)."""
+        if not self.architecture.fused_qkv:
+            return attention.v_proj.register_forward_hook(lambda module, args, output: sink.append(output))
+        width = self.decoder.config.num_key_value_heads * self.head_dim
+        return attention.qkv_proj.register_forward_hook(lambda module, args, output: sink.append(output[..., -width:]))
 
     def _rewire_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Token prepending: the placeholder position takes the last real token's residual state."""
