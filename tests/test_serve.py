@@ -287,7 +287,7 @@ def test_the_server_says_where_it_listens_once_ready(capped):
         ({"input": "a"}, 422, "model", "model"),
         ({"model": "kv", "input": "a", "encoding_format": "hex"}, 422, "encoding_format", "base64"),
         ({"model": "kv", "input": "a", "dimensions": "8"}, 422, "dimensions", "integer"),
-        ({"model": "kv", "input": "a", "input_type": "passage"}, 422, "input_type", "query"),
+        ({"model": "kv", "input": "a", "input_type": "passage"}, 400, "input_type", "one of query, document"),
     ],
 )
 def test_bad_requests_get_openai_errors(server, payload, status, param, phrase):

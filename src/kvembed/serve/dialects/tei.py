@@ -199,10 +199,21 @@ def embed_schema(state: ServerState) -> dict[str, Any]:
 
 
 def tokenize_schema(state: ServerState) -> dict[str, Any]:
+    """TokenizeBody's schema; once the models load, one variant per model naming its prompts."""
     schema, props = _bodies(TokenizeBody, state)
     props["inputs"] = {"description": props["inputs"].get("description", ""),
                        "anyOf": input_forms(state.config.max_client_batch_size, None, None, ids=False)}
-    return schema
+    if not state.ready:
+        return schema
+    variants = []
+    for name, served in state.models.items():
+        default = name == state.default_model
+        prompt = {"enum": [*served.embedder.method.templates, None], "description": props["prompt_name"].get("description", "")}
+        model = {"enum": [name, None]} if default else {"const": name}
+        variants.append({**{k: v for k, v in schema.items() if k not in ("title", "properties", "required")}, "title": name,
+                         "properties": {**props, "model": model, "prompt_name": prompt},
+                         "required": sorted({*schema.get("required", []), *([] if default else ["model"])})})
+    return {"title": schema["title"], "description": schema.get("description", ""), "anyOf": variants}
 
 
 def decode_schema(state: ServerState) -> dict[str, Any]:
