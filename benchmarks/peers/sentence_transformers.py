@@ -38,6 +38,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import peer_venv  # noqa: E402
+from json_worker import JsonWorker, reply  # noqa: E402
 
 #: sentence-transformers' pooling modes and the kvembed method each is compared with
 POOLINGS = {"lasttoken": "last-token", "mean": "mean"}
@@ -97,40 +98,10 @@ def worker(args: argparse.Namespace) -> None:
         reply({"seconds": times, "vectors": np.asarray(vectors, dtype=np.float32).tolist()})
 
 
-def reply(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
-
-
-# -- the runner: kvembed's venv ------------------------------------------------------------------
-
-
-class Peers:
-    """The worker process: one request, one reply."""
-
-    def __init__(self, python: Path, hf_dir: Path, backends: Sequence[str], log: Path) -> None:
-        command = [str(python), str(Path(__file__).resolve()), "worker", "--hf-dir", str(hf_dir),
-                   "--backends", ",".join(backends)]
-        self.log = log.open("w", encoding="utf-8")
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                        text=True, env={**os.environ, "PYTHONPATH": ""})
-        self.hello = self.read()
-
-    def read(self) -> dict[str, Any]:
-        line = self.process.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            raise SystemExit(f"the sentence-transformers worker exited ({self.process.wait()}); see {self.log.name}")
-        return json.loads(line)
-
-    def ask(self, **request: Any) -> dict[str, Any]:
-        self.process.stdin.write(json.dumps(request) + "\n")  # type: ignore[union-attr]
-        self.process.stdin.flush()  # type: ignore[union-attr]
-        return self.read()
-
-    def close(self) -> None:
-        self.process.stdin.close()  # type: ignore[union-attr]
-        self.process.wait()
-        self.log.close()
+def start_peers(python: Path, hf_dir: Path, backends: Sequence[str], log: Path) -> JsonWorker:
+    """The worker process, in the peers' venv (its own packages only: PYTHONPATH cleared)."""
+    command = [str(python), str(Path(__file__).resolve()), "worker", "--hf-dir", str(hf_dir), "--backends", ",".join(backends)]
+    return JsonWorker(command, log, "sentence-transformers", env={**os.environ, "PYTHONPATH": ""})
 
 
 def artifact(work: Path, method: str) -> Path:
@@ -169,7 +140,7 @@ def run(args: argparse.Namespace) -> None:
     workloads = {name: list(exact_rows(encoder, tokens, count).texts) for name, count, tokens, _ in WORKLOADS}
     calls = {name: n for name, _, _, n in WORKLOADS}
     start_load = round(os.getloadavg()[0], 2)
-    peers = Peers(python, hf_dir, args.backends.split(","), work / "st-worker.log")
+    peers = start_peers(python, hf_dir, args.backends.split(","), work / "st-worker.log")
     status, names = peers.hello["status"], peers.hello["models"]
     print(json.dumps(status), flush=True)
 

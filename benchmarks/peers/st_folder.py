@@ -32,6 +32,9 @@ from typing import Any, Sequence
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from json_worker import JsonWorker, reply  # noqa: E402
+
 # this folder holds a sentence_transformers.py of its own: keep it from shadowing the package
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 FOLDER = "qwen3-embedding-0.6b-shaped"
@@ -78,35 +81,10 @@ def worker(args: argparse.Namespace) -> None:
         reply({"seconds": seconds, "vectors": np.asarray(vectors, dtype=np.float32).tolist()})
 
 
-def reply(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
-
-
-class Worker:
-    """sentence-transformers in a child process: one request, one reply."""
-
-    def __init__(self, folder: Path, threads: int, log: Path) -> None:
-        command = [sys.executable, str(Path(__file__).resolve()), "worker", str(folder), "--threads", str(threads)]
-        self.log = log.open("w", encoding="utf-8")
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        self.hello = self.read()
-
-    def read(self) -> dict[str, Any]:
-        line = self.process.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            raise SystemExit(f"the sentence-transformers worker exited ({self.process.wait()}); see {self.log.name}")
-        return json.loads(line)
-
-    def ask(self, **request: Any) -> dict[str, Any]:
-        self.process.stdin.write(json.dumps(request) + "\n")  # type: ignore[union-attr]
-        self.process.stdin.flush()  # type: ignore[union-attr]
-        return self.read()
-
-    def close(self) -> None:
-        self.process.stdin.close()  # type: ignore[union-attr]
-        self.process.wait()
-        self.log.close()
+def start_worker(folder: Path, threads: int, log: Path) -> JsonWorker:
+    """sentence-transformers on ``folder`` in a child process."""
+    command = [sys.executable, str(Path(__file__).resolve()), "worker", str(folder), "--threads", str(threads)]
+    return JsonWorker(command, log, "sentence-transformers")
 
 
 # -- the runner ---------------------------------------------------------------------------------
@@ -152,7 +130,7 @@ def run(args: argparse.Namespace) -> None:
     texts = {name: list(exact_rows(kv.encoder, tokens, count, kind=kind).texts) for name, count, tokens, kind, _ in WORKLOADS}
     kinds = {name: kind for name, _, _, kind, _ in WORKLOADS}
     calls = {name: n for name, *_, n in WORKLOADS}
-    peer = Worker(folder, threads, work / "st-worker.log")
+    peer = start_worker(folder, threads, work / "st-worker.log")
     start_load = round(os.getloadavg()[0], 2)
 
     fidelity: dict[str, list[float]] = {}
