@@ -113,18 +113,9 @@ def artifact(work: Path, method: str) -> Path:
     return out
 
 
-def timed(call: Any, calls: int) -> list[float]:
-    """Seconds of each of ``calls`` calls of ``call``."""
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return times
-
-
 def run(args: argparse.Namespace) -> None:
     from kvembed import Embedder
+    from kvembed.bench.measure import time_calls
     from kvembed.bench.workload import exact_rows
     from llama_server import SMOKE_TEXTS, cosine_rows, kvembed_hf_dir
 
@@ -172,7 +163,7 @@ def run(args: argparse.Namespace) -> None:
             n = calls[workload]
             for pooling in POOLINGS:
                 samples[workload].setdefault(f"kvembed/{pooling}", []).append(
-                    statistics.median(timed(lambda p=pooling: kv[p].encode(texts), n)))
+                    statistics.median(time_calls(lambda p=pooling: kv[p].encode(texts), warmup=0, min_repeats=n, min_seconds=0.0, max_repeats=n)))
             for name in names:
                 seconds = peers.ask(op="embed", model=name, texts=texts, calls=n)["seconds"]
                 samples[workload].setdefault(name, []).append(statistics.median(seconds))

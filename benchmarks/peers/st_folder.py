@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -98,21 +98,13 @@ def exported(work: Path, folder: Path, precision: str) -> Path:
     return out
 
 
-def timed(call: Any, calls: int) -> list[float]:
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return times
-
-
 def cosines(a: np.ndarray, b: np.ndarray) -> list[float]:
     return [float(x) for x in np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))]
 
 
 def run(args: argparse.Namespace) -> None:
     from kvembed import Embedder
+    from kvembed.bench.measure import time_calls
     from kvembed.bench.report import usable_cores
     from kvembed.bench.workload import exact_rows
 
@@ -147,7 +139,7 @@ def run(args: argparse.Namespace) -> None:
         peer.ask(texts=rows, kind=kinds[name])
     for round_index in range(args.rounds):
         for name, rows in texts.items():
-            sides = [("kvembed", lambda r=rows, k=kinds[name], n=calls[name]: timed(lambda: kv.encode(r, kind=k), n)),
+            sides = [("kvembed", lambda r=rows, k=kinds[name], n=calls[name]: time_calls(lambda: kv.encode(r, kind=k), warmup=0, min_repeats=n, min_seconds=0.0, max_repeats=n)),
                      ("sentence-transformers", lambda r=rows, k=kinds[name], n=calls[name]: peer.ask(texts=r, kind=k, calls=n)["seconds"])]
             for side, call in (sides if round_index % 2 == 0 else sides[::-1]):
                 samples[name][side].append(statistics.median(call()))
