@@ -166,7 +166,10 @@ def sentence_transformers_folder(model: str | os.PathLike[str], revision: str | 
         return source.location  # not a sentence-transformers folder: folder_method says so
     from huggingface_hub import snapshot_download
 
-    return snapshot_download(source.location, revision=revision)
+    try:
+        return snapshot_download(source.location, revision=revision)
+    except Exception as err:  # gated, missing, or the connection lost mid-download: one line, not a traceback
+        raise ModelNotFound(f"cannot download {shown(source.location)} from the hub ({type(err).__name__}: {shown(str(err))})") from None
 
 
 #: how the first line of an error begins on the command line (``error: ``), within its width
