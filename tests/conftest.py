@@ -9,7 +9,9 @@ shorter than most test prompts, so every Mistral test runs beyond it. The tiny G
 multipliers are away from 1 and its q/k/v/o and MLP biases on; the tiny OLMo 2 has random q/k
 norm weights over the whole projection and random post-sublayer norms; the tiny Phi-3 fuses
 q/k/v and gate/up and turns half of each head with RoPE; the tiny StableLM has LayerNorms with
-random biases, q/k/v biases and RoPE on its default quarter of each head.
+random biases, q/k/v biases and RoPE on its default quarter of each head; the tiny Cohere runs
+attention and MLP side by side on one LayerNorm, turns adjacent RoPE pairs and has its
+attention biases on.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 from independent import Oracle
 from kvembed.methods import demo_model_path
 
-ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral", "granite", "olmo2", "phi3", "stablelm")
+ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral", "granite", "olmo2", "phi3", "stablelm", "cohere")
 #: the tiny Mistral's attention window, in tokens (the prompts of TEXTS are longer)
 MISTRAL_WINDOW = 16
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -185,7 +187,7 @@ def one_torch_thread():
 
 
 def tiny_config(arch: str):
-    from transformers import (GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, Qwen2Config,
+    from transformers import (CohereConfig, GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, Qwen2Config,
                               Qwen3Config, StableLmConfig)
 
     common = dict(
@@ -225,6 +227,8 @@ def tiny_config(arch: str):
     if arch == "stablelm":  # StableLM 2's layout: sequential residual, no q/k norms, its default partial rotary
         common.pop("head_dim")
         return StableLmConfig(use_qkv_bias=True, **common)
+    if arch == "cohere":  # Command-R's layout, its attention biases on
+        return CohereConfig(attention_bias=True, **common)
     raise ValueError(arch)
 
 

@@ -16,7 +16,9 @@ sublayer's output and the attention logits multiplied by the config's scalars), 
 the whole projection), Phi-3 (``models/phi3/modeling_phi3.py``: fused qkv_proj and gate_up_proj,
 RoPE on the first part of each head under ``partial_rotary_factor``), StableLM
 (``models/stablelm/modeling_stablelm.py``, the StableLM 2 model card: LayerNorms with a bias, RoPE on
-a quarter of each head unless the config says otherwise, heads of hidden / heads features).
+a quarter of each head unless the config says otherwise, heads of hidden / heads features), Cohere
+(``models/cohere/modeling_cohere.py``, Command-R: attention and MLP side by side on one LayerNorm
+without bias, RoPE rotating adjacent feature pairs (2i, 2i + 1) instead of a head's two halves).
 RoPE: "default" and "llama3" frequency scaling.
 """
 
@@ -77,7 +79,11 @@ class Hparams:
         # StableLM's attention splits hidden_size evenly over the heads, whatever head_dim says
         self.head_dim = (config.get("head_dim") if model_type != "stablelm" else None) or self.hidden // self.n_heads
         # StableLM: LayerNorm (the mean removed, then weight and bias) where the others use RMSNorm
-        self.layer_norm = model_type == "stablelm"
+        self.layer_norm = model_type in ("stablelm", "cohere")
+        # Cohere: x + attn(norm(x)) + mlp(norm(x)), and RoPE on adjacent pairs
+        self.parallel = self.interleaved = model_type == "cohere"
+        if model_type == "cohere" and config.get("use_qk_norm"):
+            raise NotImplementedError("Cohere's q/k LayerNorms")
         self.eps = config["layer_norm_eps" if self.layer_norm else "rms_norm_eps"]
         if model_type == "stablelm" and (config.get("qk_layernorm") or config.get("use_parallel_residual")):
             raise NotImplementedError("StableLM's per-head q/k LayerNorms or parallel residual")
@@ -183,12 +189,18 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+def _apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """x: [heads, n, d]; positions: [n]. Returns x*cos + rotate_half(x)*sin on the first
-    2 * len(inv_freq) features of each head, the others unchanged."""
+    2 * len(inv_freq) features of each head, the others unchanged. ``interleaved``: frequency i
+    turns the pair (2i, 2i + 1) as the complex number x[2i] + j x[2i + 1] times exp(j angle)."""
     freqs = positions.to(_DT)[:, None] * inv_freq[None, :]  # [n, r/2]
+    r = 2 * freqs.shape[-1]
+    if interleaved:
+        even, odd = x[..., 0:r:2], x[..., 1:r:2]
+        cos, sin = freqs.cos(), freqs.sin()
+        turned = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+        return torch.cat((turned, x[..., r:]), dim=-1)
     angles = torch.cat((freqs, freqs), dim=-1)  # [n, r]
-    r = angles.shape[-1]
     turned = x[..., :r] * angles.cos() + _rotate_half(x[..., :r]) * angles.sin()
     return torch.cat((turned, x[..., r:]), dim=-1)
 
@@ -210,7 +222,7 @@ class _Layer:
             return t + 1.0 if gemma and name.endswith("norm.weight") else t  # Gemma scales by 1 + w
 
         self.ln1 = get("input_layernorm.weight", not olmo2)  # OLMo 2 has none
-        self.ln2 = get("post_attention_layernorm.weight")
+        self.ln2 = get("post_attention_layernorm.weight", not hp.parallel)  # Cohere's one norm feeds both
         self.ln1_bias = get("input_layernorm.bias", False)  # StableLM's LayerNorms
         self.ln2_bias = get("post_attention_layernorm.bias", False)
         self.pre_ff = get("pre_feedforward_layernorm.weight", gemma)  # Gemma 3 only
@@ -318,8 +330,8 @@ def forward(
         if W.k_norm is not None and not hp.olmo2:
             k = _rms_norm(k, W.k_norm, hp.eps)
         k_pre_rope = k
-        q = _apply_rope(q, positions, inv_freq)
-        k = _apply_rope(k, positions, inv_freq)
+        q = _apply_rope(q, positions, inv_freq, hp.interleaved)
+        k = _apply_rope(k, positions, inv_freq, hp.interleaved)
 
         # kv-embedding: the K/V of the last `num_prefix` tokens become extra columns in front
         if l in reroute:
@@ -358,6 +370,8 @@ def forward(
         elif hp.olmo2:  # the MLP reads the residual stream as it is
             x = x + _rms_norm(a, W.ln2, hp.eps)
             h = x
+        elif hp.parallel:  # Cohere: the MLP reads the attention's input norm; both join the stream below
+            x = x + a
         else:
             x = x + a * hp.residual_scale
             h = hp.norm(x, W.ln2, W.ln2_bias)

@@ -254,7 +254,7 @@ def count_parameters(config: Mapping[str, Any]) -> ParamCounts:
     mlp = 3 * hidden * ffn + (2 * ffn + hidden if arch.biased(config, "mlp_bias") else 0)
     qk_norms = (2 * head_dim if arch.qk_norm_span == "head" else q + kv) if arch.qk_norm else 0
     norm = (2 if arch.norm_bias else 1) * hidden  # one norm's parameters: a weight, and a bias with LayerNorm's
-    norms = (4 if arch.sandwich_norms else 2) * norm + qk_norms
+    norms = (4 if arch.sandwich_norms else 1 if arch.parallel_sublayers else 2) * norm + qk_norms
     embedding = vocab * hidden
     tied = bool(config.get("tie_word_embeddings", arch.tied_by_default))
     return ParamCounts(

@@ -44,6 +44,12 @@ Phi-3's) and biases q/k/v only under ``use_qkv_bias``. Its attention takes the h
 per-head q/k LayerNorms and its parallel residual are switches no test proves yet, so a config
 turning one on is refused (``refused_switches``).
 
+Cohere (Command-R) runs attention and the MLP side by side on one LayerNorm (no bias) of the
+residual stream and adds both to it (``parallel_sublayers``: one norm a layer). Its RoPE turns
+adjacent feature pairs, not the two halves of a head (``rope_interleaved``), so the inverse
+rotation of a ``prefix_rope="zero"`` key pairs the features the same way. ``logit_scale``
+multiplies the LM head's logits, which an embedder never computes; its per-head q/k LayerNorms
+(``use_qk_norm``, Command R+) are refused.
 """
 
 from __future__ import annotations
@@ -96,6 +102,10 @@ class Architecture:
     head_dim_field: bool = True
     #: config switches kvembed does not support for this family: a config turning one on is refused
     refused_switches: tuple[str, ...] = ()
+    #: attention and MLP both read one input norm and add to the residual together (Cohere): one norm a layer
+    parallel_sublayers: bool = False
+    #: RoPE turns adjacent feature pairs (Cohere), not a head's two halves: so must its inverse
+    rope_interleaved: bool = False
 
     def head_dim(self, config: Any) -> int:
         """The width of one attention head, as this family's attention computes it."""
@@ -133,6 +143,8 @@ SUPPORTED: dict[str, Architecture] = {
                          rope_types=("default",)),
     "stablelm": Architecture("stablelm", "stablelm", bias_switches=("use_qkv_bias",), norm_bias=True,
                              head_dim_field=False, refused_switches=("qk_layernorm", "use_parallel_residual")),
+    "cohere": Architecture("cohere", "command-r", gguf_loadable=False, tied_by_default=True, parallel_sublayers=True,
+                           rope_interleaved=True, refused_switches=("use_qk_norm",)),
 }
 
 #: GGUF ``general.architecture`` -> the :class:`Architecture` it is, for the families kvembed loads from a GGUF

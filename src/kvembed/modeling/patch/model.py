@@ -312,13 +312,14 @@ class EmbeddingModel(nn.Module):
         if not self.architecture.per_layer_window:
             cos, sin = rotary(embeds, positions)
             scale = float(getattr(rotary, "attention_scaling", 1.0))
-            return PrefixInputs(index=index, mask=prefix_mask, cos=cos / scale, sin=sin / scale)
+            return PrefixInputs(index=index, mask=prefix_mask, cos=cos / scale, sin=sin / scale,
+                                interleaved=self.architecture.rope_interleaved)
         by_type = {}
         for layer_type in sorted(set(self.decoder.config.layer_types)):
             cos, sin = rotary(embeds, positions, layer_type)
             scale = float(getattr(rotary, f"{layer_type}_attention_scaling", 1.0))
             by_type[layer_type] = (cos / scale, sin / scale)
-        return PrefixInputs(index=index, mask=prefix_mask, rope_by_type=by_type)
+        return PrefixInputs(index=index, mask=prefix_mask, rope_by_type=by_type, interleaved=self.architecture.rope_interleaved)
 
     @staticmethod
     def _readout(
