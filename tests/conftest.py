@@ -8,7 +8,10 @@ share the demo model's byte-level tokenizer. The tiny Mistral's sliding window (
 shorter than most test prompts, so every Mistral test runs beyond it. The tiny Granite's three
 multipliers are away from 1 and its q/k/v/o and MLP biases on; the tiny OLMo 2 has random q/k
 norm weights over the whole projection and random post-sublayer norms; the tiny Phi-3 fuses
-q/k/v and gate/up and turns half of each head with RoPE.
+q/k/v and gate/up and turns half of each head with RoPE; the tiny StableLM has LayerNorms with
+random biases, q/k/v biases and RoPE on its default quarter of each head; the tiny Cohere runs
+attention and MLP side by side on one LayerNorm, turns adjacent RoPE pairs and has its
+attention biases on.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch
 from independent import Oracle
 from kvembed.methods import demo_model_path
 
-ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral", "granite", "olmo2", "phi3")
+ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral", "granite", "olmo2", "phi3", "stablelm", "cohere")
 #: the tiny Mistral's attention window, in tokens (the prompts of TEXTS are longer)
 MISTRAL_WINDOW = 16
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -184,7 +187,8 @@ def one_torch_thread():
 
 
 def tiny_config(arch: str):
-    from transformers import GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, Qwen2Config, Qwen3Config
+    from transformers import (CohereConfig, GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, Qwen2Config,
+                              Qwen3Config, StableLmConfig)
 
     common = dict(
         hidden_size=64,
@@ -220,6 +224,11 @@ def tiny_config(arch: str):
         common.pop("head_dim")
         return Phi3Config(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
                           **common)
+    if arch == "stablelm":  # StableLM 2's layout: sequential residual, no q/k norms, its default partial rotary
+        common.pop("head_dim")
+        return StableLmConfig(use_qkv_bias=True, **common)
+    if arch == "cohere":  # Command-R's layout, its attention biases on
+        return CohereConfig(attention_bias=True, **common)
     raise ValueError(arch)
 
 

@@ -14,7 +14,11 @@ with its own RoPE base), Granite (``models/granite/modeling_granite.py``: the em
 sublayer's output and the attention logits multiplied by the config's scalars), OLMo 2
 (``models/olmo2/modeling_olmo2.py``: no pre-norms, a norm on each sublayer's output, q/k norms over
 the whole projection), Phi-3 (``models/phi3/modeling_phi3.py``: fused qkv_proj and gate_up_proj,
-RoPE on the first part of each head under ``partial_rotary_factor``).
+RoPE on the first part of each head under ``partial_rotary_factor``), StableLM
+(``models/stablelm/modeling_stablelm.py``, the StableLM 2 model card: LayerNorms with a bias, RoPE on
+a quarter of each head unless the config says otherwise, heads of hidden / heads features), Cohere
+(``models/cohere/modeling_cohere.py``, Command-R: attention and MLP side by side on one LayerNorm
+without bias, RoPE rotating adjacent feature pairs (2i, 2i + 1) instead of a head's two halves).
 RoPE: "default" and "llama3" frequency scaling.
 """
 
@@ -71,8 +75,18 @@ class Hparams:
         self.n_layers = config["num_hidden_layers"]
         self.n_heads = config["num_attention_heads"]
         self.n_kv = config.get("num_key_value_heads") or self.n_heads
-        self.head_dim = config.get("head_dim") or self.hidden // self.n_heads
-        self.eps = config["rms_norm_eps"]
+        model_type = config.get("model_type")
+        # StableLM's attention splits hidden_size evenly over the heads, whatever head_dim says
+        self.head_dim = (config.get("head_dim") if model_type != "stablelm" else None) or self.hidden // self.n_heads
+        # StableLM: LayerNorm (the mean removed, then weight and bias) where the others use RMSNorm
+        self.layer_norm = model_type in ("stablelm", "cohere")
+        # Cohere: x + attn(norm(x)) + mlp(norm(x)), and RoPE on adjacent pairs
+        self.parallel = self.interleaved = model_type == "cohere"
+        if model_type == "cohere" and config.get("use_qk_norm"):
+            raise NotImplementedError("Cohere's q/k LayerNorms")
+        self.eps = config["layer_norm_eps" if self.layer_norm else "rms_norm_eps"]
+        if model_type == "stablelm" and (config.get("qk_layernorm") or config.get("use_parallel_residual")):
+            raise NotImplementedError("StableLM's per-head q/k LayerNorms or parallel residual")
         if self.n_heads % self.n_kv:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         self.group = self.n_heads // self.n_kv
@@ -111,7 +125,9 @@ class Hparams:
             raise NotImplementedError(f"rope_type {self.rope_type!r}")
         # Phi-3's partial rotary factor: RoPE turns the first int(head_dim * factor) features of a
         # head (its frequencies from that width), the rest pass through
-        factor = float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
+        # (StableLM turns a quarter when its config leaves the factor out)
+        default_factor = 0.25 if model_type == "stablelm" else 1.0
+        factor = float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", default_factor)))
         self.rotary_dim = int(self.head_dim * factor)
         # sliding-window attention (Mistral; Qwen2 only with use_sliding_window): key j is visible
         # to query i iff i - W < j <= i
@@ -120,6 +136,14 @@ class Hparams:
             self.sliding_window = None
         if self.sliding_window is not None and config.get("model_type") == "qwen2":
             raise NotImplementedError("Qwen2's per-layer sliding window (max_window_layers)")
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The family's pre-sublayer and final norm: RMSNorm, or LayerNorm (with ``bias`` when it has one)."""
+        if not self.layer_norm:
+            return _rms_norm(x, weight, self.eps)
+        centred = x - x.mean(dim=-1, keepdim=True)
+        out = centred * torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + self.eps) * weight
+        return out if bias is None else out + bias
 
     def window(self, layer: int) -> int | None:
         """The attention window of ``layer`` in tokens, None for global attention."""
@@ -165,12 +189,18 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+def _apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """x: [heads, n, d]; positions: [n]. Returns x*cos + rotate_half(x)*sin on the first
-    2 * len(inv_freq) features of each head, the others unchanged."""
+    2 * len(inv_freq) features of each head, the others unchanged. ``interleaved``: frequency i
+    turns the pair (2i, 2i + 1) as the complex number x[2i] + j x[2i + 1] times exp(j angle)."""
     freqs = positions.to(_DT)[:, None] * inv_freq[None, :]  # [n, r/2]
+    r = 2 * freqs.shape[-1]
+    if interleaved:
+        even, odd = x[..., 0:r:2], x[..., 1:r:2]
+        cos, sin = freqs.cos(), freqs.sin()
+        turned = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+        return torch.cat((turned, x[..., r:]), dim=-1)
     angles = torch.cat((freqs, freqs), dim=-1)  # [n, r]
-    r = angles.shape[-1]
     turned = x[..., :r] * angles.cos() + _rotate_half(x[..., :r]) * angles.sin()
     return torch.cat((turned, x[..., r:]), dim=-1)
 
@@ -192,7 +222,9 @@ class _Layer:
             return t + 1.0 if gemma and name.endswith("norm.weight") else t  # Gemma scales by 1 + w
 
         self.ln1 = get("input_layernorm.weight", not olmo2)  # OLMo 2 has none
-        self.ln2 = get("post_attention_layernorm.weight")
+        self.ln2 = get("post_attention_layernorm.weight", not hp.parallel)  # Cohere's one norm feeds both
+        self.ln1_bias = get("input_layernorm.bias", False)  # StableLM's LayerNorms
+        self.ln2_bias = get("post_attention_layernorm.bias", False)
         self.pre_ff = get("pre_feedforward_layernorm.weight", gemma)  # Gemma 3 only
         self.post_ff = get("post_feedforward_layernorm.weight", gemma or olmo2)
         fused = get("self_attn.qkv_proj.weight", False)  # Phi-3: the rows of q, then k, then v
@@ -284,7 +316,7 @@ def forward(
         hidden.append(x)
 
         # ---- self-attention ----
-        h = x if hp.olmo2 else _rms_norm(x, W.ln1, hp.eps)
+        h = x if hp.olmo2 else hp.norm(x, W.ln1, W.ln1_bias)
         q_flat, k_flat = _linear(h, W.wq, W.bq), _linear(h, W.wk, W.bk)  # [n, heads*d], [n, kv*d]
         if hp.olmo2:  # one RMS over all heads' features of a token
             q_flat, k_flat = _rms_norm(q_flat, W.q_norm, hp.eps), _rms_norm(k_flat, W.k_norm, hp.eps)
@@ -298,8 +330,8 @@ def forward(
         if W.k_norm is not None and not hp.olmo2:
             k = _rms_norm(k, W.k_norm, hp.eps)
         k_pre_rope = k
-        q = _apply_rope(q, positions, inv_freq)
-        k = _apply_rope(k, positions, inv_freq)
+        q = _apply_rope(q, positions, inv_freq, hp.interleaved)
+        k = _apply_rope(k, positions, inv_freq, hp.interleaved)
 
         # kv-embedding: the K/V of the last `num_prefix` tokens become extra columns in front
         if l in reroute:
@@ -338,9 +370,11 @@ def forward(
         elif hp.olmo2:  # the MLP reads the residual stream as it is
             x = x + _rms_norm(a, W.ln2, hp.eps)
             h = x
+        elif hp.parallel:  # Cohere: the MLP reads the attention's input norm; both join the stream below
+            x = x + a
         else:
             x = x + a * hp.residual_scale
-            h = _rms_norm(x, W.ln2, hp.eps)
+            h = hp.norm(x, W.ln2, W.ln2_bias)
 
         # ---- gated MLP: SwiGLU, or GELU-tanh for Gemma ----
         gate = _linear(h, W.w_gate, W.b_gate)
@@ -360,8 +394,8 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 def final_norm(weights, hp, x):
-    w = weights["norm.weight"].to(_DT)
-    return _rms_norm(x, w + 1.0 if hp.gemma else w, hp.eps)
+    w, b = weights["norm.weight"].to(_DT), weights.get("norm.bias")
+    return hp.norm(x, w + 1.0 if hp.gemma else w, None if b is None else b.to(_DT))
 
 
 def normalize(vec: torch.Tensor) -> np.ndarray:

@@ -160,7 +160,9 @@ def test_stories260k(traces, stories_artifact, method, precision):
 #: that hook into layers (residual rewiring, attention output) on the non-Llama architectures;
 #: qwen3 also runs the non-default prefix options, granite its multipliers (the attention scale is not
 #: 1/sqrt(d)) and olmo2 its whole-projection q/k norms, each under a zero-rotated prefix; phi3 the
-#: values read out of its fused qkv_proj.
+#: values read out of its fused qkv_proj; stablelm its biased LayerNorms (LayerNormalization in the
+#: graph) under a zero-rotated prefix turned back on its quarter of each head; cohere its parallel
+#: sublayers under zero-rotated prefixes turned back pair by pair (its interleaved RoPE).
 #: stories260k covers every method on Llama.
 RANDOM_CASES = [
     ("llama", "kv-embedding", {}),
@@ -172,6 +174,8 @@ RANDOM_CASES = [
     ("granite", "kv-embedding", {"num_prefix": 2, "prefix_rope": "zero"}),
     ("olmo2", "kv-embedding", {"prefix_rope": "zero"}),
     ("phi3", "va", {"layers": "1,3"}),
+    ("stablelm", "kv-embedding", {"prefix_rope": "zero"}),
+    ("cohere", "kv-embedding", {"prefix_rope": "zero", "num_prefix": 2}),
 ]
 
 

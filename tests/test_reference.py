@@ -88,12 +88,19 @@ def test_the_tiny_models_exercise_biases_norms_and_the_sliding_window(model_path
     qwen2 = oracle("qwen2")
     assert qwen2.weights["layers.0.self_attn.q_proj.bias"].abs().max() > 0.01
     assert oracle("granite").weights["layers.0.mlp.down_proj.bias"].abs().max() > 0.01
+    stablelm = oracle("stablelm")  # LayerNorm biases and q/k/v biases, a quarter of each head rotated
+    assert all(stablelm.weights[f"layers.0.{name}.bias"].abs().max() > 0.01
+               for name in ("input_layernorm", "post_attention_layernorm", "self_attn.k_proj"))
+    assert stablelm.weights["norm.bias"].abs().max() > 0.01 and stablelm.hp.rotary_dim == stablelm.hp.head_dim // 4
     for arch in ARCHITECTURES:
         norms = {name: t for name, t in oracle(arch).weights.items() if name.startswith("layers.0.") and name.endswith("norm.weight")}
-        assert len(norms) >= 2 and all((t - 1).abs().max() > 0.1 for t in norms.values()), arch
+        assert len(norms) >= (1 if arch == "cohere" else 2) and all((t - 1).abs().max() > 0.1 for t in norms.values()), arch
     olmo2 = oracle("olmo2")  # its q/k norms span every head at once
     assert olmo2.weights["layers.0.self_attn.q_norm.weight"].numel() == olmo2.hp.n_heads * olmo2.hp.head_dim
     assert "layers.0.input_layernorm.weight" not in olmo2.weights
+    cohere = oracle("cohere")  # one bias-free LayerNorm feeds attention and MLP; its attention biases are on
+    assert {"layers.0.post_attention_layernorm.weight", "layers.0.input_layernorm.bias"}.isdisjoint(cohere.weights)
+    assert cohere.weights["layers.0.self_attn.o_proj.bias"].abs().max() > 0.01
     mistral = oracle("mistral")
     assert mistral.hp.sliding_window == MISTRAL_WINDOW
     tokens = mistral.tokenize("mean", TEXTS[2])
@@ -522,7 +529,7 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
     from transformers import GPT2Config
 
     GPT2Config(n_layer=2, n_embd=32, n_head=2).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="supports gemma3_text, granite, llama, mistral, olmo2, phi3, qwen2, qwen3"):
+    with pytest.raises(ValueError, match="supports cohere, gemma3_text, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, stablelm"):
         TorchEmbedder.from_pretrained(tmp_path, "mean")
 
 
@@ -537,6 +544,23 @@ def test_phi3_with_longrope_is_refused_in_one_line(tiny_models, tmp_path):
                                  "short_factor": [1.0] * 4, "long_factor": [4.0] * 4}
     (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
     with pytest.raises(ValueError, match="unsupported rope_type 'longrope' for phi3; expected default") as refused:
+        TorchEmbedder.from_pretrained(folder, "mean")
+    assert "\n" not in str(refused.value)
+
+
+#: (family, config switch kvembed does not prove for it): each refused in one line before loading
+REFUSED_SWITCHES = [("stablelm", "qk_layernorm"), ("stablelm", "use_parallel_residual"), ("cohere", "use_qk_norm")]
+
+
+@pytest.mark.parametrize("arch,switch", REFUSED_SWITCHES, ids=[f"{a}-{s}" for a, s in REFUSED_SWITCHES])
+def test_an_unproven_switch_is_refused_in_one_line(tiny_models, tmp_path, arch, switch):
+    import json
+    import shutil
+
+    folder = shutil.copytree(tiny_models[arch], tmp_path / arch)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    (folder / "config.json").write_text(json.dumps({**config, switch: True}), encoding="utf-8")
+    with pytest.raises(ValueError, match=f"{arch} with {switch} is not supported") as refused:
         TorchEmbedder.from_pretrained(folder, "mean")
     assert "\n" not in str(refused.value)
 

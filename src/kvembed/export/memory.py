@@ -244,20 +244,21 @@ def count_parameters(config: Mapping[str, Any]) -> ParamCounts:
     hidden, ffn, layers = need("hidden_size"), need("intermediate_size"), need("num_hidden_layers")
     heads, vocab = need("num_attention_heads"), need("vocab_size")
     kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or hidden // heads
+    head_dim = arch.head_dim(config)
     q, kv = heads * head_dim, kv_heads * head_dim
     attention = hidden * q + 2 * hidden * kv + q * hidden
-    if arch.qkv_bias or arch.biased(config, "attention_bias"):
+    if arch.qkv_bias or arch.biased(config, "attention_bias") or arch.biased(config, "use_qkv_bias"):
         attention += q + 2 * kv
     if arch.biased(config, "attention_bias"):
         attention += hidden  # o_proj carries one too
     mlp = 3 * hidden * ffn + (2 * ffn + hidden if arch.biased(config, "mlp_bias") else 0)
     qk_norms = (2 * head_dim if arch.qk_norm_span == "head" else q + kv) if arch.qk_norm else 0
-    norms = (4 if arch.sandwich_norms else 2) * hidden + qk_norms
+    norm = (2 if arch.norm_bias else 1) * hidden  # one norm's parameters: a weight, and a bias with LayerNorm's
+    norms = (4 if arch.sandwich_norms else 1 if arch.parallel_sublayers else 2) * norm + qk_norms
     embedding = vocab * hidden
     tied = bool(config.get("tie_word_embeddings", arch.tied_by_default))
     return ParamCounts(
-        embedding=embedding, per_layer=attention + mlp + norms, final_norm=hidden, lm_head=0 if tied else embedding,
+        embedding=embedding, per_layer=attention + mlp + norms, final_norm=norm, lm_head=0 if tied else embedding,
         num_layers=layers, largest_tensor=max(embedding, hidden * ffn),
     )
 

@@ -36,6 +36,20 @@ of each head, so the inverse rotation of a ``prefix_rope="zero"`` key does too. 
 scaling switches frequencies when the batch's longest text passes
 ``original_max_position_embeddings``: a text's vector would depend on its batch, and a traced
 graph keeps one branch, so only the default RoPE is accepted (``rope_types``).
+
+StableLM norms with LayerNorms that carry a bias (``norm_bias``, which the memory estimate
+counts), rotates a quarter of each head by default (``partial_rotary_factor``, handled as
+Phi-3's) and biases q/k/v only under ``use_qkv_bias``. Its attention takes the heads' width from
+``hidden_size / num_attention_heads`` whatever ``head_dim`` says (``head_dim_field``). Its
+per-head q/k LayerNorms and its parallel residual are switches no test proves yet, so a config
+turning one on is refused (``refused_switches``).
+
+Cohere (Command-R) runs attention and the MLP side by side on one LayerNorm (no bias) of the
+residual stream and adds both to it (``parallel_sublayers``: one norm a layer). Its RoPE turns
+adjacent feature pairs, not the two halves of a head (``rope_interleaved``), so the inverse
+rotation of a ``prefix_rope="zero"`` key pairs the features the same way. ``logit_scale``
+multiplies the LM head's logits, which an embedder never computes; its per-head q/k LayerNorms
+(``use_qk_norm``, Command R+) are refused.
 """
 
 from __future__ import annotations
@@ -64,7 +78,8 @@ class Architecture:
     qk_norm_span: Literal["head", "projection"] = "head"
     #: q/k/v projections always carry biases (Qwen2), whatever the config says
     qkv_bias: bool = False
-    #: the config switches this architecture honours: ``attention_bias`` (q/k/v/o), ``mlp_bias`` (the MLP)
+    #: the config switches this architecture honours: ``attention_bias`` (q/k/v/o), ``mlp_bias`` (the MLP),
+    #: ``use_qkv_bias`` (q/k/v only: StableLM)
     bias_switches: tuple[str, ...] = ("attention_bias",)
     #: the config attribute naming the MLP activation, and the values kvembed supports
     activation_field: str = "hidden_act"
@@ -81,6 +96,21 @@ class Architecture:
     fused_gate_up: bool = False
     #: the RoPE types kvembed accepts; None: whatever transformers runs
     rope_types: tuple[str, ...] | None = None
+    #: the norms are LayerNorms with a bias (StableLM): a weight and a bias vector each
+    norm_bias: bool = False
+    #: ``config.head_dim`` sets the heads' width; False: it is always hidden_size / heads (StableLM)
+    head_dim_field: bool = True
+    #: config switches kvembed does not support for this family: a config turning one on is refused
+    refused_switches: tuple[str, ...] = ()
+    #: attention and MLP both read one input norm and add to the residual together (Cohere): one norm a layer
+    parallel_sublayers: bool = False
+    #: RoPE turns adjacent feature pairs (Cohere), not a head's two halves: so must its inverse
+    rope_interleaved: bool = False
+
+    def head_dim(self, config: Any) -> int:
+        """The width of one attention head, as this family's attention computes it."""
+        hidden, heads = int(_field(config, "hidden_size")), int(_field(config, "num_attention_heads"))
+        return (self.head_dim_field and _field(config, "head_dim")) or hidden // heads
 
     @property
     def weight_matrices(self) -> int:
@@ -111,6 +141,10 @@ SUPPORTED: dict[str, Architecture] = {
     "olmo2": Architecture("olmo2", "olmo2", gguf_loadable=False, qk_norm=True, qk_norm_span="projection"),
     "phi3": Architecture("phi3", "phi3", bias_switches=(), fused_qkv=True, fused_gate_up=True,
                          rope_types=("default",)),
+    "stablelm": Architecture("stablelm", "stablelm", bias_switches=("use_qkv_bias",), norm_bias=True,
+                             head_dim_field=False, refused_switches=("qk_layernorm", "use_parallel_residual")),
+    "cohere": Architecture("cohere", "command-r", gguf_loadable=False, tied_by_default=True, parallel_sublayers=True,
+                           rope_interleaved=True, refused_switches=("use_qk_norm",)),
 }
 
 #: GGUF ``general.architecture`` -> the :class:`Architecture` it is, for the families kvembed loads from a GGUF
@@ -161,6 +195,9 @@ def architecture_of(config: Any) -> Architecture:
         raise InvalidInput(
             f"unsupported activation {activation!r} for {model_type}; expected {' or '.join(arch.activations)}"
         )
+    refused = [switch for switch in arch.refused_switches if _field(config, switch)]
+    if refused:
+        raise InvalidInput(f"{model_type} with {' and '.join(refused)} is not supported (kvembed does not prove it yet)")
     if arch.rope_types is not None and rope_type(config) not in arch.rope_types:
         raise InvalidInput(
             f"unsupported rope_type {rope_type(config)!r} for {model_type}; expected {' or '.join(arch.rope_types)} "

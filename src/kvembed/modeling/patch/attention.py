@@ -29,7 +29,9 @@ class PrefixInputs:
     rotation when the prefix key goes to position 0 (``prefix_rope="zero"``), else None; the
     rotary width is head_dim, or its first part under a partial rotary factor (Phi-3);
     ``rope_by_type``: for models whose layer kinds rotate differently (Gemma 3's sliding and full
-    attention layers), ``layer_type -> (cos, sin)`` in place of ``cos``/``sin``.
+    attention layers), ``layer_type -> (cos, sin)`` in place of ``cos``/``sin``;
+    ``interleaved``: RoPE turned adjacent feature pairs, not a head's halves (the entry's
+    ``rope_interleaved``, Cohere), so the inverse rotation pairs them the same way.
 
     In a sliding-window layer the prefix is still one extra column with its own mask, so every
     query sees it whatever its distance from the last token: the window limits only the
@@ -41,6 +43,7 @@ class PrefixInputs:
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
     rope_by_type: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+    interleaved: bool = False
 
     def rope_for(self, module: torch.nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The (cos, sin) that rotated ``module``'s keys, or (None, None) to keep the rotation."""
@@ -49,7 +52,10 @@ class PrefixInputs:
         return self.cos, self.sin
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def _rotate_half(x: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """The quarter turn RoPE pairs with the cosine: of a head's halves, or of each adjacent pair."""
+    if interleaved:
+        return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -66,7 +72,7 @@ def prefix_key_values(
         # inverse rotation R(-theta) k = k cos - rotate_half(k) sin -> the key as if at position 0,
         # on the features RoPE turned (all of them, or the first part under a partial rotary factor)
         width = cos.shape[-1]
-        turned = k[..., :width] * cos[:, None] - _rotate_half(k[..., :width]) * sin[:, None]
+        turned = k[..., :width] * cos[:, None] - _rotate_half(k[..., :width], prefix.interleaved) * sin[:, None]
         k = turned if width == k.shape[-1] else torch.cat((turned, k[..., width:]), dim=-1)
     return k, v
 

@@ -99,6 +99,8 @@ class EmbeddingModel(nn.Module):
         #: readout label (None for the main method) -> tensors its hooks captured in this forward
         self._captures: dict[str | None, list[torch.Tensor]] = {}
         self._rewire: dict[str, torch.Tensor] = {}
+        #: this forward's re-routed prefix, handed to each re-routed attention by :meth:`_prefix_hook`
+        self._prefix: PrefixInputs | None = None
         self._active = False
 
     # -- shape facts -------------------------------------------------------------------------
@@ -114,8 +116,7 @@ class EmbeddingModel(nn.Module):
 
     @property
     def head_dim(self) -> int:
-        config = self.decoder.config
-        return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return self.architecture.head_dim(self.decoder.config)
 
     def readout_dim(self, method: ResolvedMethod) -> int:
         config = self.decoder.config
@@ -171,6 +172,7 @@ class EmbeddingModel(nn.Module):
                 for index in method.layers:
                     kept[index].self_attn.kvembed_reroute = True
                     rerouted.append(kept[index].self_attn)
+                    handles.append(kept[index].self_attn.register_forward_pre_hook(self._prefix_hook, with_kwargs=True))
             for label, readout in self.readouts:
                 handles.extend(self._install_readout_hooks(kept, readout, self._captures.setdefault(label, [])))
             for sink in self._captures.values():
@@ -219,6 +221,11 @@ class EmbeddingModel(nn.Module):
         width = self.decoder.config.num_key_value_heads * self.head_dim
         return attention.qkv_proj.register_forward_hook(lambda module, args, output: sink.append(output[..., -width:]))
 
+    def _prefix_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """KV re-routing: the attention module gets this forward's prefix as a keyword argument
+        straight, not through the decoder (StableLM's layer drops the keywords it was given)."""
+        return args, {**kwargs, "kvembed_prefix": self._prefix}
+
     def _rewire_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Token prepending: the placeholder position takes the last real token's residual state."""
         hidden = args[0] if args else kwargs["hidden_states"]
@@ -265,9 +272,7 @@ class EmbeddingModel(nn.Module):
             context = self.context_encoder(encoder_input_ids, encoder_attention_mask.to(torch.int64)).to(embeds.dtype)
             embeds = torch.where(pool_mask.bool()[..., None], context[:, None, :], embeds)
 
-        extra: dict[str, Any] = {}
-        if method.reroute:
-            extra["kvembed_prefix"] = self._prefix_inputs(mask, last, position_ids, embeds)
+        self._prefix = self._prefix_inputs(mask, last, position_ids, embeds) if method.reroute else None
         for sink in self._captures.values():
             sink.clear()
         try:
@@ -276,7 +281,6 @@ class EmbeddingModel(nn.Module):
                 attention_mask=mask,
                 position_ids=position_ids,
                 use_cache=False,
-                **extra,
             )
             results: list[torch.Tensor] = []
             for label, readout in self.readouts:
@@ -286,6 +290,7 @@ class EmbeddingModel(nn.Module):
             for sink in self._captures.values():
                 sink.clear()
             self._rewire = {}
+            self._prefix = None
         return tuple(results)
 
     def _prefix_inputs(
@@ -307,13 +312,14 @@ class EmbeddingModel(nn.Module):
         if not self.architecture.per_layer_window:
             cos, sin = rotary(embeds, positions)
             scale = float(getattr(rotary, "attention_scaling", 1.0))
-            return PrefixInputs(index=index, mask=prefix_mask, cos=cos / scale, sin=sin / scale)
+            return PrefixInputs(index=index, mask=prefix_mask, cos=cos / scale, sin=sin / scale,
+                                interleaved=self.architecture.rope_interleaved)
         by_type = {}
         for layer_type in sorted(set(self.decoder.config.layer_types)):
             cos, sin = rotary(embeds, positions, layer_type)
             scale = float(getattr(rotary, f"{layer_type}_attention_scaling", 1.0))
             by_type[layer_type] = (cos / scale, sin / scale)
-        return PrefixInputs(index=index, mask=prefix_mask, rope_by_type=by_type)
+        return PrefixInputs(index=index, mask=prefix_mask, rope_by_type=by_type, interleaved=self.architecture.rope_interleaved)
 
     @staticmethod
     def _readout(
