@@ -21,6 +21,8 @@ NAMES: Mapping[str, str] = {
     "granite": "Granite",
     "olmo2": "OLMo 2",
     "phi3": "Phi-3",
+    "stablelm": "StableLM 2",
+    "cohere": "Cohere (Command-R)",
 }
 
 #: model_type -> what proves it besides the oracle: a real checkpoint against plain transformers,
