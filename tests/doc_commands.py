@@ -20,14 +20,18 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvembed.methods.models import ALIASES, PACKAGED
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 GETTING_STARTED = DOCS / "getting-started.md"
 #: options whose value a command writes
-WRITES = {"--out", "-o", "--output"}
+WRITES = {"--out", "-o", "--output", "--local-dir"}
 #: options whose value a command reads
 READS = {"--input", "-i", "--artifact", "--encoder", "--llm", "--model", "--baseline"}
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z_]{2,}$")
+#: what ``--model`` takes that is no path: kvembed's aliases (``qwen3-embedding-0.6b`` has a dot)
+MODEL_NAMES = frozenset({*ALIASES, *PACKAGED})
 #: the marker of a command the tests do not run, with the reason
 NOT_RUN = re.compile(r"#\s*not run in tests:\s*(?P<why>\S.*)$")
 #: environment setup: the tests' venv has done it
@@ -96,7 +100,7 @@ def paths_named(words: list[str]) -> tuple[list[str], list[str]]:
         before = words[i - 1] if i else ""
         if before in WRITES or before == ">":
             written.append(word)
-        elif before in READS and word != "-" and ("/" in word or "." in word):
+        elif before in READS and word != "-" and ("/" in word or "." in word) and word.lower() not in MODEL_NAMES:
             read.append(word)
         elif word.startswith("artifacts/") or "=artifacts/" in word:
             read.append(word.split("=", 1)[-1])

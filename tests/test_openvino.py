@@ -30,8 +30,9 @@ from kvembed.runtime import Embedder  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-#: Causal2Vec is covered in tests/test_causal2vec.py (it needs a checkpoint with an encoder)
-METHODS = tuple(m for m in ALL_METHODS if m != "causal2vec")
+#: Causal2Vec is covered in tests/test_causal2vec.py (it needs a checkpoint with an encoder), st in
+#: tests/test_sentence_transformers_folders.py (it needs a sentence-transformers folder)
+METHODS = tuple(m for m in ALL_METHODS if m not in ("causal2vec", "st"))
 STORIES_OPTIONS = {"va": {"layers": "1-2"}}  # as tests/test_export.py: the same shared artifacts
 ALSO = ("last=kv-embedding:pooling=last",)  # as tests/test_triton.py
 
