@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from ..errors import InvalidInput, did_you_mean, shown
 from .layers import AUTO, parse_layers
 from .models import presets_for
-from .spec import CONTEXT, KINDS, MAX_NAMED_PROMPTS, PLACEHOLDER, PROMPT_NAME, TEXT, MethodSpec, OptionSpec, ResolveContext, ResolvedMethod
+from .spec import CONTEXT, KINDS, MAX_NAMED_PROMPTS, PLACEHOLDER, PROMPT_NAME, PROMPT_NAME_RULE, TEXT, MethodSpec, OptionSpec, ResolveContext, ResolvedMethod
 
 RAW = {"query": TEXT, "document": TEXT}
 #: Causal2Vec's default prompts (a checkpoint's causal2vec.json usually sets its own): the task
@@ -318,7 +318,7 @@ def _check_named_prompts(value: Any, ctx: ResolveContext) -> str | None:
         return f"holds {len(value)} prompts; at most {MAX_NAMED_PROMPTS - len(KINDS)}"
     for name, template in value.items():
         if not PROMPT_NAME.fullmatch(name) or name in KINDS:
-            return f"has a prompt named {shown(name)}: a name is 1-64 letters, digits, '_', '-' or '.', not query or document"
+            return f"has a prompt named {shown(name)}: a name is {PROMPT_NAME_RULE}, not query or document"
         problem = _check_text_template(template, ctx)
         if problem:
             return f"prompt {name} {problem}"

@@ -16,6 +16,8 @@ Kind = Literal["query", "document"]
 KINDS: tuple[str, ...] = ("query", "document")
 #: what a named prompt beyond the kinds may be called (a trained embedder's ``sts_query``): a request names it
 PROMPT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+#: :data:`PROMPT_NAME` in words, for the messages that refuse a name
+PROMPT_NAME_RULE = "1-64 letters, digits, '_', '-' or '.'"
 #: the most named prompts one method holds, the kinds included
 MAX_NAMED_PROMPTS = 32
 TEXT = "{text}"
@@ -184,7 +186,7 @@ def _templates(data: Any) -> dict[str, str]:
         raise ValueError(f"templates must map at most {MAX_NAMED_PROMPTS} prompt names to templates")
     for name, template in data.items():
         if not isinstance(name, str) or not PROMPT_NAME.fullmatch(name):
-            raise ValueError(f"templates holds a prompt name that is not 1-64 letters, digits, '_', '-' or '.': {str(name)[:40]!r}")
+            raise ValueError(f"templates holds a prompt name that is not {PROMPT_NAME_RULE}: {str(name)[:40]!r}")
         if not isinstance(template, str) or TEXT not in template:
             raise ValueError(f"template {name!r} is not a string holding {TEXT}")
     if not set(KINDS) <= set(data):
