@@ -72,6 +72,9 @@ def bf16_cpu():
 #: set by the process that made the test cache, so pytest-xdist's workers (which inherit the
 #: environment) share it instead of each making, and filling, its own
 CACHE_OWNER = "KVEMBED_TEST_CACHE_OWNER"
+#: where :func:`stories_artifact` keeps the demo model's artifacts for the whole run, made by the same
+#: process: pytest-xdist's workers share them (one exports an artifact, the other reads it)
+SHARED_ARTIFACTS = "KVEMBED_TEST_ARTIFACTS"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -89,6 +92,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(CACHE_OWNER):
         return
     os.environ["KVEMBED_CACHE_DIR"] = config._kvembed_cache = tempfile.mkdtemp(prefix="kvembed-test-cache-")
+    os.environ[SHARED_ARTIFACTS] = config._kvembed_shared = tempfile.mkdtemp(prefix="kvembed-test-artifacts-")
     os.environ[CACHE_OWNER] = str(os.getpid())
 
 
@@ -174,6 +178,7 @@ def build_triton_stub_venv() -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if getattr(config, "_kvembed_cache", None):  # the process that made it (not an xdist worker)
         shutil.rmtree(config._kvembed_cache, ignore_errors=True)
+        shutil.rmtree(config._kvembed_shared, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -326,22 +331,32 @@ def stories_artifact(traces, tmp_path_factory) -> Callable[..., Path]:
     directory of the demo model's artifact, exported once per session (several precisions from one
     trace); ``options`` are the method's.
 
-    Shared by every test file: treat it as read-only (copy it before damaging it)."""
-    root = tmp_path_factory.mktemp("stories")
+    Shared by every test file and both pytest-xdist workers (the first to ask exports it, under a
+    lock; the export's own staged write makes it appear whole): treat it as read-only (copy it
+    before damaging it)."""
+    import fcntl
+    import hashlib
+
+    root = Path(os.environ.get(SHARED_ARTIFACTS) or tmp_path_factory.mktemp("stories"))
     made: dict[tuple, Path] = {}
 
     def get(method: str, precision: str = "fp32", int8_recipe: str = "auto", certify_emulated: bool = False,
             **options: Any) -> Path:
         key = (method, precision, int8_recipe, certify_emulated, tuple(sorted(options.items())))
         if key not in made:
-            out = root / f"{method}-{precision}-{len(made)}"  # short: the CLI prints it in a table title
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)  # a tiny model gains nothing from OpenMP threads on a shared host
-            try:
-                exporter = traces.get("stories260k", method, **options)
-                made[key] = exporter.write(out, precision, int8_recipe=int8_recipe, certify_emulated=certify_emulated).path
-            finally:
-                torch.set_num_threads(threads)
+            digest = hashlib.sha256(repr(key).encode()).hexdigest()[:6]
+            out = root / f"{method}-{precision}-{digest}"  # short: the CLI prints it in a table title
+            with open(root / f"{out.name}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not (out / "manifest.json").is_file():
+                    threads = torch.get_num_threads()
+                    torch.set_num_threads(1)  # a tiny model gains nothing from OpenMP threads on a shared host
+                    try:
+                        exporter = traces.get("stories260k", method, **options)
+                        exporter.write(out, precision, int8_recipe=int8_recipe, certify_emulated=certify_emulated)
+                    finally:
+                        torch.set_num_threads(threads)
+            made[key] = out
         return made[key]
 
     return get

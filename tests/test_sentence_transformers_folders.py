@@ -48,23 +48,38 @@ def kvembed_export(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
 
 
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """``exported(family)`` -> (its folder, ``kvembed export``'s run, the artifact): each family's
+    folder exported once for the module (read-only)."""
+    made: dict[str, tuple[Path, subprocess.CompletedProcess[str], Path]] = {}
+
+    def get(family: str) -> tuple[Path, subprocess.CompletedProcess[str], Path]:
+        if family not in made:
+            root = tmp_path_factory.mktemp(family)
+            folder = sentence_transformers_folder(root, family)
+            made[family] = folder, kvembed_export("--model", str(folder), "--out", str(root / "art")), root / "art"
+        return made[family]
+
+    return get
+
+
 def worst_cosine(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.min(np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))))
 
 
 @pytest.mark.parametrize("family", list(FOLDERS))
-def test_the_exported_folder_embeds_as_sentence_transformers_does(family, tmp_path):
+def test_the_exported_folder_embeds_as_sentence_transformers_does(family, exported):
     from sentence_transformers import SentenceTransformer
 
-    folder = sentence_transformers_folder(tmp_path, family)
-    done = kvembed_export("--model", str(folder), "--out", str(tmp_path / "art"))
+    folder, done, artifact = exported(family)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "method: st (the sentence-transformers folder's own pooling and prompts" in " ".join((done.stdout + done.stderr).split())
     said = " ".join((done.stdout + done.stderr).split())
     assert "second reference: sentence-transformers" in said and "over 22 texts" in said, said
-    record = load_manifest(tmp_path / "art").source.second_reference
+    record = load_manifest(artifact).source.second_reference
     assert record["compared"] is True and record["worst_cosine"] >= 0.99999, record
-    embedder = Embedder.load(tmp_path / "art", provider="cpu")
+    embedder = Embedder.load(artifact, provider="cpu")
     reference = SentenceTransformer(str(folder), device="cpu")
     query_prompt = next((name for name in ("query", "web_search_query") if name in FOLDERS[family][2]), None)
     want_queries = reference.encode(QUERIES, prompt_name=query_prompt, normalize_embeddings=True)
@@ -141,7 +156,7 @@ def test_a_trained_embedder_s_alias_exports_its_folder_from_the_hub_cache(tmp_pa
     assert "'qwen3-embedding-8b' (Qwen/Qwen3-Embedding-8B): not local or cached; HF_HUB_OFFLINE is set" in said and "hf download Qwen/Qwen3-Embedding-8B" in said, said
 
 
-def test_a_named_prompt_of_the_folder_is_asked_by_name_in_the_api_and_the_server(tmp_path):
+def test_a_named_prompt_of_the_folder_is_asked_by_name_in_the_api_and_the_server(exported, tmp_path):
     """e5-mistral's folder names ``web_search_query`` and ``sts_query``: each is a prompt kvembed
     embeds with as sentence-transformers' ``prompt_name`` does, in ``Embedder.encode(kind=...)``, in
     OpenAI's ``input_type`` (the official client's extra_body) and TEI's ``prompt_name``; a name the
@@ -152,14 +167,13 @@ def test_a_named_prompt_of_the_folder_is_asked_by_name_in_the_api_and_the_server
 
     from kvembed.bench.served import ServerProcess, stop_process
 
-    folder = sentence_transformers_folder(tmp_path, "e5-mistral")
-    done = kvembed_export("--model", str(folder), "--out", str(tmp_path / "art"))
+    folder, done, artifact = exported("e5-mistral")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     want = SentenceTransformer(str(folder), device="cpu").encode(QUERIES, prompt_name="sts_query", normalize_embeddings=True)
-    embedder = Embedder.load(tmp_path / "art", provider="cpu")
+    embedder = Embedder.load(artifact, provider="cpu")
     assert worst_cosine(embedder.encode(QUERIES, kind="sts_query"), want) >= 0.99999
     assert worst_cosine(embedder.encode(QUERIES, kind="web_search_query"), want) < 0.9999  # another prompt, other vectors
-    server = ServerProcess([str(tmp_path / "art")], tmp_path / "serve.log").wait_healthy()
+    server = ServerProcess([str(artifact)], tmp_path / "serve.log").wait_healthy()
     try:
         client = OpenAI(base_url=f"{server.url}/v1", api_key="none")
         got = client.embeddings.create(model="art", input=QUERIES, extra_body={"input_type": "sts_query"})

@@ -223,6 +223,29 @@ def _no_tensor_bar() -> Iterator[None]:
             converter.tqdm = bar
 
 
+@contextlib.contextmanager
+def _one_reader(path: Path) -> Iterator[None]:
+    """transformers reads the GGUF's header anew for the config, the tokenizer and the weights (each
+    a parse of the whole vocabulary, seconds for a large one): within a dequantization the gguf
+    package's reader of ``path`` is opened once and shared (it only reads its memory map)."""
+    gguf = gguf_module()
+    original = gguf.GGUFReader
+    opened: dict[str, Any] = {}
+
+    def shared(file: Any, mode: str = "r") -> Any:
+        if mode != "r" or Path(file).resolve() != path.resolve():
+            return original(file, mode)
+        if "reader" not in opened:
+            opened["reader"] = original(file, mode)
+        return opened["reader"]
+
+    gguf.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
 def _dequantize(path: Path, info: GGUFInfo, target: Path) -> Path:
     """:func:`materialize`'s work: transformers reads the GGUF, the weights are saved into ``target``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -231,7 +254,7 @@ def _dequantize(path: Path, info: GGUFInfo, target: Path) -> Path:
 
     folder, name = str(path.parent), path.name
     try:
-        with quiet_transformers(), _no_tensor_bar():
+        with quiet_transformers(), _no_tensor_bar(), _one_reader(path):
             config = AutoConfig.from_pretrained(folder, gguf_file=name)
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
             loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
