@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from independent import Oracle
+from kvembed.artifact import MANIFEST
 from kvembed.methods import demo_model_path
 
 ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral", "granite", "olmo2", "phi3", "stablelm", "cohere")
@@ -348,7 +349,7 @@ def stories_artifact(traces, tmp_path_factory) -> Callable[..., Path]:
             out = root / f"{method}-{precision}-{digest}"  # short: the CLI prints it in a table title
             with open(root / f"{out.name}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                if not (out / "manifest.json").is_file():
+                if not (out / MANIFEST).is_file():
                     threads = torch.get_num_threads()
                     torch.set_num_threads(1)  # a tiny model gains nothing from OpenMP threads on a shared host
                     try:

@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from checks import run_without_torch
+from conftest import TEXTS
 from kvembed.bench.measure import Timing, cosine_rows, default_subjects, time_calls
 from kvembed.artifact.external_data import load_with_weights
 from kvembed.bench.peak import ModelShape, fp32_matmul_weights, gemm_peak, matmul_params, weight_gemms_call
@@ -463,3 +464,32 @@ def test_raw_token_batch_has_exact_lengths_of_real_tokens(quick_run):
     assert batch["attention_mask"].all() and len({tuple(r) for r in batch["input_ids"]}) == 3
     text = embedder.encoder.tokenizer.decode(batch["input_ids"][0].tolist())
     assert len(text) > 16 and word_stream(0, 256).startswith(text)  # the English word stream, cut at 32 tokens
+
+
+def test_the_served_subject_embeds_each_row_as_its_own_request_as_the_oracle_does(stories_artifact, oracle):
+    """``--backends served``: ``kvembed serve`` of the artifact, each row of the batch a concurrent
+    request of token ids; the rows come back in order, as the independent oracle embeds each text."""
+    from kvembed.bench.worker import CellInput, WorkerSpec, measure_cells
+    from kvembed.runtime import Embedder
+
+    artifact = stories_artifact("last-token")
+    texts = ["hello there", "a longer text about cats and dogs and birds", "x", TEXTS[2]]
+    encoder = Embedder.load(artifact, provider="cpu").encoder
+    batch = encoder.pad(encoder.encode(texts, "document"), "left")  # left padding: the rows' ids are the unpadded ones
+    events = []
+    result = measure_cells(WorkerSpec("served", str(artifact), 1, [CellInput("cell", dict(batch))], min_repeats=2,
+                                      min_seconds=0.0, max_repeats=2), lambda kind, payload: events.append(kind))
+    got = result["cells"]["cell"]["output"]
+    want = np.stack([oracle("stories260k").embed("last-token", text, "document") for text in texts])
+    assert cosine_rows(got, want).min() >= 0.99999
+    assert result["precision"] == "fp32/onnxruntime-cpu" and events == ["loaded", "cell"]
+    assert result["peak_rss_mb"] > 50  # the server's peak (a Python process with onnxruntime), not the client's
+
+
+def test_the_served_subject_refuses_a_method_that_prompts_its_text_in_one_line(stories_artifact):
+    from kvembed.bench.worker import CellInput, WorkerSpec, measure_cells
+    from kvembed.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="backend served sends token ids, which only raw-text methods take .*"
+                                           "kv-embedding prompts its text: time it with auto"):
+        measure_cells(WorkerSpec("served", str(stories_artifact("kv-embedding")), 1, [CellInput("c", {})]), lambda *_: None)

@@ -27,8 +27,9 @@ from ..errors import InvalidInput
 #: the bench's subjects, what it times (``kvembed bench --backends`` names them): the runtime on
 #: onnxruntime's CPU provider, the PyTorch reference, the runtime on OpenVINO (the backends
 #: catalogue's ``openvino``), and the runtime with ``provider="auto"`` (what ``Embedder.load(dir)``
-#: runs: OpenVINO bf16 for a certified bf16 artifact)
-SUBJECTS = ("runtime", "torch", "openvino", "auto")
+#: runs: OpenVINO bf16 for a certified bf16 artifact), and ``kvembed serve`` of the artifact with
+#: each row its own client (:class:`ServedSubject`)
+SUBJECTS = ("runtime", "torch", "openvino", "auto", "served")
 
 
 def default_subjects() -> tuple[str, ...]:
@@ -201,9 +202,9 @@ class Timing:
 # -- memory -------------------------------------------------------------------------------------
 
 
-def _proc_status_mb(field: str) -> float | None:
+def _proc_status_mb(field: str, pid: int | str = "self") -> float | None:
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024  # kB
     except (OSError, ValueError, IndexError):
@@ -246,6 +247,10 @@ class Subject:
 
     def run(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         raise NotImplementedError
+
+    def peak_rss_mb(self) -> float:
+        """The peak resident memory of the process that runs the model: this one."""
+        return peak_rss_mb()
 
     def close(self) -> None:
         """Release what the subject holds."""
@@ -324,6 +329,79 @@ class AutoSubject(RuntimeSubject):
         _first_load_elsewhere(artifact, "auto")  # compiles and keeps the blob if OpenVINO is the pick
         super().__init__(artifact, threads)
         self.precision = f"{self.precision}/{self.embedder.target}"
+
+
+class ServedSubject(Subject):
+    """``kvembed serve ARTIFACT`` in a process of its own (``provider="auto"``, as a deployment runs
+    it), every row of a batch its own request from its own client, all sent at once: a cell of 32
+    rows is 32 clients of one text each, so what is timed is the server's batching of concurrent
+    requests, against ``auto``'s one call of the same rows. The rows go as token ids (OpenAI's
+    ``input`` of ids), so the server embeds exactly the batch's tokens: only raw-text methods
+    (``va``, ``last-token``, ``mean``) take ids, and the server's refusal is the error for others.
+    Its precision reads ``ARTIFACT/TARGET``, the target from ``/v1/models``."""
+
+    name = "served"
+
+    @staticmethod
+    def prepare() -> None:
+        from . import served  # noqa: F401
+
+    def __init__(self, artifact: str | os.PathLike[str], threads: int) -> None:
+        import json
+        import tempfile
+        import urllib.request
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ..artifact import load_manifest
+        from .served import ServerProcess
+
+        manifest = load_manifest(artifact)
+        if not manifest.method.takes_ids("document"):
+            raise InvalidInput(f"backend served sends token ids, which only raw-text methods take (va, last-token, mean); "
+                               f"{manifest.method.name} prompts its text: time it with auto")
+        _first_load_elsewhere(artifact, "auto")  # the server then imports its kept compiled blob
+        handle, log = tempfile.mkstemp(prefix="kvembed-bench-serve-", suffix=".log")
+        os.close(handle)
+        self._log = Path(log)
+        self.server = ServerProcess([str(artifact), "--threads", str(threads)], self._log, port=0).wait_healthy(600)
+        with urllib.request.urlopen(f"{self.server.url}/v1/models", timeout=30) as answer:
+            card = json.load(answer)["data"][0]
+        self.model = card["id"]
+        self.precision = f"{manifest.precision}/{card['target']}"
+        self._clients = ThreadPoolExecutor(max_workers=256, thread_name_prefix="client")
+
+    def _request(self, row: list[int]) -> np.ndarray:
+        import json
+        import urllib.error
+        import urllib.request
+
+        body = json.dumps({"model": self.model, "input": [row]}).encode()
+        request = urllib.request.Request(f"{self.server.url}/v1/embeddings", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=600) as answer:
+                return np.asarray(json.load(answer)["data"][0]["embedding"], dtype=np.float32)
+        except urllib.error.HTTPError as err:  # OpenAI's error body: {"error": {"message": ...}}
+            said = err.read().decode(errors="replace")
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                said = json.loads(said)["error"]["message"]
+            raise InvalidInput(f"kvembed serve answered {err.code}: {said}") from None
+
+    def run(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        rows = [row[kept == 1].tolist() for row, kept in zip(ids, mask)]
+        return np.stack(list(self._clients.map(self._request, rows)))
+
+    def peak_rss_mb(self) -> float:
+        """The server's peak resident memory (``VmHWM`` of its process), not the clients'."""
+        found = _proc_status_mb("VmHWM", self.server.process.pid)
+        if found is None:
+            raise RuntimeError("kvembed serve's peak memory is not readable (/proc/PID/status)")
+        return found
+
+    def close(self) -> None:
+        self._clients.shutdown(wait=True, cancel_futures=True)
+        self.server.stop()
+        self._log.unlink(missing_ok=True)
 
 
 class TorchSubject(Subject):

@@ -288,10 +288,10 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
         precision = "fp32" if "fp32" in artifacts else main_precision
         specs.append(WorkerSpec("openvino", str(artifacts[precision]), threads, cells_in,
                                 label=f"openvino {precision}", **timing))
-    if "auto" in config.backends:  # every artifact as Embedder.load(dir) runs it
-        for precision, path in artifacts.items():
-            specs.append(WorkerSpec("auto", str(path), threads, cells_in,
-                                    label=f"auto {precision}", **timing))
+    for subject in ("auto", "served"):  # every artifact as Embedder.load(dir) runs it, in process and served
+        if subject in config.backends:
+            for precision, path in artifacts.items():
+                specs.append(WorkerSpec(subject, str(path), threads, cells_in, label=f"{subject} {precision}", **timing))
     if "torch" in config.backends:
         specs.append(WorkerSpec("torch", str(artifacts[main_precision]), threads, cells_in,
                                 label="torch fp32", **timing))

@@ -24,11 +24,12 @@ import numpy as np
 
 from ..errors import CheckFailed, InvalidInput
 from .measure import (
-    SUBJECTS, AutoSubject, OpenVINOSubject, RuntimeSubject, TorchSubject, current_rss_mb, peak_rss_mb, time_calls,
+    SUBJECTS, AutoSubject, OpenVINOSubject, RuntimeSubject, ServedSubject, TorchSubject, current_rss_mb, time_calls,
 )
 
 #: subject name -> its class (each opens the artifact directory)
-SUBJECT_TYPES = {"runtime": RuntimeSubject, "torch": TorchSubject, "openvino": OpenVINOSubject, "auto": AutoSubject}
+SUBJECT_TYPES = {"runtime": RuntimeSubject, "torch": TorchSubject, "openvino": OpenVINOSubject, "auto": AutoSubject,
+                 "served": ServedSubject}
 
 #: child exceptions re-raised as themselves in the parent (they carry a user-facing message)
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, FileNotFoundError, NotImplementedError)
@@ -89,6 +90,7 @@ def measure_cells(spec: WorkerSpec, report: Callable[[str, Any], None]) -> dict[
             )
             cells[cell.key] = {"samples": samples, "output": output}
             report("cell", cell.key)
+        peak = backend.peak_rss_mb()  # the model's process: this one, or a served subject's server
     finally:
         backend.close()
     return {
@@ -99,7 +101,7 @@ def measure_cells(spec: WorkerSpec, report: Callable[[str, Any], None]) -> dict[
         "rss_after_imports_mb": rss_imported,
         "rss_after_load_mb": rss_loaded,
         "load_rss_mb": rss_loaded - rss_imported,
-        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb": peak,
         "torch_loaded": "torch" in sys.modules,  # the runtime's process must not pay for torch
         "cells": cells,
     }

@@ -110,7 +110,7 @@ def bench_command(
     precision: Optional[str] = typer.Option(None, "--precision", help="Comma list of fp32, fp16, bf16, int8 (default: fp32,int8)."),
     batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="Comma list (default: 1,8,32; --quick: 1,4)."),
     seq_lens: Optional[str] = typer.Option(None, "--seq-lens", help="Tokens per text, prompt included (default: 32,128,512; --quick: 64,128)."),
-    backends: Optional[str] = typer.Option(None, "--backends", help="Comma list of runtime (onnxruntime), torch, openvino, auto (provider auto: what Embedder.load(dir) runs; a certified bf16 artifact on OpenVINO bf16) (default: runtime and torch, plus openvino where installed)."),
+    backends: Optional[str] = typer.Option(None, "--backends", help="Comma list of runtime (onnxruntime), torch, openvino, auto (provider auto: what Embedder.load(dir) runs; a certified bf16 artifact on OpenVINO bf16), served (kvembed serve of the artifact, each row its own concurrent request; raw-text methods) (default: runtime and torch, plus openvino where installed)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads of both backends (default: all usable cores)."),
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed calls per cell (default: 1)."),
     min_repeats: Optional[int] = typer.Option(None, "--min-repeats", help="Timed calls per cell, at least (default: 5)."),

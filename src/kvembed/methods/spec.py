@@ -140,6 +140,11 @@ class ResolvedMethod:
     placeholder: bool
     contextual: bool = False
 
+    def takes_ids(self, kind: str) -> bool:
+        """Whether token ids stand for this kind's text: its template is ``{text}`` with no clean-up,
+        placeholder or pool span, so ``tokenizer.encode(text).ids`` is exactly the model's input."""
+        return self.templates.get(kind) == "{text}" and not (self.preprocess or self.placeholder or self.uses_pool_mask)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,

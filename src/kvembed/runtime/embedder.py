@@ -331,8 +331,7 @@ class Embedder:
         method = self.method
         if kind not in method.templates:
             raise InvalidInput(f"kind must be one of {', '.join(method.templates)}, got {kind!r}")
-        raw = method.templates[kind] == "{text}" and not (method.preprocess or method.placeholder or method.uses_pool_mask)
-        if not raw:
+        if not method.takes_ids(kind):
             raise InvalidInput(
                 f"method {method.name!r} wraps text in a prompt ({method.templates[kind]!r}); token ids are "
                 "accepted only by raw-text methods (va, last-token, mean): send text instead"
