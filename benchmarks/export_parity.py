@@ -116,7 +116,8 @@ def main() -> None:
             print(method, name, {k: v for k, v in row.items() if k.startswith(name)}, flush=True)
     columns = [f"{name} {p}" for name in models for p in args.precisions]
     lines = [
-        f"Worst-row cosine, exported graph (onnxruntime) vs PyTorch reference, 64 rows per cell "
+        f"Worst-row cosine, exported graph on the gate's first target (onnxruntime; OpenVINO bf16 for bf16) "
+        f"vs PyTorch reference, 64 rows per cell "
         f"({time.monotonic() - start:.0f} s); a cell is the gate's texts / the held-out texts. "
         "Gates: fp32 >= 0.99999 (and max abs <= 1e-4), fp16 and bf16 >= 0.999, int8 >= 0.99.",
         "",
