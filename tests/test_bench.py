@@ -493,3 +493,12 @@ def test_the_served_subject_refuses_a_method_that_prompts_its_text_in_one_line(s
     with pytest.raises(InvalidInput, match="backend served sends token ids, which only raw-text methods take .*"
                                            "kv-embedding prompts its text: time it with auto"):
         measure_cells(WorkerSpec("served", str(stories_artifact("kv-embedding")), 1, [CellInput("c", {})]), lambda *_: None)
+
+
+def test_bench_refuses_served_for_a_prompting_method_before_it_measures(stories_artifact, tmp_path):
+    result = runner.invoke(app, ["bench", "--artifact", str(stories_artifact("kv-embedding")), "--backends", "served",
+                                 "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "--backends served: backend served sends token ids" in said and "time it with auto" in said, said
+    assert not (tmp_path / "out").exists()

@@ -331,6 +331,14 @@ class AutoSubject(RuntimeSubject):
         self.precision = f"{self.precision}/{self.embedder.target}"
 
 
+def served_problem(method: Any, kind: str = "document") -> str | None:
+    """Why :class:`ServedSubject` cannot time ``method`` (a ``ResolvedMethod``), or None."""
+    if method.takes_ids(kind):
+        return None
+    return (f"backend served sends token ids, which only raw-text methods take (va, last-token, mean); "
+            f"{method.name} prompts its text: time it with auto")
+
+
 class ServedSubject(Subject):
     """``kvembed serve ARTIFACT`` in a process of its own (``provider="auto"``, as a deployment runs
     it), every row of a batch its own request from its own client, all sent at once: a cell of 32
@@ -356,9 +364,9 @@ class ServedSubject(Subject):
         from .served import ServerProcess
 
         manifest = load_manifest(artifact)
-        if not manifest.method.takes_ids("document"):
-            raise InvalidInput(f"backend served sends token ids, which only raw-text methods take (va, last-token, mean); "
-                               f"{manifest.method.name} prompts its text: time it with auto")
+        problem = served_problem(manifest.method)
+        if problem:
+            raise InvalidInput(problem)
         _first_load_elsewhere(artifact, "auto")  # the server then imports its kept compiled blob
         handle, log = tempfile.mkstemp(prefix="kvembed-bench-serve-", suffix=".log")
         os.close(handle)

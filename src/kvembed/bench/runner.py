@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from ..artifact import MODEL, Manifest, check_intact, load_manifest
 from ..runtime.artifact import encoder_from_manifest
-from .measure import SUBJECTS, Timing, cosine_rows, default_subjects
+from .measure import SUBJECTS, Timing, cosine_rows, default_subjects, served_problem
 from .peak import gemm_peak, model_shape, probe_for
 from .report import SCHEMA, machine_info, usable_cores, write_json, write_markdown, write_plots
 from .worker import CellInput, WorkerSpec, run_isolated
@@ -126,7 +126,11 @@ class BenchConfig:
                 raise InvalidInput("an artifact fixes its model, method and options; drop --model/--method/method options")
             if Path(self.out).expanduser().resolve() == Path(self.artifact).expanduser().resolve():
                 raise InvalidInput("--out must not be the --artifact directory")
-            return load_manifest(Path(self.artifact).expanduser())  # not an artifact: one line before any progress bar
+            manifest = load_manifest(Path(self.artifact).expanduser())  # not an artifact: one line before any progress bar
+            problem = served_problem(manifest.method, self.kind) if "served" in self.backends else None
+            if problem:
+                raise InvalidInput(f"--backends served: {problem}")
+            return manifest
         # model, method and options checked against config.json before any weights load
         from ..modeling.sources import preflight
 
