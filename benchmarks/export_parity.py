@@ -72,6 +72,8 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="*", default=list(DEFAULT_PRECISIONS), choices=PRECISIONS)
     parser.add_argument("--sizes", action="store_true", help="add artifact bytes and int8's recipe to each cell")
     args = parser.parse_args()
+    if args.layers < 1:
+        parser.error(f"--layers must be >= 1, got {args.layers}")
     import torch
 
     from kvembed.export.core import Exporter, load_embedder

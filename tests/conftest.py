@@ -327,7 +327,7 @@ def traces():
 
 
 @pytest.fixture(scope="session")
-def stories_artifact(traces, tmp_path_factory) -> Callable[..., Path]:
+def stories_artifact(traces) -> Callable[..., Path]:
     """``stories_artifact(method, precision="fp32", int8_recipe="auto", certify_emulated=False, **options)`` -> the
     directory of the demo model's artifact, exported once per session (several precisions from one
     trace); ``options`` are the method's.
@@ -338,7 +338,7 @@ def stories_artifact(traces, tmp_path_factory) -> Callable[..., Path]:
     import fcntl
     import hashlib
 
-    root = Path(os.environ.get(SHARED_ARTIFACTS) or tmp_path_factory.mktemp("stories"))
+    root = Path(os.environ[SHARED_ARTIFACTS])  # made by pytest_configure for the whole run
     made: dict[tuple, Path] = {}
 
     def get(method: str, precision: str = "fp32", int8_recipe: str = "auto", certify_emulated: bool = False,

@@ -54,6 +54,9 @@ def main() -> None:
     parser.add_argument("--fp16", type=Path, required=True)
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args()
+    for artifact in (args.fp32, args.fp16):
+        if not (artifact / "kvembed.json").is_file():
+            parser.error(f"{artifact} is not a kvembed artifact (no kvembed.json)")
     from kvembed import OpenVINOOptions
     from kvembed.runtime import Embedder
 

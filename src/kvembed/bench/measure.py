@@ -346,9 +346,11 @@ class ServedSubject(Subject):
     requests, against ``auto``'s one call of the same rows. The rows go as token ids (OpenAI's
     ``input`` of ids), so the server embeds exactly the batch's tokens: only raw-text methods
     (``va``, ``last-token``, ``mean``) take ids, and the server's refusal is the error for others.
-    Its precision reads ``ARTIFACT/TARGET``, the target from ``/v1/models``."""
+    Its precision reads ``ARTIFACT/TARGET``, the target from ``/v1/models``. At most :attr:`CLIENTS`
+    requests are in flight at once (the server's own default admits 512)."""
 
     name = "served"
+    CLIENTS = 256
 
     @staticmethod
     def prepare() -> None:
@@ -376,7 +378,7 @@ class ServedSubject(Subject):
             card = json.load(answer)["data"][0]
         self.model = card["id"]
         self.precision = f"{manifest.precision}/{card['target']}"
-        self._clients = ThreadPoolExecutor(max_workers=256, thread_name_prefix="client")
+        self._clients = ThreadPoolExecutor(max_workers=self.CLIENTS, thread_name_prefix="client")
 
     def _request(self, row: list[int]) -> np.ndarray:
         import json
