@@ -240,32 +240,72 @@ def test_an_fp16_graph_holds_its_weights_once_on_the_first_load_and_from_the_blo
     assert not list(cache.glob(".compiling-*"))  # its staging folder (and a bf16 graph in it) is gone
 
 
-def test_the_bf16_graph_is_the_fp16_graph_with_every_fp16_type_bf16(tmp_path):
-    """The retyping alone: each weight rounded to bf16 as torch rounds it (an independent
-    conversion), no fp16 type left anywhere, the same number of weight bytes."""
+def test_the_bf16_graph_keeps_the_gemm_weights_bf16_the_other_weights_fp16_and_every_activation_f32(tmp_path):
+    """The retyping alone, on a graph with a weight GEMM, a norm-like scale and an embedding lookup:
+    the GEMM's weight rounded to bf16 as torch rounds it (an independent conversion) and read
+    between Casts to and from bf16, the scale and the table kept fp16 bit for bit behind a Cast to
+    f32, no fp16 value type left; and what OpenVINO computes from it matches float64 NumPy on those
+    weights."""
     import onnx
+    import openvino as ov
     import torch
-    from onnx import TensorProto, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper
 
     from kvembed.backends.openvino import fp16_graph, write_bf16_graph
 
+    rng = np.random.default_rng(3)
+    width, vocab = 64, 50
+    w = (rng.standard_normal((width, width)) / 8).astype(np.float16)
+    scale = (1 + rng.standard_normal(width) / 10).astype(np.float16)
+    table = rng.standard_normal((vocab, width)).astype(np.float16)
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["h0"], to=TensorProto.FLOAT16),
+         helper.make_node("MatMul", ["h0", "w"], ["h1"]),
+         helper.make_node("Mul", ["h1", "scale"], ["h2"]),
+         helper.make_node("Gather", ["table", "ids"], ["e"]),
+         helper.make_node("Add", ["h2", "e"], ["h3"]),
+         helper.make_node("Cast", ["h3"], ["y"], to=TensorProto.FLOAT)],
+        "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", width]),
+                  helper.make_tensor_value_info("ids", TensorProto.INT64, ["rows"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", width])],
+        [numpy_helper.from_array(v, n) for v, n in ((w, "w"), (scale, "scale"), (table, "table"))])
+    graph.value_info.append(helper.make_tensor_value_info("h1", TensorProto.FLOAT16, ["rows", width]))
     source = tmp_path / "fp16" / "model.onnx"
     source.parent.mkdir()
-    weights = fp16_chain(source, layers=3, width=64)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(source),
+              save_as_external_data=True, location="model.onnx.data", size_threshold=0)
     (tmp_path / "bf16").mkdir()
     target = write_bf16_graph(fp16_graph(source), source, tmp_path / "bf16")
     assert target == tmp_path / "bf16" / "model.onnx"
-    assert (tmp_path / "bf16" / "model.onnx.data").stat().st_size == (tmp_path / "fp16" / "model.onnx.data").stat().st_size
     model = onnx.load(str(target))
-    assert [(v.name, v.type.tensor_type.elem_type) for v in model.graph.value_info] == [("h1", TensorProto.BFLOAT16)]
-    casts = [n for n in model.graph.node if n.op_type == "Cast"]
-    assert [a.i for n in casts for a in n.attribute] == [TensorProto.BFLOAT16, TensorProto.FLOAT]
-    for index, tensor in enumerate(model.graph.initializer):
-        assert tensor.data_type == TensorProto.BFLOAT16
-        bits = numpy_helper.to_array(tensor).view(np.uint16)
-        expected = torch.from_numpy(weights[index]).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-        np.testing.assert_array_equal(bits, expected)
-    assert fp16_graph(target) is None  # nothing fp16 left: a bf16 or fp32 graph is compiled as it is
+    types = {t.name: t.data_type for t in model.graph.initializer}
+    assert types == {"w": TensorProto.BFLOAT16, "scale": TensorProto.FLOAT16, "table": TensorProto.FLOAT16}
+    stored = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    want_w = torch.from_numpy(w).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(stored["w"].view(np.uint16), want_w)
+    np.testing.assert_array_equal(stored["scale"].view(np.uint16), scale.view(np.uint16))
+    np.testing.assert_array_equal(stored["table"].view(np.uint16), table.view(np.uint16))
+    values = [*model.graph.input, *model.graph.output, *model.graph.value_info]
+    assert all(v.type.tensor_type.elem_type != TensorProto.FLOAT16 for v in values)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    matmul = next(n for n in model.graph.node if n.op_type == "MatMul")
+    into = producer[matmul.input[0]]
+    assert into.op_type == "Cast" and into.attribute[0].i == TensorProto.BFLOAT16 and matmul.input[1] == "w"
+    out = next(n for n in model.graph.node if matmul.output[0] in n.input)
+    assert out.op_type == "Cast" and out.attribute[0].i == TensorProto.FLOAT
+    for weight, op in (("scale", "Mul"), ("table", "Gather")):
+        reader = next(n for n in model.graph.node if n.op_type == op)
+        cast = producer[reader.input[0 if op == "Gather" else 1]]
+        assert cast.op_type == "Cast" and list(cast.input) == [weight] and cast.attribute[0].i == TensorProto.FLOAT
+
+    x = rng.standard_normal((4, width)).astype(np.float32)
+    ids = np.array([0, 7, 49, 7])
+    compiled = ov.Core().compile_model(str(target), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    got = compiled({"x": x, "ids": ids})[compiled.outputs[0]]
+    w_bf16 = torch.from_numpy(w).to(torch.bfloat16).double().numpy()
+    x_bf16 = torch.from_numpy(x).to(torch.bfloat16).double().numpy()  # x's Cast to fp16 is f32 now, then bf16 into the GEMM
+    want = (x_bf16 @ w_bf16) * scale.astype(np.float64) + table.astype(np.float64)[ids]
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
 
 
 def test_a_bf16_graph_that_cannot_be_written_is_a_clear_error(tmp_path, monkeypatch):

@@ -237,7 +237,7 @@ _ONNXRUNTIME_INSTEAD = {
 #: them): bf16 arithmetic for the fp32 graph (bf16) and int8's dequantised weights, or f32
 #: arithmetic on int8 weights (the export certifies that only for a weight-only graph, which
 #: onnxruntime's CPU provider runs slower); an fp16 artifact's weights kept fp16 (f16, a CPU with
-#: FP16) or retyped to bf16 (a CPU with BF16: :func:`.openvino.write_bf16_graph`)
+#: FP16) or its GEMM weights retyped to bf16 (a CPU with BF16: :func:`.openvino.write_bf16_graph`)
 _OPENVINO_HINTS = {"bf16": ("bf16",), "int8": ("bf16", "f32"), "fp16": ("f16", "bf16")}
 
 
@@ -258,7 +258,7 @@ def choose_backend(
       weight-only graph): OpenVINO, f32 hint;
     - an fp16 artifact with a certificate of OpenVINO running it within fp16's bar in fp16 (on a
       CPU with FP16: its weights stay fp16, where onnxruntime's CPU provider holds fp32 copies) or
-      in bf16 (on a CPU with BF16: its weights retyped to bf16, two bytes each), where openvino is
+      in bf16 (on a CPU with BF16: its GEMM weights retyped to bf16, two bytes each), where openvino is
       installed: OpenVINO, the certified hint this CPU runs fastest (AMX tiles before vector
       units: bf16 on a CPU with AMX-BF16 but not AMX-FP16), f16 where both run alike;
     - otherwise onnxruntime, exactly as before certificates existed (CUDA when onnxruntime-gpu sees

@@ -10,7 +10,7 @@ names are importable from here too: the compiled-model cache (:class:`CompiledCa
 :func:`default_cache_dir`), reading and paging a compiled blob (:func:`payload_offset`,
 :func:`pages_released_meanwhile`) and the graph rewrites made before compiling
 (:func:`repeat_kv_heads`, which mends grouped-query attention for OpenVINO's ONNX frontend, and
-:func:`write_bf16_graph`, an fp16 graph retyped to bf16 for the bf16 hint; why each is needed is
+:func:`write_bf16_graph`, an fp16 graph's GEMM weights retyped to bf16 for the bf16 hint; why each is needed is
 said in :mod:`~kvembed.backends.openvino_support.rewrites`).
 """
 
@@ -235,7 +235,7 @@ class OpenVINOSession:
 
     def _graph_to_compile(self, workdir: Path | None) -> Path:
         """The graph file to compile: :attr:`model_path`, or under the bf16 hint, when its weights are
-        fp16, that graph retyped to bf16 (:func:`write_bf16_graph`; OpenVINO would widen fp16 weights
+        fp16, that graph with its GEMM weights bf16 (:func:`write_bf16_graph`; OpenVINO would widen fp16 weights
         through f32, twice their memory) written into ``workdir`` (the cache's staging folder; None:
         one of the default cache's, removed with this session). Where it cannot be written, an
         error saying what to do: compiling the fp16 graph instead can exhaust memory with a big model."""
@@ -291,7 +291,7 @@ class OpenVINOSession:
 
     @property
     def renormalise(self) -> bool:
-        """True under the f16 and bf16 hints (every op fp16; an fp16 graph retyped to bf16): unit vectors
+        """True under the f16 and bf16 hints (every op fp16; bf16 GEMMs): unit vectors
         come back with norms up to ~1e-4 (f16) or ~1e-3 (bf16) off 1 (an fp32 graph's: no harm)."""
         return self.precision in HALF_PRECISIONS
 

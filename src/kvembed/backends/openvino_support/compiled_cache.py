@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from ...artifact.staging import write_bytes_atomic, write_text_atomic
 from ...cache import cache_root
 
-MEND_VERSION = 2  # bump when what is compiled changes (repeat_kv_heads, the bf16 graph): kept blobs are then rebuilt
+MEND_VERSION = 3  # bump when what is compiled changes (repeat_kv_heads, the bf16 graph): kept blobs are then rebuilt
 
 
 def default_cache_dir() -> Path:

@@ -11,13 +11,15 @@ attention means, so the function is unchanged and OpenVINO compiles it. (Rewriti
 instead would not do: OpenVINO refuses external data outside the directory of the graph it reads.)
 
 An fp16 graph under the bf16 hint (a CPU with BF16 but no FP16: Zen 4 and 5, Cooper Lake) is compiled
-from a copy retyped to bf16 (:func:`write_bf16_graph`). The plugin cannot keep fp16 weights as they
-are there: it converts an fp16 graph's constants through f32 while compiling (twice the weights,
-then its bf16 copy), and its weight-decompression kernels take integer weights only; a graph whose
-weights and activations are bf16 already compiles with its weights as they are
-(benchmarks/log/fp16-on-cpu.md). fp16 to bf16 keeps the range and loses mantissa bits (10 to 7): weights
-that came from a bf16 checkpoint, as 4B-8B models ship, come back exactly; how close the outputs
-come is what the export's advisory check on ``openvino-bf16`` measures.
+from a copy whose GEMM weights are bf16 (:func:`write_bf16_graph`). The plugin cannot keep fp16 GEMM
+weights as they are there: it converts an fp16 graph's constants through f32 while compiling (twice
+the weights, then its bf16 copy), and its GEMM decompression kernels take integer weights only; a
+GEMM whose weights are bf16 already compiles with them as they are (benchmarks/log/fp16-on-cpu.md).
+Its embedding lookup does read fp16 weights as they are, so the table stays fp16. The activations
+are f32, as in an fp32 graph, so the plugin keeps the residual stream and the norms' sums in f32
+under the bf16 hint. fp16 to bf16 keeps the range and loses mantissa bits (10 to 7): weights that
+came from a bf16 checkpoint, as 4B-8B models ship, come back exactly; how close the outputs come is
+what the export's advisory check on ``openvino-bf16`` measures.
 """
 
 from __future__ import annotations
@@ -81,14 +83,26 @@ def fp16_graph(source: Path) -> Any:
     return model if any(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer) else None
 
 
+#: where a weight is read as bf16: (op type, input slot) of the weight GEMMs, which then run in bf16
+#: between two Casts; every other fp16 weight (the embedding table, norm scales, biases) stays fp16
+#: and is read through a Cast to f32
+BF16_WEIGHT_SLOTS = frozenset({("MatMul", 1), ("Gemm", 1)})
+
+
 def write_bf16_graph(model: Any, source: Path, folder: Path, margin: int | None = None) -> Path:
-    """Write ``model`` (:func:`fp16_graph` of ``source``) with every fp16 type bf16 as
-    ``folder``/model.onnx, its weights in ``model.onnx.data`` there, and return that path: the
-    initializers converted one tensor at a time on their way to the data file (as the exporter
-    streams them), the ``Cast`` targets, the constants in node attributes and the value types; the
-    fp16 graph's fp32 islands stay fp32. An OSError when ``folder``'s disk lacks the room (the
-    weights' bytes plus ``margin``, None: :data:`DISK_MARGIN`) or the write fails; a ValueError for a graph with
-    subgraphs (kvembed's exporter writes none)."""
+    """Write ``model`` (:func:`fp16_graph` of ``source``) with its GEMM weights bf16 and its fp16
+    activations f32 as ``folder``/model.onnx, its weights in ``model.onnx.data`` there, and return
+    that path. The weight GEMMs (:data:`BF16_WEIGHT_SLOTS`) read their weights as bf16, between a
+    Cast of their activation to bf16 and one of their result back to f32; every other fp16 weight
+    stays fp16 and is read through a Cast to f32, and every fp16 ``Cast`` target, node-attribute
+    constant and value type becomes f32. So the plugin packs the weights at two bytes as they are
+    (the embedding table's lookup reads fp16), and under the bf16 hint it chooses which of the rest
+    run in bf16 as it does for an fp32 graph. An embedding table or an activation stream rounded to
+    bf16 costs a client text's cosine up to 2e-3 (benchmarks/log/fp16-on-cpu.md). The initializers
+    are converted one tensor at a time on their way to the data file (as the exporter streams
+    them). An OSError when ``folder``'s disk lacks the room (the weights' bytes plus ``margin``,
+    None: :data:`DISK_MARGIN`) or the write fails; a ValueError for a graph with subgraphs
+    (kvembed's exporter writes none)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -100,19 +114,56 @@ def write_bf16_graph(model: Any, source: Path, folder: Path, margin: int | None 
     if free < needed:
         raise OSError(errno.ENOSPC, f"a bf16 copy of {source.name}'s weights needs {needed / 1e9:.1f} GB free in {folder}, "
                                     f"there are {free / 1e9:.1f} GB")
-    bf16 = helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)
+    halves = {t.name for t in graph.initializer if t.data_type == TensorProto.FLOAT16}
+    gemm_weights = {name for n in graph.node for i, name in enumerate(n.input)
+                    if name in halves and (n.op_type, i) in BF16_WEIGHT_SLOTS}
+    taken = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+
+    def fresh(base: str) -> str:
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        taken.add(name)
+        return name
+
+    widened: dict[str, str] = {}  # an fp16 weight -> its f32 copy's value
+    head, nodes = [], []
     for node in graph.node:
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.INT and attribute.name in ("to", "dtype") and attribute.i == TensorProto.FLOAT16:
-                attribute.i = TensorProto.BFLOAT16
+                attribute.i = TensorProto.FLOAT
             elif attribute.type == onnx.AttributeProto.TENSOR and attribute.t.data_type == TensorProto.FLOAT16:
-                attribute.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attribute.t).astype(bf16), attribute.t.name))
+                attribute.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attribute.t).astype(np.float32), attribute.t.name))
+        kept = [i for i, name in enumerate(node.input) if name in halves and (node.op_type, i) in BF16_WEIGHT_SLOTS]
+        for i, name in enumerate(node.input):
+            if name in halves and i not in kept:
+                if name not in widened:
+                    widened[name] = fresh(f"{name}_f32")
+                    head.append(helper.make_node("Cast", [name], [widened[name]], to=TensorProto.FLOAT))
+                node.input[i] = widened[name]
+        if kept:  # the op runs in bf16: its float activations cast in, its result cast back out
+            for i, name in enumerate(node.input):
+                if i not in kept and name:
+                    narrowed = fresh(f"{name}_bf16")
+                    nodes.append(helper.make_node("Cast", [name], [narrowed], to=TensorProto.BFLOAT16))
+                    node.input[i] = narrowed
+            nodes.append(node)
+            for i, name in enumerate(node.output):
+                inner = fresh(f"{name}_bf16")
+                node.output[i] = inner
+                nodes.append(helper.make_node("Cast", [inner], [name], to=TensorProto.FLOAT))
+        else:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(head + nodes)
     for value in (*graph.input, *graph.output, *graph.value_info):
         if value.type.tensor_type.elem_type == TensorProto.FLOAT16:
-            value.type.tensor_type.elem_type = TensorProto.BFLOAT16
+            value.type.tensor_type.elem_type = TensorProto.FLOAT
+    bf16 = helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)
 
     def to_bf16(tensor: Any, values: np.ndarray | None, scratch: Scratch) -> np.ndarray | None:
-        if values is None or tensor.data_type != TensorProto.FLOAT16:
+        if values is None or tensor.name not in gemm_weights:
             return None
         out = scratch.array("bf16", values.shape, bf16)
         out[...] = values  # fp16 -> bf16, rounded to nearest even

@@ -25,8 +25,8 @@ An fp16 artifact's graph runs on OpenVINO as it is under the f16 hint, on a CPU 
 FP16, AMX-FP16): the weights stay fp16 there, where onnxruntime's CPU provider holds fp32 copies of
 them. A model whose activations leave fp16's range (fp16 arithmetic, where onnxruntime's CPU
 provider computes fp32) misses fp16's bar there. On a CPU with BF16, OpenVINO runs the same graph
-retyped to bf16 under the bf16 hint (:func:`kvembed.backends.openvino.write_bf16_graph`: two bytes a weight, fp32's
-range). Its advisory checks are alternatives, each at fp16's bar, the one this CPU runs fastest first
+under the bf16 hint with its GEMM weights retyped to bf16 and its activations f32
+(:func:`kvembed.backends.openvino.write_bf16_graph`: two bytes a weight, fp32's range). Its advisory checks are alternatives, each at fp16's bar, the one this CPU runs fastest first
 (AMX tiles before vector units: bf16 first on a CPU with AMX-BF16 but not AMX-FP16; f16, with more
 mantissa bits, first where both run alike): the first that can run here and passes, held-out texts
 included, certifies, and the rest are not run (each costs a pass over the weights).
