@@ -241,6 +241,30 @@ def test_artifact_is_reused_not_reexported(quick_run, tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in artifact.iterdir()} == before
 
 
+def test_rounds_run_every_backend_in_turn_and_the_speedup_is_the_median_of_the_rounds_ratios(quick_run, tmp_path):
+    """Three rounds of two backends: six processes in turn, each cell holding every round's samples
+    and each round's median, and the speedup the median of the three same-round ratios."""
+    artifact = quick_run[0] / "artifacts" / "fp32"
+    out = tmp_path / "rounds"
+    args = ["bench", "--threads", "1", "--artifact", str(artifact), "--batch-sizes", "2", "--seq-lens", "64", "--warmup", "0",
+            "--min-repeats", "3", "--max-repeats", "3", "--min-seconds", "0", "--rounds", "3", "--backends", "runtime,torch",
+            "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "runtime fp32 (round 3/3)" in result.output
+    results = json.loads((out / "results.json").read_text())
+    assert results["setup"]["rounds"] == 3
+    assert [len(p["load_seconds_rounds"]) for p in results["processes"]] == [3, 3]
+    cells = {c["backend"]: c for c in results["cells"]}
+    for cell in cells.values():
+        samples = np.array(cell["samples_s"])
+        assert cell["repeats"] == len(samples) == 9
+        want = [1e3 * float(np.median(samples[i:i + 3])) for i in (0, 3, 6)]
+        assert cell["rounds_p50_ms"] == pytest.approx(want)
+    ratios = [t / r for t, r in zip(cells["torch"]["rounds_p50_ms"], cells["runtime"]["rounds_p50_ms"])]
+    assert cells["runtime"]["speedup_vs_torch"] == pytest.approx(sorted(ratios)[1])
+
+
 def test_runtime_only_benchmark_never_imports_torch(quick_run, tmp_path):
     artifact = quick_run[0] / "artifacts" / "fp32"
     done = run_without_torch(f"""
@@ -266,6 +290,7 @@ def test_runtime_only_benchmark_never_imports_torch(quick_run, tmp_path):
         (["--method", "nope"], "unknown method 'nope'"),
         (["--model", "./no/such/model"], "no model folder at './no/such/model'"),
         (["--threads", "0"], "--threads must be >= 1"),
+        (["--rounds", "0"], "--rounds must be a positive integer, got 0"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, message, tmp_path):

@@ -51,6 +51,8 @@ def test_every_scenario_runs_in_its_smoke_size(scenario, tmp_path):
     ("model = \n", "is not TOML"),
     ("gemm_size = 0\n", "gemm_size must be a positive integer"),
     (f"model = \"{'a' * 5000}\"\n", "(5000 characters) is not a model folder, alias or hub id"),
+    ("artifact = \"no/such/artifact\"\n", "benchmarks the artifact 'no/such/artifact', which is not here: give --artifact DIR"),
+    (f"artifact = \"{'../' * 2000}x\"\n", "(6003 characters), which is not here: give --artifact DIR"),
 ])
 def test_a_bad_scenario_is_one_line_exit_2(text, message, tmp_path):
     scenario = tmp_path / "bad.toml"

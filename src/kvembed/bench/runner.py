@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from ..artifact import MODEL, Manifest, check_intact, load_manifest
 from ..runtime.artifact import encoder_from_manifest
 from .measure import SUBJECTS, Timing, cosine_rows, default_subjects, served_problem
@@ -66,6 +68,10 @@ class BenchConfig:
     min_repeats: int = 5
     min_seconds: float = 1.0
     max_repeats: int = 1000
+    rounds: int = 1
+    """Times every backend's process runs, in turn: interleaved rounds, so that a ratio between
+    backends (``speedup_vs_torch``: the median of the rounds' ratios) is measured under the
+    machine's same drift."""
     kind: str = "document"
     force: bool = False
     quick: bool = False
@@ -115,6 +121,8 @@ class BenchConfig:
             raise InvalidInput(f"--min-repeats must be >= 1, got {self.min_repeats}")
         if self.max_repeats < self.min_repeats:
             raise InvalidInput(f"max_repeats ({self.max_repeats}) must be >= --min-repeats ({self.min_repeats})")
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+            raise InvalidInput(f"--rounds must be a positive integer, got {self.rounds!r}")
         if self.min_seconds < 0:
             raise InvalidInput(f"--min-seconds must be >= 0, got {self.min_seconds}")
         if isinstance(self.gemm_size, bool) or not isinstance(self.gemm_size, int) or self.gemm_size < 1:
@@ -299,18 +307,21 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
     if "torch" in config.backends:
         specs.append(WorkerSpec("torch", str(artifacts[main_precision]), threads, cells_in,
                                 label="torch fp32", **timing))
-    progress.start_cells(len(specs) * len(cells_in))
-    processes = []
-    for spec in specs:
-        progress.stage(f"{spec.label}: loading")
+    progress.start_cells(len(specs) * len(cells_in) * config.rounds)
+    runs: dict[str, list[dict[str, Any]]] = {spec.label: [] for spec in specs}
+    for turn in range(config.rounds):
+        for spec in specs:
+            label = spec.label if config.rounds == 1 else f"{spec.label} (round {turn + 1}/{config.rounds})"
+            progress.stage(f"{label}: loading")
 
-        def on_event(kind: str, payload: Any, label: str = spec.label) -> None:
-            if kind == "cell":
-                progress.cell_done(f"{label} {payload}")
-            elif kind == "loaded":
-                progress.stage(f"{label}: loaded in {payload['load_seconds']:.1f}s, measuring")
+            def on_event(kind: str, payload: Any, label: str = label) -> None:
+                if kind == "cell":
+                    progress.cell_done(f"{label} {payload}")
+                elif kind == "loaded":
+                    progress.stage(f"{label}: loaded in {payload['load_seconds']:.1f}s, measuring")
 
-        processes.append(run_isolated(spec, on_event))
+            runs[spec.label].append(run_isolated(spec, on_event))
+    processes = [merge_rounds(done) for done in runs.values()]
     progress.finish()
     profiles: dict[str, Any] = {}
     if config.profile and "runtime" in config.backends:
@@ -359,6 +370,7 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
             "min_repeats": config.min_repeats,
             "min_seconds": config.min_seconds,
             "max_repeats": config.max_repeats,
+            "rounds": config.rounds,
             "quick": config.quick,
             "exported": config.artifact is None,
             "torch_precision": "fp32",
@@ -390,6 +402,21 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
     write_json(results, out)
     write_markdown(results, out)
     return results
+
+
+def merge_rounds(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One backend's processes, a round each, as one: every round's samples of a cell in turn
+    (``rounds_s``: each round's median), the highest peak, the first round's outputs and load."""
+    first = dict(runs[0])
+    first["cells"] = {
+        key: {**cell, "samples": [s for run in runs for s in run["cells"][key]["samples"]],
+              "rounds_s": [float(np.median(run["cells"][key]["samples"])) for run in runs]}
+        for key, cell in runs[0]["cells"].items()
+    }
+    peaks = [run["peak_rss_mb"] for run in runs if run["peak_rss_mb"] is not None]
+    first["peak_rss_mb"] = max(peaks) if peaks else None
+    first["load_seconds_rounds"] = [run["load_seconds"] for run in runs]
+    return first
 
 
 def assemble_cells(
@@ -437,14 +464,15 @@ def assemble_cells(
                 "cosine_vs_torch": None,
                 "speedup_vs_torch": None,
                 "samples_s": samples,
+                "rounds_p50_ms": [1e3 * s for s in measured["rounds_s"]],
             })
             labels.append(process["label"])
             outputs[(process["label"], key)] = measured["output"]
     torch_label = next((p["label"] for p in processes if p["backend"] == "torch"), None)
     if torch_label is None:
         return cells
-    torch_p50 = {
-        cell_key(c["seq_len"], c["batch_size"]): c["p50_ms"] for c, label in zip(cells, labels) if label == torch_label
+    torch_rounds = {
+        cell_key(c["seq_len"], c["batch_size"]): c["rounds_p50_ms"] for c, label in zip(cells, labels) if label == torch_label
     }
     torch_noisy = {
         cell_key(c["seq_len"], c["batch_size"]): c["noisy"] for c, label in zip(cells, labels) if label == torch_label
@@ -454,9 +482,10 @@ def assemble_cells(
             continue
         key = cell_key(cell["seq_len"], cell["batch_size"])
         cell["cosine_vs_torch"] = float(cosine_rows(outputs[(label, key)], outputs[(torch_label, key)]).min())
-        cell["speedup_vs_torch"] = torch_p50[key] / cell["p50_ms"]
+        # the median of the rounds' ratios: each round's torch and this backend ran in the same turn
+        cell["speedup_vs_torch"] = float(np.median([t / c for t, c in zip(torch_rounds[key], cell["rounds_p50_ms"])]))
         cell["speedup_noisy"] = bool(cell["noisy"] or torch_noisy[key])
     return cells
 
 
-__all__ = ["QUICK", "BenchConfig", "BenchProgress", "assemble_cells", "run_bench"]
+__all__ = ["QUICK", "BenchConfig", "BenchProgress", "assemble_cells", "merge_rounds", "run_bench"]

@@ -116,6 +116,7 @@ def bench_command(
     min_repeats: Optional[int] = typer.Option(None, "--min-repeats", help="Timed calls per cell, at least (default: 5)."),
     min_seconds: Optional[float] = typer.Option(None, "--min-seconds", help="Timed seconds per cell, at least (default: 1.0; --quick: 0.1)."),
     max_repeats: Optional[int] = typer.Option(None, "--max-repeats", help="Timed calls per cell, at most (default: 1000; --quick: 50)."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="Times every backend's process runs, in turn, so ratios between backends share the machine's drift (default: 1)."),
     kind: Optional[str] = typer.Option(None, "--kind", help="query or document: which prompt the inputs use (default: document)."),
     scenario: Optional[Path] = typer.Option(None, "--scenario", help="A scenario file (TOML: BenchConfig's keys, e.g. benchmarks/scenarios/*.toml); flags given beside it override its values."),
     smoke: bool = typer.Option(False, "--smoke", help="With --scenario: its [smoke] size (the demo model, seconds), as CI runs every scenario."),
@@ -147,7 +148,7 @@ def bench_command(
             precisions=parse_names("--precision", precision, PRECISIONS),
             batch_sizes=parse_ints("--batch-sizes", batch_sizes), seq_lens=parse_ints("--seq-lens", seq_lens),
             backends=parse_names("--backends", backends, SUBJECTS), threads=threads, warmup=warmup,
-            min_repeats=min_repeats, min_seconds=min_seconds, max_repeats=max_repeats, kind=kind,
+            min_repeats=min_repeats, min_seconds=min_seconds, max_repeats=max_repeats, rounds=rounds, kind=kind,
             profile=profile or None,
         )
         base = scenario_values(read_scenario(scenario), smoke) if scenario is not None else {}
@@ -157,6 +158,14 @@ def bench_command(
             base.pop(key, None)
         if scenario is not None:
             base["scenario"] = f"{scenario.stem}{' [smoke]' if smoke else ''}"
+            named = base.get("artifact")
+            try:
+                missing = named is not None and not Path(named).is_dir()  # a path the scenario names, relative to where it runs
+            except OSError:  # a name the OS refuses (too long)
+                missing = True
+            if missing:
+                raise InvalidInput(f"scenario {shown(scenario.stem)} benchmarks the artifact {shown(str(named))}, which is not here: "
+                                   "give --artifact DIR (its description says how to make one)")
         config = BenchConfig.create(out, quick=quick, force=force, **{**base, **{k: v for k, v in given.items() if v is not None}})
         checked = config.check()
         from ..export.core import check_output
