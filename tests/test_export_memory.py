@@ -195,8 +195,9 @@ def test_manifest_names_the_checkpoint_dtype(sharded_bf16, tmp_path):
     runs = {"reference": 1, "parity": 1 + sum("skipped" not in checked for checked in advisory.values())}
     for stage in ("reference", "parity"):
         steps = display.steps[stage]
-        # one per padded batch of the gate (the reference runs the held-out batches too, in the same stage)
-        assert batches[stage] == {"reference": 12, "parity": 10}[stage] and len(steps) == batches[stage] * runs[stage]
+        # one per padded batch of the gate (the reference runs the held-out batches too, in the same
+        # stage: one per held-out group, short, medium and cut)
+        assert batches[stage] == {"reference": 13, "parity": 10}[stage] and len(steps) == batches[stage] * runs[stage]
         for run in range(runs[stage]):
             part = steps[run * batches[stage]:(run + 1) * batches[stage]]
             assert [d for d, _ in part] == sorted(d for d, _ in part) and part[-1][0] == part[-1][1] > 0

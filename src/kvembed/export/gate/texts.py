@@ -10,7 +10,9 @@ gate's decision, and a held-out slice that is only reported.
   queries and once as documents on opposite padding sides (:data:`GROUP_CASES`): the core already
   covers every kind and side, so the variety texts pay for content, not for padding.
 - the held-out slice (split ``held_out``): other queries, code, tables and languages that neither
-  the int8 calibration nor the gate's pass/fail decision sees, and short paragraphs read at many
+  the int8 calibration nor the gate's pass/fail decision sees, texts cut mid-word or mid-sentence
+  as clients send them (group ``cut``: a last-token vector read where no sentence ends moved
+  furthest from fp32 under bf16, benchmarks/log/fp16-on-cpu.md), and short paragraphs read at many
   positions (their prefixes, :data:`PREFIXES`, read only where the held-out texts decide). The
   export reports its worst cosine beside the gate's, so a recipe that fits the gate's own texts but
   not other text shows; for int8 it decides.
