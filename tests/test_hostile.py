@@ -108,6 +108,16 @@ def test_the_commands_refuse_it_in_one_line(climbing, tmp_path):
     assert not any((tmp_path / name).exists() for name in ("corpus", "bundle", "eval"))
 
 
+def test_a_path_too_long_for_the_os_is_one_short_line(tmp_path):
+    """A name of thousands of characters (the OS's ENAMETOOLONG): the OS's reason and the name cut,
+    not the whole name echoed back."""
+    long = "../" * 2000 + "x"
+    for args in (["embed", long, "a text"], ["bench", "--artifact", long, "--out", str(tmp_path / "bench")],
+                 ["verify", long]):
+        line = _one_line(_cli(*args))
+        assert "File name too long" in line and " characters)" in line and len(line) < 400, (args, line[:500])
+
+
 def test_a_link_out_of_the_folder_is_refused_listed_or_not(stories_artifact, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("not yours\n" * 65)

@@ -27,7 +27,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from ..errors import MAX_LINES, CheckFailed, KvembedError
+from ..errors import MAX_LINES, CheckFailed, KvembedError, shown
 from ..extras import missing_extra_message
 from ..signals import Terminated, die_by_signal
 from ..version import __version__
@@ -84,6 +84,11 @@ def user_message(err: BaseException) -> str:
     """What the command line prints of a user error: :func:`one_line`, or for a
     :class:`~kvembed.errors.KvembedError` whose fix takes lines of its own, its first ``lines``
     (:attr:`~kvembed.errors.KvembedError.lines`) lines, the later ones indented as written."""
+    if isinstance(err, OSError) and err.strerror and err.filename is not None:
+        # the OS's reason and the names as given, each cut (:func:`~kvembed.errors.shown`): a path
+        # of thousands of characters (ENAMETOOLONG) is not echoed whole
+        names = [shown(os.fsdecode(name)) for name in (err.filename, err.filename2) if name is not None]
+        return f"{err.strerror}: {' -> '.join(names)}"
     lines = [line.rstrip() for line in str(err).splitlines() if line.strip()]
     count = min(int(getattr(err, "lines", 1)), MAX_LINES) if isinstance(err, KvembedError) else 1
     if count <= 1 or len(lines) <= 1:
