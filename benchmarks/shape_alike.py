@@ -47,6 +47,11 @@ FAMILY_SHAPES: Mapping[str, tuple[str, Mapping[str, Any]]] = {
         hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=8, layer_norm_eps=1e-5, logit_scale=0.125, rope_theta=10000.0, use_qk_norm=False,
         tie_word_embeddings=True)),
+    "gemma2": ("google/gemma-2-2b", dict(
+        hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, rms_norm_eps=1e-6, rope_theta=10000.0,
+        sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True)),
 }
 
 

@@ -30,7 +30,7 @@ from independent import Oracle
 from kvembed.artifact import MANIFEST
 from kvembed.methods import demo_model_path
 
-ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral", "granite", "olmo2", "phi3", "stablelm", "cohere")
+ARCHITECTURES = ("llama", "qwen3", "qwen2", "mistral", "granite", "olmo2", "phi3", "stablelm", "cohere", "gemma2")
 #: the tiny Mistral's attention window, in tokens (the prompts of TEXTS are longer)
 MISTRAL_WINDOW = 16
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -193,7 +193,7 @@ def one_torch_thread():
 
 
 def tiny_config(arch: str):
-    from transformers import (CohereConfig, GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, Qwen2Config,
+    from transformers import (CohereConfig, Gemma2Config, GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, Qwen2Config,
                               Qwen3Config, StableLmConfig)
 
     common = dict(
@@ -235,6 +235,9 @@ def tiny_config(arch: str):
         return StableLmConfig(use_qkv_bias=True, **common)
     if arch == "cohere":  # Command-R's layout, its attention biases on
         return CohereConfig(attention_bias=True, **common)
+    if arch == "gemma2":  # sliding and global layers past the window; a cap the random logits reach; its own scale
+        return Gemma2Config(sliding_window=MISTRAL_WINDOW, attn_logit_softcapping=1.0, query_pre_attn_scalar=8,
+                            hidden_activation="gelu_pytorch_tanh", **common)
     raise ValueError(arch)
 
 

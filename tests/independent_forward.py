@@ -10,7 +10,10 @@ q_norm/k_norm), Gemma 3 (``gemma3_text``, written from transformers'
 ``models/gemma3/modeling_gemma3.py``: embeddings times sqrt(hidden), RMSNorm weights as ``1 + w``,
 q/k norms, a norm on the attention output and around the GELU-tanh MLP, attention scale
 ``query_pre_attn_scalar ** -0.5``, sliding-window and global layers from ``layer_types`` each
-with its own RoPE base), Granite (``models/granite/modeling_granite.py``: the embeddings, each
+with its own RoPE base), Gemma 2 (``gemma2``, written from the Gemma 2 report (Gemma Team, 2024):
+Gemma 3's layer without the q/k norms, one RoPE base for both layer kinds, and the attention
+logits soft-capped, ``cap * tanh(logits / cap)`` with ``cap = attn_logit_softcapping``, before
+the mask), Granite (``models/granite/modeling_granite.py``: the embeddings, each
 sublayer's output and the attention logits multiplied by the config's scalars), OLMo 2
 (``models/olmo2/modeling_olmo2.py``: no pre-norms, a norm on each sublayer's output, q/k norms over
 the whole projection), Phi-3 (``models/phi3/modeling_phi3.py``: fused qkv_proj and gate_up_proj,
@@ -90,8 +93,10 @@ class Hparams:
         if self.n_heads % self.n_kv:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         self.group = self.n_heads // self.n_kv
-        self.gemma = config.get("model_type") == "gemma3_text"
-        #: per layer: "full_attention" or "sliding_attention" (Gemma 3); None: every layer alike
+        self.gemma = model_type in ("gemma3_text", "gemma2")
+        #: Gemma 2: the attention logits' soft cap (None: uncapped)
+        self.softcap = config.get("attn_logit_softcapping") if model_type == "gemma2" else None
+        #: per layer: "full_attention" or "sliding_attention" (Gemma 2, 3); None: every layer alike
         self.layer_types = config.get("layer_types") if self.gemma else None
         self.attn_scale = (config["query_pre_attn_scalar"] if self.gemma else self.head_dim) ** -0.5
         self.embed_scale = math.sqrt(self.hidden) if self.gemma else 1.0
@@ -109,10 +114,15 @@ class Hparams:
         if self.gemma:
             if config.get("hidden_activation") != "gelu_pytorch_tanh":
                 raise NotImplementedError(f"hidden_activation {config.get('hidden_activation')!r}")
-            if config.get("attn_logit_softcapping") is not None or config.get("use_bidirectional_attention"):
-                raise NotImplementedError("attention soft-capping or bidirectional attention")
-            self.rope_by_type = {kind: float(p["rope_theta"]) for kind, p in config["rope_parameters"].items()}
-            for p in config["rope_parameters"].values():
+            if model_type != "gemma2" and config.get("attn_logit_softcapping") is not None:
+                raise NotImplementedError("Gemma 3's attention soft-capping")
+            if config.get("use_bidirectional_attention"):
+                raise NotImplementedError("bidirectional attention")
+            # Gemma 3: one RoPE per layer kind; Gemma 2: one for both
+            per_kind = config["rope_parameters"] if model_type == "gemma3_text" else {
+                kind: config["rope_parameters"] for kind in set(self.layer_types)}
+            self.rope_by_type = {kind: float(p["rope_theta"]) for kind, p in per_kind.items()}
+            for p in per_kind.values():
                 if p.get("rope_type", "default") != "default":
                     raise NotImplementedError(f"rope_type {p['rope_type']!r}")
         elif config.get("hidden_act", "silu") not in ("silu", "swish"):
@@ -225,7 +235,7 @@ class _Layer:
         self.ln2 = get("post_attention_layernorm.weight", not hp.parallel)  # Cohere's one norm feeds both
         self.ln1_bias = get("input_layernorm.bias", False)  # StableLM's LayerNorms
         self.ln2_bias = get("post_attention_layernorm.bias", False)
-        self.pre_ff = get("pre_feedforward_layernorm.weight", gemma)  # Gemma 3 only
+        self.pre_ff = get("pre_feedforward_layernorm.weight", gemma)  # Gemma 2 and 3 only
         self.post_ff = get("post_feedforward_layernorm.weight", gemma or olmo2)
         fused = get("self_attn.qkv_proj.weight", False)  # Phi-3: the rows of q, then k, then v
         if fused is not None:
@@ -356,7 +366,10 @@ def forward(
         heads_out = []
         for head in range(hp.n_heads):
             kv_head = head // hp.group  # GQA: consecutive query heads share a KV head
-            logits = (q[head] @ k_all[kv_head].T) * scale + col_bias  # [n, m+n]
+            logits = (q[head] @ k_all[kv_head].T) * scale  # [n, m+n]
+            if hp.softcap is not None:  # Gemma 2: the cap bounds the scores; the prefix's bias is added after it
+                logits = hp.softcap * torch.tanh(logits / hp.softcap)
+            logits = logits + col_bias
             logits = logits.masked_fill(~visible, float("-inf"))
             probs = torch.softmax(logits, dim=-1)
             heads_out.append(probs @ v_all[kv_head])  # [n, d]

@@ -112,6 +112,15 @@ def test_the_tiny_models_exercise_biases_norms_and_the_sliding_window(model_path
     finally:
         mistral.hp.sliding_window = MISTRAL_WINDOW
     assert np.abs(windowed - full).max() > 1e-3, "the window must matter for this text"
+    gemma2 = oracle("gemma2")  # the soft cap bounds scores the random weights reach
+    assert gemma2.hp.layer_types[:2] == ["sliding_attention", "full_attention"] and gemma2.hp.sliding_window == MISTRAL_WINDOW
+    capped = gemma2.embed_tokens("mean", gemma2.tokenize("mean", TEXTS[2]))
+    cap, gemma2.hp.softcap = gemma2.hp.softcap, None
+    try:
+        uncapped = gemma2.embed_tokens("mean", gemma2.tokenize("mean", TEXTS[2]))
+    finally:
+        gemma2.hp.softcap = cap
+    assert cap == 1.0 and 1 - float(capped @ uncapped) > 1e-4, "the cap must matter for this text"
 
 
 @pytest.mark.parametrize("arch", [*ARCHITECTURES, "stories260k"])
@@ -529,7 +538,7 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
     from transformers import GPT2Config
 
     GPT2Config(n_layer=2, n_embd=32, n_head=2).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="supports cohere, gemma3_text, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, stablelm"):
+    with pytest.raises(ValueError, match="supports cohere, gemma2, gemma3_text, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, stablelm"):
         TorchEmbedder.from_pretrained(tmp_path, "mean")
 
 

@@ -16,6 +16,12 @@ column in front of the sequence with its own mask, so in a sliding-window layer 
 still sees it, however far the text runs past the window: the method defines the prefix as
 visible to all positions, and the window only limits the sequence's own keys.
 
+Gemma 2 (``gemma2``) is Gemma 3's layout without the q/k norms and with one RoPE for both
+layer kinds; its attention logits are soft-capped (``attn_logit_softcapping``: ``cap *
+tanh(logits / cap)``, after the ``query_pre_attn_scalar`` scale), so its layers run eager
+attention. A re-routed prefix's bias is a mask term, added after the cap as the masks are.
+``final_logit_softcapping`` caps the LM head's logits, which an embedder never computes.
+
 Granite keeps the Llama layout and scales three things by config scalars, all inside transformers'
 forward: the input embeddings (``embedding_multiplier``, applied by the decoder to the
 ``inputs_embeds`` kvembed passes, so a zero placeholder stays zero), each sublayer's output before
@@ -84,8 +90,13 @@ class Architecture:
     #: the config attribute naming the MLP activation, and the values kvembed supports
     activation_field: str = "hidden_act"
     activations: tuple[str, ...] = ("silu", "swish")
-    #: ``config.layer_types`` mixes sliding-window and global layers, each with its own RoPE
+    #: ``config.layer_types`` mixes sliding-window and global layers ...
     per_layer_window: bool = False
+    #: ... each kind with its own RoPE (Gemma 3: ``rotary_emb(x, positions, layer_type)``)
+    per_layer_rope: bool = False
+    #: the attention logits are soft-capped, ``cap * tanh(logits / cap)``, by ``config.attn_logit_softcapping``
+    #: (Gemma 2): its layers run eager attention, not SDPA, which has no cap
+    softcapped: bool = False
     #: extra norms after attention and around the MLP (Gemma's sandwich norms): four a layer, not two
     sandwich_norms: bool = False
     #: ``tie_word_embeddings`` when config.json leaves it out (the transformers config class's default)
@@ -135,7 +146,12 @@ SUPPORTED: dict[str, Architecture] = {
     "qwen3": Architecture("qwen3", "qwen3", qk_norm=True),
     "gemma3_text": Architecture(
         "gemma3_text", "gemma3", qk_norm=True, activation_field="hidden_activation",
-        activations=("gelu_pytorch_tanh",), per_layer_window=True, sandwich_norms=True, tied_by_default=True,
+        activations=("gelu_pytorch_tanh",), per_layer_window=True, per_layer_rope=True, sandwich_norms=True,
+        tied_by_default=True,
+    ),
+    "gemma2": Architecture(
+        "gemma2", "gemma2", activation_field="hidden_activation", activations=("gelu_pytorch_tanh",),
+        per_layer_window=True, sandwich_norms=True, tied_by_default=True, softcapped=True,
     ),
     "granite": Architecture("granite", "granite", gguf_loadable=False, bias_switches=("attention_bias", "mlp_bias")),
     "olmo2": Architecture("olmo2", "olmo2", gguf_loadable=False, qk_norm=True, qk_norm_span="projection"),
@@ -206,6 +222,6 @@ def architecture_of(config: Any) -> Architecture:
     if arch.per_layer_window:
         if _field(config, "use_bidirectional_attention"):
             raise InvalidInput(f"{model_type} with use_bidirectional_attention is not a causal decoder; kvembed needs one")
-        if _field(config, "attn_logit_softcapping") is not None:
+        if not arch.softcapped and _field(config, "attn_logit_softcapping") is not None:
             raise InvalidInput(f"{model_type} with attn_logit_softcapping is not supported (the SDPA path has no soft-capping)")
     return arch

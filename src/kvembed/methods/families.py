@@ -23,6 +23,7 @@ NAMES: Mapping[str, str] = {
     "phi3": "Phi-3",
     "stablelm": "StableLM 2",
     "cohere": "Cohere (Command-R)",
+    "gemma2": "Gemma 2",
 }
 
 #: model_type -> what proves it besides the oracle: a real checkpoint against plain transformers,

@@ -21,6 +21,10 @@ gained no speed, OpenVINO runs such a graph wrongly even after kvembed's mend of
 fault, and TensorRT parses it only from 10.15.1 (benchmarks/log/goals-and-profile.md, "RotaryEmbedding").
 The manifest's minimum TensorRT version is the newest any op in the graph needs
 (``TENSORRT_OPS_SINCE``).
+
+A family that soft-caps its attention logits (Gemma 2) runs eager attention, not SDPA (which has
+no cap), so its graph is decomposed whichever form was asked: the manifest records the form the
+graph has, and why.
 """
 
 from __future__ import annotations
@@ -224,7 +228,7 @@ def trace(
         raise ExportError("torch.onnx.export returned no program")
     _fix_names(program.model.graph, outputs)
     _check_io(program.model.graph, names, outputs)
-    attention_facts = _check_attention_form(program.model.graph, attention)
+    attention_facts = _check_attention_form(program.model.graph, attention, opset, _runs_eager(model))
     transposed = _transpose_lazily(program.model.graph)
     path.parent.mkdir(parents=True, exist_ok=True)
     weights = _initializer_bytes(program.model.graph)
@@ -241,12 +245,27 @@ def trace(
     }
 
 
-def _check_attention_form(graph: Any, attention: str) -> dict[str, Any]:
+def _runs_eager(model: Any) -> bool:
+    """Whether ``model``'s attention runs eager, which no attention op fuses: a soft cap on its logits."""
+    architecture, decoder = getattr(model, "architecture", None), getattr(model, "decoder", None)
+    return bool(getattr(architecture, "softcapped", False)
+                and getattr(getattr(decoder, "config", None), "attn_logit_softcapping", None) is not None)
+
+
+def _check_attention_form(graph: Any, attention: str, opset: int, eager: bool = False) -> dict[str, Any]:
     """Check the traced graph has the asked form: fused means every attention is one ``Attention``
-    node fed K/V with the key/value heads (no Expand); decomposed means none."""
+    node fed K/V with the key/value heads (no Expand); decomposed means none. An ``eager`` model's
+    graph is decomposed at any opset (:func:`_runs_eager`), and its facts say so."""
     producers = {value.name: node for node in graph for value in node.outputs}
     fused = [node for node in graph if node.op_type == "Attention" and node.domain in STANDARD_DOMAINS]
     softmax = sum(1 for node in graph if node.op_type == "Softmax")
+    if eager:
+        if fused:
+            raise ExportError(f"the soft-capped model's trace has {len(fused)} Attention nodes")
+        return {"form": "decomposed", "attention_nodes": 0,
+                "why": "soft-capped attention logits: eager attention, which no attention operator fuses",
+                "min_versions": {"onnxruntime": FUSED_MIN_ONNXRUNTIME if opset >= FUSED_OPSET else DECOMPOSED_MIN_ONNXRUNTIME,
+                                 "tensorrt": min_tensorrt({node.op_type for node in graph if node.domain in STANDARD_DOMAINS})}}
     if attention == "fused":
         # no attention at all is fine: an early exit that reads only layer 0's values runs none
         if softmax:

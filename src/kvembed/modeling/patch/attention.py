@@ -3,7 +3,10 @@
 transformers 5 lets a model dispatch attention through ``AttentionInterface``; we register
 ``"kvembed"`` there (and an ``AttentionMaskInterface`` entry, without which the padding mask
 would be silently dropped). Layers without re-routing run plain SDPA; layers in the re-routing
-set get the prefix key/value column prepended and their logit bias folded into the mask.
+set get the prefix key/value column prepended and their logit bias folded into the mask. A model
+whose attention soft-caps its logits (Gemma 2 passes ``softcap``) runs transformers' eager
+attention of that family instead, since SDPA has no cap: the mask, the prefix's bias included, is
+added after the cap.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as softcapped_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 ATTENTION_NAME = "kvembed"
@@ -86,7 +90,7 @@ def kvembed_attention(
     kvembed_prefix: PrefixInputs | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """SDPA, plus the re-routed prefix column on modules flagged ``kvembed_reroute``."""
+    """SDPA (eager with a ``softcap``), plus the re-routed prefix column on modules flagged ``kvembed_reroute``."""
     if kvembed_prefix is not None and getattr(module, "kvembed_reroute", False):
         if attention_mask is None:
             raise RuntimeError("kvembed attention needs the float mask from its AttentionMaskInterface entry")
@@ -95,6 +99,8 @@ def kvembed_attention(
         value = torch.cat((pv, value), dim=2)
         prefix_mask = kvembed_prefix.mask.to(attention_mask.dtype).expand(-1, -1, query.shape[2], -1)
         attention_mask = torch.cat((prefix_mask, attention_mask.expand(query.shape[0], -1, -1, -1)), dim=-1)
+    if kwargs.get("softcap") is not None:
+        return softcapped_attention_forward(module, query, key, value, attention_mask, **kwargs)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 

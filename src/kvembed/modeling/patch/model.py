@@ -309,7 +309,7 @@ class EmbeddingModel(nn.Module):
         if options["prefix_rope"] != "zero":
             return PrefixInputs(index=index, mask=prefix_mask)
         rotary, positions = self.decoder.rotary_emb, position_ids.gather(1, index)
-        if not self.architecture.per_layer_window:
+        if not self.architecture.per_layer_rope:
             cos, sin = rotary(embeds, positions)
             scale = float(getattr(rotary, "attention_scaling", 1.0))
             return PrefixInputs(index=index, mask=prefix_mask, cos=cos / scale, sin=sin / scale,
