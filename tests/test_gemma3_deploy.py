@@ -1,5 +1,5 @@
 """Gemma 3 deployed: every method of a tiny random Gemma 3 (sliding-window and global layers, texts
-longer than the window) exported at fp32, fp16 and int8 through the parity gate, then run by the
+longer than the window) exported at fp16 (int8 and fp32 where the Gemma-specific paths are) through the parity gate, then run by the
 torch-free runtime on onnxruntime and OpenVINO, by ``kvembed serve`` (the official ``openai``
 client over a socket) and by a real Triton server, each checked against the independent oracle
 (tests/independent.py) within METHODS.md's tolerance of the artifact's precision.
@@ -27,10 +27,17 @@ from test_gemma3 import LAYER_TYPES, LONG, WINDOW, build_tiny_gemma3
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-#: every export at both reduced precisions; fp32 only where a test below reads it (the fp32 exports
-#: of kv-embedding and token-prepending are tests/test_gemma3.py's)
+#: every export at fp16; int8 for the Gemma-specific paths (the re-routed prefix, <PST>: int8's recipes
+#: are the same on every family, tests/test_int8*.py); fp32 only where a test below reads it (the fp32
+#: exports of kv-embedding and token-prepending are tests/test_gemma3.py's)
 PRECISIONS = ("fp16", "int8")
+INT8 = ("kv", "tp")
 FP32 = ("tp",)
+
+
+def precisions_of(name: str) -> tuple[str, ...]:
+    """The precisions export ``name`` is written at."""
+    return ("fp16", *(("int8",) if name in INT8 else ()), *(("fp32",) if name in FP32 else ()))
 TP = {"tp_start": 0, "tp_stop": 3}
 KV = {"layers": "1-3", "num_prefix": 3, "bias": 2.5, "prefix_rope": "zero"}
 
@@ -101,7 +108,7 @@ def gemma3_artifacts(traces, gemma3_folder, tmp_path_factory) -> dict[tuple[str,
     for name, (method, options, extra) in EXPORTS.items():
         also = tuple(_also(label, m, **o) for label, (m, o) in extra.items())
         exporter = traces.get(gemma3_folder, method, **options, **({"also": also} if also else {}))
-        for precision in (*PRECISIONS, *(("fp32",) if name in FP32 else ())):
+        for precision in precisions_of(name):
             made[name, precision] = exporter.write(root / f"{name}-{precision}", precision).path
     return made
 
@@ -144,6 +151,8 @@ def test_every_export_passed_its_gate_with_every_output(gemma3_artifacts, precis
     """The manifest records the gate's worst cosine of the main output and of each --also output,
     each within METHODS.md's bound; int8 records the recipe the exporter settled on."""
     for name, (method, _, extra) in EXPORTS.items():
+        if precision not in precisions_of(name):
+            continue
         manifest = read_manifest(gemma3_artifacts[name, precision])
         assert manifest["method"]["name"] == method and manifest["precision"] == precision
         reports = {None: manifest["parity"], **manifest["parity"].get("also", {})}
@@ -157,8 +166,8 @@ def test_every_export_passed_its_gate_with_every_output(gemma3_artifacts, precis
 
 @pytest.mark.parametrize(
     "name,label,method,options,precision",
-    [(*output, p) for output in OUTPUTS for p in (*PRECISIONS, *(("fp32",) if output[0] in FP32 else ()))],
-    ids=[f"{i}-{p}" for i, output in zip(OUTPUT_IDS, OUTPUTS) for p in (*PRECISIONS, *(("fp32",) if output[0] in FP32 else ()))],
+    [(*output, p) for output in OUTPUTS for p in precisions_of(output[0])],
+    ids=[f"{i}-{p}" for i, output in zip(OUTPUT_IDS, OUTPUTS) for p in precisions_of(output[0])],
 )
 def test_runtime_matches_the_oracle(runtimes, want, name, label, method, options, precision):
     """Embedder.load (onnxruntime, no torch in its path) on texts longer than the window, in padded
@@ -175,7 +184,7 @@ def test_runtime_matches_the_oracle(runtimes, want, name, label, method, options
 #: (artifact precision, OpenVINO precision hint, METHODS.md tolerance) -> the exports run: every
 #: fp16 one under both hints, the int8 and fp32 ones of the Gemma-specific paths (prefix, <PST>)
 OPENVINO = {("fp16", "f32", "fp16"): tuple(EXPORTS), ("fp16", "bf16", "fp16"): tuple(EXPORTS),
-            ("int8", "f32", "int8"): ("kv", "tp"), ("fp32", "f32", "fp32"): FP32}
+            ("int8", "f32", "int8"): INT8, ("fp32", "f32", "fp32"): FP32}
 
 
 @pytest.mark.parametrize("precision,hint,bound", list(OPENVINO), ids=[f"{p}-{h}" for p, h, _ in OPENVINO])

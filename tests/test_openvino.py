@@ -35,6 +35,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 METHODS = tuple(m for m in ALL_METHODS if m not in ("causal2vec", "st"))
 STORIES_OPTIONS = {"va": {"layers": "1-2"}}  # as tests/test_export.py: the same shared artifacts
 ALSO = ("last=kv-embedding:pooling=last",)  # as tests/test_triton.py
+#: the random Qwen3's raw-text methods share one forward pass: one trace, their outputs as --also
+#: ones (method -> (the artifact's main method, its output label))
+QWEN3_SHARED = {"last-token": ("last-token", None), "mean": ("last-token", "mean"), "va": ("last-token", "va")}
 
 
 def mixed_texts(count: int, seed: int = 0) -> list[str]:
@@ -61,11 +64,14 @@ def artifact(traces, stories_artifact, tiny_models, tmp_path_factory):
     def get(model: str, method: str):
         if model == "stories260k":
             return stories_artifact(method, **STORIES_OPTIONS.get(method, {}))
+        method, _ = QWEN3_SHARED.get(method, (method, None))
         if method not in made:
+            also = {"also": tuple(f"{label}={m}" for m, (main, label) in QWEN3_SHARED.items() if label)} \
+                if method in {main for main, _ in QWEN3_SHARED.values()} else {}
             threads = torch.get_num_threads()
             torch.set_num_threads(1)  # a tiny model gains nothing from OpenMP threads on a shared host
             try:
-                made[method] = traces.get(tiny_models[model], method).write(root / method, "fp32").path
+                made[method] = traces.get(tiny_models[model], method, **also).write(root / method, "fp32").path
             finally:
                 torch.set_num_threads(threads)
         return made[method]
@@ -73,7 +79,7 @@ def artifact(traces, stories_artifact, tiny_models, tmp_path_factory):
     return get
 
 
-def assert_close_to_onnxruntime(path, texts, precision: str, bound: float, what: str) -> None:
+def assert_close_to_onnxruntime(path, texts, precision: str, bound: float, what: str, output: str | None = None) -> None:
     reference = Embedder.load(path, provider="cpu", threads=1)
     from kvembed.backends.cpu import cpu_features
 
@@ -81,8 +87,8 @@ def assert_close_to_onnxruntime(path, texts, precision: str, bound: float, what:
     # a reduced hint runs as asked only where this CPU has its instructions: else OpenVINO runs f32, and says so
     assert ov.target == f"openvino-{precision if cpu_features().runs(precision) else 'f32'}"
     for kind in ("document", "query"):
-        expected = reference.encode(texts, kind=kind, batch_size=8)
-        ours = ov.encode(texts, kind=kind, batch_size=8)
+        expected = reference.encode(texts, kind=kind, batch_size=8, output=output)
+        ours = ov.encode(texts, kind=kind, batch_size=8, output=output)
         assert ours.shape == expected.shape and ours.dtype == np.float32
         worst = float(cosines(ours, expected).min())
         assert worst >= bound, f"{what} {precision} {kind}: worst row cosine {worst}"
@@ -92,10 +98,11 @@ def assert_close_to_onnxruntime(path, texts, precision: str, bound: float, what:
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_matches_onnxruntime(artifact, model, method):
     path = artifact(model, method)
+    output = QWEN3_SHARED.get(method, (None, None))[1] if model == "qwen3" else None
     texts = mixed_texts(24, seed=3)
-    assert_close_to_onnxruntime(path, texts, "f32", 0.99999, f"{model} {method}")
+    assert_close_to_onnxruntime(path, texts, "f32", 0.99999, f"{model} {method}", output)
     # bf16 is a hint: on a CPU without BF16 OpenVINO may run f32 anyway; the bound holds either way
-    assert_close_to_onnxruntime(path, texts, "bf16", 0.999, f"{model} {method}")
+    assert_close_to_onnxruntime(path, texts, "bf16", 0.999, f"{model} {method}", output)
 
 
 def test_unnormalised_vectors_match_too(artifact):

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 #: fuzzing examples per operation (the coverage phase adds its own cases): enough to find the
 #: failures this file was written for over twelve operations, few enough for under a minute on a
 #: 2-core host
-MAX_EXAMPLES = 30
+MAX_EXAMPLES = 15
 SEED = 34
 
 #: ``schemathesis run --checks all --seed SEED --max-examples MAX_EXAMPLES``: every check, each at its
