@@ -257,7 +257,8 @@ def export_command(
     graph = manifest.graph.raw
     console.print(
         f"dim {manifest.dim}, {manifest.graph.decoder_layers} of {manifest.method.num_layers} "
-        f"decoder layers, {graph['nodes']} nodes, attention {manifest.graph.attention_form} (opset {manifest.opset}), "
+        f"decoder layers, {graph['nodes']} nodes, attention {manifest.graph.attention_form} (opset {manifest.opset}"
+        f"{'; ' + str(graph['attention']['why']) if isinstance(graph.get('attention'), dict) and graph['attention'].get('why') else ''}), "
         f"TensorRT-ready: {'yes' if graph['tensorrt_ready'] else 'no (' + (', '.join(graph['non_portable_ops']) or manifest.precision) + ')'}; "
         f"exported in {time.monotonic() - start:.1f}s",
         highlight=False,
