@@ -574,6 +574,22 @@ def test_an_unproven_switch_is_refused_in_one_line(tiny_models, tmp_path, arch, 
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize("cap", [0.0, -50.0, 1e400, float("nan")], ids=["zero", "negative", "inf", "nan"])
+def test_a_soft_cap_that_is_not_a_positive_number_is_refused_in_one_line(tiny_models, tmp_path, cap):
+    """Gemma 2's attn_logit_softcapping divides the logits: zero, a negative, an infinite or a NaN
+    cap (floats, which transformers' own config check lets through) would give NaN or flipped
+    attention, so a config.json saying so is refused before the weights load."""
+    import json
+    import shutil
+
+    folder = shutil.copytree(tiny_models["gemma2"], tmp_path / "gemma2")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    (folder / "config.json").write_text(json.dumps({**config, "attn_logit_softcapping": cap}), encoding="utf-8")
+    with pytest.raises(ValueError, match="gemma2: attn_logit_softcapping must be a positive number or null") as refused:
+        TorchEmbedder.from_pretrained(folder, "mean")
+    assert "\n" not in str(refused.value)
+
+
 def test_missing_model_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="no model folder"):
         TorchEmbedder.from_pretrained(tmp_path / "nope", "mean")

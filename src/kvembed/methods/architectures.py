@@ -224,4 +224,7 @@ def architecture_of(config: Any) -> Architecture:
             raise InvalidInput(f"{model_type} with use_bidirectional_attention is not a causal decoder; kvembed needs one")
         if not arch.softcapped and _field(config, "attn_logit_softcapping") is not None:
             raise InvalidInput(f"{model_type} with attn_logit_softcapping is not supported (the SDPA path has no soft-capping)")
+    cap = _field(config, "attn_logit_softcapping") if arch.softcapped else None
+    if cap is not None and not (isinstance(cap, (int, float)) and not isinstance(cap, bool) and 0 < cap < float("inf")):
+        raise InvalidInput(f"{model_type}: attn_logit_softcapping must be a positive number or null, got {cap!r:.80}")
     return arch
