@@ -64,8 +64,14 @@ def _save_with_tokenizer(model_or_config, folder: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def stories_kv(traces, stories_artifact):
-    """The stories260k kv-embedding exporter and its fp32 artifact (shared, read-only)."""
-    return traces.get(STORIES, "kv-embedding"), stories_artifact("kv-embedding")
+    """The stories260k kv-embedding exporter, traced, and its fp32 artifact (shared, read-only).
+
+    Traced here, into the system's temp folder: an exporter's first write traces beside its output
+    and keeps that trace folder for later writes, so a test whose write came first would find the
+    shared trace in its own folder (whichever pytest-xdist worker made the shared artifact)."""
+    exporter = traces.get(STORIES, "kv-embedding")
+    exporter.trace()
+    return exporter, stories_artifact("kv-embedding")
 
 
 # -- helpers ------------------------------------------------------------------------------------
