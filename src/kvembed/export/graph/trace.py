@@ -259,13 +259,9 @@ def _check_attention_form(graph: Any, attention: str, opset: int, eager: bool = 
     producers = {value.name: node for node in graph for value in node.outputs}
     fused = [node for node in graph if node.op_type == "Attention" and node.domain in STANDARD_DOMAINS]
     softmax = sum(1 for node in graph if node.op_type == "Softmax")
-    if eager:
-        if fused:
-            raise ExportError(f"the soft-capped model's trace has {len(fused)} Attention nodes")
-        return {"form": "decomposed", "attention_nodes": 0,
-                "why": "soft-capped attention logits: eager attention, which no attention operator fuses",
-                "min_versions": {"onnxruntime": FUSED_MIN_ONNXRUNTIME if opset >= FUSED_OPSET else DECOMPOSED_MIN_ONNXRUNTIME,
-                                 "tensorrt": min_tensorrt({node.op_type for node in graph if node.domain in STANDARD_DOMAINS})}}
+    why = {}
+    if eager:  # the graph is decomposed whatever was asked: checked and recorded as such
+        attention, why = "decomposed", {"why": "soft-capped attention logits: eager attention, which no attention operator fuses"}
     if attention == "fused":
         # no attention at all is fine: an early exit that reads only layer 0's values runs none
         if softmax:
@@ -280,8 +276,8 @@ def _check_attention_form(graph: Any, attention: str, opset: int, eager: bool = 
                     )
     elif fused:
         raise ExportError(f"the decomposed trace has {len(fused)} Attention nodes")
-    return {"form": attention, "attention_nodes": len(fused),
-            "min_versions": {"onnxruntime": FUSED_MIN_ONNXRUNTIME if attention == "fused" else DECOMPOSED_MIN_ONNXRUNTIME,
+    return {"form": attention, "attention_nodes": len(fused), **why,
+            "min_versions": {"onnxruntime": FUSED_MIN_ONNXRUNTIME if opset >= FUSED_OPSET else DECOMPOSED_MIN_ONNXRUNTIME,
                              "tensorrt": min_tensorrt({node.op_type for node in graph if node.domain in STANDARD_DOMAINS})}}
 
 
