@@ -3,8 +3,8 @@
 Runs in whatever environment starts it (a venv holding only some of kvembed's extras): every
 program's and every subcommand's ``--help`` exits 0, ``--version`` prints the version, ``kvembed embed ARTIFACT`` embeds, and each
 command whose extra is missing here exits 2 with one line naming that extra (no traceback).
-.ci/run calls it after README's first Quickstart command; tests/test_install.py calls it in a venv
-with the ``cli`` extra only. Exits 1, listing every failure, if anything is off.
+.ci/run calls it after README's first Quickstart command; tests/test_wheel.py calls it in a venv
+of the wheel with the ``cli`` extra only. Exits 1, listing every failure, if anything is off.
 """
 
 from __future__ import annotations

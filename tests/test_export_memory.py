@@ -101,6 +101,11 @@ def _shape(tensor: torch.Tensor) -> tuple[int, ...] | None:
 @pytest.fixture
 def watch(monkeypatch) -> SessionWatch:
     """Wraps (does not replace) the exporter's model loading and onnxruntime's session constructor."""
+    return watching(monkeypatch)
+
+
+def watching(monkeypatch: pytest.MonkeyPatch) -> SessionWatch:
+    """A :class:`SessionWatch` wrapped around the loaders and sessions until ``monkeypatch`` undoes it."""
     seen = SessionWatch()
     real_load, real_session = core.load_embedder, onnxruntime.InferenceSession
 
@@ -137,8 +142,16 @@ def _external_layout(directory: Path) -> dict:
     return where
 
 
-def test_weights_are_released_before_any_onnxruntime_session(sharded_bf16, tmp_path, watch, oracle):
-    result = _export(sharded_bf16, tmp_path / "fp32", "fp32", watch)
+@pytest.fixture(scope="module")
+def watched_fp32(sharded_bf16, tmp_path_factory):
+    """The sharded checkpoint's fp32 export, watched: (its result, the watch). Read-only."""
+    with pytest.MonkeyPatch.context() as patch:
+        watch = watching(patch)
+        return _export(sharded_bf16, tmp_path_factory.mktemp("watched") / "fp32", "fp32", watch), watch
+
+
+def test_weights_are_released_before_any_onnxruntime_session(sharded_bf16, watched_fp32, oracle):
+    result, watch = watched_fp32
     events = watch.events
     assert [s for s in STAGES if s in events] == [s for s in events if s in STAGES]  # in STAGES' order
     assert events.index("reference") < events.index("trace") < events.index("release") < events.index("optimize")
@@ -154,12 +167,10 @@ def test_weights_are_released_before_any_onnxruntime_session(sharded_bf16, tmp_p
                           what="sharded bf16 export", **OPTIONS)
 
 
-def test_verify_frees_the_reference_before_opening_the_artifact(sharded_bf16, tmp_path, watch):
+def test_verify_frees_the_reference_before_opening_the_artifact(watched_fp32, watch):
     """kvembed verify rebuilds the PyTorch reference: like the export, it runs the gate's texts
     first and frees the weights before onnxruntime opens the artifact (never both in memory)."""
-    artifact = _export(sharded_bf16, tmp_path / "fp32", "fp32", watch).path
-    watch.sessions.clear()
-    watch.events.clear()
+    artifact = watched_fp32[0].path
     result = verification.verify(artifact, progress=lambda stage, detail: watch.events.append(stage))
     assert result.passed, result.report
     assert watch.events.index("reference") < watch.events.index("parity")
@@ -181,11 +192,19 @@ class StageSteps:
         self.steps.setdefault(self.stage, []).append((done, total))
 
 
-def test_manifest_names_the_checkpoint_dtype(sharded_bf16, tmp_path):
+@pytest.fixture(scope="module")
+def fp16_export(sharded_bf16, tmp_path_factory):
+    """The sharded checkpoint's fp16 export at the default external-data threshold, with the
+    progress display that saw it: (its result, the display). Read-only."""
+    display = StageSteps()
+    out = tmp_path_factory.mktemp("fp16") / "fp16"
+    return export_result(str(sharded_bf16), METHOD, out, "fp16", progress=display, **OPTIONS), display
+
+
+def test_manifest_names_the_checkpoint_dtype(sharded_bf16, fp16_export):
     index = json.loads((sharded_bf16 / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1  # really sharded
-    display = StageSteps()
-    result = export_result(str(sharded_bf16), METHOD, tmp_path / "fp16", "fp16", progress=display, **OPTIONS)
+    result, display = fp16_export
     # the long stages report their share done (the CLI turns it into the time left), up to all of it
     batches = {"reference": len(gate_batches({**GATE_TEXTS, **HELD_OUT_TEXTS})), "parity": len(gate_batches(GATE_TEXTS))}
     # an advisory check that runs (OpenVINO f16 where this CPU has FP16, else bf16 where it has BF16)
@@ -209,11 +228,11 @@ def test_manifest_names_the_checkpoint_dtype(sharded_bf16, tmp_path):
     assert result.parity.passed and result.manifest.raw["precision"] == "fp16"
 
 
-def test_small_artifacts_keep_their_weights_inline(sharded_bf16, tmp_path):
+def test_small_artifacts_keep_their_weights_inline(fp16_export):
     """Below the threshold the artifact is one file, though the exporter works in external data.
     (int8 keeps its weights in model.onnx.data at every size: its OpenVINO graph reads the same
     bytes; tests/test_int8_openvino.py.)"""
-    result = _export(sharded_bf16, tmp_path / "fp16", "fp16")
+    result = fp16_export[0]
     assert not (result.path / DATA_FILE).exists()
     assert set(_external_layout(result.path).values()) == {"inline"}
     assert result.manifest.raw["graph"]["external_data"] is False
