@@ -331,9 +331,10 @@ def traces():
 
 @pytest.fixture(scope="session")
 def stories_artifact(traces) -> Callable[..., Path]:
-    """``stories_artifact(method, precision="fp32", int8_recipe="auto", certify_emulated=False, **options)`` -> the
-    directory of the demo model's artifact, exported once per session (several precisions from one
-    trace); ``options`` are the method's.
+    """``stories_artifact(method, precision="fp32", int8_recipe="auto", certify_emulated=False, attention=None,
+    **options)`` -> the directory of the demo model's artifact, exported once per session (several
+    precisions from one trace; ``attention`` another form than the default, from a trace of its
+    own); ``options`` are the method's.
 
     Shared by every test file and both pytest-xdist workers (the first to ask exports it, under a
     lock; the export's own staged write makes it appear whole): treat it as read-only (copy it
@@ -341,12 +342,16 @@ def stories_artifact(traces) -> Callable[..., Path]:
     import fcntl
     import hashlib
 
+    from kvembed.export.core import Exporter
+
     root = Path(os.environ[SHARED_ARTIFACTS])  # made by pytest_configure for the whole run
     made: dict[tuple, Path] = {}
 
     def get(method: str, precision: str = "fp32", int8_recipe: str = "auto", certify_emulated: bool = False,
-            **options: Any) -> Path:
+            attention: str | None = None, **options: Any) -> Path:
         key = (method, precision, int8_recipe, certify_emulated, tuple(sorted(options.items())))
+        if attention is not None:  # another form than the default is a trace of its own
+            key += (("attention", attention),)
         if key not in made:
             digest = hashlib.sha256(repr(key).encode()).hexdigest()[:6]
             out = root / f"{method}-{precision}-{digest}"  # short: the CLI prints it in a table title
@@ -357,7 +362,11 @@ def stories_artifact(traces) -> Callable[..., Path]:
                     torch.set_num_threads(1)  # a tiny model gains nothing from OpenMP threads on a shared host
                     try:
                         exporter = traces.get("stories260k", method, **options)
-                        exporter.write(out, precision, int8_recipe=int8_recipe, certify_emulated=certify_emulated)
+                        if attention is not None:
+                            with Exporter(exporter.embedder, attention=attention) as other:
+                                other.write(out, precision, int8_recipe=int8_recipe, certify_emulated=certify_emulated)
+                        else:
+                            exporter.write(out, precision, int8_recipe=int8_recipe, certify_emulated=certify_emulated)
                     finally:
                         torch.set_num_threads(threads)
             made[key] = out
@@ -367,19 +376,10 @@ def stories_artifact(traces) -> Callable[..., Path]:
 
 
 @pytest.fixture(scope="session")
-def stories_decomposed(traces, tmp_path_factory) -> Path:
+def stories_decomposed(stories_artifact) -> Path:
     """The demo model's kv-embedding fp32 artifact exported with ``attention="decomposed"`` (opset
-    18: MatMul/Softmax, K/V heads repeated in the graph), from the shared trace. Read-only."""
-    from kvembed.export.core import Exporter
-
-    fused = traces.get("stories260k", "kv-embedding")
-    with Exporter(fused.embedder, attention="decomposed") as exporter:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return exporter.write(tmp_path_factory.mktemp("decomposed") / "kv-embedding", "fp32").path
-        finally:
-            torch.set_num_threads(threads)
+    18: MatMul/Softmax, K/V heads repeated in the graph), shared as :func:`stories_artifact`'s are. Read-only."""
+    return stories_artifact("kv-embedding", attention="decomposed")
 
 
 @pytest.fixture(scope="session")
