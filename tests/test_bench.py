@@ -528,3 +528,37 @@ def test_bench_refuses_served_for_a_prompting_method_before_it_measures(stories_
     said = " ".join(result.output.split())
     assert "--backends served: backend served sends token ids" in said and "time it with auto" in said, said
     assert not (tmp_path / "out").exists()
+
+
+def test_end_to_end_cells_embed_their_texts_as_the_oracle_does(stories_artifact, oracle, tmp_path):
+    """``end_to_end``: each call is ``Embedder.encode`` of the cell's texts with its kind's prompt
+    (the query prompt here), as the independent oracle embeds each text; the report says so."""
+    from kvembed.bench.worker import CellInput, WorkerSpec, measure_cells
+    from kvembed.runtime import read_manifest
+
+    artifact = stories_artifact("kv-embedding")
+    texts = ("hello there", "a longer text about cats and dogs and birds", TEXTS[2])
+    spec = WorkerSpec("runtime", str(artifact), 1, [CellInput("cell", {}, texts, "query")], min_repeats=2,
+                      min_seconds=0.0, max_repeats=2, end_to_end=True)
+    got = measure_cells(spec, lambda *_: None)["cells"]["cell"]["output"]
+    options = dict(read_manifest(artifact)["method"]["options"])  # the defaults kvembed resolved, as the oracle takes them
+    want = np.stack([oracle("stories260k").embed("kv-embedding", text, "query", **options) for text in texts])
+    assert got.shape == want.shape and cosine_rows(got, want).min() >= 0.99999
+    out = tmp_path / "e2e"
+    result = runner.invoke(app, ["bench", "--artifact", str(artifact), "--end-to-end", "--backends", "runtime,auto",
+                                 "--batch-sizes", "1,3", "--seq-lens", "64", "--threads", "1", "--warmup", "0",
+                                 "--min-repeats", "2", "--max-repeats", "2", "--min-seconds", "0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "results.json").read_text())
+    assert results["setup"]["end_to_end"] is True and len(results["cells"]) == 4
+    assert all(cell["cosine_vs_torch"] is None for cell in results["cells"])
+    assert "Embedder.encode of the cell's texts, end to end" in (out / "results.md").read_text()
+
+
+def test_end_to_end_refuses_the_backends_that_have_no_encode_in_one_line(stories_artifact, tmp_path):
+    result = runner.invoke(app, ["bench", "--artifact", str(stories_artifact("last-token")), "--end-to-end",
+                                 "--backends", "runtime,torch,served", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "end_to_end times Embedder.encode, which only runtime, openvino, auto run in process; drop torch, served" in said, said
+    assert not (tmp_path / "out").exists()

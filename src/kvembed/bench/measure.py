@@ -248,6 +248,10 @@ class Subject:
     def run(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         raise NotImplementedError
 
+    def encode(self, texts: list[str], kind: str) -> np.ndarray:
+        """``texts`` embedded end to end, as a user's call does (only the runtime's subjects)."""
+        raise NotImplementedError(f"the {type(self).__name__} has no end-to-end path")
+
     def peak_rss_mb(self) -> float:
         """The peak resident memory of the process that runs the model: this one."""
         return peak_rss_mb()
@@ -285,6 +289,9 @@ class RuntimeSubject(Subject):
 
     def run(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         return self.embedder.run(batch)[0]
+
+    def encode(self, texts: list[str], kind: str) -> np.ndarray:
+        return self.embedder.encode(texts, kind=kind)
 
     def close(self) -> None:
         self.embedder = None  # type: ignore[assignment]

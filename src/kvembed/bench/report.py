@@ -151,6 +151,8 @@ def markdown(results: Mapping[str, Any]) -> str:
         f"attention width {model['attention_width']}",
         "- GEMM peaks: " + ("; ".join(f"{name} {p['gflops']:.1f} GFLOP/s ({p['how']})" for name, p in peaks.items())
                             or "not measured"),
+        "- each call: " + ("Embedder.encode of the cell's texts, end to end (tokenizer, batching, padding, the graph, "
+                           "normalisation)" if setup.get("end_to_end") else "the graph on the cell's pre-built padded batch"),
         f"- timing per cell: one untimed check call (its output is compared across backends), "
         f"{setup['warmup']} warm-up call(s), then at least {setup['min_repeats']} timed calls and "
         f"{setup['min_seconds']} s of them (at most {setup['max_repeats']} calls)",

@@ -32,6 +32,8 @@ DEFAULT_MODEL = "stories260k"
 DEFAULT_METHOD = "kv-embedding"
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 DEFAULT_PRECISIONS = ("fp32", "int8")
+#: the subjects that time ``Embedder.encode`` end to end (``end_to_end``): the runtime's, in process
+END_TO_END = ("runtime", "openvino", "auto")
 
 #: ``--quick``: the demo model's grid, a few calls per cell; seconds on two cores. The lengths
 #: clear every method's prompt (kv-embedding's is 46 tokens on the byte-level demo tokenizer).
@@ -79,6 +81,10 @@ class BenchConfig:
     """Side of the square MatMul that measures the fp32 peak."""
     profile: bool = False
     """Also profile the runtime's largest cell per precision (onnxruntime profiler, by op type)."""
+    end_to_end: bool = False
+    """Time ``Embedder.encode`` of each cell's texts (tokenizer, batch plan, padding, the graph,
+    normalisation) as a user calls it, instead of the graph call on the pre-built batch: where a
+    call's fixed cost around the graph shows (short inputs). The in-process runtime subjects only."""
     seed: int = 0
     scenario: str | None = None
     """The scenario file's name this config came from (``--scenario``), with ``[smoke]`` when its smoke size ran."""
@@ -127,6 +133,11 @@ class BenchConfig:
             raise InvalidInput(f"--min-seconds must be >= 0, got {self.min_seconds}")
         if isinstance(self.gemm_size, bool) or not isinstance(self.gemm_size, int) or self.gemm_size < 1:
             raise InvalidInput(f"gemm_size must be a positive integer (the side of the GEMM probe), got {self.gemm_size!r}")
+        if self.end_to_end:
+            graph_only = [backend for backend in self.backends if backend not in END_TO_END]
+            if graph_only:
+                raise InvalidInput(f"end_to_end times Embedder.encode, which only {', '.join(END_TO_END)} run in process; "
+                                   f"drop {', '.join(graph_only)} from the backends")
         if self.kind not in ("query", "document"):
             raise InvalidInput(f"--kind must be query or document, got {self.kind!r}")
         if self.artifact is not None:
@@ -288,9 +299,10 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
     shape = model_shape(manifest, _smallest(artifacts), torch_facts)
 
     # 4. the measurements, one process per backend/precision
-    cells_in = [CellInput(cell_key(s, b), batch.inputs) for (s, b), batch in batches.items()]
+    cells_in = [CellInput(cell_key(s, b), batch.inputs, rows_by_len[s].texts[:b], config.kind)
+                for (s, b), batch in batches.items()]
     timing = dict(warmup=config.warmup, min_repeats=config.min_repeats, min_seconds=config.min_seconds,
-                  max_repeats=config.max_repeats)
+                  max_repeats=config.max_repeats, end_to_end=config.end_to_end)
     specs = []
     if "runtime" in config.backends:
         for precision, path in artifacts.items():
@@ -371,6 +383,7 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
             "min_seconds": config.min_seconds,
             "max_repeats": config.max_repeats,
             "rounds": config.rounds,
+            "end_to_end": config.end_to_end,
             "quick": config.quick,
             "exported": config.artifact is None,
             "torch_precision": "fp32",

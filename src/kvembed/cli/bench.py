@@ -122,6 +122,7 @@ def bench_command(
     smoke: bool = typer.Option(False, "--smoke", help="With --scenario: its [smoke] size (the demo model, seconds), as CI runs every scenario."),
     quick: bool = typer.Option(False, "--quick", help="Small grid and few calls on the demo model: a smoke run of a few minutes on 2 cores (export + parity gate, then a fresh process per backend)."),
     profile: bool = typer.Option(False, "--profile", help="Also profile the runtime's largest cell per precision (onnxruntime profiler, time by op type)."),
+    end_to_end: bool = typer.Option(False, "--end-to-end", help="Time Embedder.encode of each cell's texts (tokenizer, batching, padding, the graph, normalisation), as a user calls it, instead of the graph call alone; backends runtime, openvino and auto."),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty --out (replacing earlier results)."),
 ) -> None:
     """Benchmark an artifact (onnxruntime) against the PyTorch reference on identical inputs.
@@ -149,7 +150,7 @@ def bench_command(
             batch_sizes=parse_ints("--batch-sizes", batch_sizes), seq_lens=parse_ints("--seq-lens", seq_lens),
             backends=parse_names("--backends", backends, SUBJECTS), threads=threads, warmup=warmup,
             min_repeats=min_repeats, min_seconds=min_seconds, max_repeats=max_repeats, rounds=rounds, kind=kind,
-            profile=profile or None,
+            profile=profile or None, end_to_end=end_to_end or None,
         )
         base = scenario_values(read_scenario(scenario), smoke) if scenario is not None else {}
         # an artifact given here fixes what the scenario's model, method and precisions said; a model replaces its artifact
