@@ -37,7 +37,8 @@ else:  # pragma: no cover - Python 3.10 takes the backport (a dependency there)
 KEYS: dict[str, type | tuple[type, ...]] = {
     "model": str, "method": str, "options": dict, "artifact": str, "precisions": list, "batch_sizes": list,
     "seq_lens": list, "backends": list, "threads": int, "warmup": int, "min_repeats": int,
-    "min_seconds": (int, float), "max_repeats": int, "rounds": int, "kind": str, "gemm_size": int, "profile": bool, "end_to_end": bool,
+    "min_seconds": (int, float), "max_repeats": int, "rounds": int, "kind": str, "gemm_size": int, "profile": bool,
+    "end_to_end": bool,
 }
 #: the keys that hold lists, as BenchConfig holds them (tuples)
 TUPLES = ("precisions", "batch_sizes", "seq_lens", "backends")
