@@ -28,8 +28,9 @@ def figures_of(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         found[f"{key}.texts_per_s"] = figure(round(cell["texts_per_s"], 2), "texts/s")
         if cell.get("pct_of_peak") is not None:
             found[f"{key}.pct_of_peak"] = figure(round(cell["pct_of_peak"], 1), f"% of {cell['peak_of']}")
-        if cell.get("cosine_vs_torch") is not None:
-            found[f"{key}.cosine_vs_torch"] = figure(round(cell["cosine_vs_torch"], 6), "cosine")
+        if cell.get("cosine_vs_baseline") is not None:
+            found[f"{key}.cosine_vs_baseline"] = figure(round(cell["cosine_vs_baseline"], 6), f"cosine to {cell['baseline']}")
+            found[f"{key}.speedup_vs_baseline"] = figure(round(cell["speedup_vs_baseline"], 3), f"x {cell['baseline']}")
     return found
 
 

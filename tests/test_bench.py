@@ -93,13 +93,15 @@ def test_quick_run_reports_every_cell_consistently(quick_run):
             assert cell["peak_of"] == ("onnxruntime int8" if integer else "onnxruntime fp32")
         assert cell["peak_rss_mb"] > 0
     torch = {(c["batch_size"], c["seq_len"]): c for c in cells if c["backend"] == "torch"}
+    assert results["setup"]["baseline"] == "torch fp32"  # the PyTorch reference, where it was timed
     for cell in cells:
         if cell["backend"] == "torch":
-            assert cell["cosine_vs_torch"] is None and cell["speedup_vs_torch"] is None
+            assert cell["baseline"] is None and cell["cosine_vs_baseline"] is None and cell["speedup_vs_baseline"] is None
             continue
         reference = torch[(cell["batch_size"], cell["seq_len"])]
-        assert cell["speedup_vs_torch"] == pytest.approx(reference["p50_ms"] / cell["p50_ms"])
-        assert cell["cosine_vs_torch"] >= COSINE_BARS.get(cell["precision"], 0.99), cell["precision"]
+        assert cell["baseline"] == "torch fp32"
+        assert cell["speedup_vs_baseline"] == pytest.approx(reference["p50_ms"] / cell["p50_ms"])
+        assert cell["cosine_vs_baseline"] >= COSINE_BARS.get(cell["precision"], 0.99), cell["precision"]
     # each backend/precision ran in its own process: torch's holds torch, the runtime's does not
     processes = {p["label"]: p for p in results["processes"]}
     assert set(processes) == {"runtime fp32", "runtime int8", "torch fp32"} | ({"openvino fp32"} if HAS_OPENVINO else set())
@@ -237,7 +239,7 @@ def test_artifact_is_reused_not_reexported(quick_run, tmp_path):
     assert results["artifacts"] == {"int8": str(artifact)}
     assert {(c["backend"], c["precision"]) for c in results["cells"]} == {("runtime", "int8"), ("torch", "fp32")}
     runtime = next(c for c in results["cells"] if c["backend"] == "runtime")
-    assert runtime["cosine_vs_torch"] >= 0.99 and 2 <= runtime["repeats"] <= 3
+    assert runtime["cosine_vs_baseline"] >= 0.99 and 2 <= runtime["repeats"] <= 3
     assert {p.name: p.stat().st_mtime_ns for p in artifact.iterdir()} == before
 
 
@@ -262,7 +264,7 @@ def test_rounds_run_every_backend_in_turn_and_the_speedup_is_the_median_of_the_r
         want = [1e3 * float(np.median(samples[i:i + 3])) for i in (0, 3, 6)]
         assert cell["rounds_p50_ms"] == pytest.approx(want)
     ratios = [t / r for t, r in zip(cells["torch"]["rounds_p50_ms"], cells["runtime"]["rounds_p50_ms"])]
-    assert cells["runtime"]["speedup_vs_torch"] == pytest.approx(sorted(ratios)[1])
+    assert cells["runtime"]["speedup_vs_baseline"] == pytest.approx(sorted(ratios)[1])
 
 
 def test_runtime_only_benchmark_never_imports_torch(quick_run, tmp_path):
@@ -273,7 +275,7 @@ def test_runtime_only_benchmark_never_imports_torch(quick_run, tmp_path):
             backends=("runtime",), batch_sizes=(1,), seq_lens=(64,), warmup=0, min_repeats=1,
             min_seconds=0.0, max_repeats=2, gemm_size=128))
         assert [c["backend"] for c in results["cells"]] == ["runtime"]
-        assert results["cells"][0]["cosine_vs_torch"] is None
+        assert results["setup"]["baseline"] == "runtime fp32" and results["cells"][0]["cosine_vs_baseline"] is None
         assert not results["processes"][0]["torch_loaded"]  # nor in the measuring process
     """, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -552,7 +554,16 @@ def test_end_to_end_cells_embed_their_texts_as_the_oracle_does(stories_artifact,
     results = json.loads((out / "results.json").read_text())
     assert results["setup"]["end_to_end"] is True
     assert sorted((c["backend"], c["batch_size"]) for c in results["cells"]) == [("auto", 1), ("auto", 3), ("runtime", 1), ("runtime", 3)]
-    assert "Embedder.encode of the cell's texts, end to end" in (out / "results.md").read_text()
+    report = (out / "results.md").read_text()
+    assert "Embedder.encode of the cell's texts, end to end" in report and "tokenisation included" in report
+    # no torch row: every other row is compared with onnxruntime fp32, its ratio and cosine from the same calls
+    base = {c["batch_size"]: c for c in results["cells"] if c["backend"] == "runtime"}
+    assert results["setup"]["baseline"] == "runtime fp32" and "`runtime fp32` (no torch row was timed" in report
+    for cell in (c for c in results["cells"] if c["backend"] == "auto"):
+        assert cell["baseline"] == "runtime fp32"
+        assert cell["speedup_vs_baseline"] == pytest.approx(base[cell["batch_size"]]["p50_ms"] / cell["p50_ms"])
+        assert cell["cosine_vs_baseline"] > 0.999  # what auto runs is fp32 or a certified precision of the same model
+    assert all(c["baseline"] is None and c["speedup_vs_baseline"] is None for c in base.values())
 
 
 def test_end_to_end_refuses_the_backends_that_have_no_encode_in_one_line(stories_artifact, tmp_path):

@@ -76,7 +76,7 @@ def write_json(results: Mapping[str, Any], out: Path) -> Path:
 
 COLUMNS = (
     "backend", "precision", "batch", "seq", "tokens/row", "p50 ms", "p95 ms", "p99 ms", "texts/s",
-    "tokens/s", "peak RSS MB", "GFLOP/s", "% of peak", "cv", "cos vs torch", "speedup vs torch",
+    "tokens/s", "peak RSS MB", "GFLOP/s", "% of peak", "cv", "cos vs baseline", "speedup vs baseline",
 )
 
 
@@ -111,11 +111,19 @@ def noisy_note(cells: Sequence[Mapping[str, Any]]) -> str | None:
     )
 
 
+def baseline_words(label: str | None) -> str:
+    """What results.md calls the baseline (``setup.baseline``)."""
+    if label is None:
+        return "none (neither torch nor runtime fp32 was timed), so no row has a cosine or speedup"
+    return f"`{label}`" + (" (the PyTorch reference)" if label.startswith("torch") else
+                           " (no torch row was timed: onnxruntime fp32, the artifact as users load it)")
+
+
 def table_rows(cells: Iterable[Mapping[str, Any]]) -> list[list[str]]:
     rows = []
     for cell in cells:
-        cosine = cell.get("cosine_vs_torch")
-        speedup = cell.get("speedup_vs_torch")
+        cosine = cell.get("cosine_vs_baseline")
+        speedup = cell.get("speedup_vs_baseline")
         rows.append([
             cell["backend"], cell["precision"], str(cell["batch_size"]), str(cell["seq_len"]),
             _num(cell["tokens_per_row"], 1), _num(cell["p50_ms"], 3), _num(cell["p95_ms"], 3),
@@ -162,15 +170,18 @@ def markdown(results: Mapping[str, Any]) -> str:
         "",
         "Notes:",
         "",
-        "- The torch backend is the PyTorch reference in fp32 (it has no int8/fp16 variant); every "
-        "runtime and openvino row's cosine and speedup compare with the torch row of the same batch and length.",
+        "- The torch backend is the PyTorch reference in fp32 (it has no int8/fp16 variant). The baseline is "
+        f"{baseline_words(setup.get('baseline'))}: every other row's cosine and speedup compare with its row of "
+        "the same batch and length.",
         "- runtime = onnxruntime's CPU provider; openvino = the runtime with provider='openvino' on the fp32 "
         "artifact, its precision written ARTIFACT/HINT (fp32/bf16: bf16 matmuls on CPUs with BF16; "
         "fp32/f32 where the CPU has none); auto = the runtime with provider='auto' (what Embedder.load runs), "
         "its precision written ARTIFACT/BACKEND (bf16/openvino-bf16 for a bf16 artifact certified on OpenVINO, "
         "on a CPU with BF16).",
-        "- Latency is one graph (or module) call on a pre-padded batch; tokenisation is not timed. "
-        "texts/s = batch / mean latency, tokens/s = real tokens / mean latency; speedup = torch p50 / runtime p50.",
+        ("- Latency is one Embedder.encode call of the cell's texts, tokenisation included. " if setup.get("end_to_end")
+         else "- Latency is one graph (or module) call on a pre-padded batch; tokenisation is not timed. ") +
+        "texts/s = batch / mean latency, tokens/s = real tokens / mean latency; speedup = baseline p50 / the row's p50, "
+        "the median over the rounds.",
         "- seq is the requested tokens per row, prompt and special tokens included; tokens/row is what "
         "was achieved (shorter when the prompt alone is longer, or the tokenizer skips that count).",
         "- GFLOP/s counts useful work (real tokens; attention as the full L x L square); % of peak is "

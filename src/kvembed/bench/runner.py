@@ -72,7 +72,7 @@ class BenchConfig:
     max_repeats: int = 1000
     rounds: int = 1
     """Times every backend's process runs, in turn: interleaved rounds, so that a ratio between
-    backends (``speedup_vs_torch``: the median of the rounds' ratios) is measured under the
+    backends (``speedup_vs_baseline``: the median of the rounds' ratios) is measured under the
     machine's same drift."""
     kind: str = "document"
     force: bool = False
@@ -387,6 +387,7 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
             "quick": config.quick,
             "exported": config.artifact is None,
             "torch_precision": "fp32",
+            "baseline": baseline_of(processes),
         },
         "artifacts": {precision: str(path) for precision, path in artifacts.items()},
         "model": {
@@ -432,6 +433,16 @@ def merge_rounds(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return first
 
 
+def baseline_of(processes: Sequence[Mapping[str, Any]]) -> str | None:
+    """The label of the process every other cell is compared with: the PyTorch reference where it
+    was timed, else onnxruntime fp32 (the artifact as users load it on the default provider), else none."""
+    for wanted in ({"backend": "torch"}, {"backend": "runtime", "precision": "fp32"}):
+        for process in processes:
+            if all(process.get(k) == v for k, v in wanted.items()):
+                return process["label"]
+    return None
+
+
 def assemble_cells(
     processes: Sequence[Mapping[str, Any]],
     batches: Mapping[tuple[int, int], Batch],
@@ -441,7 +452,8 @@ def assemble_cells(
 ) -> list[dict[str, Any]]:
     """One JSON-ready dict per cell, with throughput, FLOP efficiency against the GEMM peak of the
     arithmetic it ran (``peaks``: probe -> :func:`~kvembed.bench.peak.gemm_peak`; ``peak_of``
-    names it) and, for runtime cells, cosine and speedup against the torch cell of the same batch."""
+    names it) and, for every cell but the baseline's (:func:`baseline_of`), cosine and speedup
+    against the baseline's cell of the same batch."""
     cells: list[dict[str, Any]] = []
     labels: list[str] = []  # the process each cell came from, parallel to cells
     outputs: dict[tuple[str, str], Any] = {}
@@ -474,30 +486,30 @@ def assemble_cells(
                 "gflops": gflops,
                 "peak_of": probe if peak else None,
                 "pct_of_peak": None if not peak else 100.0 * gflops / peak["gflops"],
-                "cosine_vs_torch": None,
-                "speedup_vs_torch": None,
+                "baseline": None,
+                "cosine_vs_baseline": None,
+                "speedup_vs_baseline": None,
                 "samples_s": samples,
                 "rounds_p50_ms": [1e3 * s for s in measured["rounds_s"]],
             })
             labels.append(process["label"])
             outputs[(process["label"], key)] = measured["output"]
-    torch_label = next((p["label"] for p in processes if p["backend"] == "torch"), None)
-    if torch_label is None:
+    base = baseline_of(processes)
+    if base is None:
         return cells
-    torch_rounds = {
-        cell_key(c["seq_len"], c["batch_size"]): c["rounds_p50_ms"] for c, label in zip(cells, labels) if label == torch_label
+    base_rounds = {
+        cell_key(c["seq_len"], c["batch_size"]): c["rounds_p50_ms"] for c, label in zip(cells, labels) if label == base
     }
-    torch_noisy = {
-        cell_key(c["seq_len"], c["batch_size"]): c["noisy"] for c, label in zip(cells, labels) if label == torch_label
-    }
+    base_noisy = {cell_key(c["seq_len"], c["batch_size"]): c["noisy"] for c, label in zip(cells, labels) if label == base}
     for cell, label in zip(cells, labels):
-        if cell["backend"] == "torch":
+        if label == base:
             continue
         key = cell_key(cell["seq_len"], cell["batch_size"])
-        cell["cosine_vs_torch"] = float(cosine_rows(outputs[(label, key)], outputs[(torch_label, key)]).min())
-        # the median of the rounds' ratios: each round's torch and this backend ran in the same turn
-        cell["speedup_vs_torch"] = float(np.median([t / c for t, c in zip(torch_rounds[key], cell["rounds_p50_ms"])]))
-        cell["speedup_noisy"] = bool(cell["noisy"] or torch_noisy[key])
+        cell["baseline"] = base
+        cell["cosine_vs_baseline"] = float(cosine_rows(outputs[(label, key)], outputs[(base, key)]).min())
+        # the median of the rounds' ratios: each round's baseline and this backend ran in the same turn
+        cell["speedup_vs_baseline"] = float(np.median([b / c for b, c in zip(base_rounds[key], cell["rounds_p50_ms"])]))
+        cell["speedup_noisy"] = bool(cell["noisy"] or base_noisy[key])
     return cells
 
 
