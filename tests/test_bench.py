@@ -564,6 +564,24 @@ def test_end_to_end_cells_embed_their_texts_as_the_oracle_does(stories_artifact,
         assert cell["speedup_vs_baseline"] == pytest.approx(base[cell["batch_size"]]["p50_ms"] / cell["p50_ms"])
         assert cell["cosine_vs_baseline"] > 0.999  # what auto runs is fp32 or a certified precision of the same model
     assert all(c["baseline"] is None and c["speedup_vs_baseline"] is None for c in base.values())
+    # each end-to-end cell's split by stage adds up to its call, the graph's share measured at the session
+    for cell in results["cells"]:
+        stages = cell["stages_ms"]
+        assert stages["tokenizer"] > 0 and stages["graph"] > 0 and stages["around"] > 0, stages
+        assert stages["tokenizer"] + stages["graph"] + stages["around"] == pytest.approx(stages["total"], rel=0.05)
+    assert "## Where an end-to-end call's time goes" in report
+
+
+def test_the_stage_split_times_the_embedders_own_calls_and_leaves_them_as_they_were(stories_artifact):
+    from kvembed.bench.measure import RuntimeSubject
+
+    with RuntimeSubject(stories_artifact("kv-embedding"), 1) as subject:
+        texts = ["hello there", "a longer text about cats and dogs"]
+        want = subject.encode(texts, "query")
+        stages = subject.stages(texts, "query", 3)
+        assert set(stages) == {"tokenizer", "graph", "around", "total"}
+        assert "run" not in vars(subject.embedder.session) and "encode" not in vars(subject.embedder.encoder)
+        np.testing.assert_array_equal(subject.encode(texts, "query"), want)
 
 
 def test_end_to_end_refuses_the_backends_that_have_no_encode_in_one_line(stories_artifact, tmp_path):

@@ -197,7 +197,32 @@ def markdown(results: Mapping[str, Any]) -> str:
                   "| op | ms per call | share | nodes |", "|---|---|---|---|"]
         lines += [f"| {op['op']} | {op['ms_per_run']:.2f} | {100 * op['share']:.1f}% | {op['nodes']} |"
                   for op in profile["ops"][:PROFILE_ROWS]]
+    lines += stage_lines(results["cells"])
     return "\n".join(lines) + "\n"
+
+
+#: the end-to-end split's columns (each cell's ``stages_ms``)
+STAGES = ("tokenizer", "graph", "around")
+
+
+def stage_lines(cells: Sequence[Mapping[str, Any]]) -> list[str]:
+    """results.md's section on where an end-to-end call's time goes (empty without such cells)."""
+    split = [c for c in cells if c.get("stages_ms")]
+    if not split:
+        return []
+    lines = ["", "## Where an end-to-end call's time goes", "",
+             "Median ms per Embedder.encode call, over calls of its own after the timed ones: the tokenizer, "
+             "the graph (every session run of the call), and around them (batch planning, padding, slicing, "
+             "normalisation, the Python between).", "",
+             "| backend | precision | batch | seq | total ms | " + " | ".join(f"{s} ms" for s in STAGES)
+             + " | around share |", "|" + "---|" * (6 + len(STAGES))]
+    for cell in split:
+        stages = cell["stages_ms"]
+        share = stages["around"] / stages["total"] if stages["total"] > 0 else 0.0
+        lines.append(f"| {cell['backend']} | {cell['precision']} | {cell['batch_size']} | {cell['seq_len']} | "
+                     f"{stages['total']:.3f} | " + " | ".join(f"{stages[s]:.3f}" for s in STAGES)
+                     + f" | {100 * share:.1f}% |")
+    return lines
 
 
 def write_markdown(results: Mapping[str, Any], out: Path) -> Path:

@@ -489,6 +489,7 @@ def assemble_cells(
                 "baseline": None,
                 "cosine_vs_baseline": None,
                 "speedup_vs_baseline": None,
+                "stages_ms": measured.get("stages_ms"),
                 "samples_s": samples,
                 "rounds_p50_ms": [1e3 * s for s in measured["rounds_s"]],
             })

@@ -32,6 +32,9 @@ from .measure import (
 SUBJECT_TYPES = {"runtime": RuntimeSubject, "torch": TorchSubject, "openvino": OpenVINOSubject, "auto": AutoSubject,
                  "served": ServedSubject}
 
+#: calls an end-to-end cell's split by stage is the median of (untimed: they run after the timed ones)
+STAGE_CALLS = 20
+
 #: child exceptions re-raised as themselves in the parent (they carry a user-facing message)
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, FileNotFoundError, NotImplementedError)
 
@@ -96,6 +99,8 @@ def measure_cells(spec: WorkerSpec, report: Callable[[str, Any], None]) -> dict[
             samples = time_calls(call, warmup=spec.warmup, min_repeats=spec.min_repeats,
                                  min_seconds=spec.min_seconds, max_repeats=spec.max_repeats)
             cells[cell.key] = {"samples": samples, "output": output}
+            if spec.end_to_end:  # after the timed calls, in calls of their own: the split costs a little
+                cells[cell.key]["stages_ms"] = backend.stages(list(cell.texts), cell.kind, min(len(samples), STAGE_CALLS))
             report("cell", cell.key)
         peak = backend.peak_rss_mb()  # the model's process: this one, or a served subject's server
     finally:
