@@ -178,6 +178,15 @@ def test_profile_breaks_the_largest_cell_down_by_operator(quick_run):
         # (weight-only int8 fuses into MatMulNBits, dynamic int8 into the integer MatMul kernels)
         assert bool({"MatMulNBits", "MatMulIntegerToFloat", "DynamicQuantizeMatMul"} & set(ops)) == (precision == "int8")
     assert "## Where the time goes: runtime fp32, b4-s128" in (out / "results.md").read_text()
+    # and every cell against the fp32 graph's weight GEMMs alone at its padded tokens: one figure per batch
+    floors: dict[tuple[int, int], set[float]] = {}
+    for cell in results["cells"]:
+        assert cell["weight_gemms_ms"] > 0
+        floors.setdefault((cell["batch_size"], cell["seq_len"]), set()).add(cell["weight_gemms_ms"])
+        if (cell["backend"], cell["precision"]) == ("runtime", "fp32"):  # the whole graph runs those GEMMs and more
+            assert cell["weight_gemms_ms"] < 2 * cell["p50_ms"], cell
+    assert all(len(values) == 1 for values in floors.values()), floors
+    assert "## Against the fp32 weight GEMMs alone (onnxruntime)" in (out / "results.md").read_text()
 
 
 def test_workload_rows_have_exact_token_lengths(quick_run, oracle):

@@ -12,7 +12,7 @@ import os
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from ..errors import InvalidInput
 
@@ -57,6 +57,27 @@ def op_breakdown(
         for op, micros in time_by_op.most_common()
     ]
     return {"runs": runs, "kernel_ms_per_run": total / runs / 1e3, "ops": ops}
+
+
+def weight_gemm_floors(
+    model_path: str | os.PathLike[str], tokens: Iterable[int], threads: int, **timing: Any
+) -> dict[int, float]:
+    """Median ms of the graph's fp32 weight GEMMs alone (:func:`~kvembed.bench.peak.weight_gemms_call`)
+    at each token count: what a call of that many (padded) tokens would cost if all but its weight
+    GEMMs were free. At few tokens that is reading every weight once, the floor a short input cannot
+    go under with these kernels. One session at a time (each holds a copy of the fp32 weights);
+    ``timing`` is :func:`~kvembed.bench.measure.time_calls`'s."""
+    import statistics
+
+    from .measure import time_calls
+    from .peak import weight_gemms_call
+
+    floors: dict[int, float] = {}
+    for count in sorted(set(int(n) for n in tokens)):
+        call, _ = weight_gemms_call(model_path, count, threads)
+        floors[count] = 1e3 * float(statistics.median(time_calls(call, **timing)))
+        del call
+    return floors
 
 
 def _node_events(path: str) -> list[tuple[str, int]]:

@@ -198,11 +198,30 @@ def markdown(results: Mapping[str, Any]) -> str:
         lines += [f"| {op['op']} | {op['ms_per_run']:.2f} | {100 * op['share']:.1f}% | {op['nodes']} |"
                   for op in profile["ops"][:PROFILE_ROWS]]
     lines += stage_lines(results["cells"])
+    lines += floor_lines(results["cells"])
     return "\n".join(lines) + "\n"
 
 
 #: the end-to-end split's columns (each cell's ``stages_ms``)
 STAGES = ("tokenizer", "graph", "around")
+
+
+def floor_lines(cells: Sequence[Mapping[str, Any]]) -> list[str]:
+    """results.md's section on each cell against its fp32 weight GEMMs alone (``--profile``)."""
+    timed = [c for c in cells if c.get("weight_gemms_ms")]
+    if not timed:
+        return []
+    lines = ["", "## Against the fp32 weight GEMMs alone (onnxruntime)", "",
+             "The graph's fp32 weight MatMuls alone at the cell's padded tokens, one onnxruntime call (median ms): "
+             "what the call would cost if attention, norms and the rest were free. At few tokens it is reading "
+             "every weight once. Each row's p50 as a multiple of it.", "",
+             "| backend | precision | batch | seq | padded tokens | weight GEMMs ms | p50 ms | p50 / weight GEMMs |",
+             "|---|---|---|---|---|---|---|---|"]
+    for cell in timed:
+        lines.append(f"| {cell['backend']} | {cell['precision']} | {cell['batch_size']} | {cell['seq_len']} | "
+                     f"{cell['batch_size'] * cell['padded_width']} | {cell['weight_gemms_ms']:.3f} | "
+                     f"{cell['p50_ms']:.3f} | {cell['p50_ms'] / cell['weight_gemms_ms']:.2f}x |")
+    return lines
 
 
 def stage_lines(cells: Sequence[Mapping[str, Any]]) -> list[str]:

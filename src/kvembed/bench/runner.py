@@ -344,6 +344,16 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
             progress.stage(f"profiling runtime {precision} at {cell_key(*largest)}")
             profiles[precision] = {"cell": cell_key(*largest),
                                    **op_breakdown(Path(path) / MODEL, batches[largest].inputs, threads)}
+    floors: dict[str, float] = {}
+    if config.profile and "fp32" in artifacts:
+        from .profile import weight_gemm_floors
+
+        progress.stage("timing the fp32 weight GEMMs alone at each cell's padded tokens")
+        padded = {key: batch.batch_size * batch.width for key, batch in batches.items()}
+        timed = weight_gemm_floors(Path(artifacts["fp32"]) / MODEL, padded.values(), threads,
+                                   warmup=config.warmup, min_repeats=config.min_repeats,
+                                   min_seconds=config.min_seconds, max_repeats=config.max_repeats)
+        floors = {cell_key(*key): timed[n] for key, n in padded.items()}
 
     # 5. the peak of every other arithmetic the cells ran, then cells, comparisons, reports
     peaks = {"onnxruntime fp32": peak} if peak is not None else {}
@@ -357,6 +367,8 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
         except (ImportError, RuntimeError) as err:  # openvino absent or refusing a hint
             notes.append(f"{probe} GEMM peak not measured ({type(err).__name__}: {err})")
     cells = assemble_cells(processes, batches, shape, peaks, config.warmup)
+    for cell in cells:  # the same cell's fp32 weight GEMMs alone (--profile), else None
+        cell["weight_gemms_ms"] = floors.get(cell_key(cell["seq_len"], cell["batch_size"]))
     from .report import noisy_note
 
     noisy = noisy_note(cells)
