@@ -60,6 +60,73 @@ def test_header_facts_without_torch():
     assert info.file == PACKAGED["smollm2-135m"].file and len(info.sha256) == 64
 
 
+def _reader_header(path: Path) -> dict:
+    """The header facts as the gguf package's own reader gives them: every non-array field, each tensor's size."""
+    reader = gguf.GGUFReader(str(path))
+    fields = {}
+    for key, field in reader.fields.items():
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            continue
+        value = field.parts[field.data[0]]
+        fields[key] = bytes(value).decode() if field.types[0] == gguf.GGUFValueType.STRING else value.tolist()[0]
+    return {"fields": fields, "tensors": {t.name: int(t.n_elements) for t in reader.tensors}}
+
+
+def _vocabulary_gguf(path: Path) -> Path:
+    """A small GGUF written by the gguf package with what a model's header holds: strings, numbers
+    of every width, a bool, string and number arrays, and two quantized tensors."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_name("tiny")
+    writer.add_context_length(128)
+    writer.add_float32("llama.rope.freq_base", 10000.5)
+    writer.add_bool("tokenizer.ggml.add_bos_token", True)
+    writer.add_int64("llama.some_int64", -5)
+    writer.add_float64("llama.some_float64", 0.25)
+    writer.add_token_list([f"tok{i}" for i in range(300)])
+    writer.add_token_scores([float(i) for i in range(300)])
+    writer.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
+    q8 = gguf.quantize(np.ones((4, 64), np.float32), gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("blk.0.attn_q.weight", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_the_header_scan_reads_what_the_gguf_package_reads(tmp_path):
+    """kvembed steps over the header's arrays instead of building the gguf reader's view of each
+    vocabulary entry; what it reads equals the reader's fields and tensor sizes, on the real model
+    and on a file of every value type."""
+    from kvembed.modeling.gguf import scan_header
+
+    for path in (SMOLLM2, _vocabulary_gguf(tmp_path / "tiny.gguf")):
+        assert scan_header(path) == _reader_header(path), path
+
+
+def test_a_header_that_claims_more_than_its_file_holds_is_one_line(tmp_path, cache):
+    """Counts past the file's end (a vocabulary of 2**60 entries, a truncated tensor section) are
+    not stepped through: the scan gives up at once and the reader's verdict is the one line."""
+    import struct
+
+    from kvembed.modeling.gguf import GGUFError, read_info, scan_header
+
+    good = _vocabulary_gguf(tmp_path / "good.gguf").read_bytes()
+    key = b"tokenizer.ggml.tokens"
+    at = good.index(key) + len(key) + 4 + 4  # past the key, its ARRAY type and the element type
+    assert struct.unpack_from("<Q", good, at)[0] == 300
+    huge = tmp_path / "huge.gguf"
+    huge.write_bytes(good[:at] + struct.pack("<Q", 1 << 60) + good[at + 8:])
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good[:-100])  # into the last tensor's bytes
+    for path in (huge, cut):
+        assert scan_header(path) is None
+        with pytest.raises(GGUFError, match="is not a readable GGUF file") as caught:
+            read_info(path)
+        assert "\n" not in str(caught.value)
+
+
 def test_dequantized_weights_match_the_gguf_package(smol):
     """Token embeddings and a down_proj, dequantized by gguf itself, equal the loaded weights
     (these two are not permuted by the llama.cpp Q/K layout)."""

@@ -143,13 +143,111 @@ def read_header(path: Path) -> GGUFHeader:
     def parse() -> dict[str, Any]:
         gguf = gguf_module()
         with waiting(f"reading {path.name}'s header (once per file)"):
-            reader = _open_reader(path, gguf)
+            scanned = scan_header(path)
+            if scanned is not None:
+                return scanned
+            reader = _open_reader(path, gguf)  # what the scan does not read: the reader's verdict
             fields = {key: gguf_field(reader, gguf, key) for key, field in reader.fields.items()
                       if field.types and field.types[0] != gguf.GGUFValueType.ARRAY}
             tensors = {tensor.name: int(tensor.n_elements) for tensor in reader.tensors}
         return {"fields": fields, "tensors": tensors}
 
     return GGUFHeader(**_remembered(path, "headers", parse))
+
+
+#: the byte size and struct code of each scalar GGUF value type (gguf.GGUFValueType's numbers)
+_SCALARS: dict[int, tuple[int, str]] = {0: (1, "B"), 1: (1, "b"), 2: (2, "H"), 3: (2, "h"), 4: (4, "I"), 5: (4, "i"),
+                                        6: (4, "f"), 7: (1, "?"), 10: (8, "Q"), 11: (8, "q"), 12: (8, "d")}
+_STRING, _ARRAY = 8, 9
+
+
+def scan_header(path: Path) -> dict[str, Any] | None:
+    """:class:`GGUFHeader`'s facts read straight from a little-endian GGUF v2/v3 file: the gguf
+    package's reader builds an array view per vocabulary entry (minutes of Python for a 262k-token
+    vocabulary), where only the scalars are wanted, so arrays are stepped over by their lengths.
+    None for anything else (another byte order or version, a damaged or truncated file, a count the
+    file cannot hold), which the reader then judges."""
+    import mmap
+    import struct
+
+    quant_sizes = {int(kind): sizes for kind, sizes in gguf_module().GGML_QUANT_SIZES.items()}
+    try:
+        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            size, at = len(data), 0
+
+            def take(code: str, width: int) -> Any:
+                nonlocal at
+                if at + width > size:
+                    raise ValueError("truncated")
+                (value,) = struct.unpack_from("<" + code, data, at)
+                at += width
+                return value
+
+            def text() -> str:
+                nonlocal at
+                length = take("Q", 8)
+                if at + length > size:
+                    raise ValueError("truncated")
+                value = bytes(data[at:at + length]).decode("utf-8", errors="replace")
+                at += length
+                return value
+
+            def skip_array() -> None:
+                nonlocal at
+                kind, count = take("I", 4), take("Q", 8)
+                if kind == _STRING:
+                    if count * 8 > size - at:
+                        raise ValueError("array longer than the file")
+                    for _ in range(count):
+                        length = take("Q", 8)  # (not ``at += take(...)``: that reads ``at`` first)
+                        at += length
+                elif kind in _SCALARS:
+                    at += count * _SCALARS[kind][0]
+                else:  # arrays of arrays: none in a model header; the reader decides
+                    raise ValueError("nested array")
+                if at > size:
+                    raise ValueError("truncated")
+
+            if bytes(data[:4]) != b"GGUF":
+                return None
+            at = 4
+            version = take("I", 4)
+            if version not in (2, 3):
+                return None
+            tensor_count, field_count = take("Q", 8), take("Q", 8)
+            if max(tensor_count, field_count) > size:
+                return None
+            # the reader's own first three fields, as it names them
+            fields: dict[str, Any] = {"GGUF.version": version, "GGUF.tensor_count": tensor_count, "GGUF.kv_count": field_count}
+            for _ in range(field_count):
+                key, kind = text(), take("I", 4)
+                if kind == _ARRAY:
+                    skip_array()
+                elif kind == _STRING:
+                    fields[key] = text()
+                elif kind in _SCALARS:
+                    fields[key] = take(_SCALARS[kind][1], _SCALARS[kind][0])
+                else:
+                    return None
+            tensors: dict[str, int] = {}
+            end = 0  # where the last tensor's bytes end, from the data section's start
+            for _ in range(tensor_count):
+                name, dims = text(), take("I", 4)
+                if dims > 8:
+                    return None
+                count = 1
+                for _ in range(dims):
+                    count *= take("Q", 8)
+                kind, offset = take("I", 4), take("Q", 8)
+                block, width = quant_sizes[kind]  # KeyError: a type this gguf package does not know
+                end = max(end, offset + count // block * width)
+                tensors[name] = int(count)
+            alignment = int(fields.get("general.alignment") or 32)
+            if alignment < 1 or -(-at // alignment) * alignment + end > size:  # a truncated file
+                return None
+    except (OSError, ValueError, KeyError, struct.error):
+        return None
+    return {"fields": fields, "tensors": tensors}
 
 
 def _open_reader(path: Path, gguf: Any) -> Any:
@@ -246,8 +344,24 @@ def _one_reader(path: Path) -> Iterator[None]:
         gguf.GGUFReader = original
 
 
+def _check_names(path: Path, config: Any, state: dict[str, Any], tied: bool) -> None:
+    """GGUFError unless ``state`` holds exactly the weights of ``config``'s model (built on the meta
+    device: no storage), so a folder that would load with random weights is never written."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        wanted = set(AutoModelForCausalLM.from_config(config).state_dict())
+    if tied:
+        wanted.discard("lm_head.weight")
+    missing, unexpected = sorted(wanted - set(state)), sorted(set(state) - wanted)
+    if missing or unexpected:
+        raise GGUFError(f"{str(path)!r}: weights do not match the architecture (missing {missing[:3]}, unexpected {unexpected[:3]})")
+
+
 def _dequantize(path: Path, info: GGUFInfo, target: Path) -> Path:
     """:func:`materialize`'s work: transformers reads the GGUF, the weights are saved into ``target``."""
+    from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from .quiet import quiet_transformers
@@ -257,20 +371,24 @@ def _dequantize(path: Path, info: GGUFInfo, target: Path) -> Path:
         with quiet_transformers(), _no_tensor_bar(), _one_reader(path):
             config = AutoConfig.from_pretrained(folder, gguf_file=name)
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-            loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
+            # the config given: transformers would read the whole header (vocabulary included) again for it
+            loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype="float32")
     except (ValueError, KeyError, OSError, RuntimeError) as err:
         detail = " ".join(str(err).split())[:200]
         raise GGUFError(f"transformers cannot load {str(path)!r} ({type(err).__name__}: {detail})") from None
     config.architectures = [type(loaded).__name__]
-    fresh = AutoModelForCausalLM.from_config(config)
-    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and getattr(config, "tie_word_embeddings", False))]
-    if missing or unexpected:
-        raise GGUFError(f"{str(path)!r}: weights do not match the architecture (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    state = loaded.state_dict()
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    if tied:
+        state.pop("lm_head.weight", None)  # the embedding's own tensor: written once
+    _check_names(path, config, state, tied)
     try:
         with staged(target) as staging:  # an incomplete earlier attempt at target is replaced
-            with quiet_transformers():
-                fresh.save_pretrained(staging, safe_serialization=True)
+            # the loaded tensors written as they are (transformers refuses save_pretrained for a model it
+            # flags as quantized): no second model, so one copy of the weights at a time
+            save_file({key: value.contiguous() for key, value in state.items()}, str(staging / "model.safetensors"),
+                      metadata={"format": "pt"})
+            config.save_pretrained(staging)
             tokenizer.save_pretrained(staging)
             (staging / MARKER).write_text(json.dumps(info.to_dict(), indent=2), encoding="utf-8")
             staging.chmod(0o755)  # the cache may be shared whatever the umask
