@@ -7,6 +7,7 @@ own first: callers refuse an unsupported architecture or bad options before any 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from dataclasses import dataclass
@@ -79,6 +80,18 @@ _SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "
                        "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 
 
+@contextlib.contextmanager
+def readable_weights(file: Path):
+    """A damaged weights file (safetensors' own error) as one line naming it: the user's file, not a kvembed bug."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as err:
+        detail = " ".join(str(err).split())[:200]
+        raise InvalidInput(f"{str(file)!r} is not a readable safetensors file ({detail}); is it complete?") from None
+
+
 def stored_dtype(location: str | os.PathLike[str], config: Any = None) -> str | None:
     """The floating dtype a checkpoint's weights are stored in (most elements), read from the
     safetensors headers of a local folder (every shard), else what ``config`` declares; None if
@@ -90,7 +103,7 @@ def stored_dtype(location: str | os.PathLike[str], config: Any = None) -> str | 
 
         counts: dict[str, int] = {}
         for file in files:
-            with safe_open(str(file), framework="pt") as handle:
+            with readable_weights(file), safe_open(str(file), framework="pt") as handle:
                 for key in handle.keys():
                     part = handle.get_slice(key)
                     name = _SAFETENSORS_DTYPES.get(part.get_dtype())
