@@ -354,14 +354,17 @@ def test_what_a_killed_export_left_is_named_by_the_next_and_a_live_writers_is_no
     (tmp_path / ".other.partial-dead.lock").touch()
     with claimed_workdir(tmp_path, ".kvembed-trace-") as live:
         (live / "model.onnx").write_bytes(b"\0" * 1000)
-        done = subprocess.run([sys.executable, "-m", "kvembed.cli", "export", "--model", "stories260k", "--method", "mean",
-                               "--out", str(out)], capture_output=True, text=True, timeout=HANG_GUARD_S)
-        assert done.returncode == 0, done.stderr
-    [line] = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+        # the next export warns, then goes on: stopped once tracing (SIGTERM: it cleans up its own)
+        process, seen = _export_until_trace(out)
+        process.send_signal(signal.SIGTERM)
+        stderr = "".join(seen) + process.stderr.read()
+        process.wait(HANG_GUARD_S)
+        assert process.returncode == -signal.SIGTERM, stderr
+    [line] = [line for line in stderr.splitlines() if line.startswith("warning:")]
     assert line == (f"warning: {size / 1e6:.1f} MB beside {str(out)!r} left by a run killed before it could clean up "
                     f"(no process holds its lock): {killed[0]}, {killed[1]}; delete them and their .lock files")
     assert str(live) not in line and str(other) not in line
-    assert all(p.is_dir() for p in killed) and (out / "kvembed.json").is_file()  # nothing deleted; the export done
+    assert all(p.is_dir() for p in killed)  # nothing deleted
     left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))  # its own and the live ones' gone
     assert left == sorted([".other.partial-dead", ".other.partial-dead.lock"] + [p.name + s for p in killed for s in ("", ".lock")])
 
