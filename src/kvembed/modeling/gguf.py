@@ -163,8 +163,8 @@ _STRING, _ARRAY = 8, 9
 
 def scan_header(path: Path) -> dict[str, Any] | None:
     """:class:`GGUFHeader`'s facts read straight from a little-endian GGUF v2/v3 file: the gguf
-    package's reader builds an array view per vocabulary entry (minutes of Python for a 262k-token
-    vocabulary), where only the scalars are wanted, so arrays are stepped over by their lengths.
+    package's reader builds an array view per vocabulary entry (slow for a large vocabulary), where
+    only the scalars are wanted, so arrays are stepped over by their lengths.
     None for anything else (another byte order or version, a damaged or truncated file, a count the
     file cannot hold), which the reader then judges."""
     import mmap
