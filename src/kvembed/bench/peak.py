@@ -1,8 +1,8 @@
 """How close to the machine's limit a cell runs: this CPU's GEMM peak for the arithmetic the cell
 ran, and the model's FLOPs.
 
-The peak is *measured*, not looked up: one large MatMul with the same thread count the benchmark
-uses (the best of a few runs), in the library and precision the cell ran (:data:`PROBES`:
+The peak is *measured*, not looked up: square MatMuls of a few sides with the same thread count the
+benchmark uses (the best side, the best of a few runs), in the library and precision the cell ran (:data:`PROBES`:
 onnxruntime's fp32 MatMul and its int8 MatMulInteger, OpenVINO's MatMul under the bf16 and f32
 hints). Dividing a cell's achieved FLOP/s by it says how much of what those kernels can do on this
 machine the embedding graph gets.
@@ -163,31 +163,44 @@ def probe_for(backend: str, precision: str, weight_only: bool = False) -> str:
     return "onnxruntime int8" if artifact == "int8" and backend != "torch" and not weight_only else "onnxruntime fp32"
 
 
+#: the smaller squares the peak also tries below ``size``: a large square's operands can outgrow the
+#: caches (its rate is then the memory's), where a model's own GEMMs, narrower, stay in them
+SMALLER_SIDES = (512, 1024)
+
+
 def gemm_peak(threads: int, size: int = 2048, repeats: int = 5, warmup: int = 2, probe: str = "onnxruntime fp32") -> dict[str, Any]:
-    """GFLOP/s of one of :data:`PROBES` (default: :func:`gemm_call`, onnxruntime's fp32 MatMul),
-    best of ``repeats``."""
+    """GFLOP/s of one of :data:`PROBES` (default: :func:`gemm_call`, onnxruntime's fp32 MatMul):
+    the best of ``repeats`` calls at the best side of ``size`` and the :data:`SMALLER_SIDES` below it
+    (``size`` is the largest side tried; ``tried`` has each side's rate)."""
     if repeats < 1:
         raise InvalidInput(f"repeats must be >= 1, got {repeats}")
     if probe not in PROBES:
         raise InvalidInput(f"unknown GEMM probe {probe!r}; one of {', '.join(PROBES)}")
     make, described = PROBES[probe]
-    call, flops = make(threads, size)
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    best = min(times)
+    tried: dict[int, float] = {}
+    best_ms: dict[int, float] = {}
+    for side in [s for s in SMALLER_SIDES if s < size] + [size]:
+        call, flops = make(threads, side)
+        for _ in range(warmup):
+            call()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        tried[side], best_ms[side] = flops / min(times) / 1e9, min(times) * 1e3
+        del call
+    side = max(tried, key=tried.__getitem__)
     return {
-        "gflops": flops / best / 1e9,
-        "size": size,
+        "gflops": tried[side],
+        "size": side,
+        "tried": {str(k): v for k, v in tried.items()},
         "threads": int(threads),
         "repeats": repeats,
-        "best_ms": best * 1e3,
+        "best_ms": best_ms[side],
         "probe": probe,
-        "how": f"{described} {size}x{size} @ {size}x{size}, best of {repeats}",
+        "how": f"{described} {side}x{side} @ {side}x{side}, best of {repeats}"
+               + (f" (the best of sides {', '.join(map(str, tried))})" if len(tried) > 1 else ""),
     }
 
 

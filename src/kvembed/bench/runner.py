@@ -78,7 +78,7 @@ class BenchConfig:
     force: bool = False
     quick: bool = False
     gemm_size: int = 2048
-    """Side of the square MatMul that measures the fp32 peak."""
+    """The largest side of the square MatMuls that measure each GEMM peak (smaller sides are tried too)."""
     profile: bool = False
     """Also profile the runtime's largest cell per precision (onnxruntime profiler, by op type)."""
     end_to_end: bool = False
@@ -290,7 +290,7 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
             )
 
     # 3. the machine's peak and the model's FLOPs
-    progress.stage(f"measuring the fp32 GEMM peak ({config.gemm_size}x{config.gemm_size}, {threads} threads)")
+    progress.stage(f"measuring the fp32 GEMM peak (squares up to {config.gemm_size}, {threads} threads)")
     try:
         peak: dict[str, Any] | None = gemm_peak(threads, size=config.gemm_size)
     except ImportError as err:  # onnx is an export-extra dependency
@@ -361,7 +361,7 @@ def run_bench(config: BenchConfig, progress: BenchProgress | None = None, checke
         ran = manifests.get(process["precision"].partition("/")[0])
         process["probe"] = probe_for(process["backend"], process["precision"], ran is not None and ran.graph.weight_only)
     for probe in sorted({p["probe"] for p in processes} - set(peaks)):
-        progress.stage(f"measuring the {probe} GEMM peak ({config.gemm_size}x{config.gemm_size}, {threads} threads)")
+        progress.stage(f"measuring the {probe} GEMM peak (squares up to {config.gemm_size}, {threads} threads)")
         try:
             peaks[probe] = gemm_peak(threads, size=config.gemm_size, probe=probe)
         except (ImportError, RuntimeError) as err:  # openvino absent or refusing a hint
