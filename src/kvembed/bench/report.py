@@ -206,42 +206,50 @@ def markdown(results: Mapping[str, Any]) -> str:
 STAGES = ("tokenizer", "graph", "around")
 
 
+def cell_section(title: str, intro: str, columns: Sequence[str], cells: Iterable[Mapping[str, Any]],
+                 values: Callable[[Mapping[str, Any]], Sequence[str]]) -> list[str]:
+    """A results.md section of its own table, a row per cell (backend, precision, batch, seq, then
+    ``values(cell)`` under ``columns``); empty when no cell is given."""
+    cells = list(cells)
+    if not cells:
+        return []
+    head = ["backend", "precision", "batch", "seq", *columns]
+    lines = ["", f"## {title}", "", intro, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cell in cells:
+        row = [str(cell["backend"]), str(cell["precision"]), str(cell["batch_size"]), str(cell["seq_len"]), *values(cell)]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def floor_lines(cells: Sequence[Mapping[str, Any]]) -> list[str]:
     """results.md's section on each cell against its fp32 weight GEMMs alone (``--profile``)."""
-    timed = [c for c in cells if c.get("weight_gemms_ms")]
-    if not timed:
-        return []
-    lines = ["", "## Against the fp32 weight GEMMs alone (onnxruntime)", "",
-             "The graph's fp32 weight MatMuls alone at the cell's padded tokens, one onnxruntime call (median ms): "
-             "what the call would cost if attention, norms and the rest were free. At few tokens it is reading "
-             "every weight once. Each row's p50 as a multiple of it.", "",
-             "| backend | precision | batch | seq | padded tokens | weight GEMMs ms | p50 ms | p50 / weight GEMMs |",
-             "|---|---|---|---|---|---|---|---|"]
-    for cell in timed:
-        lines.append(f"| {cell['backend']} | {cell['precision']} | {cell['batch_size']} | {cell['seq_len']} | "
-                     f"{cell['batch_size'] * cell['padded_width']} | {cell['weight_gemms_ms']:.3f} | "
-                     f"{cell['p50_ms']:.3f} | {cell['p50_ms'] / cell['weight_gemms_ms']:.2f}x |")
-    return lines
+    return cell_section(
+        "Against the fp32 weight GEMMs alone (onnxruntime)",
+        "The graph's fp32 weight MatMuls alone at the cell's padded tokens, one onnxruntime call (median ms): "
+        "what the call would cost if attention, norms and the rest were free. At few tokens it is reading "
+        "every weight once. Each row's p50 as a multiple of it.",
+        ("padded tokens", "weight GEMMs ms", "p50 ms", "p50 / weight GEMMs"),
+        (c for c in cells if c.get("weight_gemms_ms")),
+        lambda c: (str(c["batch_size"] * c["padded_width"]), f"{c['weight_gemms_ms']:.3f}", f"{c['p50_ms']:.3f}",
+                   f"{c['p50_ms'] / c['weight_gemms_ms']:.2f}x"),
+    )
 
 
 def stage_lines(cells: Sequence[Mapping[str, Any]]) -> list[str]:
     """results.md's section on where an end-to-end call's time goes (empty without such cells)."""
-    split = [c for c in cells if c.get("stages_ms")]
-    if not split:
-        return []
-    lines = ["", "## Where an end-to-end call's time goes", "",
-             "Median ms per Embedder.encode call, over calls of its own after the timed ones: the tokenizer, "
-             "the graph (every session run of the call), and around them (batch planning, padding, slicing, "
-             "normalisation, the Python between).", "",
-             "| backend | precision | batch | seq | total ms | " + " | ".join(f"{s} ms" for s in STAGES)
-             + " | around share |", "|" + "---|" * (6 + len(STAGES))]
-    for cell in split:
+    def values(cell: Mapping[str, Any]) -> list[str]:
         stages = cell["stages_ms"]
         share = stages["around"] / stages["total"] if stages["total"] > 0 else 0.0
-        lines.append(f"| {cell['backend']} | {cell['precision']} | {cell['batch_size']} | {cell['seq_len']} | "
-                     f"{stages['total']:.3f} | " + " | ".join(f"{stages[s]:.3f}" for s in STAGES)
-                     + f" | {100 * share:.1f}% |")
-    return lines
+        return [f"{stages['total']:.3f}", *(f"{stages[s]:.3f}" for s in STAGES), f"{100 * share:.1f}%"]
+
+    return cell_section(
+        "Where an end-to-end call's time goes",
+        "Median ms per Embedder.encode call, over calls of its own after the timed ones: the tokenizer, "
+        "the graph (every session run of the call), and around them (batch planning, padding, slicing, "
+        "normalisation, the Python between).",
+        ("total ms", *(f"{s} ms" for s in STAGES), "around share"),
+        (c for c in cells if c.get("stages_ms")), values,
+    )
 
 
 def write_markdown(results: Mapping[str, Any], out: Path) -> Path:
