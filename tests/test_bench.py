@@ -605,6 +605,14 @@ def test_the_stage_split_times_the_embedders_own_calls_and_leaves_them_as_they_w
         np.testing.assert_array_equal(subject.encode(texts, "query"), want)
 
 
+def test_end_to_end_without_backends_times_the_default_ones_that_run_in_process(tmp_path):
+    from kvembed.bench import BenchConfig
+
+    backends = BenchConfig.create(tmp_path, end_to_end=True).backends
+    assert "runtime" in backends and "torch" not in backends and "served" not in backends
+    assert "torch" in BenchConfig.create(tmp_path).backends  # without --end-to-end the reference is timed
+
+
 def test_end_to_end_refuses_the_backends_that_have_no_encode_in_one_line(stories_artifact, tmp_path):
     result = runner.invoke(app, ["bench", "--artifact", str(stories_artifact("last-token")), "--end-to-end",
                                  "--backends", "runtime,torch,served", "--out", str(tmp_path / "out")])

@@ -96,6 +96,8 @@ class BenchConfig:
         if given.get("artifact") is not None:
             values.pop("precisions", None)  # an artifact has its own
         values.update({name: value for name, value in given.items() if value is not None})
+        if values.get("end_to_end") and "backends" not in values:  # the defaults that have an end-to-end path
+            values["backends"] = tuple(subject for subject in default_subjects() if subject in END_TO_END)
         return cls(out=Path(out), quick=quick, **values)
 
     def check(self) -> Manifest | None:
