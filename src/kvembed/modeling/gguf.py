@@ -155,12 +155,6 @@ def read_header(path: Path) -> GGUFHeader:
     return GGUFHeader(**_remembered(path, "headers", parse))
 
 
-#: the byte size and struct code of each scalar GGUF value type (gguf.GGUFValueType's numbers)
-_SCALARS: dict[int, tuple[int, str]] = {0: (1, "B"), 1: (1, "b"), 2: (2, "H"), 3: (2, "h"), 4: (4, "I"), 5: (4, "i"),
-                                        6: (4, "f"), 7: (1, "?"), 10: (8, "Q"), 11: (8, "q"), 12: (8, "d")}
-_STRING, _ARRAY = 8, 9
-
-
 def scan_header(path: Path) -> dict[str, Any] | None:
     """:class:`GGUFHeader`'s facts read straight from a little-endian GGUF v2/v3 file: the gguf
     package's reader builds an array view per vocabulary entry (slow for a large vocabulary), where
@@ -170,7 +164,12 @@ def scan_header(path: Path) -> dict[str, Any] | None:
     import mmap
     import struct
 
-    quant_sizes = {int(kind): sizes for kind, sizes in gguf_module().GGML_QUANT_SIZES.items()}
+    import numpy as np
+
+    gguf = gguf_module()  # its own tables: the value types' little-endian dtypes, the tensor types' sizes
+    scalars = {int(kind): np.dtype(dtype).newbyteorder("<") for kind, dtype in gguf.GGUFReader.gguf_scalar_to_np.items()}
+    string, array = int(gguf.GGUFValueType.STRING), int(gguf.GGUFValueType.ARRAY)
+    quant_sizes = {int(kind): sizes for kind, sizes in gguf.GGML_QUANT_SIZES.items()}
     try:
         with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
             size, at = len(data), 0
@@ -192,17 +191,25 @@ def scan_header(path: Path) -> dict[str, Any] | None:
                 at += length
                 return value
 
+            def scalar(dtype: Any) -> Any:
+                nonlocal at
+                if at + dtype.itemsize > size:
+                    raise ValueError("truncated")
+                value = np.frombuffer(data, dtype=dtype, count=1, offset=at)[0].item()
+                at += dtype.itemsize
+                return value
+
             def skip_array() -> None:
                 nonlocal at
                 kind, count = take("I", 4), take("Q", 8)
-                if kind == _STRING:
+                if kind == string:
                     if count * 8 > size - at:
                         raise ValueError("array longer than the file")
                     for _ in range(count):
                         length = take("Q", 8)  # (not ``at += take(...)``: that reads ``at`` first)
                         at += length
-                elif kind in _SCALARS:
-                    at += count * _SCALARS[kind][0]
+                elif kind in scalars:
+                    at += count * scalars[kind].itemsize
                 else:  # arrays of arrays: none in a model header; the reader decides
                     raise ValueError("nested array")
                 if at > size:
@@ -221,12 +228,12 @@ def scan_header(path: Path) -> dict[str, Any] | None:
             fields: dict[str, Any] = {"GGUF.version": version, "GGUF.tensor_count": tensor_count, "GGUF.kv_count": field_count}
             for _ in range(field_count):
                 key, kind = text(), take("I", 4)
-                if kind == _ARRAY:
+                if kind == array:
                     skip_array()
-                elif kind == _STRING:
+                elif kind == string:
                     fields[key] = text()
-                elif kind in _SCALARS:
-                    fields[key] = take(_SCALARS[kind][1], _SCALARS[kind][0])
+                elif kind in scalars:
+                    fields[key] = scalar(scalars[kind])
                 else:
                     return None
             tensors: dict[str, int] = {}
